@@ -1,0 +1,38 @@
+"""mlakit: Multi-head Latent Attention for LLM serving.
+
+>>> import mlakit
+>>> mlakit.resolve(mlakit.ServingConfig(), mlakit.MLAShape.preset("deepseek-v3"), mlakit.DeviceInfo.from_arch("cpu")).decode_backend
+'reference'
+"""
+
+from mlakit.api import mla_decode
+from mlakit.cache import PageAllocator, PagedLatentCache
+from mlakit.config import ServingConfig
+from mlakit.device import DeviceInfo
+from mlakit.errors import CacheFullError, ConfigError, MLAInputError, MLAKitError, WorkspaceError
+from mlakit.plan import Plan, WorkspaceRequest
+from mlakit.reference import merge_attention_states, reference_decode, reference_extend
+from mlakit.registry.resolve import resolve
+from mlakit.shape import MLAShape
+from mlakit.workspace import WorkspacePool
+
+__all__ = [
+    "CacheFullError",
+    "ConfigError",
+    "DeviceInfo",
+    "MLAInputError",
+    "MLAKitError",
+    "MLAShape",
+    "PageAllocator",
+    "PagedLatentCache",
+    "Plan",
+    "ServingConfig",
+    "WorkspaceError",
+    "WorkspacePool",
+    "WorkspaceRequest",
+    "merge_attention_states",
+    "mla_decode",
+    "reference_decode",
+    "reference_extend",
+    "resolve",
+]

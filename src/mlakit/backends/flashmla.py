@@ -1,0 +1,54 @@
+"""Adapter for FlashMLA's dense decode (`flash_mla` package, SM90/SM100, page 64)."""
+
+from __future__ import annotations
+
+import torch
+
+from mlakit.registry.catalog import register
+from mlakit.registry.records import BackendRecord, PageSizeRule
+
+RECORD = BackendRecord(
+    name="flashmla",
+    summary="FlashMLA dense decode (deepseek-ai/FlashMLA): 64 query rows per CTA, SM-part scheduler",
+    phases=frozenset({"decode"}),
+    device_kinds=frozenset({"cuda"}),
+    capability_majors=frozenset({9, 10}),
+    page_sizes=PageSizeRule(sizes=frozenset({64})),
+    kv_dtypes=frozenset({"bf16", "fp16"}),
+    max_heads=128,
+    kv_lora_ranks=frozenset({512}),
+    rope_dims=frozenset({64}),
+    packages=("flash_mla",),
+    install_hint="pip install flash-mla (build from github.com/deepseek-ai/FlashMLA)",
+    cuda_graphs=True,
+    auto_rank=20,
+    preferred_page_size=64,
+    verified="not run here: flash_mla is not installed on the lent H100",
+)
+
+
+def decode(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    *,
+    kv_lora_rank: int,
+    softmax_scale: float,
+    kv_scale: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Calls `flash_mla_with_kvcache`; works with the classic metadata API and the newer one
+    (whose `get_mla_metadata` returns a schedule object and no split counts)."""
+    from flash_mla import flash_mla_with_kvcache, get_mla_metadata
+
+    _, q_len, heads, _ = q.shape
+    k_cache = kv_cache if kv_cache.dim() == 4 else kv_cache.unsqueeze(2)
+    schedule, num_splits = get_mla_metadata(cache_seqlens, q_len * heads, 1)
+    out, lse = flash_mla_with_kvcache(
+        q, k_cache, block_table, cache_seqlens, kv_lora_rank, schedule, num_splits,
+        softmax_scale=softmax_scale, causal=True,
+    )
+    return out, lse
+
+
+register(RECORD, decode)

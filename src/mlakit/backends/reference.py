@@ -1,0 +1,41 @@
+"""The reference backend: exact torch attention on any device (slow; the oracle)."""
+
+from __future__ import annotations
+
+import torch
+
+from mlakit.registry.catalog import register
+from mlakit.registry.records import BackendRecord, PageSizeRule
+from mlakit.reference import reference_decode
+
+RECORD = BackendRecord(
+    name="reference",
+    summary="exact torch implementation, fp32 math, any device; the oracle, not fast",
+    phases=frozenset({"prefill", "decode"}),
+    device_kinds=frozenset({"cpu", "cuda", "xpu"}),
+    page_sizes=PageSizeRule(),
+    kv_dtypes=frozenset({"bf16", "fp16", "fp8_e4m3"}),
+    auto_rank=1000,
+    preferred_page_size=64,
+    verified="CPU (make test) and H100 (GPU tests)",
+)
+
+
+def decode(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    *,
+    kv_lora_rank: int,
+    softmax_scale: float,
+    kv_scale: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference decode with the output cast to the query's dtype and lse in float32."""
+    out, lse = reference_decode(
+        q, kv_cache, block_table, cache_seqlens, kv_lora_rank=kv_lora_rank, softmax_scale=softmax_scale, kv_scale=kv_scale
+    )
+    return out.to(q.dtype), lse
+
+
+register(RECORD, decode)

@@ -1,0 +1,189 @@
+"""Paged latent KV cache: pages of `[c_kv ; k_pe]` rows, a page allocator, per-sequence page tables."""
+
+from __future__ import annotations
+
+import torch
+
+from mlakit.errors import CacheFullError, ConfigError, MLAInputError
+from mlakit.kv_quant import (
+    FP8_DTYPE,
+    STORAGE_DTYPES,
+    dequantize,
+    num_scale_groups,
+    quantize_rows_per_group,
+    quantize_rows_per_tensor,
+)
+
+SCALE_LAYOUTS = ("tensor", "group")
+
+
+class PageAllocator:
+    """A free list of page indices; pages come back in the order they were freed.
+
+    >>> alloc = PageAllocator(4)
+    >>> alloc.allocate(3), alloc.num_free
+    ([0, 1, 2], 1)
+    """
+
+    def __init__(self, num_pages: int) -> None:
+        if num_pages <= 0:
+            raise ConfigError(f"num_pages must be >= 1, got {num_pages}")
+        self.num_pages = num_pages
+        self._free = list(range(num_pages - 1, -1, -1))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def allocate(self, count: int) -> list[int]:
+        """`count` free pages, or CacheFullError with nothing taken."""
+        if count > len(self._free):
+            raise CacheFullError(f"out of KV pages: need {count}, {len(self._free)} of {self.num_pages} free")
+        return [self._free.pop() for _ in range(count)]
+
+    def free(self, pages: list[int]) -> None:
+        """Returns pages to the free list (the most recently freed is handed out first)."""
+        self._free.extend(reversed(pages))
+
+
+class PagedLatentCache:
+    """The latent KV cache of one layer: `[num_pages, page_size, kv_lora_rank + rope_dim]`.
+
+    `dtype` is "bf16", "fp16" or "fp8_e4m3". fp8 caches store `value / scale`, with one
+    float32 scale for the whole tensor (`scale_layout="tensor"`, set by `fp8_scale`) or
+    one per token and 128-channel group (`scale_layout="group"`, computed on write).
+
+    >>> cache = PagedLatentCache(num_pages=4, page_size=16, kv_lora_rank=512, rope_dim=64)
+    >>> cache.append(7, torch.randn(20, 512), torch.randn(20, 64)).tolist()[:2]
+    [0, 1]
+    >>> cache.block_table([7]).tolist(), cache.seq_lens([7]).tolist()
+    ([[0, 1]], [20])
+    """
+
+    def __init__(
+        self,
+        num_pages: int,
+        page_size: int,
+        kv_lora_rank: int,
+        rope_dim: int,
+        *,
+        dtype: str = "bf16",
+        device: torch.device | str = "cpu",
+        scale_layout: str = "tensor",
+        fp8_scale: float = 1.0,
+    ) -> None:
+        if dtype not in STORAGE_DTYPES:
+            raise ConfigError(f"dtype must be one of {list(STORAGE_DTYPES)}, got {dtype!r}")
+        if page_size <= 0 or kv_lora_rank <= 0 or rope_dim < 0:
+            raise ConfigError(
+                f"page_size and kv_lora_rank must be >= 1 and rope_dim >= 0, got {page_size}, {kv_lora_rank}, {rope_dim}"
+            )
+        if scale_layout not in SCALE_LAYOUTS:
+            raise ConfigError(f"scale_layout must be one of {SCALE_LAYOUTS}, got {scale_layout!r}")
+        if fp8_scale <= 0:
+            raise ConfigError(f"fp8_scale must be > 0, got {fp8_scale}")
+        self.page_size = page_size
+        self.kv_lora_rank = kv_lora_rank
+        self.rope_dim = rope_dim
+        self.dtype = dtype
+        self.scale_layout = scale_layout
+        self.allocator = PageAllocator(num_pages)
+        self.data = torch.zeros(num_pages, page_size, self.dim, dtype=STORAGE_DTYPES[dtype], device=device)
+        self.scale: torch.Tensor | None = None
+        if dtype == "fp8_e4m3":
+            self.scale = (
+                torch.full((1,), fp8_scale, dtype=torch.float32, device=device)
+                if scale_layout == "tensor"
+                else torch.ones(num_pages, page_size, num_scale_groups(self.dim), dtype=torch.float32, device=device)
+            )
+        self._pages: dict[int, list[int]] = {}
+        self._lengths: dict[int, int] = {}
+
+    @property
+    def dim(self) -> int:
+        return self.kv_lora_rank + self.rope_dim
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.data.dtype == FP8_DTYPE
+
+    def seq_len(self, seq_id: int) -> int:
+        """Tokens held for a sequence (0 for one never seen)."""
+        return self._lengths.get(seq_id, 0)
+
+    def pages_of(self, seq_id: int) -> list[int]:
+        """The sequence's pages, in token order."""
+        return list(self._pages.get(seq_id, []))
+
+    def append(self, seq_id: int, c_kv: torch.Tensor, k_pe: torch.Tensor) -> torch.Tensor:
+        """Writes new tokens' latent `[n, kv_lora_rank]` and rope key `[n, rope_dim]`; returns their slots.
+
+        Allocates pages as needed. When too few pages are free, raises CacheFullError
+        before anything is written or allocated.
+        """
+        n = c_kv.shape[0] if c_kv.dim() == 2 else -1
+        if c_kv.dim() != 2 or c_kv.shape[1] != self.kv_lora_rank:
+            raise MLAInputError(f"c_kv: expected shape [tokens, {self.kv_lora_rank}], got {tuple(c_kv.shape)}")
+        if k_pe.dim() != 2 or tuple(k_pe.shape) != (n, self.rope_dim):
+            raise MLAInputError(f"k_pe: expected shape [{n}, {self.rope_dim}], got {tuple(k_pe.shape)}")
+        for name, tensor in (("c_kv", c_kv), ("k_pe", k_pe)):
+            if tensor.device != self.device:
+                raise MLAInputError(f"{name}: expected a tensor on {self.device} (the cache's device), got {tensor.device}")
+        start = self.seq_len(seq_id)
+        pages = self._pages.get(seq_id, [])
+        needed = -(-(start + n) // self.page_size) - len(pages)
+        if needed > self.allocator.num_free:
+            raise CacheFullError(
+                f"out of KV pages: sequence {seq_id} needs {needed} more page(s) for {n} token(s), "
+                f"{self.allocator.num_free} of {self.allocator.num_pages} free; free finished sequences or allocate more pages"
+            )
+        pages = pages + self.allocator.allocate(max(needed, 0))
+        self._pages[seq_id] = pages
+        self._lengths[seq_id] = start + n
+        positions = torch.arange(start, start + n, device=self.device)
+        page_index = torch.tensor(pages, dtype=torch.long, device=self.device)
+        slots = page_index[positions // self.page_size] * self.page_size + positions % self.page_size
+        self.write_slots(slots, torch.cat([c_kv, k_pe], dim=1))
+        return slots
+
+    def write_slots(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
+        """Stores rows `[n, dim]` at flat slots (page * page_size + offset), quantizing for fp8."""
+        flat = self.data.view(-1, self.dim)
+        if not self.is_fp8:
+            flat[slots] = rows.to(self.data.dtype)
+        elif self.scale_layout == "tensor":
+            flat[slots] = quantize_rows_per_tensor(rows, self.scale)
+        else:
+            values, scales = quantize_rows_per_group(rows)
+            flat[slots] = values
+            self.scale.view(-1, self.scale.shape[-1])[slots] = scales
+
+    def free(self, seq_id: int) -> None:
+        """Releases a sequence's pages for reuse."""
+        self.allocator.free(self._pages.pop(seq_id, []))
+        self._lengths.pop(seq_id, None)
+
+    def block_table(self, seq_ids: list[int], max_pages: int | None = None) -> torch.Tensor:
+        """int32 `[len(seq_ids), max_pages]` page table; unused entries are 0 (never read)."""
+        width = max([len(self._pages.get(s, [])) for s in seq_ids] + [1])
+        if max_pages is not None:
+            if max_pages < width:
+                raise MLAInputError(f"max_pages: expected >= {width} (the longest page list), got {max_pages}")
+            width = max_pages
+        table = torch.zeros(len(seq_ids), width, dtype=torch.int32)
+        for row, seq_id in enumerate(seq_ids):
+            pages = self._pages.get(seq_id, [])
+            table[row, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
+        return table.to(self.device)
+
+    def seq_lens(self, seq_ids: list[int]) -> torch.Tensor:
+        """int32 `[len(seq_ids)]` token counts, the `cache_seqlens` of a decode call."""
+        return torch.tensor([self.seq_len(s) for s in seq_ids], dtype=torch.int32, device=self.device)
+
+    def dequantized(self) -> torch.Tensor:
+        """The whole cache as float32 values (what the stored bytes represent)."""
+        return dequantize(self.data, self.scale)

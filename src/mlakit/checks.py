@@ -1,0 +1,129 @@
+"""Input checks for attention calls. Errors name the argument, what was expected and what came.
+
+`check_decode_inputs` runs cheap metadata checks (shape, dtype, device) always; with
+`check_values=True` it also reads the tensors' values (sequence lengths, page indices),
+which costs one host-device synchronisation.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mlakit.errors import MLAInputError
+from mlakit.kv_quant import FP8_DTYPE, num_scale_groups
+from mlakit.reference import pages_view
+
+QUERY_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+CACHE_DTYPES = (torch.bfloat16, torch.float16, torch.float32, FP8_DTYPE)
+
+
+def _fail(argument: str, expected: str, got: object) -> MLAInputError:
+    return MLAInputError(f"{argument}: expected {expected}, got {got}")
+
+
+def _check_tensor(argument: str, tensor: object, dims: int, dtypes: tuple[torch.dtype, ...], device: torch.device) -> torch.Tensor:
+    if not isinstance(tensor, torch.Tensor):
+        raise _fail(argument, "a torch.Tensor", type(tensor).__name__)
+    if tensor.dim() != dims:
+        raise _fail(argument, f"{dims} dimensions", f"shape {tuple(tensor.shape)}")
+    if tensor.dtype not in dtypes:
+        raise _fail(argument, f"dtype in {[str(d) for d in dtypes]}", tensor.dtype)
+    if tensor.device != device:
+        raise _fail(argument, f"a tensor on {device} (the device of q)", tensor.device)
+    return tensor
+
+
+def check_decode_inputs(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    kv_scale: torch.Tensor | None,
+    kv_lora_rank: int,
+    *,
+    check_values: bool = True,
+) -> None:
+    """Raises MLAInputError naming the first bad argument of an `mla_decode` call.
+
+    >>> check_decode_inputs(torch.randn(1, 1, 2, 576), torch.randn(2, 64, 576),
+    ...     torch.zeros(1, 1, dtype=torch.int64), torch.ones(1, dtype=torch.int32), None, 512)
+    Traceback (most recent call last):
+    ...
+    mlakit.errors.MLAInputError: block_table: expected dtype in ['torch.int32'], got torch.int64
+    """
+    if not isinstance(q, torch.Tensor):
+        raise _fail("q", "a torch.Tensor", type(q).__name__)
+    device = q.device
+    _check_tensor("q", q, 4, QUERY_DTYPES, device)
+    batch, q_len, heads, dim = q.shape
+    if batch == 0 or q_len == 0 or heads == 0:
+        raise _fail("q", "[batch, q_len, heads, dim] with batch, q_len and heads >= 1", f"shape {tuple(q.shape)}")
+    if not 0 < kv_lora_rank < dim:
+        raise _fail("kv_lora_rank", f"an integer in 1..{dim - 1} (q's last dim is {dim} = latent + rope)", kv_lora_rank)
+
+    if not isinstance(kv_cache, torch.Tensor):
+        raise _fail("kv_cache", "a torch.Tensor", type(kv_cache).__name__)
+    if kv_cache.dim() == 4 and kv_cache.shape[2] != 1:
+        raise _fail("kv_cache", "[num_pages, page_size, dim] or [num_pages, page_size, 1, dim]", f"shape {tuple(kv_cache.shape)}")
+    pages = _check_tensor("kv_cache", pages_view(kv_cache), 3, CACHE_DTYPES, device)
+    num_pages, page_size, cache_dim = pages.shape
+    if cache_dim != dim:
+        raise _fail("kv_cache", f"last dim {dim} (the last dim of q)", f"shape {tuple(kv_cache.shape)}")
+    if num_pages == 0 or page_size == 0:
+        raise _fail("kv_cache", "at least one page of at least one token", f"shape {tuple(kv_cache.shape)}")
+
+    _check_tensor("block_table", block_table, 2, (torch.int32,), device)
+    if block_table.shape[0] != batch:
+        raise _fail("block_table", f"shape [{batch}, max_pages] (batch of q)", f"shape {tuple(block_table.shape)}")
+    _check_tensor("cache_seqlens", cache_seqlens, 1, (torch.int32,), device)
+    if cache_seqlens.shape[0] != batch:
+        raise _fail("cache_seqlens", f"shape [{batch}] (batch of q)", f"shape {tuple(cache_seqlens.shape)}")
+
+    _check_kv_scale(kv_scale, pages, device)
+    if check_values:
+        _check_lengths_and_pages(block_table, cache_seqlens, page_size, num_pages)
+
+
+def _check_kv_scale(kv_scale: torch.Tensor | None, pages: torch.Tensor, device: torch.device) -> None:
+    num_pages, page_size, dim = pages.shape
+    if pages.dtype != FP8_DTYPE:
+        if kv_scale is not None:
+            raise _fail("kv_scale", f"None for a {pages.dtype} cache (scales apply to fp8 caches only)", "a tensor")
+        return
+    if kv_scale is None:
+        raise _fail("kv_scale", "a float32 scale for the fp8 cache (one element, or [num_pages, page_size, groups])", None)
+    if not isinstance(kv_scale, torch.Tensor) or kv_scale.dtype != torch.float32:
+        raise _fail("kv_scale", "a float32 tensor", getattr(kv_scale, "dtype", type(kv_scale).__name__))
+    if kv_scale.device != device:
+        raise _fail("kv_scale", f"a tensor on {device} (the device of q)", kv_scale.device)
+    per_group = (num_pages, page_size, num_scale_groups(dim))
+    if kv_scale.numel() != 1 and tuple(kv_scale.shape) != per_group:
+        raise _fail("kv_scale", f"one element or shape {list(per_group)}", f"shape {tuple(kv_scale.shape)}")
+
+
+def _check_lengths_and_pages(block_table: torch.Tensor, cache_seqlens: torch.Tensor, page_size: int, num_pages: int) -> None:
+    max_pages = block_table.shape[1]
+    lengths = cache_seqlens.long()
+    pages_needed = (lengths + page_size - 1) // page_size
+    page_used = torch.arange(max_pages, device=block_table.device)[None, :] < pages_needed[:, None]
+    bad_page = page_used & ((block_table < 0) | (block_table >= num_pages))
+    problems = torch.stack([(lengths < 0).any(), (lengths > max_pages * page_size).any(), bad_page.any()])
+    negative, too_long, out_of_range = problems.tolist()
+    if negative:
+        b = int(torch.nonzero(lengths < 0)[0])
+        raise _fail("cache_seqlens", "lengths >= 0", f"cache_seqlens[{b}] = {int(lengths[b])}")
+    if too_long:
+        b = int(torch.nonzero(lengths > max_pages * page_size)[0])
+        raise _fail(
+            "cache_seqlens",
+            f"lengths <= max_pages * page_size = {max_pages} * {page_size} = {max_pages * page_size} "
+            "(a sequence longer than its pages)",
+            f"cache_seqlens[{b}] = {int(lengths[b])}",
+        )
+    if out_of_range:
+        b, p = (int(i) for i in torch.nonzero(bad_page)[0])
+        raise _fail(
+            "block_table",
+            f"page indices in [0, {num_pages}) for the {int(pages_needed[b])} pages sequence {b} uses",
+            f"block_table[{b}, {p}] = {int(block_table[b, p])}",
+        )

@@ -1,0 +1,135 @@
+"""The `mlakit` command line: backends, check, demo."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from mlakit.config import AUTO, KV_CACHE_DTYPES, ServingConfig
+from mlakit.device import DeviceInfo
+from mlakit.errors import ConfigError
+from mlakit.report import print_plan
+from mlakit.registry.catalog import all_records
+from mlakit.registry.resolve import resolve
+from mlakit.shape import PRESETS, MLAShape
+
+EXIT_CONFIG_ERROR = 2
+
+
+@click.group()
+def main() -> None:
+    """mlakit: Multi-head Latent Attention for LLM serving."""
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def backends(as_json: bool) -> None:
+    """Every registered backend, whether it is usable on this machine, and its capabilities."""
+    device = DeviceInfo.detect()
+    rows = []
+    for record in all_records():
+        why_not = record.hardware_problems(device) + [
+            f"package {p} not installed ({record.install_hint})" for p in record.missing_packages()
+        ]
+        rows.append(record.describe_capabilities() | {"usable_here": not why_not, "why_not": why_not})
+    if as_json:
+        click.echo(json.dumps({"device": device.arch, "backends": rows}, indent=2))
+        return
+    table = Table(title=f"mlakit backends (this machine: {device.name}, {device.arch})")
+    for column in ("backend", "phases", "hardware", "page sizes", "kv dtypes", "max q_len", "graphs", "usable here"):
+        table.add_column(column)
+    for row in rows:
+        majors = row["compute_capability_majors"]
+        hardware = "/".join(row["devices"]) + ("" if majors is None else " SM" + ",".join(f"{m}x" for m in majors))
+        table.add_row(
+            row["name"],
+            "+".join(row["phases"]),
+            hardware,
+            row["page_sizes"],
+            ", ".join(row["kv_dtypes"]),
+            "any" if row["max_decode_q_len"] is None else str(row["max_decode_q_len"]),
+            "yes" if row["cuda_graphs"] else "no",
+            "yes" if row["usable_here"] else "no",
+        )
+    console = Console()
+    console.print(table)
+    for row in rows:
+        if row["why_not"]:
+            console.print(f"  {row['name']}: not usable here: {'; '.join(row['why_not'])}", highlight=False, soft_wrap=True)
+
+
+@main.command()
+@click.option("--model", type=click.Choice(sorted(PRESETS)), default=None, help="Model shape preset (default deepseek-v3).")
+@click.option("--config", "config_path", type=click.Path(), default=None, help="A Hugging Face config.json or its directory.")
+@click.option("--attention-backend", default=AUTO, show_default=True)
+@click.option("--prefill-backend", default=None)
+@click.option("--decode-backend", default=None)
+@click.option("--page-size", type=int, default=None, help="Tokens per page (default: chosen to fit).")
+@click.option("--kv-cache-dtype", type=click.Choice(KV_CACHE_DTYPES), default=AUTO, show_default=True)
+@click.option("--device-arch", default=None, help="Check for hardware you may not have: cpu, xpu, sm80, sm90, sm100, ...")
+@click.option("--tp-size", type=int, default=1, show_default=True)
+@click.option("--speculative-num-draft-tokens", type=int, default=0, show_default=True)
+@click.option("--max-batch-size", type=int, default=256, show_default=True)
+@click.option("--max-context-len", type=int, default=32768, show_default=True)
+@click.option("--cuda-graphs/--no-cuda-graphs", default=None, help="Default: on where device and backend allow it.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+def check(
+    model: str | None,
+    config_path: str | None,
+    attention_backend: str,
+    prefill_backend: str | None,
+    decode_backend: str | None,
+    page_size: int | None,
+    kv_cache_dtype: str,
+    device_arch: str | None,
+    tp_size: int,
+    speculative_num_draft_tokens: int,
+    max_batch_size: int,
+    max_context_len: int,
+    cuda_graphs: bool | None,
+    as_json: bool,
+) -> None:
+    """Resolve a serving configuration: print the plan (exit 0) or why it cannot run (exit 2)."""
+    try:
+        if model is not None and config_path is not None:
+            raise ConfigError("give --model or --config, not both")
+        shape = MLAShape.from_hf_config(config_path) if config_path else MLAShape.preset(model or "deepseek-v3")
+        config = ServingConfig(
+            attention_backend=attention_backend,
+            prefill_backend=prefill_backend,
+            decode_backend=decode_backend,
+            page_size=page_size,
+            kv_cache_dtype=kv_cache_dtype,
+            tp_size=tp_size,
+            speculative_num_draft_tokens=speculative_num_draft_tokens,
+            max_batch_size=max_batch_size,
+            max_context_len=max_context_len,
+            cuda_graphs=cuda_graphs,
+        )
+        device = DeviceInfo.from_arch(device_arch) if device_arch else DeviceInfo.detect()
+        plan = resolve(config, shape, device)
+    except ConfigError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_CONFIG_ERROR)
+    if as_json:
+        click.echo(json.dumps(plan.to_dict(), indent=2))
+    else:
+        print_plan(plan, Console())
+
+
+@main.command()
+@click.option("--device", default=AUTO, show_default=True, help="auto, cpu, cuda[:N] or xpu[:N].")
+@click.option("--seed", type=int, default=0, show_default=True)
+def demo(device: str, seed: int) -> None:
+    """Resolve a DeepSeek-V3 (TP8) plan and run one decode step on a ragged synthetic batch."""
+    from mlakit.demo import run_decode_demo
+
+    sys.exit(run_decode_demo(device, seed, Console()))
+
+
+if __name__ == "__main__":
+    main()

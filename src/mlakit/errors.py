@@ -1,0 +1,21 @@
+"""Exceptions raised by mlakit. Each message names the bad value, what was expected and the fix."""
+
+
+class MLAKitError(Exception):
+    """Base class of every error mlakit raises on purpose."""
+
+
+class ConfigError(MLAKitError, ValueError):
+    """A model shape or serving configuration that cannot be served as asked."""
+
+
+class MLAInputError(MLAKitError, ValueError):
+    """A tensor passed to an attention call has the wrong shape, dtype, device or contents."""
+
+
+class CacheFullError(MLAKitError, RuntimeError):
+    """The paged cache has too few free pages for a write; nothing was written."""
+
+
+class WorkspaceError(MLAKitError, RuntimeError):
+    """A workspace would have to grow where growing is not allowed (during CUDA-graph capture)."""

@@ -1,0 +1,74 @@
+"""The registry of backends: records by name, with their kernel entry points.
+
+The registry is the one piece of module-level mutable state in mlakit: a dict filled
+when `mlakit.backends` is imported (each backend module registers itself).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+
+from mlakit.errors import ConfigError
+from mlakit.registry.records import BackendRecord
+
+
+class DecodeKernel(Protocol):
+    """The decode entry point every backend implements (shapes as in `mlakit.mla_decode`)."""
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        block_table: torch.Tensor,
+        cache_seqlens: torch.Tensor,
+        *,
+        kv_lora_rank: int,
+        softmax_scale: float,
+        kv_scale: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class RegisteredBackend:
+    record: BackendRecord
+    decode: DecodeKernel | None
+
+
+_REGISTRY: dict[str, RegisteredBackend] = {}
+
+
+def register(record: BackendRecord, decode: DecodeKernel | None = None) -> BackendRecord:
+    """Adds a backend; a second registration under the same name is an error."""
+    if record.name in _REGISTRY:
+        raise ConfigError(f"backend {record.name!r} is already registered")
+    if ("decode" in record.phases) != (decode is not None):
+        raise ConfigError(f"backend {record.name!r}: a decode kernel must be given exactly when the record lists decode")
+    _REGISTRY[record.name] = RegisteredBackend(record, decode)
+    return record
+
+
+def _ensure_loaded() -> None:
+    import mlakit.backends  # noqa: F401  (registers the built-in backends)
+
+
+def backend_names() -> list[str]:
+    """Registered backend names, in auto-selection order."""
+    return [r.name for r in all_records()]
+
+
+def all_records() -> list[BackendRecord]:
+    """Every registered record, in auto-selection order (lowest auto_rank first)."""
+    _ensure_loaded()
+    return sorted((b.record for b in _REGISTRY.values()), key=lambda r: (r.auto_rank, r.name))
+
+
+def get_backend(name: str) -> RegisteredBackend:
+    """The registered backend called `name`, or a ConfigError listing the known names."""
+    _ensure_loaded()
+    if name not in _REGISTRY:
+        raise ConfigError(f"unknown backend {name!r}; registered backends: {backend_names()} (or 'auto')")
+    return _REGISTRY[name]

@@ -1,0 +1,90 @@
+"""Does a backend fit a set of requirements? Every reason it does not, each with its fix."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from mlakit.device import DeviceInfo
+from mlakit.registry.records import KV_DTYPES, PAGE_SIZE_PREFERENCE, BackendRecord, Phase
+from mlakit.shape import MLAShape
+
+
+@dataclasses.dataclass(frozen=True)
+class Requirements:
+    """What a configuration (or one call's tensors) fixes. None means "not fixed, choose"."""
+
+    device: DeviceInfo
+    shape: MLAShape
+    page_size: int | None = None
+    kv_dtype: str | None = None
+    decode_q_len: int = 1
+    cuda_graphs: bool = False
+    needs_lse: bool = False
+
+
+def common_page_sizes(a: BackendRecord, b: BackendRecord, fixed: int | None = None) -> list[int]:
+    """Page sizes both backends take, in preference order (only `fixed` when it is set)."""
+    candidates = [fixed] if fixed is not None else [a.preferred_page_size, b.preferred_page_size, *PAGE_SIZE_PREFERENCE]
+    return list(dict.fromkeys(p for p in candidates if a.page_sizes.accepts(p) and b.page_sizes.accepts(p)))
+
+
+def common_kv_dtypes(a: BackendRecord, b: BackendRecord, fixed: str | None = None) -> list[str]:
+    """KV dtypes both backends take, in preference order (bf16, fp16, fp8_e4m3)."""
+    candidates = [fixed] if fixed is not None else list(KV_DTYPES)
+    return [d for d in candidates if d in a.kv_dtypes and d in b.kv_dtypes]
+
+
+def backend_problems(record: BackendRecord, phase: Phase, req: Requirements, partner: BackendRecord | None = None) -> list[str]:
+    """Why `record` cannot serve `phase` under `req` (empty when it can).
+
+    `partner` is the backend already chosen for the other phase: the two must share a
+    page size and a KV dtype, since they read the same cache.
+    """
+    problems: list[str] = []
+    if phase not in record.phases:
+        fallback = f"; its prefill runs on {record.prefill_fallback}" if record.prefill_fallback else ""
+        problems.append(f"does not do {phase} (it is {'/'.join(sorted(record.phases))} only{fallback})")
+    problems += record.hardware_problems(req.device)
+    if req.device.local and (missing := record.missing_packages()):
+        problems.append(f"needs package {', '.join(missing)}, not installed here ({record.install_hint})")
+    if req.page_size is not None and not record.page_sizes.accepts(req.page_size):
+        problems.append(f"page_size {req.page_size} is not supported; allowed page sizes: {record.page_sizes.describe()}")
+    if req.kv_dtype is not None and req.kv_dtype not in record.kv_dtypes:
+        allowed = [d for d in KV_DTYPES if d in record.kv_dtypes]
+        problems.append(f"kv_cache_dtype {req.kv_dtype!r} is not supported; allowed: {allowed}")
+    if phase == "decode" and record.max_decode_q_len is not None and req.decode_q_len > record.max_decode_q_len:
+        limit = (
+            "no speculative decoding (1 query token per sequence)"
+            if record.max_decode_q_len == 1
+            else f"at most {record.max_decode_q_len} query tokens per sequence ({record.max_decode_q_len - 1} draft tokens)"
+        )
+        problems.append(
+            f"speculative decoding with {req.decode_q_len - 1} draft tokens ({req.decode_q_len} query tokens per "
+            f"sequence) is not supported; it takes {limit}"
+        )
+    problems += _shape_problems(record, req.shape)
+    if phase == "decode" and req.cuda_graphs and not record.cuda_graphs:
+        problems.append("cannot be captured in a CUDA graph; set cuda_graphs off or pick a backend that can")
+    if req.needs_lse and not record.returns_lse:
+        problems.append("does not return the log-sum-exp; ask without lse or pick a backend that returns it")
+    if partner is not None and partner.name != record.name:
+        if not common_page_sizes(record, partner, req.page_size):
+            problems.append(
+                f"shares no page size with {partner.name} ({record.page_sizes.describe()} vs {partner.page_sizes.describe()})"
+            )
+        if not common_kv_dtypes(record, partner, req.kv_dtype):
+            problems.append(f"shares no KV dtype with {partner.name} ({sorted(record.kv_dtypes)} vs {sorted(partner.kv_dtypes)})")
+    return problems
+
+
+def _shape_problems(record: BackendRecord, shape: MLAShape) -> list[str]:
+    problems = []
+    if record.max_heads is not None and shape.num_heads > record.max_heads:
+        problems.append(
+            f"takes at most {record.max_heads} heads per rank, got {shape.num_heads}; raise tp_size so heads per rank fit"
+        )
+    if record.kv_lora_ranks is not None and shape.kv_lora_rank not in record.kv_lora_ranks:
+        problems.append(f"kv_lora_rank {shape.kv_lora_rank} is not supported; allowed: {sorted(record.kv_lora_ranks)}")
+    if record.rope_dims is not None and shape.qk_rope_head_dim not in record.rope_dims:
+        problems.append(f"qk_rope_head_dim {shape.qk_rope_head_dim} is not supported; allowed: {sorted(record.rope_dims)}")
+    return problems

@@ -1,0 +1,210 @@
+"""resolve(): a serving configuration checked against every backend record, at start-up.
+
+Rules:
+- an explicitly named backend that does not fit is an error, never swapped for another;
+- an explicit page size or KV dtype a chosen backend cannot take is an error naming the
+  allowed values; unset ones are chosen to fit both backends, and the choice is noted;
+- a decode-only backend named through `attention_backend` gets an automatic prefill
+  backend (its declared fallback first), noted; naming it as `prefill_backend` is an error;
+- speculative decoding a decode backend cannot do is refused here;
+- "auto" takes the registered backends in `auto_rank` order (hardware-specific kernels
+  first, the reference last) and notes why each higher-ranked one was skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from mlakit.config import AUTO, ServingConfig
+from mlakit.device import DeviceInfo
+from mlakit.errors import ConfigError
+from mlakit.plan import Plan, WorkspaceRequest
+from mlakit.registry.catalog import all_records, get_backend
+from mlakit.registry.fit import Requirements, backend_problems, common_kv_dtypes, common_page_sizes
+from mlakit.registry.records import BackendRecord, Phase, WorkspaceInputs
+from mlakit.shape import MLAShape
+
+
+def resolve(config: ServingConfig, shape: MLAShape, device: DeviceInfo | None = None) -> Plan:
+    """Checks `config` for `shape` on `device` (default: detected from `config.device`).
+
+    Returns a Plan, or raises one ConfigError listing, per backend considered, why it
+    does not fit and what to change.
+
+    >>> plan = resolve(ServingConfig(), MLAShape.preset("deepseek-v2-lite"), DeviceInfo.from_arch("cpu"))
+    >>> plan.decode_backend, plan.page_size, plan.kv_cache_dtype
+    ('reference', 64, 'bf16')
+    """
+    device = device or DeviceInfo.detect(config.device)
+    rank_shape = shape.for_tp(config.tp_size)
+    if config.cuda_graphs and device.kind != "cuda":
+        raise ConfigError(f"cuda_graphs=True needs a CUDA device; the device is {device.arch}. Set cuda_graphs off.")
+    req = Requirements(
+        device=device,
+        shape=rank_shape,
+        page_size=config.page_size,
+        kv_dtype=None if config.kv_cache_dtype == AUTO else config.kv_cache_dtype,
+        decode_q_len=config.decode_q_len,
+        cuda_graphs=bool(config.cuda_graphs),
+    )
+    notes: list[str] = []
+    if config.tp_size > 1:
+        notes.append(f"heads per rank: {rank_shape.num_heads} ({shape.num_heads} heads / tp_size {config.tp_size})")
+
+    prefill_explicit = config.prefill_backend is not None and config.prefill_backend != AUTO
+    decode_explicit = config.requested_decode_backend != AUTO
+    if prefill_explicit and not decode_explicit:
+        prefill = _choose("prefill", config.prefill_backend, req, None, notes)
+        decode = _choose("decode", AUTO, req, prefill, notes)
+    else:
+        decode = _choose("decode", config.requested_decode_backend, req, None, notes)
+        prefill = _choose_prefill(config, decode, req, notes)
+
+    page_size = _choose_page_size(decode, prefill, req, notes)
+    kv_dtype = _choose_kv_dtype(decode, prefill, req, notes)
+    cuda_graphs = _choose_cuda_graphs(config, decode, device, notes)
+    _note_backend_caveats(device, (prefill, decode), notes)
+    inputs = WorkspaceInputs(rank_shape, device, page_size, config.max_batch_size, config.max_context_len, config.decode_q_len)
+    return Plan(
+        model_shape=shape,
+        rank_shape=rank_shape,
+        tp_size=config.tp_size,
+        device=device,
+        prefill_backend=prefill.name,
+        decode_backend=decode.name,
+        page_size=page_size,
+        kv_cache_dtype=kv_dtype,
+        decode_q_len=config.decode_q_len,
+        cuda_graphs=cuda_graphs,
+        max_batch_size=config.max_batch_size,
+        max_context_len=config.max_context_len,
+        workspaces=_workspaces((prefill, decode), inputs),
+        notes=tuple(notes),
+    )
+
+
+def _choose(phase: Phase, requested: str, req: Requirements, partner: BackendRecord | None, notes: list[str]) -> BackendRecord:
+    if requested != AUTO:
+        record = get_backend(requested).record
+        problems = backend_problems(record, phase, req, partner)
+        if problems:
+            raise ConfigError(
+                f"{phase}_backend {requested!r} cannot serve this configuration on {req.device.arch}:\n"
+                + _bullets(problems)
+                + "\n"
+                + _alternatives(phase, req, partner)
+            )
+        notes.append(f"{phase} backend: {record.name} (as configured)")
+        return record
+    return _choose_auto(phase, req, partner, notes, reason="auto")
+
+
+def _choose_auto(phase: Phase, req: Requirements, partner: BackendRecord | None, notes: list[str], reason: str) -> BackendRecord:
+    skipped: list[str] = []
+    other_hardware: list[str] = []
+    for record in all_records():
+        problems = backend_problems(record, phase, req, partner)
+        if not problems:
+            note = f"{phase} backend: {record.name} ({reason}: highest-priority backend that fits {req.device.arch})"
+            if skipped:
+                note += "; skipped " + "; ".join(skipped)
+            if other_hardware:
+                note += f"; not for {req.device.arch}: {', '.join(other_hardware)}"
+            notes.append(note)
+            return record
+        if record.hardware_problems(req.device):
+            other_hardware.append(record.name)
+        else:
+            skipped.append(f"{record.name} ({problems[0]})")
+    per_backend = "\n".join(
+        f"  {r.name}:\n" + _bullets(backend_problems(r, phase, req, partner), indent="    ") for r in all_records()
+    )
+    raise ConfigError(f"no registered backend can serve {phase} for this configuration on {req.device.arch}:\n{per_backend}")
+
+
+def _choose_prefill(config: ServingConfig, decode: BackendRecord, req: Requirements, notes: list[str]) -> BackendRecord:
+    requested = config.requested_prefill_backend
+    inherited = config.prefill_backend is None or config.prefill_backend == AUTO
+    if requested != AUTO and not inherited:
+        return _choose("prefill", requested, req, decode, notes)
+    if requested != AUTO and "prefill" in get_backend(requested).record.phases:
+        return _choose("prefill", requested, req, decode, notes)
+    if "prefill" in decode.phases and not backend_problems(decode, "prefill", req, decode):
+        notes.append(f"prefill backend: {decode.name} (same backend as decode)")
+        return decode
+    if decode.prefill_fallback is not None:
+        fallback = get_backend(decode.prefill_fallback).record
+        problems = backend_problems(fallback, "prefill", req, decode)
+        if not problems:
+            notes.append(f"prefill backend: {fallback.name} ({decode.name} is decode-only; this is its declared prefill fallback)")
+            return fallback
+        notes.append(f"{decode.name}'s prefill fallback {fallback.name} does not fit ({problems[0]}); choosing automatically")
+    reason = f"automatic, {decode.name} is decode-only" if "prefill" not in decode.phases else "auto"
+    return _choose_auto("prefill", req, decode, notes, reason=reason)
+
+
+def _choose_page_size(decode: BackendRecord, prefill: BackendRecord, req: Requirements, notes: list[str]) -> int:
+    if req.page_size is not None:
+        return req.page_size
+    page_size = common_page_sizes(decode, prefill)[0]
+    takers = " and ".join(f"{r.name} {r.page_sizes.describe()}" for r in dict.fromkeys((decode, prefill)))
+    notes.append(f"page_size: {page_size} (chosen: first size that {takers} take, the decode backend's preference first)")
+    return page_size
+
+
+def _choose_kv_dtype(decode: BackendRecord, prefill: BackendRecord, req: Requirements, notes: list[str]) -> str:
+    if req.kv_dtype is not None:
+        return req.kv_dtype
+    kv_dtype = common_kv_dtypes(decode, prefill)[0]
+    takers = " and ".join(r.name for r in dict.fromkeys((decode, prefill)))
+    notes.append(f"kv_cache_dtype: {kv_dtype} (auto: first of bf16, fp16, fp8_e4m3 that {takers} take)")
+    return kv_dtype
+
+
+def _choose_cuda_graphs(config: ServingConfig, decode: BackendRecord, device: DeviceInfo, notes: list[str]) -> bool:
+    if config.cuda_graphs is not None:
+        return config.cuda_graphs
+    if device.kind != "cuda":
+        notes.append(f"cuda_graphs: off (auto: the device is {device.kind})")
+        return False
+    if not decode.cuda_graphs:
+        notes.append(f"cuda_graphs: off (auto: {decode.name} cannot be captured)")
+        return False
+    notes.append(f"cuda_graphs: on (auto: {decode.name} supports capture)")
+    return True
+
+
+def _note_backend_caveats(device: DeviceInfo, chosen: tuple[BackendRecord, ...], notes: list[str]) -> None:
+    for record in dict.fromkeys(chosen):
+        if not device.local and (missing := record.missing_packages()):
+            notes.append(f"{record.name} needs {', '.join(missing)} on the target machine (not installed here): {record.install_hint}")
+        if record.name == "reference" and device.kind != "cpu":
+            notes.append("reference is the exact torch oracle and slow; install a faster backend for serving")
+
+
+def _workspaces(chosen: tuple[BackendRecord, ...], inputs: WorkspaceInputs) -> tuple[WorkspaceRequest, ...]:
+    by_family: dict[str, WorkspaceRequest] = {}
+    for record in dict.fromkeys(chosen):
+        spec = record.workspace
+        if spec is None:
+            continue
+        nbytes = spec.size_bytes(inputs)
+        current = by_family.get(spec.family)
+        if current is None:
+            by_family[spec.family] = WorkspaceRequest(spec.family, (record.name,), nbytes, spec.zero_filled, spec.formula)
+        else:
+            by_family[spec.family] = dataclasses.replace(
+                current, backends=(*current.backends, record.name), nbytes=max(current.nbytes, nbytes)
+            )
+    return tuple(by_family.values())
+
+
+def _alternatives(phase: Phase, req: Requirements, partner: BackendRecord | None) -> str:
+    fitting = [r.name for r in all_records() if not backend_problems(r, phase, req, partner)]
+    if fitting:
+        return f"backends that fit this {phase} configuration: {', '.join(fitting)}"
+    return f"no registered backend fits this {phase} configuration as it stands; change the settings above"
+
+
+def _bullets(lines: list[str], indent: str = "  ") -> str:
+    return "\n".join(f"{indent}- {line}" for line in lines)

@@ -1,0 +1,131 @@
+"""Random paged decode inputs for tests: shuffled pages, NaN in every unused page and slot,
+garbage page indices past each sequence's pages, and an independent float64 oracle."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from mlakit.kv_quant import FP8_DTYPE, STORAGE_DTYPES, dequantize, num_scale_groups, quantize_rows_per_group
+
+GARBAGE_PAGE_INDEX = -12345
+
+
+@dataclasses.dataclass
+class PagedBatch:
+    q: torch.Tensor
+    kv_cache: torch.Tensor
+    block_table: torch.Tensor
+    cache_seqlens: torch.Tensor
+    kv_scale: torch.Tensor | None
+    kv_lora_rank: int
+    softmax_scale: float
+
+    def dequantized_cache(self) -> torch.Tensor:
+        return dequantize(self.kv_cache, self.kv_scale, torch.float64)
+
+
+def make_paged_batch(
+    seq_lens: list[int],
+    *,
+    heads: int,
+    q_len: int = 1,
+    page_size: int = 16,
+    kv_lora_rank: int = 64,
+    rope_dim: int = 16,
+    kv_dtype: str = "bf16",
+    scale_layout: str = "tensor",
+    q_dtype: torch.dtype = torch.bfloat16,
+    spare_pages: int = 3,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+) -> PagedBatch:
+    gen = torch.Generator().manual_seed(seed)
+    dim = kv_lora_rank + rope_dim
+    pages_per_seq = [math.ceil(n / page_size) for n in seq_lens]
+    num_pages = sum(pages_per_seq) + spare_pages
+    order = torch.randperm(num_pages, generator=gen).tolist()
+    max_pages = max(pages_per_seq + [1]) + 1
+    table = torch.full((len(seq_lens), max_pages), GARBAGE_PAGE_INDEX, dtype=torch.int32)
+    values = torch.full((num_pages, page_size, dim), float("nan"))
+    next_page = 0
+    for b, (length, count) in enumerate(zip(seq_lens, pages_per_seq)):
+        for p in range(count):
+            page = order[next_page]
+            next_page += 1
+            table[b, p] = page
+            used = min(page_size, length - p * page_size)
+            values[page, :used] = torch.randn(used, dim, generator=gen) * 2
+    scale = None
+    if kv_dtype == "fp8_e4m3" and scale_layout == "group":
+        flat = values.view(-1, dim)
+        finite = torch.isfinite(flat).all(dim=1)
+        stored, group_scales = quantize_rows_per_group(torch.nan_to_num(flat))
+        stored = torch.where(finite[:, None], stored.float(), float("nan")).to(FP8_DTYPE)
+        cache = stored.view(num_pages, page_size, dim)
+        scale = group_scales.view(num_pages, page_size, num_scale_groups(dim))
+    elif kv_dtype == "fp8_e4m3":
+        scale = torch.tensor([0.5])
+        cache = (values / scale).to(FP8_DTYPE)
+    else:
+        cache = values.to(STORAGE_DTYPES[kv_dtype])
+    q = torch.randn(len(seq_lens), q_len, heads, dim, generator=gen).to(q_dtype)
+    return PagedBatch(
+        q=q.to(device),
+        kv_cache=cache.to(device),
+        block_table=table.to(device),
+        cache_seqlens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        kv_scale=None if scale is None else scale.to(device),
+        kv_lora_rank=kv_lora_rank,
+        softmax_scale=(dim + 64) ** -0.5,
+    )
+
+
+def naive_attention(q_tokens: torch.Tensor, keys: torch.Tensor, kv_lora_rank: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token's heads `[H, D]` against keys `[n, D]` in float64, written without masks."""
+    heads = q_tokens.shape[0]
+    if keys.shape[0] == 0:
+        return torch.zeros(heads, kv_lora_rank, dtype=torch.float64), torch.full((heads,), float("-inf"), dtype=torch.float64)
+    scores = q_tokens.double() @ keys.T * scale
+    lse = torch.logsumexp(scores, dim=-1)
+    return torch.softmax(scores, dim=-1) @ keys[:, :kv_lora_rank], lse
+
+
+def sequence_keys(batch: PagedBatch, b: int) -> torch.Tensor:
+    """Sequence b's dequantized rows in token order, walked one token at a time."""
+    cache = batch.dequantized_cache().cpu()
+    page_size = cache.shape[1]
+    table = batch.block_table.cpu()
+    rows = [cache[int(table[b, t // page_size]), t % page_size] for t in range(int(batch.cache_seqlens[b]))]
+    return torch.stack(rows) if rows else torch.zeros(0, cache.shape[-1], dtype=torch.float64)
+
+
+def naive_decode(batch: PagedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 decode oracle: out `[B, q_len, H, r]`, lse `[B, H, q_len]`."""
+    bsz, q_len, heads, _ = batch.q.shape
+    out = torch.zeros(bsz, q_len, heads, batch.kv_lora_rank, dtype=torch.float64)
+    lse = torch.zeros(bsz, heads, q_len, dtype=torch.float64)
+    for b in range(bsz):
+        keys = sequence_keys(batch, b)
+        length = keys.shape[0]
+        for i in range(q_len):
+            visible = max(0, length - q_len + i + 1)
+            out[b, i], lse[b, :, i] = naive_attention(batch.q[b, i].cpu(), keys[:visible], batch.kv_lora_rank, batch.softmax_scale)
+    return out, lse
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    expected = expected.double().cpu()
+    return float((actual.double().cpu() - expected).norm() / expected.norm().clamp(min=1e-30))
+
+
+def assert_lse_close(actual: torch.Tensor, expected: torch.Tensor, atol: float) -> None:
+    actual, expected = actual.double().cpu(), expected.double().cpu()
+    assert torch.equal(torch.isneginf(actual), torch.isneginf(expected)), "lse: -inf (empty query) positions differ"
+    finite = torch.isfinite(expected)
+    assert torch.isfinite(actual[finite]).all(), "lse: non-finite value where the oracle is finite"
+    if finite.any():
+        error = (actual[finite] - expected[finite]).abs().max().item()
+        assert error <= atol, f"lse max error {error} > {atol}"
