@@ -13,8 +13,8 @@ from mlakit.errors import MLAInputError
 from mlakit.kv_quant import FP8_DTYPE, num_scale_groups
 from mlakit.reference import pages_view
 
-QUERY_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-CACHE_DTYPES = (torch.bfloat16, torch.float16, torch.float32, FP8_DTYPE)
+QUERY_DTYPES = (torch.bfloat16, torch.float16)
+CACHE_DTYPES = (torch.bfloat16, torch.float16, FP8_DTYPE)
 
 
 def _fail(argument: str, expected: str, got: object) -> MLAInputError:
@@ -45,7 +45,7 @@ def check_decode_inputs(
 ) -> None:
     """Raises MLAInputError naming the first bad argument of an `mla_decode` call.
 
-    >>> check_decode_inputs(torch.randn(1, 1, 2, 576), torch.randn(2, 64, 576),
+    >>> check_decode_inputs(torch.randn(1, 1, 2, 576).bfloat16(), torch.randn(2, 64, 576).bfloat16(),
     ...     torch.zeros(1, 1, dtype=torch.int64), torch.ones(1, dtype=torch.int32), None, 512)
     Traceback (most recent call last):
     ...

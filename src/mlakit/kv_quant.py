@@ -52,7 +52,7 @@ def quantize_rows_per_group(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     amax = grouped.abs().amax(dim=-1)
     scales = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
     values = (grouped / scales[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
-    return values.view(tokens, -1)[:, :dim], scales
+    return values.view(tokens, groups * SCALE_GROUP)[:, :dim], scales
 
 
 def dequantize(values: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -1,0 +1,65 @@
+"""mla_decode: one entry point for every backend; auto selection and explicit choices."""
+
+import pytest
+import torch
+
+import mlakit
+from mlakit import ConfigError
+from paged_inputs import assert_lse_close, make_paged_batch, naive_decode, relative_error
+
+
+@pytest.mark.parametrize(
+    "seq_lens, heads, q_len, page_size, kv_dtype, layout",
+    [
+        ([7, 0, 40], 5, 1, 16, "bf16", "tensor"),
+        ([33, 2], 16, 3, 1, "fp16", "tensor"),
+        ([64, 65, 1], 3, 2, 64, "fp8_e4m3", "tensor"),
+        ([20, 9], 1, 4, 8, "fp8_e4m3", "group"),
+    ],
+)
+def test_mla_decode_matches_oracle(seq_lens, heads, q_len, page_size, kv_dtype, layout):
+    batch = make_paged_batch(
+        seq_lens, heads=heads, q_len=q_len, page_size=page_size, kv_dtype=kv_dtype, scale_layout=layout,
+        kv_lora_rank=512, rope_dim=64, q_dtype=torch.float16 if kv_dtype == "fp16" else torch.bfloat16,
+    )
+    out, lse = mlakit.mla_decode(
+        batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens,
+        softmax_scale=batch.softmax_scale, kv_scale=batch.kv_scale,
+    )
+    expected_out, expected_lse = naive_decode(batch)
+    assert out.dtype == batch.q.dtype and lse.dtype == torch.float32
+    assert out.shape == (len(seq_lens), q_len, heads, 512) and lse.shape == (len(seq_lens), heads, q_len)
+    assert relative_error(out, expected_out) < 1e-2
+    assert_lse_close(lse, expected_lse, atol=1e-3)
+
+
+def test_latent_256_needs_no_hint_and_other_widths_need_kv_lora_rank():
+    batch = make_paged_batch([10, 3], heads=4, kv_lora_rank=256, rope_dim=32)
+    out, _ = mlakit.mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens)
+    assert out.shape[-1] == 256
+    odd = make_paged_batch([10, 3], heads=4, kv_lora_rank=64, rope_dim=16)
+    with pytest.raises(mlakit.MLAInputError, match="kv_lora_rank: cannot infer"):
+        mlakit.mla_decode(odd.q, odd.kv_cache, odd.block_table, odd.cache_seqlens)
+    out, lse = mlakit.mla_decode(odd.q, odd.kv_cache, odd.block_table, odd.cache_seqlens, kv_lora_rank=64, softmax_scale=odd.softmax_scale)
+    assert relative_error(out, naive_decode(odd)[0]) < 1e-2
+
+
+def test_default_softmax_scale_is_one_over_sqrt_of_the_row_width():
+    batch = make_paged_batch([12], heads=2, kv_lora_rank=512, rope_dim=64)
+    default, _ = mlakit.mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens)
+    explicit, _ = mlakit.mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens, softmax_scale=576**-0.5)
+    assert torch.equal(default, explicit)
+
+
+def test_explicit_backend_that_cannot_run_here_is_refused_with_reasons():
+    batch = make_paged_batch([12], heads=2, page_size=64, kv_lora_rank=512, rope_dim=64)
+    with pytest.raises(ConfigError, match=r"backend 'flashmla' cannot run this decode call: runs on cuda, not on cpu"):
+        mlakit.mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens, backend="flashmla")
+    with pytest.raises(ConfigError, match=r"unknown backend 'fastest'"):
+        mlakit.mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens, backend="fastest")
+
+
+def test_return_lse_false_gives_none():
+    batch = make_paged_batch([5, 6], heads=3, kv_lora_rank=512, rope_dim=64)
+    out, lse = mlakit.mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens, backend="reference", return_lse=False)
+    assert lse is None and out.shape == (2, 1, 3, 512)

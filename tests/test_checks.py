@@ -1,0 +1,89 @@
+"""mla_decode's input checks: every bad argument is named, with what was expected and what came."""
+
+import pytest
+import torch
+
+import mlakit
+from mlakit.errors import MLAInputError
+from paged_inputs import make_paged_batch
+
+
+def _batch():
+    return make_paged_batch([20, 0, 7], heads=3, page_size=8, kv_lora_rank=512, rope_dim=64)
+
+
+def _call(batch, **overrides):
+    args = dict(
+        q=batch.q, kv_cache=batch.kv_cache, block_table=batch.block_table, cache_seqlens=batch.cache_seqlens, kv_scale=batch.kv_scale
+    )
+    args.update(overrides)
+    return mlakit.mla_decode(**args, softmax_scale=batch.softmax_scale)
+
+
+@pytest.mark.parametrize(
+    "override, pattern",
+    [
+        (lambda b: {"q": b.q[0]}, r"q: expected a 4-dimensional tensor"),
+        (lambda b: {"q": b.q.float()}, r"q: expected dtype bfloat16 or float16, got torch.float32"),
+        (lambda b: {"q": b.q[..., :100]}, r"kv_lora_rank: cannot infer it from q's last dim 100"),
+        (lambda b: {"kv_cache": b.kv_cache[..., :500]}, r"kv_cache: expected last dim 576"),
+        (lambda b: {"kv_cache": b.kv_cache.unsqueeze(2).expand(-1, -1, 2, -1)}, r"kv_cache: expected \[num_pages, page_size, dim\]"),
+        (lambda b: {"kv_cache": b.kv_cache.float()}, r"kv_cache: expected dtype in"),
+        (lambda b: {"block_table": b.block_table.long()}, r"block_table: expected dtype in \['torch.int32'\], got torch.int64"),
+        (lambda b: {"block_table": b.block_table[:2]}, r"block_table: expected shape \[3, max_pages\]"),
+        (lambda b: {"cache_seqlens": b.cache_seqlens[:2]}, r"cache_seqlens: expected shape \[3\]"),
+        (lambda b: {"cache_seqlens": b.cache_seqlens.float()}, r"cache_seqlens: expected dtype"),
+        (lambda b: {"kv_scale": torch.ones(1)}, r"kv_scale: expected None for a torch.bfloat16 cache"),
+        (lambda b: {"cache_seqlens": torch.tensor([20, -1, 7], dtype=torch.int32)}, r"cache_seqlens: expected lengths >= 0, got cache_seqlens\[1\] = -1"),
+        (
+            lambda b: {"cache_seqlens": torch.tensor([20, 0, 25], dtype=torch.int32)},
+            r"cache_seqlens: expected lengths <= max_pages \* page_size = 4 \* 8 = 32 .*got cache_seqlens\[2\] = 25|block_table: expected page indices",
+        ),
+        (lambda b: {"cache_seqlens": torch.tensor([20, 0, 33], dtype=torch.int32)}, r"a sequence longer than its pages"),
+    ],
+)
+def test_bad_arguments_are_named(override, pattern):
+    batch = _batch()
+    with pytest.raises(MLAInputError, match=pattern):
+        _call(batch, **override(batch))
+
+
+def test_page_index_out_of_range_names_the_entry():
+    batch = _batch()
+    table = batch.block_table.clone()
+    table[2, 0] = batch.kv_cache.shape[0]
+    with pytest.raises(MLAInputError, match=r"block_table: expected page indices in \[0, \d+\) .*got block_table\[2, 0\] = \d+"):
+        _call(batch, block_table=table)
+
+
+def test_garbage_past_a_sequences_pages_is_not_an_error():
+    batch = _batch()
+    assert (batch.block_table < 0).any(), "the batch must carry garbage page indices in unused entries"
+    out, lse = _call(batch)
+    assert torch.isfinite(out.float()).all()
+
+
+def test_device_mismatch_is_named():
+    batch = _batch()
+    meta = batch.block_table.to("meta")
+    with pytest.raises(MLAInputError, match=r"block_table: expected a tensor on cpu \(the device of q\), got meta"):
+        _call(batch, block_table=meta)
+
+
+def test_fp8_cache_needs_a_well_formed_scale():
+    batch = make_paged_batch([9, 4], heads=2, page_size=4, kv_lora_rank=512, rope_dim=64, kv_dtype="fp8_e4m3")
+    with pytest.raises(MLAInputError, match=r"kv_scale: expected a float32 scale for the fp8 cache"):
+        _call(batch, kv_scale=None)
+    with pytest.raises(MLAInputError, match=r"kv_scale: expected one element or shape \[\d+, 4, 5\]"):
+        _call(batch, kv_scale=torch.ones(3))
+
+
+def test_check_inputs_false_skips_only_the_value_checks():
+    batch = _batch()
+    bad_lengths = torch.tensor([20, -1, 7], dtype=torch.int32)
+    out, _ = mlakit.mla_decode(
+        batch.q, batch.kv_cache, batch.block_table, bad_lengths, softmax_scale=batch.softmax_scale, check_inputs=False
+    )
+    assert out.shape == (3, 1, 3, 512)
+    with pytest.raises(MLAInputError, match="block_table: expected dtype"):
+        mlakit.mla_decode(batch.q, batch.kv_cache, batch.block_table.long(), batch.cache_seqlens, check_inputs=False)
