@@ -20,8 +20,9 @@ def test_mla_decode_on_cuda_matches_oracle(kv_dtype, layout):
     )
     assert out.is_cuda and lse.is_cuda
     expected_out, expected_lse = naive_decode(batch)
-    assert relative_error(out, expected_out) < 1e-2
-    assert_lse_close(lse, expected_lse, atol=1e-3)
+    fp8 = kv_dtype == "fp8_e4m3"
+    assert relative_error(out, expected_out) < (3e-2 if fp8 else 1e-2)
+    assert_lse_close(lse, expected_lse, atol=3e-2 if fp8 else 1e-3)
 
 
 def test_reference_decode_runs_without_host_sync_when_checks_are_off():

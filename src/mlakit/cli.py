@@ -9,6 +9,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from mlakit.bench.cli import bench
 from mlakit.config import AUTO, KV_CACHE_DTYPES, ServingConfig
 from mlakit.device import DeviceInfo
 from mlakit.errors import ConfigError
@@ -40,8 +41,9 @@ def backends(as_json: bool) -> None:
         click.echo(json.dumps({"device": device.arch, "backends": rows}, indent=2))
         return
     table = Table(title=f"mlakit backends (this machine: {device.name}, {device.arch})")
-    for column in ("backend", "phases", "hardware", "page sizes", "kv dtypes", "max q_len", "graphs", "usable here"):
-        table.add_column(column)
+    table.add_column("backend", no_wrap=True)
+    for column in ("phases", "hardware", "page sizes", "kv dtypes", "max q_len", "graphs", "usable here"):
+        table.add_column(column, overflow="fold")
     for row in rows:
         majors = row["compute_capability_majors"]
         hardware = "/".join(row["devices"]) + ("" if majors is None else " SM" + ",".join(f"{m}x" for m in majors))
@@ -130,6 +132,8 @@ def demo(device: str, seed: int) -> None:
 
     sys.exit(run_decode_demo(device, seed, Console()))
 
+
+main.add_command(bench)
 
 if __name__ == "__main__":
     main()

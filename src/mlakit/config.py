@@ -44,6 +44,8 @@ class ServingConfig:
             value = getattr(self, name)
             if not _is_int(value) or value < minimum:
                 raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        if self.cuda_graphs is not None and not isinstance(self.cuda_graphs, bool):
+            raise ConfigError(f"cuda_graphs must be True, False or None (automatic), got {self.cuda_graphs!r}")
         for name in ("attention_backend", "prefill_backend", "decode_backend"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):

@@ -110,21 +110,35 @@ class MLAShape:
                 f"expected keys {list(_HF_REQUIRED_KEYS)}"
             )
         rope = data.get("rope_scaling") or data.get("rope_parameters") or {}
-        rope_type = rope.get("rope_type", rope.get("type"))
-        factor, mscale_all_dim = 1.0, 0.0
-        if rope_type == "yarn":
-            factor = float(rope.get("factor", 1.0))
-            mscale_all_dim = float(rope.get("mscale_all_dim", 0.0) or 0.0)
+        if not isinstance(rope, Mapping):
+            raise ConfigError(f"config rope_scaling/rope_parameters must be an object, got {rope!r}")
+        is_yarn = rope.get("rope_type", rope.get("type")) == "yarn"
         return cls(
-            num_heads=int(data["num_attention_heads"]),
-            kv_lora_rank=int(data["kv_lora_rank"]),
-            qk_nope_head_dim=int(data["qk_nope_head_dim"]),
-            qk_rope_head_dim=int(data["qk_rope_head_dim"]),
-            v_head_dim=int(data["v_head_dim"]),
-            q_lora_rank=None if data.get("q_lora_rank") is None else int(data["q_lora_rank"]),
-            rope_scaling_factor=factor,
-            mscale_all_dim=mscale_all_dim,
+            num_heads=_config_int(data, "num_attention_heads"),
+            kv_lora_rank=_config_int(data, "kv_lora_rank"),
+            qk_nope_head_dim=_config_int(data, "qk_nope_head_dim"),
+            qk_rope_head_dim=_config_int(data, "qk_rope_head_dim"),
+            v_head_dim=_config_int(data, "v_head_dim"),
+            q_lora_rank=None if data.get("q_lora_rank") is None else _config_int(data, "q_lora_rank"),
+            rope_scaling_factor=_config_float(rope, "factor", 1.0) if is_yarn else 1.0,
+            mscale_all_dim=_config_float(rope, "mscale_all_dim", 0.0) if is_yarn else 0.0,
         )
+
+
+def _config_int(data: Mapping[str, Any], key: str) -> int:
+    value = data[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"config {key} must be an integer, got {value!r}")
+    return value
+
+
+def _config_float(data: Mapping[str, Any], key: str, default: float) -> float:
+    value = data.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"config rope_scaling.{key} must be a number, got {value!r}")
+    return float(value)
 
 
 _HF_REQUIRED_KEYS = ("num_attention_heads", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
@@ -139,9 +153,12 @@ def _load_hf_config(config: Mapping[str, Any] | str | Path) -> Mapping[str, Any]
     if not path.is_file():
         raise ConfigError(f"model config {str(path)!r} does not exist; pass a config.json or its directory")
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ConfigError(f"model config {str(path)!r} is not valid JSON: {exc}") from exc
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"model config {str(path)!r} must hold a JSON object, got {type(data).__name__}")
+    return data
 
 
 PRESETS: dict[str, MLAShape] = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from mlakit.device import DeviceInfo
 from mlakit.registry.records import KV_DTYPES, PAGE_SIZE_PREFERENCE, BackendRecord, Phase
@@ -24,7 +25,12 @@ class Requirements:
 
 def common_page_sizes(a: BackendRecord, b: BackendRecord, fixed: int | None = None) -> list[int]:
     """Page sizes both backends take, in preference order (only `fixed` when it is set)."""
-    candidates = [fixed] if fixed is not None else [a.preferred_page_size, b.preferred_page_size, *PAGE_SIZE_PREFERENCE]
+    if fixed is not None:
+        candidates = [fixed]
+    else:
+        listed = sorted((a.page_sizes.sizes or frozenset()) | (b.page_sizes.sizes or frozenset()))
+        shared_multiple = math.lcm(a.page_sizes.multiple_of, b.page_sizes.multiple_of)
+        candidates = [a.preferred_page_size, b.preferred_page_size, *PAGE_SIZE_PREFERENCE, *listed, shared_multiple]
     return list(dict.fromkeys(p for p in candidates if a.page_sizes.accepts(p) and b.page_sizes.accepts(p)))
 
 
@@ -52,6 +58,12 @@ def backend_problems(record: BackendRecord, phase: Phase, req: Requirements, par
     if req.kv_dtype is not None and req.kv_dtype not in record.kv_dtypes:
         allowed = [d for d in KV_DTYPES if d in record.kv_dtypes]
         problems.append(f"kv_cache_dtype {req.kv_dtype!r} is not supported; allowed: {allowed}")
+    for dtype, floor in record.kv_dtype_min_capability:
+        capability = req.device.compute_capability
+        if req.kv_dtype == dtype and capability is not None and capability < floor:
+            problems.append(
+                f"kv_cache_dtype {dtype!r} needs compute capability >= {floor[0]}.{floor[1]}, the device is {req.device.arch}"
+            )
     if phase == "decode" and record.max_decode_q_len is not None and req.decode_q_len > record.max_decode_q_len:
         limit = (
             "no speculative decoding (1 query token per sequence)"
@@ -59,8 +71,8 @@ def backend_problems(record: BackendRecord, phase: Phase, req: Requirements, par
             else f"at most {record.max_decode_q_len} query tokens per sequence ({record.max_decode_q_len - 1} draft tokens)"
         )
         problems.append(
-            f"speculative decoding with {req.decode_q_len - 1} draft tokens ({req.decode_q_len} query tokens per "
-            f"sequence) is not supported; it takes {limit}"
+            f"speculative_num_draft_tokens={req.decode_q_len - 1} ({req.decode_q_len} query tokens per sequence "
+            f"in decode) is not supported; it takes {limit}"
         )
     problems += _shape_problems(record, req.shape)
     if phase == "decode" and req.cuda_graphs and not record.cuda_graphs:

@@ -75,6 +75,7 @@ class BackendRecord:
     """Everything resolve() needs to know about a backend, without importing it.
 
     `capability_majors` lists the CUDA compute-capability majors it runs on (None = any);
+    `kv_dtype_min_capability` raises that floor for some KV dtypes (e.g. fp8 needs SM89);
     `max_decode_q_len` is the most query tokens per sequence in decode (1 = no
     speculative decoding, None = any); `prefill_fallback` names the backend that serves
     prefill for a decode-only backend.
@@ -89,6 +90,7 @@ class BackendRecord:
     auto_rank: int
     preferred_page_size: int
     capability_majors: frozenset[int] | None = None
+    kv_dtype_min_capability: tuple[tuple[str, tuple[int, int]], ...] = ()
     max_decode_q_len: int | None = None
     max_heads: int | None = None
     kv_lora_ranks: frozenset[int] | None = None
@@ -133,6 +135,7 @@ class BackendRecord:
             "phases": sorted(self.phases),
             "devices": sorted(self.device_kinds),
             "compute_capability_majors": None if self.capability_majors is None else sorted(self.capability_majors),
+            "kv_dtype_min_capability": {dtype: f"sm{cc[0]}{cc[1]}" for dtype, cc in self.kv_dtype_min_capability},
             "page_sizes": self.page_sizes.describe(),
             "kv_dtypes": [d for d in KV_DTYPES if d in self.kv_dtypes],
             "max_decode_q_len": self.max_decode_q_len,

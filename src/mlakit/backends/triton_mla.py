@@ -1,0 +1,46 @@
+"""The `triton` backend: mlakit's own Triton kernels (decode here; prefill arrives with the extend kernels)."""
+
+from __future__ import annotations
+
+import torch
+
+from mlakit.registry.catalog import register
+from mlakit.registry.records import BackendRecord, PageSizeRule
+
+RECORD = BackendRecord(
+    name="triton",
+    summary="mlakit's portable Triton split-KV decode (any page size, heads, q_len; fp8 with scales)",
+    phases=frozenset({"decode"}),
+    device_kinds=frozenset({"cuda"}),
+    capability_majors=frozenset({8, 9, 10, 12}),
+    kv_dtype_min_capability=(("fp8_e4m3", (8, 9)),),
+    page_sizes=PageSizeRule(),
+    kv_dtypes=frozenset({"bf16", "fp16", "fp8_e4m3"}),
+    packages=("triton",),
+    install_hint="pip install triton",
+    cuda_graphs=True,
+    auto_rank=60,
+    preferred_page_size=64,
+    verified="CPU interpreter (make test) and H100 (GPU tests)",
+)
+
+
+def decode(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    *,
+    kv_lora_rank: int,
+    softmax_scale: float,
+    kv_scale: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The portable split-KV kernel plus its lse combine."""
+    from mlakit.kernels.triton_decode import triton_mla_decode
+
+    return triton_mla_decode(
+        q, kv_cache, block_table, cache_seqlens, kv_lora_rank=kv_lora_rank, softmax_scale=softmax_scale, kv_scale=kv_scale
+    )
+
+
+register(RECORD, decode)

@@ -1,0 +1,1 @@
+"""Benchmarks (`mlakit bench ...`); they need a CUDA device."""

@@ -1,0 +1,5 @@
+"""`python -m mlakit.bench decode ...`."""
+
+from mlakit.bench.cli import bench
+
+bench()

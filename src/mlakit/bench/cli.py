@@ -1,0 +1,93 @@
+"""`mlakit bench` commands (also `python -m mlakit.bench`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+import torch
+
+from mlakit.bench.ceilings import measure_ceilings
+from mlakit.bench.decode import (
+    DecodeCase,
+    DecodeFn,
+    DecodeInputs,
+    default_cases,
+    environment,
+    plot_results,
+    run_cases,
+    write_results,
+)
+from mlakit.device import DeviceInfo
+from mlakit.registry.catalog import all_records, get_backend
+
+SIMPLE_TRITON = "16,32,4,2,8"
+
+
+@click.group()
+def bench() -> None:
+    """Benchmarks on the local CUDA device."""
+
+
+def _tuned_kernel(spec: str) -> DecodeFn:
+    from mlakit.kernels.triton_decode import DecodeTuning, triton_mla_decode
+
+    fields = [int(x) for x in spec.split(",")]
+    tuning = DecodeTuning(*fields[:4], fixed_splits=fields[4] if len(fields) > 4 else None)
+
+    def run(inputs: DecodeInputs):
+        return triton_mla_decode(
+            inputs.q, inputs.kv_cache, inputs.block_table, inputs.cache_seqlens,
+            kv_lora_rank=512, softmax_scale=inputs.softmax_scale, kv_scale=inputs.kv_scale, tuning=tuning,
+        )
+
+    return run
+
+
+def _backend_kernel(name: str) -> DecodeFn:
+    decode = get_backend(name).decode
+
+    def run(inputs: DecodeInputs):
+        return decode(
+            inputs.q, inputs.kv_cache, inputs.block_table, inputs.cache_seqlens,
+            kv_lora_rank=512, softmax_scale=inputs.softmax_scale, kv_scale=inputs.kv_scale,
+        )
+
+    return run
+
+
+@bench.command()
+@click.option("--quick", is_flag=True, help="A subset of the grid (the anchor rows plus spot checks).")
+@click.option("--case", "case_specs", multiple=True, help="heads,batch,seqlen|ragged,q_len,kv_dtype,page_size (repeatable).")
+@click.option("--tuning", "tunings", multiple=True, help="NAME=block_m,block_n,warps,stages[,fixed_splits] extra Triton variants.")
+@click.option("--no-baseline", is_flag=True, help=f"Skip the simple split-KV Triton yardstick ({SIMPLE_TRITON}).")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=Path("decode_bench.json"), show_default=True)
+@click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=Path("decode_bench.png"), show_default=True)
+def decode(quick: bool, case_specs: tuple[str, ...], tunings: tuple[str, ...], no_baseline: bool, json_path: Path, plot_path: Path) -> None:
+    """Times every decode backend usable here (and the yardstick) over the case grid."""
+    if not torch.cuda.is_available():
+        raise click.ClickException("mlakit bench decode needs a CUDA device")
+    device = torch.device("cuda")
+    info = DeviceInfo.detect(device)
+    kernels: dict[str, DecodeFn] = {}
+    for record in all_records():
+        usable = "decode" in record.phases and not record.hardware_problems(info) and not record.missing_packages()
+        if usable and record.name != "reference" and record.returns_lse:
+            kernels[record.name] = _backend_kernel(record.name)
+    for spec in tunings:
+        name, _, fields = spec.partition("=")
+        kernels[name] = _tuned_kernel(fields)
+    if not no_baseline:
+        kernels["simple"] = _tuned_kernel(SIMPLE_TRITON)
+    cases = [_parse_case(s) for s in case_specs] or default_cases(quick)
+    ceilings = measure_ceilings(device)
+    click.echo(f"ceilings: copy {ceilings.copy_gb_per_s:.0f} GB/s, bf16 matmul {ceilings.matmul_tflop_per_s:.0f} TFLOP/s")
+    rows = run_cases(cases, kernels, device, ceilings, click.echo)
+    write_results(json_path, environment(device, ceilings), rows)
+    plot_results(plot_path, rows)
+    click.echo(f"wrote {json_path} and {plot_path}")
+
+
+def _parse_case(spec: str) -> DecodeCase:
+    heads, batch, seqlen, q_len, kv_dtype, page_size = spec.split(",")
+    return DecodeCase(int(heads), int(batch), None if seqlen == "ragged" else int(seqlen), int(q_len), kv_dtype, int(page_size))

@@ -1,0 +1,232 @@
+"""`mlakit bench decode`: decode kernels timed against the copy and matmul ceilings.
+
+Method (the same as benchmarks/anchors_h100.json): one decode call captured in a CUDA
+graph, median of `triton.testing.do_bench` over replays (L2 flushed before each), random
+N(0, 1) data, every case first checked against the reference. Our kernels compute their
+split plan inside the timed call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import platform
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import torch
+
+from mlakit.bench.ceilings import Ceilings, measure_ceilings
+from mlakit.kv_quant import FP8_DTYPE, STORAGE_DTYPES
+
+KV_LORA_RANK, ROPE_DIM = 512, 64
+DIM = KV_LORA_RANK + ROPE_DIM
+RAGGED_BATCH, RAGGED_LOW, RAGGED_HIGH, RAGGED_SEED = 64, 256, 16384, 0
+ANCHORS = Path(__file__).resolve().parents[3] / "benchmarks" / "anchors_h100.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeCase:
+    """One benchmark case; `seqlen=None` is the ragged batch."""
+
+    heads: int
+    batch: int
+    seqlen: int | None
+    q_len: int = 1
+    kv_dtype: str = "bf16"
+    page_size: int = 64
+
+    @property
+    def label(self) -> str:
+        shape = "ragged" if self.seqlen is None else f"{self.batch}x{self.seqlen}"
+        return f"h{self.heads} {shape} q{self.q_len} {self.kv_dtype} p{self.page_size}"
+
+    def lengths(self) -> list[int]:
+        if self.seqlen is not None:
+            return [self.seqlen] * self.batch
+        gen = torch.Generator().manual_seed(RAGGED_SEED)
+        return torch.randint(RAGGED_LOW, RAGGED_HIGH + 1, (RAGGED_BATCH,), generator=gen).tolist()
+
+
+@dataclasses.dataclass
+class DecodeInputs:
+    q: torch.Tensor
+    kv_cache: torch.Tensor
+    kv_scale: torch.Tensor | None
+    block_table: torch.Tensor
+    cache_seqlens: torch.Tensor
+    softmax_scale: float = 192**-0.5
+
+
+def make_inputs(case: DecodeCase, device: torch.device, seed: int = 0) -> DecodeInputs:
+    """Random cache pages in shuffled order holding exactly the case's tokens."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    lengths = case.lengths()
+    pages_per_seq = [-(-n // case.page_size) for n in lengths]
+    num_pages = sum(pages_per_seq)
+    order = torch.randperm(num_pages, generator=gen, device=device).to(torch.int32)
+    table = torch.zeros(len(lengths), max(pages_per_seq), dtype=torch.int32, device=device)
+    start = 0
+    for b, count in enumerate(pages_per_seq):
+        table[b, :count] = order[start : start + count]
+        start += count
+    values = torch.randn(num_pages, case.page_size, DIM, generator=gen, device=device, dtype=torch.bfloat16)
+    scale = None
+    if case.kv_dtype == "fp8_e4m3":
+        scale = torch.ones(1, dtype=torch.float32, device=device)
+        values = values.to(FP8_DTYPE)
+    else:
+        values = values.to(STORAGE_DTYPES[case.kv_dtype])
+    q = torch.randn(len(lengths), case.q_len, case.heads, DIM, generator=gen, device=device, dtype=torch.bfloat16)
+    return DecodeInputs(q, values, scale, table, torch.tensor(lengths, dtype=torch.int32, device=device))
+
+
+def case_cost(case: DecodeCase) -> tuple[int, int]:
+    """(KV bytes read at least once, FLOPs) of one decode call."""
+    tokens = sum(case.lengths())
+    element = 1 if case.kv_dtype == "fp8_e4m3" else 2
+    flops = 2 * case.heads * case.q_len * tokens * (KV_LORA_RANK + DIM)
+    return tokens * DIM * element, flops
+
+
+DecodeFn = Callable[[DecodeInputs], tuple[torch.Tensor, torch.Tensor | None]]
+
+
+def time_graph_replay(fn: DecodeFn, inputs: DecodeInputs) -> float:
+    """Median microseconds of a CUDA-graph replay of one call."""
+    from triton.testing import do_bench
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn(inputs)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn(inputs)
+    return do_bench(graph.replay, warmup=25, rep=200, return_mode="median") * 1e3
+
+
+def check_against_reference(fn: DecodeFn, inputs: DecodeInputs, max_tokens: int = 1 << 19) -> float | None:
+    """Relative error of `fn` against the fp32 reference on the first sequences (bounded work)."""
+    from mlakit.reference import reference_decode
+
+    keep = max(1, int((inputs.cache_seqlens.cumsum(0) <= max_tokens).sum()))
+    sub = dataclasses.replace(
+        inputs, q=inputs.q[:keep], block_table=inputs.block_table[:keep], cache_seqlens=inputs.cache_seqlens[:keep]
+    )
+    out, _ = fn(sub)
+    ref, _ = reference_decode(
+        sub.q, sub.kv_cache, sub.block_table, sub.cache_seqlens,
+        kv_lora_rank=KV_LORA_RANK, softmax_scale=sub.softmax_scale, kv_scale=sub.kv_scale,
+    )
+    return float((out.float() - ref).norm() / ref.norm())
+
+
+def run_cases(
+    cases: Iterable[DecodeCase], kernels: dict[str, DecodeFn], device: torch.device, ceilings: Ceilings, log: Callable[[str], None]
+) -> list[dict[str, object]]:
+    """Checks then times every kernel on every case; one result row per (case, kernel)."""
+    anchors = _anchor_times()
+    rows = []
+    for case in cases:
+        inputs = make_inputs(case, device)
+        kv_bytes, flops = case_cost(case)
+        floor_us = max(kv_bytes / (ceilings.copy_gb_per_s * 1e3), flops / (ceilings.matmul_tflop_per_s * 1e6))
+        for name, fn in kernels.items():
+            error = check_against_reference(fn, inputs)
+            time_us = time_graph_replay(fn, inputs)
+            row = {
+                "case": case.label, **dataclasses.asdict(case), "kernel": name, "rel_error": error,
+                "time_us": time_us, "floor_us": floor_us, "x_floor": time_us / floor_us,
+                "kv_gb_per_s": kv_bytes / time_us / 1e3, "tflop_per_s": flops / time_us / 1e6,
+                "copy_ratio": kv_bytes / time_us / 1e3 / ceilings.copy_gb_per_s,
+                "matmul_ratio": flops / time_us / 1e6 / ceilings.matmul_tflop_per_s,
+            }
+            anchor = anchors.get((case.heads, case.batch, case.seqlen))
+            if anchor and case.q_len in (1, 2) and case.kv_dtype == "bf16":
+                row["flashmla_us_anchor"] = anchor[f"flashmla_q{case.q_len}_us"]
+                row["x_flashmla_anchor"] = time_us / anchor[f"flashmla_q{case.q_len}_us"]
+            rows.append(row)
+            log(_format_row(row))
+        del inputs
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _anchor_times() -> dict[tuple[int, int, int | None], dict[str, float]]:
+    if not ANCHORS.is_file():
+        return {}
+    data = json.loads(ANCHORS.read_text())
+    return {(c["heads"], c["batch"], None if c["seqlen"] == "ragged" else c["seqlen"]): c for c in data["cases"]}
+
+
+def _format_row(row: dict[str, object]) -> str:
+    anchor = f"{row['x_flashmla_anchor']:.2f}x FlashMLA" if "x_flashmla_anchor" in row else ""
+    return (
+        f"{row['case']:<28} {row['kernel']:<10} {row['time_us']:9.1f} us  {row['x_floor']:5.2f}x floor  "
+        f"{row['copy_ratio'] * 100:5.1f}% copy  {row['matmul_ratio'] * 100:5.1f}% matmul  err {row['rel_error']:.1e}  {anchor}"
+    )
+
+
+def environment(device: torch.device, ceilings: Ceilings) -> dict[str, object]:
+    """Device, versions, date and ceilings for a results file."""
+    import triton
+
+    return {
+        "device": torch.cuda.get_device_name(device),
+        "sms": torch.cuda.get_device_properties(device).multi_processor_count,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "ceilings": dataclasses.asdict(ceilings),
+    }
+
+
+def write_results(path: Path, env: dict[str, object], rows: list[dict[str, object]]) -> None:
+    path.write_text(json.dumps({"environment": env, "results": rows}, indent=1))
+
+
+def plot_results(path: Path, rows: list[dict[str, object]]) -> None:
+    """Time over floor per case, one bar per kernel."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = list(dict.fromkeys(r["case"] for r in rows))
+    kernels = list(dict.fromkeys(r["kernel"] for r in rows))
+    width = 0.8 / len(kernels)
+    fig, ax = plt.subplots(figsize=(max(8, len(cases) * 0.45), 5))
+    for k, kernel in enumerate(kernels):
+        by_case = {r["case"]: r["x_floor"] for r in rows if r["kernel"] == kernel}
+        ax.bar([i + k * width for i in range(len(cases))], [by_case.get(c, 0) for c in cases], width, label=kernel)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cases))], cases, rotation=75, fontsize=7)
+    ax.set_ylabel("time / floor (lower is better)")
+    ax.set_yscale("log")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def default_cases(quick: bool) -> list[DecodeCase]:
+    """The issue's grid (quick: the ANCHORS rows at q_len 1/2 plus fp8 and q_len 4 spot checks)."""
+    if quick:
+        shapes = [(1, 4096), (1, 16384), (16, 4096), (64, 4096), (64, None), (128, 16384)]
+        cases = [DecodeCase(h, b, n, q) for h in (128, 16) for b, n in shapes for q in (1, 2)]
+        cases += [DecodeCase(h, 64, 4096, 1, "fp8_e4m3") for h in (128, 16)]
+        cases += [DecodeCase(128, 64, 4096, 4), DecodeCase(64, 64, 4096, 1)]
+        return cases
+    shapes = [(b, n) for b in (1, 16, 64, 128) for n in (1024, 4096, 16384)] + [(64, None)]
+    return [
+        DecodeCase(h, b, n, q, dtype)
+        for h in (128, 64, 16)
+        for b, n in shapes
+        for q in (1, 2, 4)
+        for dtype in ("bf16", "fp8_e4m3")
+    ]

@@ -1,0 +1,1 @@
+"""Triton kernels. Importing a kernel module needs triton; the registry records do not."""

@@ -1,0 +1,275 @@
+"""Portable Triton MLA decode: paged, split-KV, with an lse combine.
+
+One program owns a tile of BLOCK_M query rows (rows = query tokens x heads of one
+sequence, so every head of a tile shares each KV tile it loads) and one split of the
+sequence's KV tiles. Sequences with one split write their output directly; the others
+write float32 partials that the combine kernel merges by lse.
+
+Runs wherever Triton runs, including the CPU interpreter (TRITON_INTERPRET=1), where
+bf16/fp16 dot operands are upcast to float32 because the interpreter multiplies them
+on raw bits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from mlakit.kernels.decode_split_plan import SplitGeometry, decode_split_counts, split_geometry
+from mlakit.kv_quant import FP8_DTYPE, SCALE_GROUP
+from mlakit.reference import pages_view
+
+INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
+LOG2E = 1.4426950408889634
+LN2 = tl.constexpr(0.6931471805599453)
+SCALE_NONE, SCALE_PER_TENSOR, SCALE_PER_GROUP = 0, 1, 2
+INTERPRETER_SMS = 4
+
+
+@triton.jit
+def _load_kv_part(
+    KV, KV_SCALE, row_base, scale_base, cols, col_ok, tok_ok, COL_OFFSET: tl.constexpr,
+    SCALE_MODE: tl.constexpr, SCALE_GROUP_SIZE: tl.constexpr, OUT_DTYPE: tl.constexpr,
+):
+    mask = tok_ok[:, None] & col_ok[None, :]
+    values = tl.load(KV + row_base[:, None] + COL_OFFSET + cols[None, :], mask=mask, other=0.0)
+    if SCALE_MODE == 1:
+        values = values.to(tl.float32) * tl.load(KV_SCALE)
+    elif SCALE_MODE == 2:
+        group = (COL_OFFSET + cols) // SCALE_GROUP_SIZE
+        scales = tl.load(KV_SCALE + scale_base[:, None] + group[None, :], mask=mask, other=0.0)
+        values = values.to(tl.float32) * scales
+    if INTERPRET:
+        return values.to(tl.float32)
+    return values.to(OUT_DTYPE)
+
+
+@triton.jit
+def _mla_decode_split_kernel(
+    Q, KV, KV_SCALE, BLOCK_TABLE, SEQLENS, NUM_SPLITS,
+    OUT, LSE, PART_OUT, PART_LSE,
+    scale_log2,
+    stride_q_b, stride_q_row,
+    stride_kv_page, stride_kv_tok,
+    stride_bt_b,
+    stride_o_b, stride_o_row,
+    stride_lse_b, stride_lse_h,
+    stride_po_b, stride_po_s, stride_po_row,
+    stride_pl_b, stride_pl_s,
+    stride_sc_page, stride_sc_tok,
+    ROWS: tl.constexpr, HEADS: tl.constexpr, Q_LEN: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    KV_LORA_RANK: tl.constexpr, ROPE_DIM: tl.constexpr, ROW_TILES: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_ROPE: tl.constexpr,
+    SCALE_MODE: tl.constexpr, SCALE_GROUP_SIZE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    b = pid // ROW_TILES
+    tile = pid % ROW_TILES
+    num_splits = tl.load(NUM_SPLITS + b)
+    seqlen = tl.load(SEQLENS + b)
+    tiles_per_split = tl.cdiv(tl.cdiv(seqlen, BLOCK_N), num_splits)
+    start = split * tiles_per_split * BLOCK_N
+    end = tl.minimum(seqlen, start + tiles_per_split * BLOCK_N)
+
+    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < ROWS
+    visible = seqlen - Q_LEN + rows // HEADS + 1
+    cols_r = tl.arange(0, BLOCK_R)
+    cols_p = tl.arange(0, BLOCK_ROPE)
+    r_ok = cols_r < KV_LORA_RANK
+    p_ok = cols_p < ROPE_DIM
+    q_rows = Q + b * stride_q_b + rows[:, None] * stride_q_row
+    q_lat = tl.load(q_rows + cols_r[None, :], mask=row_ok[:, None] & r_ok[None, :], other=0.0)
+    q_pe = tl.load(q_rows + KV_LORA_RANK + cols_p[None, :], mask=row_ok[:, None] & p_ok[None, :], other=0.0)
+    if INTERPRET:
+        q_lat = q_lat.to(tl.float32)
+        q_pe = q_pe.to(tl.float32)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)
+    for tok0 in range(start, end, BLOCK_N):
+        toks = tok0 + tl.arange(0, BLOCK_N)
+        tok_ok = toks < end
+        page = tl.load(BLOCK_TABLE + b * stride_bt_b + toks // PAGE_SIZE, mask=tok_ok, other=0).to(tl.int64)
+        offset = toks % PAGE_SIZE
+        row_base = page * stride_kv_page + offset * stride_kv_tok
+        scale_base = page * stride_sc_page + offset * stride_sc_tok
+        k_lat = _load_kv_part(KV, KV_SCALE, row_base, scale_base, cols_r, r_ok, tok_ok, 0,
+                              SCALE_MODE, SCALE_GROUP_SIZE, Q.dtype.element_ty)
+        k_pe = _load_kv_part(KV, KV_SCALE, row_base, scale_base, cols_p, p_ok, tok_ok, KV_LORA_RANK,
+                             SCALE_MODE, SCALE_GROUP_SIZE, Q.dtype.element_ty)
+        scores = tl.dot(q_lat, tl.trans(k_lat)) + tl.dot(q_pe, tl.trans(k_pe))
+        seen = tok_ok[None, :] & (toks[None, :] < visible[:, None])
+        scores = tl.where(seen, scores * scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(scores - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(k_lat.dtype), k_lat)
+        m_i = m_new
+
+    has_keys = l_i > 0
+    out = tl.where(has_keys[:, None], acc / tl.where(has_keys, l_i, 1.0)[:, None], 0.0)
+    lse = tl.where(has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) * LN2, float("-inf"))
+    out_mask = row_ok[:, None] & r_ok[None, :]
+    if num_splits == 1:
+        if split == 0:
+            tl.store(OUT + b * stride_o_b + rows[:, None] * stride_o_row + cols_r[None, :],
+                     out.to(OUT.dtype.element_ty), mask=out_mask)
+            lse_ptr = LSE + b * stride_lse_b + (rows % HEADS) * stride_lse_h + rows // HEADS
+            tl.store(lse_ptr, lse, mask=row_ok)
+    elif split < num_splits:
+        tl.store(PART_OUT + b * stride_po_b + split * stride_po_s + rows[:, None] * stride_po_row + cols_r[None, :],
+                 out, mask=out_mask)
+        tl.store(PART_LSE + b * stride_pl_b + split * stride_pl_s + rows, lse, mask=row_ok)
+
+
+@triton.jit
+def _mla_decode_combine_kernel(
+    PART_OUT, PART_LSE, NUM_SPLITS, OUT, LSE,
+    stride_po_b, stride_po_s, stride_po_row,
+    stride_pl_b, stride_pl_s,
+    stride_o_b, stride_o_row,
+    stride_lse_b, stride_lse_h,
+    HEADS: tl.constexpr, KV_LORA_RANK: tl.constexpr, BLOCK_SPLITS: tl.constexpr, BLOCK_R: tl.constexpr,
+):
+    b = tl.program_id(0)
+    row = tl.program_id(1)
+    num_splits = tl.load(NUM_SPLITS + b)
+    if num_splits > 1:
+        splits = tl.arange(0, BLOCK_SPLITS)
+        split_ok = splits < num_splits
+        lses = tl.load(PART_LSE + b * stride_pl_b + splits * stride_pl_s + row, mask=split_ok, other=float("-inf"))
+        m = tl.max(lses, 0)
+        m_safe = tl.where(m == float("-inf"), 0.0, m)
+        weights = tl.where(split_ok, tl.exp(lses - m_safe), 0.0)
+        total = tl.sum(weights, 0)
+        cols = tl.arange(0, BLOCK_R)
+        parts = tl.load(
+            PART_OUT + b * stride_po_b + splits[:, None] * stride_po_s + row * stride_po_row + cols[None, :],
+            mask=split_ok[:, None] & (cols[None, :] < KV_LORA_RANK), other=0.0,
+        )
+        safe_total = tl.where(total > 0, total, 1.0)
+        out = tl.sum(parts * (weights / safe_total)[:, None], 0)
+        lse = tl.where(total > 0, m_safe + tl.log(safe_total), float("-inf"))
+        tl.store(OUT + b * stride_o_b + row * stride_o_row + cols, out.to(OUT.dtype.element_ty), mask=cols < KV_LORA_RANK)
+        tl.store(LSE + b * stride_lse_b + (row % HEADS) * stride_lse_h + row // HEADS, lse)
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return INTERPRETER_SMS
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeTuning:
+    """Launch shape of the portable kernel. `fixed_splits` replaces the balanced split plan
+    with the same split count for every sequence (the simple engines' scheme)."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int = 2
+    fixed_splits: int | None = None
+
+
+def default_tuning(rows: int) -> DecodeTuning:
+    """Row tile sized to the rows of one sequence (query tokens x heads), 64-token KV tiles."""
+    if rows <= 16:
+        return DecodeTuning(block_m=16, block_n=64, num_warps=4)
+    if rows <= 32:
+        return DecodeTuning(block_m=32, block_n=64, num_warps=4)
+    return DecodeTuning(block_m=64, block_n=64, num_warps=8)
+
+
+def triton_mla_decode(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    *,
+    kv_lora_rank: int,
+    softmax_scale: float,
+    kv_scale: torch.Tensor | None,
+    num_sms: int | None = None,
+    tuning: DecodeTuning | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """MLA decode with the portable Triton kernels (inputs as in `mlakit.mla_decode`, already checked).
+
+    `num_sms` overrides the device's SM count used to size the split plan (tests use it
+    to force many splits on small inputs); `tuning` overrides the launch shape. No host
+    sync: the split plan is computed on the device, so the call can be captured in a CUDA graph.
+    """
+    pages = pages_view(kv_cache)
+    q = q.contiguous()
+    batch, q_len, heads, dim = q.shape
+    rows = q_len * heads
+    rope_dim = dim - kv_lora_rank
+    tuning = tuning or default_tuning(rows)
+    sms = num_sms or _num_sms(q.device)
+    if tuning.fixed_splits is None:
+        geometry = split_geometry(batch, rows, tuning.block_m, sms)
+        num_splits = decode_split_counts(cache_seqlens, geometry, tuning.block_n, sms)
+    else:
+        geometry = SplitGeometry(row_tiles=-(-rows // tuning.block_m), max_splits=tuning.fixed_splits)
+        num_splits = torch.full((batch,), tuning.fixed_splits, dtype=torch.int32, device=q.device)
+
+    out = torch.empty(batch, q_len, heads, kv_lora_rank, dtype=q.dtype, device=q.device)
+    lse = torch.empty(batch, heads, q_len, dtype=torch.float32, device=q.device)
+    part_out = torch.empty(batch, geometry.max_splits if geometry.max_splits > 1 else 0, rows, kv_lora_rank,
+                           dtype=torch.float32, device=q.device)
+    part_lse = torch.empty(part_out.shape[:3], dtype=torch.float32, device=q.device)
+    scale_mode, scale = _scale_operand(pages, kv_scale)
+    scale_strides = (scale.stride(0), scale.stride(1)) if scale_mode == SCALE_PER_GROUP else (0, 0)
+
+    _mla_decode_split_kernel[(batch * geometry.row_tiles, geometry.max_splits)](
+        q, pages, scale, block_table, cache_seqlens, num_splits,
+        out, lse, part_out, part_lse,
+        softmax_scale * LOG2E,
+        q.stride(0), q.stride(2),
+        pages.stride(0), pages.stride(1),
+        block_table.stride(0),
+        out.stride(0), out.stride(2),
+        lse.stride(0), lse.stride(1),
+        part_out.stride(0), part_out.stride(1), part_out.stride(2),
+        part_lse.stride(0), part_lse.stride(1),
+        *scale_strides,
+        ROWS=rows, HEADS=heads, Q_LEN=q_len, PAGE_SIZE=pages.shape[1],
+        KV_LORA_RANK=kv_lora_rank, ROPE_DIM=rope_dim, ROW_TILES=geometry.row_tiles,
+        BLOCK_M=tuning.block_m, BLOCK_N=tuning.block_n, BLOCK_R=triton.next_power_of_2(kv_lora_rank),
+        BLOCK_ROPE=max(16, triton.next_power_of_2(rope_dim)),
+        SCALE_MODE=scale_mode, SCALE_GROUP_SIZE=SCALE_GROUP,
+        num_warps=tuning.num_warps, num_stages=tuning.num_stages,
+    )
+    if geometry.max_splits > 1:
+        _mla_decode_combine_kernel[(batch, rows)](
+            part_out, part_lse, num_splits, out, lse,
+            part_out.stride(0), part_out.stride(1), part_out.stride(2),
+            part_lse.stride(0), part_lse.stride(1),
+            out.stride(0), out.stride(2),
+            lse.stride(0), lse.stride(1),
+            HEADS=heads, KV_LORA_RANK=kv_lora_rank,
+            BLOCK_SPLITS=triton.next_power_of_2(geometry.max_splits), BLOCK_R=triton.next_power_of_2(kv_lora_rank),
+            num_warps=4,
+        )
+    return out, lse
+
+
+def _scale_operand(pages: torch.Tensor, kv_scale: torch.Tensor | None) -> tuple[int, torch.Tensor]:
+    if pages.dtype != FP8_DTYPE:
+        return SCALE_NONE, pages
+    assert kv_scale is not None
+    if kv_scale.numel() == 1:
+        return SCALE_PER_TENSOR, kv_scale.reshape(1)
+    return SCALE_PER_GROUP, kv_scale
+

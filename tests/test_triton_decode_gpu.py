@@ -1,0 +1,108 @@
+"""The Triton decode kernel on a GPU over the full grid, and captured in a CUDA graph."""
+
+import itertools
+
+import pytest
+import torch
+
+import mlakit
+from mlakit.kernels.triton_decode import triton_mla_decode
+from paged_inputs import assert_lse_close, make_paged_batch, relative_error
+
+pytestmark = pytest.mark.gpu
+
+HEADS = [1, 5, 16, 20, 40, 64, 128]
+PAGE_SIZES = [1, 16, 32, 64, 128]
+KV_FORMATS = [("bf16", "tensor"), ("fp16", "tensor"), ("fp8_e4m3", "tensor"), ("fp8_e4m3", "group")]
+LATENTS = [(512, 64), (256, 32)]
+
+
+def _reference(batch):
+    return mlakit.reference_decode(
+        batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens,
+        kv_lora_rank=batch.kv_lora_rank, softmax_scale=batch.softmax_scale, kv_scale=batch.kv_scale,
+    )
+
+
+def _check(batch, **kwargs):
+    out, lse = triton_mla_decode(
+        batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens,
+        kv_lora_rank=batch.kv_lora_rank, softmax_scale=batch.softmax_scale, kv_scale=batch.kv_scale, **kwargs,
+    )
+    ref_out, ref_lse = _reference(batch)
+    fp8 = batch.kv_cache.dtype == torch.float8_e4m3fn
+    assert torch.isfinite(out.float()).all()
+    error = relative_error(out, ref_out)
+    assert error < (3e-2 if fp8 else 1e-2), error
+    assert_lse_close(lse, ref_lse, atol=3e-2 if fp8 else 1e-3)
+
+
+@pytest.mark.parametrize("heads, q_len", [(h, q) for h in HEADS for q in (1, 2, 4, 8) if h * q <= 1024])
+@pytest.mark.parametrize("kv_lora_rank, rope_dim", LATENTS)
+def test_heads_and_draft_lengths(heads, q_len, kv_lora_rank, rope_dim):
+    batch = make_paged_batch(
+        [1000, 0, 3, 257, 64], heads=heads, q_len=q_len, page_size=64, kv_lora_rank=kv_lora_rank, rope_dim=rope_dim,
+        device="cuda", seed=heads * 10 + q_len,
+    )
+    _check(batch)
+
+
+@pytest.mark.parametrize("page_size, kv_format", list(itertools.product(PAGE_SIZES, KV_FORMATS)))
+def test_page_sizes_and_kv_dtypes(page_size, kv_format):
+    kv_dtype, layout = kv_format
+    batch = make_paged_batch(
+        [777, 1, 0, 2049, 128], heads=16, q_len=2, page_size=page_size, kv_lora_rank=512, rope_dim=64,
+        kv_dtype=kv_dtype, scale_layout=layout, q_dtype=torch.float16 if kv_dtype == "fp16" else torch.bfloat16,
+        device="cuda", seed=page_size,
+    )
+    _check(batch)
+
+
+@pytest.mark.parametrize("num_sms", [1, 132, 1024])
+def test_long_sequences_with_forced_split_counts(num_sms):
+    batch = make_paged_batch([16384, 5, 9000], heads=128, page_size=64, kv_lora_rank=512, rope_dim=64, device="cuda", seed=num_sms)
+    _check(batch, num_sms=num_sms)
+
+
+def test_auto_picks_triton_on_this_gpu():
+    batch = make_paged_batch([100], heads=16, page_size=64, kv_lora_rank=512, rope_dim=64, device="cuda")
+    plan = mlakit.resolve(mlakit.ServingConfig(), mlakit.MLAShape.preset("deepseek-v3"))
+    assert plan.decode_backend == "triton"
+    out, _ = mlakit.mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens, softmax_scale=batch.softmax_scale)
+    assert relative_error(out, _reference(batch)[0]) < 1e-2
+
+
+def test_split_plan_in_a_cuda_graph_replays_with_new_lengths():
+    max_batch, page_size, max_pages, heads = 8, 64, 64, 16
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    num_pages = max_batch * max_pages
+    kv = torch.randn(num_pages, page_size, 576, device="cuda", generator=gen).bfloat16()
+    q = torch.randn(max_batch, 1, heads, 576, device="cuda", generator=gen).bfloat16()
+    table = torch.randperm(num_pages, device="cuda", generator=gen).view(max_batch, max_pages).int()
+    lengths = torch.zeros(max_batch, dtype=torch.int32, device="cuda")
+    scale = 192**-0.5
+
+    def step():
+        return mlakit.mla_decode(q, kv, table, lengths, softmax_scale=scale, backend="triton", check_inputs=False)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.cuda.graph(graph):
+            out, lse = step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for replay in range(6):
+        new_lengths = torch.randint(0, max_pages * page_size + 1, (max_batch,), generator=gen, device="cuda", dtype=torch.int32)
+        new_lengths[replay % max_batch] = 0
+        lengths.copy_(new_lengths)
+        q.copy_(torch.randn(q.shape, device="cuda", generator=gen).bfloat16())
+        graph.replay()
+        ref_out, ref_lse = mlakit.reference_decode(q, kv, table, lengths, kv_lora_rank=512, softmax_scale=scale)
+        assert relative_error(out, ref_out) < 1e-2
+        assert_lse_close(lse, ref_lse, atol=1e-3)
