@@ -21,7 +21,7 @@ from mlakit.bench.decode import (
 from mlakit.device import DeviceInfo
 from mlakit.registry.catalog import all_records, get_backend
 
-SIMPLE_TRITON = "16,32,4,2,8"
+SIMPLE_TRITON = "16,32,4,2,2,8"
 
 
 @click.group()
@@ -33,7 +33,7 @@ def _tuned_kernel(spec: str) -> DecodeFn:
     from mlakit.kernels.triton_decode import DecodeTuning, triton_mla_decode
 
     fields = [int(x) for x in spec.split(",")]
-    tuning = DecodeTuning(*fields[:4], fixed_splits=fields[4] if len(fields) > 4 else None)
+    tuning = DecodeTuning(*fields[:5], fixed_splits=fields[5] if len(fields) > 5 else None)
 
     def run(inputs: DecodeInputs):
         return triton_mla_decode(
@@ -59,7 +59,7 @@ def _backend_kernel(name: str) -> DecodeFn:
 @bench.command()
 @click.option("--quick", is_flag=True, help="A subset of the grid (the anchor rows plus spot checks).")
 @click.option("--case", "case_specs", multiple=True, help="heads,batch,seqlen|ragged,q_len,kv_dtype,page_size (repeatable).")
-@click.option("--tuning", "tunings", multiple=True, help="NAME=block_m,block_n,warps,stages[,fixed_splits] extra Triton variants.")
+@click.option("--tuning", "tunings", multiple=True, help="NAME=block_m,block_n,warps,stages[,programs_per_sm[,fixed_splits]] extra Triton variants.")
 @click.option("--no-baseline", is_flag=True, help=f"Skip the simple split-KV Triton yardstick ({SIMPLE_TRITON}).")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=Path("decode_bench.json"), show_default=True)
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=Path("decode_bench.png"), show_default=True)

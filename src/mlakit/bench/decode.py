@@ -135,8 +135,12 @@ def run_cases(
         kv_bytes, flops = case_cost(case)
         floor_us = max(kv_bytes / (ceilings.copy_gb_per_s * 1e3), flops / (ceilings.matmul_tflop_per_s * 1e6))
         for name, fn in kernels.items():
-            error = check_against_reference(fn, inputs)
-            time_us = time_graph_replay(fn, inputs)
+            try:
+                error = check_against_reference(fn, inputs)
+                time_us = time_graph_replay(fn, inputs)
+            except Exception as exc:  # a variant that cannot launch (e.g. out of shared memory) is reported, not fatal
+                log(f"{case.label:<28} {name:<10} failed: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+                continue
             row = {
                 "case": case.label, **dataclasses.asdict(case), "kernel": name, "rel_error": error,
                 "time_us": time_us, "floor_us": floor_us, "x_floor": time_us / floor_us,

@@ -11,9 +11,8 @@ import dataclasses
 
 import torch
 
-PROGRAMS_PER_SM = 2
-OVERSUBSCRIPTION = 4
-MAX_SPLITS = 64
+OVERSUBSCRIPTION = 2
+MAX_SPLITS = 512
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,31 +23,42 @@ class SplitGeometry:
     max_splits: int
 
 
-def split_geometry(batch: int, rows: int, block_m: int, num_sms: int) -> SplitGeometry:
+def split_geometry(batch: int, rows: int, block_m: int, num_sms: int, programs_per_sm: int = 2) -> SplitGeometry:
     """The split ceiling: enough splits for a few waves of programs when the batch alone is too small
     (a long sequence in a ragged batch may take more than its even share), capped at MAX_SPLITS.
 
     >>> split_geometry(batch=1, rows=128, block_m=64, num_sms=132)
-    SplitGeometry(row_tiles=2, max_splits=64)
+    SplitGeometry(row_tiles=2, max_splits=264)
     >>> split_geometry(batch=128, rows=128, block_m=64, num_sms=132)
-    SplitGeometry(row_tiles=2, max_splits=5)
+    SplitGeometry(row_tiles=2, max_splits=3)
     """
     row_tiles = -(-rows // block_m)
-    target = OVERSUBSCRIPTION * PROGRAMS_PER_SM * num_sms
+    target = OVERSUBSCRIPTION * programs_per_sm * num_sms
     max_splits = max(1, min(MAX_SPLITS, -(-target // (batch * row_tiles))))
     return SplitGeometry(row_tiles, max_splits)
 
 
-def decode_split_counts(cache_seqlens: torch.Tensor, geometry: SplitGeometry, block_n: int, num_sms: int) -> torch.Tensor:
+def decode_split_counts(
+    cache_seqlens: torch.Tensor,
+    geometry: SplitGeometry,
+    block_n: int,
+    num_sms: int,
+    programs_per_sm: int = 2,
+    min_tokens_per_split: int = 1,
+) -> torch.Tensor:
     """int32 `[batch]` splits per sequence: each split holds about the same number of KV tiles
-    (the batch's tiles over PROGRAMS_PER_SM x SMs programs), so ragged batches are balanced;
-    a sequence's split count is rounded to the nearest whole number. No host sync.
+    (the batch's tiles over programs_per_sm x SMs programs), so ragged batches are balanced;
+    a sequence's split count is rounded to the nearest whole number. A split holds at least
+    `min_tokens_per_split` tokens, so its partial output (rows x kv_lora_rank floats, written
+    and read again by the combine) stays small next to the KV it reads. No host sync.
 
     >>> decode_split_counts(torch.tensor([4096, 64, 0], dtype=torch.int32), SplitGeometry(1, 8), 64, 4).tolist()
     [7, 1, 1]
     """
     tiles = (cache_seqlens.long() + block_n - 1) // block_n
     work = tiles.sum() * geometry.row_tiles
-    tiles_per_split = torch.clamp((work + PROGRAMS_PER_SM * num_sms - 1) // (PROGRAMS_PER_SM * num_sms), min=1)
+    programs = programs_per_sm * num_sms
+    min_tiles = max(1, -(-min_tokens_per_split // block_n))
+    tiles_per_split = torch.clamp((work + programs - 1) // programs, min=min_tiles)
     splits = (tiles + tiles_per_split // 2) // tiles_per_split
     return splits.clamp(min=1, max=geometry.max_splits).to(torch.int32)

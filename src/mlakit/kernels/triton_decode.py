@@ -38,9 +38,7 @@ def _load_kv_part(
 ):
     mask = tok_ok[:, None] & col_ok[None, :]
     values = tl.load(KV + row_base[:, None] + COL_OFFSET + cols[None, :], mask=mask, other=0.0)
-    if SCALE_MODE == 1:
-        values = values.to(tl.float32) * tl.load(KV_SCALE)
-    elif SCALE_MODE == 2:
+    if SCALE_MODE == 2:
         group = (COL_OFFSET + cols) // SCALE_GROUP_SIZE
         scales = tl.load(KV_SCALE + scale_base[:, None] + group[None, :], mask=mask, other=0.0)
         values = values.to(tl.float32) * scales
@@ -72,6 +70,8 @@ def _mla_decode_split_kernel(
     b = pid // ROW_TILES
     tile = pid % ROW_TILES
     num_splits = tl.load(NUM_SPLITS + b)
+    if split >= num_splits:
+        return
     seqlen = tl.load(SEQLENS + b)
     tiles_per_split = tl.cdiv(tl.cdiv(seqlen, BLOCK_N), num_splits)
     start = split * tiles_per_split * BLOCK_N
@@ -91,6 +91,9 @@ def _mla_decode_split_kernel(
         q_lat = q_lat.to(tl.float32)
         q_pe = q_pe.to(tl.float32)
 
+    kv_scale = 1.0
+    if SCALE_MODE == 1:
+        kv_scale = tl.load(KV_SCALE)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)
@@ -107,7 +110,7 @@ def _mla_decode_split_kernel(
                              SCALE_MODE, SCALE_GROUP_SIZE, Q.dtype.element_ty)
         scores = tl.dot(q_lat, tl.trans(k_lat)) + tl.dot(q_pe, tl.trans(k_pe))
         seen = tok_ok[None, :] & (toks[None, :] < visible[:, None])
-        scores = tl.where(seen, scores * scale_log2, float("-inf"))
+        scores = tl.where(seen, scores * (scale_log2 * kv_scale), float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_safe)
@@ -117,16 +120,15 @@ def _mla_decode_split_kernel(
         m_i = m_new
 
     has_keys = l_i > 0
-    out = tl.where(has_keys[:, None], acc / tl.where(has_keys, l_i, 1.0)[:, None], 0.0)
+    out = tl.where(has_keys[:, None], acc * (kv_scale / tl.where(has_keys, l_i, 1.0))[:, None], 0.0)
     lse = tl.where(has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) * LN2, float("-inf"))
     out_mask = row_ok[:, None] & r_ok[None, :]
     if num_splits == 1:
-        if split == 0:
-            tl.store(OUT + b * stride_o_b + rows[:, None] * stride_o_row + cols_r[None, :],
-                     out.to(OUT.dtype.element_ty), mask=out_mask)
-            lse_ptr = LSE + b * stride_lse_b + (rows % HEADS) * stride_lse_h + rows // HEADS
-            tl.store(lse_ptr, lse, mask=row_ok)
-    elif split < num_splits:
+        tl.store(OUT + b * stride_o_b + rows[:, None] * stride_o_row + cols_r[None, :],
+                 out.to(OUT.dtype.element_ty), mask=out_mask)
+        lse_ptr = LSE + b * stride_lse_b + (rows % HEADS) * stride_lse_h + rows // HEADS
+        tl.store(lse_ptr, lse, mask=row_ok)
+    else:
         tl.store(PART_OUT + b * stride_po_b + split * stride_po_s + rows[:, None] * stride_po_row + cols_r[None, :],
                  out, mask=out_mask)
         tl.store(PART_LSE + b * stride_pl_b + split * stride_pl_s + rows, lse, mask=row_ok)
@@ -139,28 +141,32 @@ def _mla_decode_combine_kernel(
     stride_pl_b, stride_pl_s,
     stride_o_b, stride_o_row,
     stride_lse_b, stride_lse_h,
-    HEADS: tl.constexpr, KV_LORA_RANK: tl.constexpr, BLOCK_SPLITS: tl.constexpr, BLOCK_R: tl.constexpr,
+    HEADS: tl.constexpr, KV_LORA_RANK: tl.constexpr, BLOCK_SPLITS: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     b = tl.program_id(0)
     row = tl.program_id(1)
+    col_block = tl.program_id(2)
     num_splits = tl.load(NUM_SPLITS + b)
-    if num_splits > 1:
-        splits = tl.arange(0, BLOCK_SPLITS)
-        split_ok = splits < num_splits
-        lses = tl.load(PART_LSE + b * stride_pl_b + splits * stride_pl_s + row, mask=split_ok, other=float("-inf"))
-        m = tl.max(lses, 0)
-        m_safe = tl.where(m == float("-inf"), 0.0, m)
-        weights = tl.where(split_ok, tl.exp(lses - m_safe), 0.0)
-        total = tl.sum(weights, 0)
-        cols = tl.arange(0, BLOCK_R)
-        parts = tl.load(
-            PART_OUT + b * stride_po_b + splits[:, None] * stride_po_s + row * stride_po_row + cols[None, :],
-            mask=split_ok[:, None] & (cols[None, :] < KV_LORA_RANK), other=0.0,
-        )
-        safe_total = tl.where(total > 0, total, 1.0)
-        out = tl.sum(parts * (weights / safe_total)[:, None], 0)
+    if num_splits <= 1:
+        return
+    splits = tl.arange(0, BLOCK_SPLITS)
+    split_ok = splits < num_splits
+    lses = tl.load(PART_LSE + b * stride_pl_b + splits * stride_pl_s + row, mask=split_ok, other=float("-inf"))
+    m = tl.max(lses, 0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    weights = tl.where(split_ok, tl.exp(lses - m_safe), 0.0)
+    total = tl.sum(weights, 0)
+    safe_total = tl.where(total > 0, total, 1.0)
+    cols = col_block * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_ok = cols < KV_LORA_RANK
+    parts = tl.load(
+        PART_OUT + b * stride_po_b + splits[:, None] * stride_po_s + row * stride_po_row + cols[None, :],
+        mask=split_ok[:, None] & col_ok[None, :], other=0.0,
+    )
+    out = tl.sum(parts * (weights / safe_total)[:, None], 0)
+    tl.store(OUT + b * stride_o_b + row * stride_o_row + cols, out.to(OUT.dtype.element_ty), mask=col_ok)
+    if col_block == 0:
         lse = tl.where(total > 0, m_safe + tl.log(safe_total), float("-inf"))
-        tl.store(OUT + b * stride_o_b + row * stride_o_row + cols, out.to(OUT.dtype.element_ty), mask=cols < KV_LORA_RANK)
         tl.store(LSE + b * stride_lse_b + (row % HEADS) * stride_lse_h + row // HEADS, lse)
 
 
@@ -173,23 +179,26 @@ def _num_sms(device: torch.device) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class DecodeTuning:
-    """Launch shape of the portable kernel. `fixed_splits` replaces the balanced split plan
-    with the same split count for every sequence (the simple engines' scheme)."""
+    """Launch shape of the portable kernel. `programs_per_sm` sizes the split plan (how many
+    programs one SM runs at once); `fixed_splits` replaces the balanced plan with the same
+    split count for every sequence (the simple engines' scheme)."""
 
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int = 2
+    programs_per_sm: int = 2
     fixed_splits: int | None = None
 
 
 def default_tuning(rows: int) -> DecodeTuning:
-    """Row tile sized to the rows of one sequence (query tokens x heads), 64-token KV tiles."""
+    """Row tile sized to the rows of one sequence (query tokens x heads). Small row tiles
+    use 32-token KV tiles so several programs share an SM; 64-row tiles fill one SM each."""
     if rows <= 16:
-        return DecodeTuning(block_m=16, block_n=64, num_warps=4)
+        return DecodeTuning(block_m=16, block_n=32, num_warps=4, programs_per_sm=4)
     if rows <= 32:
-        return DecodeTuning(block_m=32, block_n=64, num_warps=4)
-    return DecodeTuning(block_m=64, block_n=64, num_warps=8)
+        return DecodeTuning(block_m=32, block_n=32, num_warps=4, programs_per_sm=3)
+    return DecodeTuning(block_m=64, block_n=64, num_warps=8, programs_per_sm=1)
 
 
 def triton_mla_decode(
@@ -218,8 +227,10 @@ def triton_mla_decode(
     tuning = tuning or default_tuning(rows)
     sms = num_sms or _num_sms(q.device)
     if tuning.fixed_splits is None:
-        geometry = split_geometry(batch, rows, tuning.block_m, sms)
-        num_splits = decode_split_counts(cache_seqlens, geometry, tuning.block_n, sms)
+        geometry = split_geometry(batch, rows, tuning.block_m, sms, tuning.programs_per_sm)
+        num_splits = decode_split_counts(
+            cache_seqlens, geometry, tuning.block_n, sms, tuning.programs_per_sm, min_tokens_per_split=4 * tuning.block_m
+        )
     else:
         geometry = SplitGeometry(row_tiles=-(-rows // tuning.block_m), max_splits=tuning.fixed_splits)
         num_splits = torch.full((batch,), tuning.fixed_splits, dtype=torch.int32, device=q.device)
@@ -252,14 +263,15 @@ def triton_mla_decode(
         num_warps=tuning.num_warps, num_stages=tuning.num_stages,
     )
     if geometry.max_splits > 1:
-        _mla_decode_combine_kernel[(batch, rows)](
+        combine_block = min(128, triton.next_power_of_2(kv_lora_rank))
+        _mla_decode_combine_kernel[(batch, rows, triton.cdiv(kv_lora_rank, combine_block))](
             part_out, part_lse, num_splits, out, lse,
             part_out.stride(0), part_out.stride(1), part_out.stride(2),
             part_lse.stride(0), part_lse.stride(1),
             out.stride(0), out.stride(2),
             lse.stride(0), lse.stride(1),
             HEADS=heads, KV_LORA_RANK=kv_lora_rank,
-            BLOCK_SPLITS=triton.next_power_of_2(geometry.max_splits), BLOCK_R=triton.next_power_of_2(kv_lora_rank),
+            BLOCK_SPLITS=triton.next_power_of_2(geometry.max_splits), BLOCK_C=combine_block,
             num_warps=4,
         )
     return out, lse
