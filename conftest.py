@@ -17,3 +17,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture
+def kernel_device() -> str:
+    """Where Triton kernels run in tests: the GPU when there is one, else the CPU interpreter."""
+    return "cuda" if torch.cuda.is_available() else "cpu"

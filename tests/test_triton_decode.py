@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mlakit.kernels.decode_split_plan import decode_split_counts, split_geometry
+from mlakit.kernels.decode_split_plan import SplitGeometry, decode_split_counts, split_geometry
 from mlakit.kernels.triton_decode import triton_mla_decode
 from paged_inputs import assert_lse_close, make_paged_batch, naive_decode, relative_error
 
@@ -18,15 +18,18 @@ CASES = [
     ([9, 40, 2], 2, 8, 4, 64, 16, "bf16", "tensor", 8),
     ([33, 17], 5, 1, 16, 256, 32, "bf16", "tensor", 4),
     ([60], 40, 1, 32, 256, 32, "fp16", "tensor", 4),
+    ([2000, 7], 2, 1, 16, 64, 16, "bf16", "tensor", 512),  # ~31 splits: the combine loops over split chunks
 ]
 
 
 @pytest.mark.parametrize("seq_lens, heads, q_len, page_size, kv_lora_rank, rope_dim, kv_dtype, scale_layout, num_sms", CASES)
-def test_triton_decode_matches_oracle(seq_lens, heads, q_len, page_size, kv_lora_rank, rope_dim, kv_dtype, scale_layout, num_sms):
+def test_triton_decode_matches_oracle(
+    seq_lens, heads, q_len, page_size, kv_lora_rank, rope_dim, kv_dtype, scale_layout, num_sms, kernel_device
+):
     batch = make_paged_batch(
         seq_lens, heads=heads, q_len=q_len, page_size=page_size, kv_lora_rank=kv_lora_rank, rope_dim=rope_dim,
         kv_dtype=kv_dtype, scale_layout=scale_layout, q_dtype=torch.float16 if kv_dtype == "fp16" else torch.bfloat16,
-        seed=sum(seq_lens) + heads,
+        seed=sum(seq_lens) + heads, device=kernel_device,
     )
     out, lse = triton_mla_decode(
         batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens,
@@ -39,13 +42,20 @@ def test_triton_decode_matches_oracle(seq_lens, heads, q_len, page_size, kv_lora
     assert_lse_close(lse, expected_lse, atol=1e-3)
 
 
-def test_split_plan_balances_ragged_lengths_and_bounds_splits():
-    lengths = torch.tensor([16384, 256, 0, 4096], dtype=torch.int32)
+def test_split_counts_follow_the_documented_formula(kernel_device):
+    lengths = torch.tensor([4096, 64, 0], dtype=torch.int32, device=kernel_device)
+    assert decode_split_counts(lengths, SplitGeometry(1, 8), 64, 4).tolist() == [7, 1, 1]
+    assert decode_split_counts(lengths, SplitGeometry(1, 4), 64, 4).tolist() == [4, 1, 1]
+    assert decode_split_counts(lengths, SplitGeometry(1, 64), 64, 64, min_tokens_per_split=64 * 16).tolist() == [4, 1, 1]
+
+
+def test_split_plan_balances_ragged_lengths_and_bounds_splits(kernel_device):
+    lengths = torch.tensor([16384, 256, 0, 4096], dtype=torch.int32, device=kernel_device)
     geometry = split_geometry(batch=4, rows=128, block_m=64, num_sms=132)
     splits = decode_split_counts(lengths, geometry, block_n=64, num_sms=132)
     assert splits.dtype == torch.int32 and splits.tolist()[2] == 1
     assert (splits >= 1).all() and (splits <= geometry.max_splits).all()
-    tiles = (lengths + 63) // 64
+    splits, tiles = splits.cpu(), (lengths.cpu() + 63) // 64
     per_split = (tiles + splits - 1) // splits
     busy = per_split[lengths > 0]
     assert busy.max() <= 2 * busy.min() + 1, "splits of long and short sequences should hold similar tile counts"
@@ -53,8 +63,8 @@ def test_split_plan_balances_ragged_lengths_and_bounds_splits():
     assert big_batch.max_splits == 3
 
 
-def test_forcing_many_splits_gives_the_same_result():
-    batch = make_paged_batch([300, 45], heads=4, page_size=16, seed=5)
+def test_forcing_many_splits_gives_the_same_result(kernel_device):
+    batch = make_paged_batch([300, 45], heads=4, page_size=16, seed=5, device=kernel_device)
     kwargs = dict(kv_lora_rank=batch.kv_lora_rank, softmax_scale=batch.softmax_scale, kv_scale=None)
     one_split, one_lse = triton_mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens, num_sms=1, **kwargs)
     many, many_lse = triton_mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens, num_sms=64, **kwargs)

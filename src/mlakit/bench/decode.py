@@ -90,33 +90,36 @@ def case_cost(case: DecodeCase) -> tuple[int, int]:
     return tokens * DIM * element, flops
 
 
-DecodeFn = Callable[[DecodeInputs], tuple[torch.Tensor, torch.Tensor | None]]
+DecodeCall = Callable[[], tuple[torch.Tensor, torch.Tensor | None]]
+# Prepares a kernel for one batch (per-step metadata such as split plans, built outside
+# the timed region as in the anchors) and returns the call that is timed.
+KernelFactory = Callable[[DecodeInputs], DecodeCall]
 
 
-def time_graph_replay(fn: DecodeFn, inputs: DecodeInputs) -> float:
+def time_graph_replay(call: DecodeCall) -> float:
     """Median microseconds of a CUDA-graph replay of one call."""
     from triton.testing import do_bench
 
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        fn(inputs)
+        call()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn(inputs)
+        call()
     return do_bench(graph.replay, warmup=25, rep=200, return_mode="median") * 1e3
 
 
-def check_against_reference(fn: DecodeFn, inputs: DecodeInputs, max_tokens: int = 1 << 19) -> float | None:
-    """Relative error of `fn` against the fp32 reference on the first sequences (bounded work)."""
+def check_against_reference(factory: KernelFactory, inputs: DecodeInputs, max_tokens: int = 1 << 19) -> float:
+    """Relative error of the kernel against the fp32 reference on the first sequences (bounded work)."""
     from mlakit.reference import reference_decode
 
     keep = max(1, int((inputs.cache_seqlens.cumsum(0) <= max_tokens).sum()))
     sub = dataclasses.replace(
         inputs, q=inputs.q[:keep], block_table=inputs.block_table[:keep], cache_seqlens=inputs.cache_seqlens[:keep]
     )
-    out, _ = fn(sub)
+    out, _ = factory(sub)()
     ref, _ = reference_decode(
         sub.q, sub.kv_cache, sub.block_table, sub.cache_seqlens,
         kv_lora_rank=KV_LORA_RANK, softmax_scale=sub.softmax_scale, kv_scale=sub.kv_scale,
@@ -125,7 +128,11 @@ def check_against_reference(fn: DecodeFn, inputs: DecodeInputs, max_tokens: int 
 
 
 def run_cases(
-    cases: Iterable[DecodeCase], kernels: dict[str, DecodeFn], device: torch.device, ceilings: Ceilings, log: Callable[[str], None]
+    cases: Iterable[DecodeCase],
+    kernels: dict[str, KernelFactory],
+    device: torch.device,
+    ceilings: Ceilings,
+    log: Callable[[str], None],
 ) -> list[dict[str, object]]:
     """Checks then times every kernel on every case; one result row per (case, kernel)."""
     anchors = _anchor_times()
@@ -134,10 +141,10 @@ def run_cases(
         inputs = make_inputs(case, device)
         kv_bytes, flops = case_cost(case)
         floor_us = max(kv_bytes / (ceilings.copy_gb_per_s * 1e3), flops / (ceilings.matmul_tflop_per_s * 1e6))
-        for name, fn in kernels.items():
+        for name, factory in kernels.items():
             try:
-                error = check_against_reference(fn, inputs)
-                time_us = time_graph_replay(fn, inputs)
+                error = check_against_reference(factory, inputs)
+                time_us = time_graph_replay(factory(inputs))
             except Exception as exc:  # a variant that cannot launch (e.g. out of shared memory) is reported, not fatal
                 log(f"{case.label:<28} {name:<10} failed: {type(exc).__name__}: {str(exc).splitlines()[0]}")
                 continue

@@ -1,8 +1,8 @@
 """How a decode batch is split across programs, computed on the device from the lengths.
 
-The host knows only sizes (batch, heads, q_len, SM count); the per-sequence split counts
-come from `cache_seqlens` on the device, so the plan can be captured in a CUDA graph and
-replayed with other lengths.
+The host knows only sizes (batch, rows per sequence, SM count); the per-sequence split
+counts come from `cache_seqlens` in one tiny kernel launch, so the plan can be captured
+in a CUDA graph, replayed with other lengths, and built once per step for all layers.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+import triton
+import triton.language as tl
 
 OVERSUBSCRIPTION = 2
 MAX_SPLITS = 512
@@ -38,6 +40,21 @@ def split_geometry(batch: int, rows: int, block_m: int, num_sms: int, programs_p
     return SplitGeometry(row_tiles, max_splits)
 
 
+@triton.jit
+def _split_counts_kernel(
+    SEQLENS, NUM_SPLITS, batch, row_tiles, programs, min_tiles, max_splits,
+    BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
+):
+    offsets = tl.arange(0, BLOCK_B)
+    in_batch = offsets < batch
+    tiles = tl.cdiv(tl.load(SEQLENS + offsets, mask=in_batch, other=0), BLOCK_N)
+    work = tl.sum(tiles, 0) * row_tiles
+    tiles_per_split = tl.maximum(tl.cdiv(work, programs), min_tiles)
+    splits = (tiles + tiles_per_split // 2) // tiles_per_split
+    splits = tl.minimum(tl.maximum(splits, 1), max_splits)
+    tl.store(NUM_SPLITS + offsets, splits, mask=in_batch)
+
+
 def decode_split_counts(
     cache_seqlens: torch.Tensor,
     geometry: SplitGeometry,
@@ -46,19 +63,23 @@ def decode_split_counts(
     programs_per_sm: int = 2,
     min_tokens_per_split: int = 1,
 ) -> torch.Tensor:
-    """int32 `[batch]` splits per sequence: each split holds about the same number of KV tiles
-    (the batch's tiles over programs_per_sm x SMs programs), so ragged batches are balanced;
-    a sequence's split count is rounded to the nearest whole number. A split holds at least
-    `min_tokens_per_split` tokens, so its partial output (rows x kv_lora_rank floats, written
-    and read again by the combine) stays small next to the KV it reads. No host sync.
+    """int32 `[batch]` splits per sequence, from one kernel launch and no host sync.
 
-    >>> decode_split_counts(torch.tensor([4096, 64, 0], dtype=torch.int32), SplitGeometry(1, 8), 64, 4).tolist()
-    [7, 1, 1]
+    Each split holds about the same number of KV tiles (the batch's tiles over
+    programs_per_sm x SMs programs), so ragged batches are balanced; a sequence's split
+    count is rounded to the nearest whole number. A split holds at least
+    `min_tokens_per_split` tokens, so its partial output (rows x kv_lora_rank floats,
+    written and read again by the combine) stays small next to the KV it reads.
+
+    Example (on a CUDA tensor, or on CPU under TRITON_INTERPRET=1):
+    `decode_split_counts(torch.tensor([4096, 64, 0], dtype=torch.int32), SplitGeometry(1, 8), 64, 4)`
+    gives `[7, 1, 1]`: 65 tiles over 8 programs is 9 tiles per split.
     """
-    tiles = (cache_seqlens.long() + block_n - 1) // block_n
-    work = tiles.sum() * geometry.row_tiles
-    programs = programs_per_sm * num_sms
-    min_tiles = max(1, -(-min_tokens_per_split // block_n))
-    tiles_per_split = torch.clamp((work + programs - 1) // programs, min=min_tiles)
-    splits = (tiles + tiles_per_split // 2) // tiles_per_split
-    return splits.clamp(min=1, max=geometry.max_splits).to(torch.int32)
+    batch = cache_seqlens.shape[0]
+    num_splits = torch.empty(batch, dtype=torch.int32, device=cache_seqlens.device)
+    _split_counts_kernel[(1,)](
+        cache_seqlens, num_splits, batch, geometry.row_tiles, programs_per_sm * num_sms,
+        max(1, -(-min_tokens_per_split // block_n)), geometry.max_splits,
+        BLOCK_N=block_n, BLOCK_B=max(16, triton.next_power_of_2(batch)),
+    )
+    return num_splits

@@ -29,6 +29,7 @@ LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)
 SCALE_NONE, SCALE_PER_TENSOR, SCALE_PER_GROUP = 0, 1, 2
 INTERPRETER_SMS = 4
+COMBINE_SPLITS_PER_STEP = 16
 
 
 @triton.jit
@@ -149,22 +150,30 @@ def _mla_decode_combine_kernel(
     num_splits = tl.load(NUM_SPLITS + b)
     if num_splits <= 1:
         return
-    splits = tl.arange(0, BLOCK_SPLITS)
-    split_ok = splits < num_splits
-    lses = tl.load(PART_LSE + b * stride_pl_b + splits * stride_pl_s + row, mask=split_ok, other=float("-inf"))
-    m = tl.max(lses, 0)
+    lse_ptr = PART_LSE + b * stride_pl_b + row
+    m = float("-inf")
+    for first in range(0, num_splits, BLOCK_SPLITS):
+        splits = first + tl.arange(0, BLOCK_SPLITS)
+        lses = tl.load(lse_ptr + splits * stride_pl_s, mask=splits < num_splits, other=float("-inf"))
+        m = tl.maximum(m, tl.max(lses, 0))
     m_safe = tl.where(m == float("-inf"), 0.0, m)
-    weights = tl.where(split_ok, tl.exp(lses - m_safe), 0.0)
-    total = tl.sum(weights, 0)
-    safe_total = tl.where(total > 0, total, 1.0)
     cols = col_block * BLOCK_C + tl.arange(0, BLOCK_C)
     col_ok = cols < KV_LORA_RANK
-    parts = tl.load(
-        PART_OUT + b * stride_po_b + splits[:, None] * stride_po_s + row * stride_po_row + cols[None, :],
-        mask=split_ok[:, None] & col_ok[None, :], other=0.0,
-    )
-    out = tl.sum(parts * (weights / safe_total)[:, None], 0)
-    tl.store(OUT + b * stride_o_b + row * stride_o_row + cols, out.to(OUT.dtype.element_ty), mask=col_ok)
+    total = 0.0
+    acc = tl.zeros([BLOCK_C], dtype=tl.float32)
+    for first in range(0, num_splits, BLOCK_SPLITS):
+        splits = first + tl.arange(0, BLOCK_SPLITS)
+        split_ok = splits < num_splits
+        lses = tl.load(lse_ptr + splits * stride_pl_s, mask=split_ok, other=float("-inf"))
+        weights = tl.where(split_ok, tl.exp(lses - m_safe), 0.0)
+        parts = tl.load(
+            PART_OUT + b * stride_po_b + splits[:, None] * stride_po_s + row * stride_po_row + cols[None, :],
+            mask=split_ok[:, None] & col_ok[None, :], other=0.0,
+        )
+        total += tl.sum(weights, 0)
+        acc += tl.sum(parts * weights[:, None], 0)
+    safe_total = tl.where(total > 0, total, 1.0)
+    tl.store(OUT + b * stride_o_b + row * stride_o_row + cols, (acc / safe_total).to(OUT.dtype.element_ty), mask=col_ok)
     if col_block == 0:
         lse = tl.where(total > 0, m_safe + tl.log(safe_total), float("-inf"))
         tl.store(LSE + b * stride_lse_b + (row % HEADS) * stride_lse_h + row // HEADS, lse)
@@ -201,6 +210,44 @@ def default_tuning(rows: int) -> DecodeTuning:
     return DecodeTuning(block_m=64, block_n=64, num_warps=8, programs_per_sm=1)
 
 
+@dataclasses.dataclass(frozen=True)
+class DecodePlan:
+    """How one decode launch is split: launch shape, split ceiling and per-sequence split
+    counts (on the device). Build it once per step with `plan_decode`; every layer reuses it."""
+
+    tuning: DecodeTuning
+    geometry: SplitGeometry
+    num_splits: torch.Tensor
+
+
+def plan_decode(
+    cache_seqlens: torch.Tensor,
+    *,
+    q_len: int,
+    heads: int,
+    num_sms: int | None = None,
+    tuning: DecodeTuning | None = None,
+) -> DecodePlan:
+    """The split plan for a batch (one tiny kernel launch, no host sync).
+
+    `num_sms` overrides the device's SM count (tests use it to force many splits on small
+    inputs); `tuning` overrides the launch shape.
+    """
+    batch = cache_seqlens.shape[0]
+    rows = q_len * heads
+    tuning = tuning or default_tuning(rows)
+    if tuning.fixed_splits is not None:
+        geometry = SplitGeometry(row_tiles=-(-rows // tuning.block_m), max_splits=tuning.fixed_splits)
+        num_splits = torch.full((batch,), tuning.fixed_splits, dtype=torch.int32, device=cache_seqlens.device)
+        return DecodePlan(tuning, geometry, num_splits)
+    sms = num_sms or _num_sms(cache_seqlens.device)
+    geometry = split_geometry(batch, rows, tuning.block_m, sms, tuning.programs_per_sm)
+    num_splits = decode_split_counts(
+        cache_seqlens, geometry, tuning.block_n, sms, tuning.programs_per_sm, min_tokens_per_split=4 * tuning.block_m
+    )
+    return DecodePlan(tuning, geometry, num_splits)
+
+
 def triton_mla_decode(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -210,30 +257,20 @@ def triton_mla_decode(
     kv_lora_rank: int,
     softmax_scale: float,
     kv_scale: torch.Tensor | None,
+    plan: DecodePlan | None = None,
     num_sms: int | None = None,
-    tuning: DecodeTuning | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """MLA decode with the portable Triton kernels (inputs as in `mlakit.mla_decode`, already checked).
 
-    `num_sms` overrides the device's SM count used to size the split plan (tests use it
-    to force many splits on small inputs); `tuning` overrides the launch shape. No host
-    sync: the split plan is computed on the device, so the call can be captured in a CUDA graph.
+    `plan` is the step's split plan (built here with `num_sms` when not given). No host
+    sync, so the call can be captured in a CUDA graph.
     """
     pages = pages_view(kv_cache)
     q = q.contiguous()
     batch, q_len, heads, dim = q.shape
     rows = q_len * heads
-    rope_dim = dim - kv_lora_rank
-    tuning = tuning or default_tuning(rows)
-    sms = num_sms or _num_sms(q.device)
-    if tuning.fixed_splits is None:
-        geometry = split_geometry(batch, rows, tuning.block_m, sms, tuning.programs_per_sm)
-        num_splits = decode_split_counts(
-            cache_seqlens, geometry, tuning.block_n, sms, tuning.programs_per_sm, min_tokens_per_split=4 * tuning.block_m
-        )
-    else:
-        geometry = SplitGeometry(row_tiles=-(-rows // tuning.block_m), max_splits=tuning.fixed_splits)
-        num_splits = torch.full((batch,), tuning.fixed_splits, dtype=torch.int32, device=q.device)
+    plan = plan or plan_decode(cache_seqlens, q_len=q_len, heads=heads, num_sms=num_sms)
+    tuning, geometry, num_splits = plan.tuning, plan.geometry, plan.num_splits
 
     out = torch.empty(batch, q_len, heads, kv_lora_rank, dtype=q.dtype, device=q.device)
     lse = torch.empty(batch, heads, q_len, dtype=torch.float32, device=q.device)
@@ -256,9 +293,9 @@ def triton_mla_decode(
         part_lse.stride(0), part_lse.stride(1),
         *scale_strides,
         ROWS=rows, HEADS=heads, Q_LEN=q_len, PAGE_SIZE=pages.shape[1],
-        KV_LORA_RANK=kv_lora_rank, ROPE_DIM=rope_dim, ROW_TILES=geometry.row_tiles,
+        KV_LORA_RANK=kv_lora_rank, ROPE_DIM=dim - kv_lora_rank, ROW_TILES=geometry.row_tiles,
         BLOCK_M=tuning.block_m, BLOCK_N=tuning.block_n, BLOCK_R=triton.next_power_of_2(kv_lora_rank),
-        BLOCK_ROPE=max(16, triton.next_power_of_2(rope_dim)),
+        BLOCK_ROPE=max(16, triton.next_power_of_2(dim - kv_lora_rank)),
         SCALE_MODE=scale_mode, SCALE_GROUP_SIZE=SCALE_GROUP,
         num_warps=tuning.num_warps, num_stages=tuning.num_stages,
     )
@@ -271,7 +308,7 @@ def triton_mla_decode(
             out.stride(0), out.stride(2),
             lse.stride(0), lse.stride(1),
             HEADS=heads, KV_LORA_RANK=kv_lora_rank,
-            BLOCK_SPLITS=triton.next_power_of_2(geometry.max_splits), BLOCK_C=combine_block,
+            BLOCK_SPLITS=COMBINE_SPLITS_PER_STEP, BLOCK_C=combine_block,
             num_warps=4,
         )
     return out, lse
