@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from mlakit.cli import EXIT_CONFIG_ERROR, main
 from mlakit import ConfigError, DeviceInfo, MLAShape, ServingConfig, resolve
 from mlakit.registry import all_records, backend_names, get_backend
+
+# These tests describe `mlakit` run on a CPU-only machine (CI); on a GPU machine the local device differs.
+cpu_machine_only = pytest.mark.skipif(torch.cuda.is_available(), reason="describes a CPU-only machine")
 
 WIDE = {"COLUMNS": "160"}  # rich tables are laid out for this width, whatever the test terminal is
 
@@ -69,6 +73,7 @@ def mla_config(tmp_path):
 # --- backends ---------------------------------------------------------------------------------------------
 
 
+@cpu_machine_only
 def test_backends_json_lists_every_registered_backend():
     result = invoke("backends", "--json")
     assert result.exit_code == 0, result.output
@@ -82,6 +87,7 @@ def test_backends_json_lists_every_registered_backend():
         assert row["usable_here"] == (not row["why_not"])
 
 
+@cpu_machine_only
 def test_backends_json_reference_usable_here_vendors_not():
     rows = {row["name"]: row for row in json.loads(stdout_of(invoke("backends", "--json")))["backends"]}
     assert rows["reference"]["usable_here"] is True
@@ -104,6 +110,7 @@ def test_backends_json_reference_usable_here_vendors_not():
     assert rows["tokenspeed_mla"]["max_decode_q_len"] == 8
 
 
+@cpu_machine_only
 def test_backends_table_shows_every_backend_and_why_vendors_are_not_usable():
     result = invoke("backends")
     assert result.exit_code == 0, result.output
@@ -127,6 +134,7 @@ def test_backends_table_keeps_backend_names_at_80_columns():
 # --- check: plans -----------------------------------------------------------------------------------------
 
 
+@cpu_machine_only
 def test_check_prints_the_plan_for_this_cpu():
     result = invoke("check")
     assert result.exit_code == 0, stderr_of(result)
@@ -146,6 +154,7 @@ def test_check_table_shows_workspaces_and_hypothetical_device():
     assert "hypothetical sm100 (sm100, hypothetical)" in out
 
 
+@cpu_machine_only
 def test_check_json_has_the_expected_fields():
     plan = check_json()
     assert {
@@ -251,7 +260,7 @@ def test_check_model_and_config_together():
         (["--device-arch", "sm90", "--attention-backend", "flashmla", "--model", "minicpm3"],
          "kv_lora_rank 256 is not supported; allowed: [512]"),
         (["--device-arch", "sm90", "--prefill-backend", "flashmla"], "does not do prefill (it is decode only)"),
-        (["--cuda-graphs"], "cuda_graphs=True needs a CUDA device; the device is cpu"),
+        (["--cuda-graphs", "--device-arch", "cpu"], "cuda_graphs=True needs a CUDA device; the device is cpu"),
         (["--page-size", "0"], "page_size must be a positive integer or None"),
         (["--speculative-num-draft-tokens", "-1"], "speculative_num_draft_tokens must be an integer >= 0, got -1"),
         (["--device-arch", "sm9"], "device arch 'sm9' is not one of cpu, xpu, sm80"),
@@ -267,6 +276,7 @@ def test_check_unknown_backend_lists_every_registered_name():
     assert str(backend_names()) in message
 
 
+@cpu_machine_only
 def test_check_vendor_backend_on_this_cpu_names_the_missing_package():
     if not get_backend("flashmla").record.missing_packages():
         pytest.skip("flash_mla is installed here")

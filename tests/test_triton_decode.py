@@ -39,7 +39,7 @@ def test_triton_decode_matches_oracle(
     assert out.dtype == batch.q.dtype
     assert torch.isfinite(out.float()).all(), "NaN from unused pages or slots leaked into the output"
     assert relative_error(out, expected_out) < (3e-2 if kv_dtype == "fp8_e4m3" else 1e-2)
-    assert_lse_close(lse, expected_lse, atol=1e-3)
+    assert_lse_close(lse, expected_lse, atol=3e-2 if kv_dtype == "fp8_e4m3" else 1e-3)
 
 
 def test_split_counts_follow_the_documented_formula(kernel_device):
@@ -55,7 +55,8 @@ def test_split_plan_balances_ragged_lengths_and_bounds_splits(kernel_device):
     splits = decode_split_counts(lengths, geometry, block_n=64, num_sms=132)
     assert splits.dtype == torch.int32 and splits.tolist()[2] == 1
     assert (splits >= 1).all() and (splits <= geometry.max_splits).all()
-    splits, tiles = splits.cpu(), (lengths.cpu() + 63) // 64
+    splits, lengths = splits.cpu(), lengths.cpu()
+    tiles = (lengths + 63) // 64
     per_split = (tiles + splits - 1) // splits
     busy = per_split[lengths > 0]
     assert busy.max() <= 2 * busy.min() + 1, "splits of long and short sequences should hold similar tile counts"
