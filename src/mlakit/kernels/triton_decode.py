@@ -64,7 +64,7 @@ def _mla_decode_split_kernel(
     ROWS: tl.constexpr, HEADS: tl.constexpr, Q_LEN: tl.constexpr, PAGE_SIZE: tl.constexpr,
     KV_LORA_RANK: tl.constexpr, ROPE_DIM: tl.constexpr, ROW_TILES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_ROPE: tl.constexpr,
-    SCALE_MODE: tl.constexpr, SCALE_GROUP_SIZE: tl.constexpr,
+    SCALE_MODE: tl.constexpr, SCALE_GROUP_SIZE: tl.constexpr, DOT_DTYPE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -91,6 +91,9 @@ def _mla_decode_split_kernel(
     if INTERPRET:
         q_lat = q_lat.to(tl.float32)
         q_pe = q_pe.to(tl.float32)
+    else:
+        q_lat = q_lat.to(DOT_DTYPE)
+        q_pe = q_pe.to(DOT_DTYPE)
 
     kv_scale = 1.0
     if SCALE_MODE == 1:
@@ -106,9 +109,9 @@ def _mla_decode_split_kernel(
         row_base = page * stride_kv_page + offset * stride_kv_tok
         scale_base = page * stride_sc_page + offset * stride_sc_tok
         k_lat = _load_kv_part(KV, KV_SCALE, row_base, scale_base, cols_r, r_ok, tok_ok, 0,
-                              SCALE_MODE, SCALE_GROUP_SIZE, Q.dtype.element_ty)
+                              SCALE_MODE, SCALE_GROUP_SIZE, DOT_DTYPE)
         k_pe = _load_kv_part(KV, KV_SCALE, row_base, scale_base, cols_p, p_ok, tok_ok, KV_LORA_RANK,
-                             SCALE_MODE, SCALE_GROUP_SIZE, Q.dtype.element_ty)
+                             SCALE_MODE, SCALE_GROUP_SIZE, DOT_DTYPE)
         scores = tl.dot(q_lat, tl.trans(k_lat)) + tl.dot(q_pe, tl.trans(k_pe))
         seen = tok_ok[None, :] & (toks[None, :] < visible[:, None])
         scores = tl.where(seen, scores * (scale_log2 * kv_scale), float("-inf"))
@@ -201,12 +204,13 @@ class DecodeTuning:
 
 
 def default_tuning(rows: int) -> DecodeTuning:
-    """Row tile sized to the rows of one sequence (query tokens x heads). Small row tiles
-    use 32-token KV tiles so several programs share an SM; 64-row tiles fill one SM each."""
+    """Row tile sized to the rows of one sequence (query tokens x heads). 16-row tiles use
+    32-token KV tiles so several programs share an SM; 32- and 64-row tiles fill one SM each
+    (measured on H100: benchmarks/NOTES.md, v4)."""
     if rows <= 16:
         return DecodeTuning(block_m=16, block_n=32, num_warps=4, programs_per_sm=4)
     if rows <= 32:
-        return DecodeTuning(block_m=32, block_n=32, num_warps=4, programs_per_sm=3)
+        return DecodeTuning(block_m=32, block_n=64, num_warps=8, programs_per_sm=1)
     return DecodeTuning(block_m=64, block_n=64, num_warps=8, programs_per_sm=1)
 
 
@@ -296,7 +300,7 @@ def triton_mla_decode(
         KV_LORA_RANK=kv_lora_rank, ROPE_DIM=dim - kv_lora_rank, ROW_TILES=geometry.row_tiles,
         BLOCK_M=tuning.block_m, BLOCK_N=tuning.block_n, BLOCK_R=triton.next_power_of_2(kv_lora_rank),
         BLOCK_ROPE=max(16, triton.next_power_of_2(dim - kv_lora_rank)),
-        SCALE_MODE=scale_mode, SCALE_GROUP_SIZE=SCALE_GROUP,
+        SCALE_MODE=scale_mode, SCALE_GROUP_SIZE=SCALE_GROUP, DOT_DTYPE=_dot_dtype(q.dtype),
         num_warps=tuning.num_warps, num_stages=tuning.num_stages,
     )
     if geometry.max_splits > 1:
@@ -312,6 +316,11 @@ def triton_mla_decode(
             num_warps=4,
         )
     return out, lse
+
+
+def _dot_dtype(q_dtype: torch.dtype) -> tl.dtype:
+    """The dots run in the query's dtype; K tiles (fp8 ones dequantized) are converted to it."""
+    return tl.float16 if q_dtype == torch.float16 else tl.bfloat16
 
 
 def _scale_operand(pages: torch.Tensor, kv_scale: torch.Tensor | None) -> tuple[int, torch.Tensor]:
