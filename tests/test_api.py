@@ -63,3 +63,19 @@ def test_return_lse_false_gives_none():
     batch = make_paged_batch([5, 6], heads=3, kv_lora_rank=512, rope_dim=64)
     out, lse = mlakit.mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens, backend="reference", return_lse=False)
     assert lse is None and out.shape == (2, 1, 3, 512)
+
+
+def test_reference_path_works_without_triton_installed():
+    import subprocess
+    import sys
+
+    script = (
+        "import sys; sys.modules['triton'] = None\n"
+        "import torch, mlakit\n"
+        "q = torch.randn(1, 1, 2, 576).bfloat16(); kv = torch.randn(2, 64, 576).bfloat16()\n"
+        "out, lse = mlakit.mla_decode(q, kv, torch.zeros(1, 1, dtype=torch.int32), torch.tensor([5], dtype=torch.int32))\n"
+        "record = mlakit.registry.get_backend('triton').record\n"
+        "print(tuple(out.shape), record.missing_packages())\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "(1, 1, 2, 512) ['triton']"

@@ -232,12 +232,18 @@ def default_cases(quick: bool) -> list[DecodeCase]:
         cases = [DecodeCase(h, b, n, q) for h in (128, 16) for b, n in shapes for q in (1, 2)]
         cases += [DecodeCase(h, 64, 4096, 1, "fp8_e4m3") for h in (128, 16)]
         cases += [DecodeCase(128, 64, 4096, 4), DecodeCase(64, 64, 4096, 1)]
-        return cases
+        return cases + page_size_one_cases()
     shapes = [(b, n) for b in (1, 16, 64, 128) for n in (1024, 4096, 16384)] + [(64, None)]
-    return [
+    grid = [
         DecodeCase(h, b, n, q, dtype)
         for h in (128, 64, 16)
         for b, n in shapes
         for q in (1, 2, 4)
         for dtype in ("bf16", "fp8_e4m3")
     ]
+    return grid + page_size_one_cases()
+
+
+def page_size_one_cases() -> list[DecodeCase]:
+    """Page size 1, where the simple engines' kernels run (the yardstick's home ground)."""
+    return [DecodeCase(h, 64, 4096, 1, "bf16", 1) for h in (128, 16)]
