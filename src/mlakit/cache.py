@@ -133,6 +133,13 @@ class PagedLatentCache:
         for name, tensor in (("c_kv", c_kv), ("k_pe", k_pe)):
             if tensor.device != self.device:
                 raise MLAInputError(f"{name}: expected a tensor on {self.device} (the cache's device), got {tensor.device}")
+        slots = self.reserve(seq_id, n)
+        self.write_slots(slots, torch.cat([c_kv, k_pe], dim=1))
+        return slots
+
+    def reserve(self, seq_id: int, n: int) -> torch.Tensor:
+        """Extends a sequence by `n` tokens and returns their flat slots (int64), for a caller that
+        writes the rows itself (e.g. an attention layer). Nothing changes when pages run out."""
         start = self.seq_len(seq_id)
         pages = self._pages.get(seq_id, [])
         needed = -(-(start + n) // self.page_size) - len(pages)
@@ -146,9 +153,7 @@ class PagedLatentCache:
         self._lengths[seq_id] = start + n
         positions = torch.arange(start, start + n, device=self.device)
         page_index = torch.tensor(pages, dtype=torch.long, device=self.device)
-        slots = page_index[positions // self.page_size] * self.page_size + positions % self.page_size
-        self.write_slots(slots, torch.cat([c_kv, k_pe], dim=1))
-        return slots
+        return page_index[positions // self.page_size] * self.page_size + positions % self.page_size
 
     def write_slots(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
         """Stores rows `[n, dim]` at flat slots (page * page_size + offset), quantizing for fp8."""

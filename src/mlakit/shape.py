@@ -112,7 +112,8 @@ class MLAShape:
         rope = data.get("rope_scaling") or data.get("rope_parameters") or {}
         if not isinstance(rope, Mapping):
             raise ConfigError(f"config rope_scaling/rope_parameters must be an object, got {rope!r}")
-        is_yarn = rope.get("rope_type", rope.get("type")) == "yarn"
+        # As transformers' DeepSeek attention: any non-default rope type with mscale_all_dim rescales softmax.
+        is_yarn = rope.get("rope_type", rope.get("type")) not in (None, "default")
         return cls(
             num_heads=_config_int(data, "num_attention_heads"),
             kv_lora_rank=_config_int(data, "kv_lora_rank"),

@@ -1,0 +1,1 @@
+"""Model-level MLA: rope, the attention layer, the DeepSeek-architecture runner."""

@@ -1,0 +1,178 @@
+"""The MLA attention layer of DeepSeek-V2/V3-architecture models, over mlakit's paged latent cache.
+
+Parameter names match Hugging Face checkpoints (`q_a_proj`, `q_a_layernorm`, `q_b_proj` or
+`q_proj`, `kv_a_proj_with_mqa`, `kv_a_layernorm`, `kv_b_proj`, `o_proj`), so a checkpoint's
+layer state dict loads as is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from mlakit.api import mla_decode
+from mlakit.cache import PagedLatentCache
+from mlakit.errors import ConfigError
+from mlakit.model.mha_prefill import DEFAULT_PREFIX_CHUNK_TOKENS, mha_prefill
+from mlakit.model.rope import RopeConfig, RopeLayout, RotaryEmbedding
+from mlakit.model.step import AttentionStep
+from mlakit.reference import reference_extend
+from mlakit.shape import MLAShape
+
+PrefillForm = Literal["auto", "latent", "mha"]
+LATENT_NORM_EPS = 1e-6
+# Extends with at most this many new tokens per sequence use the latent (absorbed) form.
+MAX_LATENT_EXTEND_TOKENS = 16
+
+
+class RMSNorm(nn.Module):
+    """RMS normalisation computed in float32, cast back, times the weight (as DeepSeek checkpoints expect)."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class MLALayerConfig:
+    """Hidden size, per-rank shape and rope of one MLA layer.
+
+    >>> cfg = MLALayerConfig.from_hf_config({"model_type": "deepseek_v3", "hidden_size": 256,
+    ...     "num_attention_heads": 8, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+    ...     "v_head_dim": 128, "q_lora_rank": 64, "rope_theta": 10000.0})
+    >>> cfg.rope.layout, cfg.shape.num_heads
+    ('deinterleave', 8)
+    """
+
+    hidden_size: int
+    shape: MLAShape
+    rope: RopeConfig
+    attention_bias: bool = False
+
+    @classmethod
+    def from_hf_config(cls, config: Mapping[str, Any], tp_size: int = 1) -> MLALayerConfig:
+        model_type = config.get("model_type", "deepseek_v3")
+        if model_type not in ("deepseek_v2", "deepseek_v3"):
+            raise ConfigError(f"model_type {model_type!r} is not a DeepSeek MLA architecture (deepseek_v2, deepseek_v3)")
+        layout: RopeLayout = "interleaved"
+        if model_type == "deepseek_v3":
+            layout = "deinterleave" if config.get("rope_interleave", True) else "halves"
+        return cls(
+            hidden_size=int(config["hidden_size"]),
+            shape=MLAShape.from_hf_config(config).for_tp(tp_size),
+            rope=RopeConfig.from_hf_config(config, layout),
+            attention_bias=bool(config.get("attention_bias", False)),
+        )
+
+
+class MLAAttention(nn.Module):
+    """MLA attention of one layer: projections, rope, cache write, attention, output projection.
+
+    Decode steps and short extends run in the latent (absorbed) form through the decode
+    backend; prefills run in MHA form (decompressed K/V, cached prefix in chunks). The
+    absorbed weights W_UK / W_UV are views of `kv_b_proj`, so loading a state dict updates them.
+    """
+
+    def __init__(self, config: MLALayerConfig) -> None:
+        super().__init__()
+        self.config = config
+        shape = config.shape
+        hidden, heads = config.hidden_size, shape.num_heads
+        if shape.q_lora_rank is None:
+            self.q_proj = nn.Linear(hidden, heads * shape.qk_head_dim, bias=False)
+        else:
+            self.q_a_proj = nn.Linear(hidden, shape.q_lora_rank, bias=config.attention_bias)
+            self.q_a_layernorm = RMSNorm(shape.q_lora_rank, LATENT_NORM_EPS)
+            self.q_b_proj = nn.Linear(shape.q_lora_rank, heads * shape.qk_head_dim, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(hidden, shape.kv_cache_dim, bias=config.attention_bias)
+        self.kv_a_layernorm = RMSNorm(shape.kv_lora_rank, LATENT_NORM_EPS)
+        self.kv_b_proj = nn.Linear(shape.kv_lora_rank, heads * (shape.qk_nope_head_dim + shape.v_head_dim), bias=False)
+        self.o_proj = nn.Linear(heads * shape.v_head_dim, hidden, bias=config.attention_bias)
+        self.rotary = RotaryEmbedding(config.rope)
+
+    def absorbed_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """W_UK `[H, d_nope, r]` and W_UV `[H, d_v, r]`, views of kv_b_proj's weight."""
+        shape = self.config.shape
+        per_head = self.kv_b_proj.weight.view(shape.num_heads, shape.qk_nope_head_dim + shape.v_head_dim, shape.kv_lora_rank)
+        return per_head[:, : shape.qk_nope_head_dim], per_head[:, shape.qk_nope_head_dim :]
+
+    def project_query(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q_nope `[T, H, d_nope]` and roped q_pe `[T, H, d_rope]` for hidden states `[T, hidden]`."""
+        shape = self.config.shape
+        if shape.q_lora_rank is None:
+            q = self.q_proj(x)
+        else:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q = q.view(x.shape[0], shape.num_heads, shape.qk_head_dim)
+        q_nope, q_pe = q.split([shape.qk_nope_head_dim, shape.qk_rope_head_dim], dim=-1)
+        return q_nope, self.rotary(q_pe, positions)
+
+    def project_latent(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The cache rows `[T, kv_lora_rank + d_rope]`: normalised latent and roped shared key."""
+        shape = self.config.shape
+        c_kv, k_pe = self.kv_a_proj_with_mqa(x).split([shape.kv_lora_rank, shape.qk_rope_head_dim], dim=-1)
+        return torch.cat([self.kv_a_layernorm(c_kv), self.rotary(k_pe, positions)], dim=-1)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        step: AttentionStep,
+        cache: PagedLatentCache,
+        *,
+        decode_backend: str = "auto",
+        prefill_form: PrefillForm = "auto",
+        prefix_chunk_tokens: int = DEFAULT_PREFIX_CHUNK_TOKENS,
+    ) -> torch.Tensor:
+        """Attention output `[T, hidden]` for the step's packed new tokens `x [T, hidden]`.
+
+        Writes the new tokens' latent rows into `cache` at `step.slots`, then attends over
+        each sequence's cached tokens (causal among the new ones).
+        """
+        q_nope, q_pe = self.project_query(x, positions)
+        cache.write_slots(step.slots, self.project_latent(x, positions))
+        w_uk, w_uv = self.absorbed_weights()
+        scale = self.config.shape.softmax_scale
+        if self._use_mha(step, prefill_form):
+            out = mha_prefill(
+                torch.cat([q_nope, q_pe], dim=-1), cache.data, step.block_table, step.new_tokens, step.cache_lens,
+                w_uk, w_uv, softmax_scale=scale, kv_scale=cache.scale, prefix_chunk_tokens=prefix_chunk_tokens,
+            )
+        else:
+            q_latent = torch.cat([torch.einsum("thd,hdr->thr", q_nope, w_uk), q_pe], dim=-1)
+            out_latent = self._latent_attention(q_latent, step, cache, decode_backend, scale)
+            out = torch.einsum("thr,hvr->thv", out_latent.float(), w_uv.float())
+        return self.o_proj(out.to(x.dtype).flatten(1))
+
+    def _use_mha(self, step: AttentionStep, prefill_form: PrefillForm) -> bool:
+        if prefill_form != "auto":
+            return prefill_form == "mha"
+        return step.decode_q_len is None and max(step.new_tokens) > MAX_LATENT_EXTEND_TOKENS
+
+    def _latent_attention(
+        self, q_latent: torch.Tensor, step: AttentionStep, cache: PagedLatentCache, decode_backend: str, scale: float
+    ) -> torch.Tensor:
+        rank = self.config.shape.kv_lora_rank
+        q_len = step.decode_q_len
+        if q_len is not None and q_latent.dtype in (torch.bfloat16, torch.float16):
+            batch = len(step.new_tokens)
+            out, _ = mla_decode(
+                q_latent.view(batch, q_len, *q_latent.shape[1:]), cache.data, step.block_table, step.cache_seqlens(),
+                softmax_scale=scale, backend=decode_backend, kv_scale=cache.scale, kv_lora_rank=rank, return_lse=False,
+            )
+            return out.flatten(0, 1)
+        out, _ = reference_extend(
+            q_latent, cache.data, step.block_table, step.cache_seqlens(), step.cu_seqlens_q(),
+            kv_lora_rank=rank, softmax_scale=scale, kv_scale=cache.scale,
+        )
+        return out
