@@ -67,15 +67,14 @@ def test_prefill_then_decode_matches_transformers(arch, heads, q_lora_rank, rope
     x = torch.randn(total, config.hidden_size, generator=torch.Generator().manual_seed(1))
     expected = hf_forward(hf, rotary, x)
 
-    cache = PagedLatentCache(16, 4, 32, 8, dtype="fp16")
-    cache.data = cache.data.float()  # a float32 cache keeps the comparison exact
+    cache = PagedLatentCache(16, 4, 32, 8, dtype="fp32")  # float32 storage keeps the comparison exact
     outputs = []
     steps = [(0, prompt)] + [(t, t + 1) for t in range(prompt, total)]
     for first, last in steps:
         slots = cache.reserve(0, last - first)
         step = AttentionStep((last - first,), (last,), cache.block_table([0]), slots)
         with torch.no_grad():
-            outputs.append(layer(x[first:last], torch.arange(first, last), step, cache, prefill_form=prefill_form))
+            outputs.append(layer(x[first:last], torch.arange(first, last), step, cache.layer(0), prefill_form=prefill_form))
     got = torch.cat(outputs)
     assert relative_error(got, expected) < 1e-5
 
@@ -84,8 +83,7 @@ def test_latent_and_mha_forms_agree_on_a_ragged_extend_batch():
     config, hf, _ = hf_layer("v3", 5, 24, YARN)
     layer = ours(config)
     layer.load_state_dict(hf.state_dict())
-    cache = PagedLatentCache(32, 4, 32, 8, dtype="fp16")
-    cache.data = cache.data.float()
+    cache = PagedLatentCache(32, 4, 32, 8, dtype="fp32")
     gen = torch.Generator().manual_seed(3)
     prefix = {0: 9, 1: 0, 2: 30}
     for seq_id, n in prefix.items():
@@ -98,8 +96,8 @@ def test_latent_and_mha_forms_agree_on_a_ragged_extend_batch():
     x = torch.randn(sum(new), config.hidden_size, generator=gen)
     positions = torch.cat([torch.arange(prefix[s], prefix[s] + n) for s, n in zip(prefix, new)])
     with torch.no_grad():
-        latent = layer(x, positions, step, cache, prefill_form="latent")
-        mha = layer(x, positions, step, cache, prefill_form="mha", prefix_chunk_tokens=8)
-        mha_one_chunk = layer(x, positions, step, cache, prefill_form="mha", prefix_chunk_tokens=1024)
+        latent = layer(x, positions, step, cache.layer(0), prefill_form="latent")
+        mha = layer(x, positions, step, cache.layer(0), prefill_form="mha", prefix_chunk_tokens=8)
+        mha_one_chunk = layer(x, positions, step, cache.layer(0), prefill_form="mha", prefix_chunk_tokens=1024)
     assert relative_error(mha, latent) < 1e-5
     assert relative_error(mha_one_chunk, latent) < 1e-5

@@ -46,12 +46,69 @@ class PageAllocator:
         self._free.extend(reversed(pages))
 
 
-class PagedLatentCache:
-    """The latent KV cache of one layer: `[num_pages, page_size, kv_lora_rank + rope_dim]`.
+class LatentStore:
+    """One layer's latent rows `[num_pages, page_size, dim]` and, for fp8, their scales.
 
-    `dtype` is "bf16", "fp16" or "fp8_e4m3". fp8 caches store `value / scale`, with one
-    float32 scale for the whole tensor (`scale_layout="tensor"`, set by `fp8_scale`) or
-    one per token and 128-channel group (`scale_layout="group"`, computed on write).
+    `dtype` is "bf16", "fp16", "fp8_e4m3", or "fp32" (exact storage for reference runs; the
+    decode backends take the other three). fp8 stores `value / scale`, with one float32 scale
+    for the whole tensor (`scale_layout="tensor"`, set by `fp8_scale`) or one per token and
+    128-channel group (`scale_layout="group"`, computed on write).
+    """
+
+    def __init__(
+        self,
+        num_pages: int,
+        page_size: int,
+        dim: int,
+        *,
+        dtype: str = "bf16",
+        device: torch.device | str = "cpu",
+        scale_layout: str = "tensor",
+        fp8_scale: float = 1.0,
+    ) -> None:
+        if dtype not in STORAGE_DTYPES:
+            raise ConfigError(f"dtype must be one of {list(STORAGE_DTYPES)}, got {dtype!r}")
+        if scale_layout not in SCALE_LAYOUTS:
+            raise ConfigError(f"scale_layout must be one of {SCALE_LAYOUTS}, got {scale_layout!r}")
+        if fp8_scale <= 0:
+            raise ConfigError(f"fp8_scale must be > 0, got {fp8_scale}")
+        self.dtype = dtype
+        self.scale_layout = scale_layout
+        self.data = torch.zeros(num_pages, page_size, dim, dtype=STORAGE_DTYPES[dtype], device=device)
+        self.scale: torch.Tensor | None = None
+        if dtype == "fp8_e4m3":
+            self.scale = (
+                torch.full((1,), fp8_scale, dtype=torch.float32, device=device)
+                if scale_layout == "tensor"
+                else torch.ones(num_pages, page_size, num_scale_groups(dim), dtype=torch.float32, device=device)
+            )
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.data.dtype == FP8_DTYPE
+
+    def write_slots(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
+        """Stores rows `[n, dim]` at flat slots (page * page_size + offset), quantizing for fp8."""
+        flat = self.data.view(-1, self.data.shape[-1])
+        if not self.is_fp8:
+            flat[slots] = rows.to(self.data.dtype)
+        elif self.scale_layout == "tensor":
+            flat[slots] = quantize_rows_per_tensor(rows, self.scale)
+        else:
+            values, scales = quantize_rows_per_group(rows)
+            flat[slots] = values
+            self.scale.view(-1, self.scale.shape[-1])[slots] = scales
+
+    def dequantized(self) -> torch.Tensor:
+        """All rows as float32 values (what the stored bytes represent)."""
+        return dequantize(self.data, self.scale)
+
+
+class PagedLatentCache:
+    """A paged latent KV cache: one page table (allocator, per-sequence pages and lengths)
+    shared by `num_layers` LatentStores of `[num_pages, page_size, kv_lora_rank + rope_dim]`.
+
+    `data`, `scale`, `write_slots` and `dequantized` are those of layer 0, for single-layer use.
 
     >>> cache = PagedLatentCache(num_pages=4, page_size=16, kv_lora_rank=512, rope_dim=64)
     >>> cache.append(7, torch.randn(20, 512), torch.randn(20, 64)).tolist()[:2]
@@ -71,31 +128,21 @@ class PagedLatentCache:
         device: torch.device | str = "cpu",
         scale_layout: str = "tensor",
         fp8_scale: float = 1.0,
+        num_layers: int = 1,
     ) -> None:
-        if dtype not in STORAGE_DTYPES:
-            raise ConfigError(f"dtype must be one of {list(STORAGE_DTYPES)}, got {dtype!r}")
-        if page_size <= 0 or kv_lora_rank <= 0 or rope_dim < 0:
+        if page_size <= 0 or kv_lora_rank <= 0 or rope_dim < 0 or num_layers <= 0:
             raise ConfigError(
-                f"page_size and kv_lora_rank must be >= 1 and rope_dim >= 0, got {page_size}, {kv_lora_rank}, {rope_dim}"
+                "page_size, kv_lora_rank and num_layers must be >= 1 and rope_dim >= 0, got "
+                f"{page_size}, {kv_lora_rank}, {num_layers} and {rope_dim}"
             )
-        if scale_layout not in SCALE_LAYOUTS:
-            raise ConfigError(f"scale_layout must be one of {SCALE_LAYOUTS}, got {scale_layout!r}")
-        if fp8_scale <= 0:
-            raise ConfigError(f"fp8_scale must be > 0, got {fp8_scale}")
         self.page_size = page_size
         self.kv_lora_rank = kv_lora_rank
         self.rope_dim = rope_dim
-        self.dtype = dtype
-        self.scale_layout = scale_layout
         self.allocator = PageAllocator(num_pages)
-        self.data = torch.zeros(num_pages, page_size, self.dim, dtype=STORAGE_DTYPES[dtype], device=device)
-        self.scale: torch.Tensor | None = None
-        if dtype == "fp8_e4m3":
-            self.scale = (
-                torch.full((1,), fp8_scale, dtype=torch.float32, device=device)
-                if scale_layout == "tensor"
-                else torch.ones(num_pages, page_size, num_scale_groups(self.dim), dtype=torch.float32, device=device)
-            )
+        self.stores = [
+            LatentStore(num_pages, page_size, self.dim, dtype=dtype, device=device, scale_layout=scale_layout, fp8_scale=fp8_scale)
+            for _ in range(num_layers)
+        ]
         self._pages: dict[int, list[int]] = {}
         self._lengths: dict[int, int] = {}
 
@@ -105,11 +152,27 @@ class PagedLatentCache:
 
     @property
     def device(self) -> torch.device:
-        return self.data.device
+        return self.stores[0].data.device
 
     @property
-    def is_fp8(self) -> bool:
-        return self.data.dtype == FP8_DTYPE
+    def data(self) -> torch.Tensor:
+        return self.stores[0].data
+
+    @property
+    def scale(self) -> torch.Tensor | None:
+        return self.stores[0].scale
+
+    def layer(self, index: int) -> LatentStore:
+        """The rows of layer `index`."""
+        return self.stores[index]
+
+    def write_slots(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
+        """Layer 0's `LatentStore.write_slots`."""
+        self.stores[0].write_slots(slots, rows)
+
+    def dequantized(self) -> torch.Tensor:
+        """Layer 0's rows as float32 values."""
+        return self.stores[0].dequantized()
 
     def seq_len(self, seq_id: int) -> int:
         """Tokens held for a sequence (0 for one never seen)."""
@@ -140,6 +203,8 @@ class PagedLatentCache:
     def reserve(self, seq_id: int, n: int) -> torch.Tensor:
         """Extends a sequence by `n` tokens and returns their flat slots (int64), for a caller that
         writes the rows itself (e.g. an attention layer). Nothing changes when pages run out."""
+        if n < 0:
+            raise MLAInputError(f"n: expected a token count >= 0, got {n}")
         start = self.seq_len(seq_id)
         pages = self._pages.get(seq_id, [])
         needed = -(-(start + n) // self.page_size) - len(pages)
@@ -154,18 +219,6 @@ class PagedLatentCache:
         positions = torch.arange(start, start + n, device=self.device)
         page_index = torch.tensor(pages, dtype=torch.long, device=self.device)
         return page_index[positions // self.page_size] * self.page_size + positions % self.page_size
-
-    def write_slots(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
-        """Stores rows `[n, dim]` at flat slots (page * page_size + offset), quantizing for fp8."""
-        flat = self.data.view(-1, self.dim)
-        if not self.is_fp8:
-            flat[slots] = rows.to(self.data.dtype)
-        elif self.scale_layout == "tensor":
-            flat[slots] = quantize_rows_per_tensor(rows, self.scale)
-        else:
-            values, scales = quantize_rows_per_group(rows)
-            flat[slots] = values
-            self.scale.view(-1, self.scale.shape[-1])[slots] = scales
 
     def free(self, seq_id: int) -> None:
         """Releases a sequence's pages for reuse."""
@@ -188,7 +241,3 @@ class PagedLatentCache:
     def seq_lens(self, seq_ids: list[int]) -> torch.Tensor:
         """int32 `[len(seq_ids)]` token counts, the `cache_seqlens` of a decode call."""
         return torch.tensor([self.seq_len(s) for s in seq_ids], dtype=torch.int32, device=self.device)
-
-    def dequantized(self) -> torch.Tensor:
-        """The whole cache as float32 values (what the stored bytes represent)."""
-        return dequantize(self.data, self.scale)

@@ -18,6 +18,7 @@ STORAGE_DTYPES: dict[str, torch.dtype] = {
     "bf16": torch.bfloat16,
     "fp16": torch.float16,
     "fp8_e4m3": FP8_DTYPE,
+    "fp32": torch.float32,
 }
 
 

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from mlakit.api import mla_decode
-from mlakit.cache import PagedLatentCache
+from mlakit.cache import LatentStore
 from mlakit.errors import ConfigError
 from mlakit.model.mha_prefill import DEFAULT_PREFIX_CHUNK_TOKENS, mha_prefill
 from mlakit.model.rope import RopeConfig, RopeLayout, RotaryEmbedding
@@ -128,7 +128,7 @@ class MLAAttention(nn.Module):
         x: torch.Tensor,
         positions: torch.Tensor,
         step: AttentionStep,
-        cache: PagedLatentCache,
+        cache: LatentStore,
         *,
         decode_backend: str = "auto",
         prefill_form: PrefillForm = "auto",
@@ -160,7 +160,7 @@ class MLAAttention(nn.Module):
         return step.decode_q_len is None and max(step.new_tokens) > MAX_LATENT_EXTEND_TOKENS
 
     def _latent_attention(
-        self, q_latent: torch.Tensor, step: AttentionStep, cache: PagedLatentCache, decode_backend: str, scale: float
+        self, q_latent: torch.Tensor, step: AttentionStep, cache: LatentStore, decode_backend: str, scale: float
     ) -> torch.Tensor:
         rank = self.config.shape.kv_lora_rank
         q_len = step.decode_q_len
