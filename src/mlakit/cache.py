@@ -17,6 +17,21 @@ from mlakit.kv_quant import (
 SCALE_LAYOUTS = ("tensor", "group")
 
 
+def num_pages_for_budget(budget_bytes: int, page_size: int, dim: int, num_layers: int, dtype: str) -> int:
+    """How many pages of `num_layers` x `page_size` x `dim` values fit in `budget_bytes`.
+
+    >>> num_pages_for_budget(1 << 20, page_size=16, dim=576, num_layers=4, dtype="bf16")
+    14
+    """
+    if dtype not in STORAGE_DTYPES:
+        raise ConfigError(f"dtype must be one of {list(STORAGE_DTYPES)}, got {dtype!r}")
+    element = torch.finfo(STORAGE_DTYPES[dtype]).bits // 8
+    pages = budget_bytes // (page_size * dim * num_layers * element)
+    if pages < 1:
+        raise ConfigError(f"a cache budget of {budget_bytes} bytes holds no page of {page_size} tokens x {num_layers} layers")
+    return int(pages)
+
+
 class PageAllocator:
     """A free list of page indices; pages come back in the order they were freed.
 

@@ -125,12 +125,39 @@ def check(
 
 @main.command()
 @click.option("--device", default=AUTO, show_default=True, help="auto, cpu, cuda[:N] or xpu[:N].")
-@click.option("--seed", type=int, default=0, show_default=True)
-def demo(device: str, seed: int) -> None:
-    """Resolve a DeepSeek-V3 (TP8) plan and run one decode step on a ragged synthetic batch."""
-    from mlakit.demo import run_decode_demo
+def demo(device: str) -> None:
+    """Generate with a small random DeepSeek-V3 model and check every token against transformers."""
+    from mlakit.demo import run_model_demo
 
-    sys.exit(run_decode_demo(device, seed, Console()))
+    sys.exit(run_model_demo(device, Console()))
+
+
+@main.command()
+@click.option("--model", "model_dir", type=click.Path(exists=True, file_okay=False), required=True, help="Checkpoint directory.")
+@click.option("--prompt-ids", "prompts", multiple=True, required=True, help="Comma-separated token ids (repeatable).")
+@click.option("--max-new-tokens", type=int, default=32, show_default=True)
+@click.option("--backend", default=AUTO, show_default=True, help="Decode backend (resolve() checks it).")
+@click.option("--temperature", type=float, default=0.0, show_default=True)
+@click.option("--top-p", type=float, default=1.0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--cache-mb", type=int, default=1024, show_default=True, help="Memory budget of the paged latent cache.")
+@click.option("--device", default=AUTO, show_default=True)
+def generate(
+    model_dir: str, prompts: tuple[str, ...], max_new_tokens: int, backend: str, temperature: float, top_p: float,
+    seed: int, cache_mb: int, device: str,
+) -> None:
+    """Generate from a local DeepSeek-architecture checkpoint (token ids in and out)."""
+    from mlakit.model.generate import run_generate
+
+    try:
+        prompt_ids = [[int(t) for t in p.split(",") if t.strip()] for p in prompts]
+    except ValueError as exc:
+        raise click.BadParameter(f"--prompt-ids takes comma-separated integers: {exc}") from exc
+    try:
+        run_generate(model_dir, prompt_ids, max_new_tokens, backend, temperature, top_p, seed, cache_mb << 20, device, Console())
+    except ConfigError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_CONFIG_ERROR)
 
 
 main.add_command(bench)

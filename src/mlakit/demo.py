@@ -1,64 +1,110 @@
-"""`make demo`: resolve a plan, fill a paged cache, run one decode step, check it in float64."""
+"""`make demo`: a small random DeepSeek-V3-architecture model generated through mlakit, checked
+token for token against transformers' greedy generation of the same prompts."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import torch
 from rich.console import Console
 
-from mlakit.api import mla_decode
-from mlakit.cache import PagedLatentCache
+from mlakit.cache import PagedLatentCache, num_pages_for_budget
 from mlakit.config import ServingConfig
-from mlakit.device import DeviceInfo
-from mlakit.reference import reference_decode
+from mlakit.model.deepseek import DeepseekConfig
+from mlakit.model.loader import load_model, read_config
+from mlakit.model.runner import Request, Runner
 from mlakit.registry.resolve import resolve
 from mlakit.report import print_plan
 from mlakit.shape import MLAShape
 
-DEMO_SEQ_LENS = (1, 100, 513, 0, 64, 1000)
-DEMO_MAX_ERROR = 1e-2
+DEMO_DIR = Path(".cache") / "mlakit-demo-deepseek-v3"
+DEMO_SEED = 0
+DEMO_PROMPTS = ([11, 402, 7, 99, 250], list(range(30, 71)), [5], [300, 301, 302, 303, 304, 305, 306, 307, 308, 309, 310, 311])
+DEMO_NEW_TOKENS = 16
+CACHE_BUDGET_BYTES = 64 << 20
 
 
-def run_decode_demo(device: str, seed: int, console: Console) -> int:
-    """Returns the process exit code: 0 when the decode matches the float64 reference."""
-    shape = MLAShape.preset("deepseek-v3")
-    config = ServingConfig(device=device, tp_size=8, max_batch_size=len(DEMO_SEQ_LENS), max_context_len=4096)
-    plan = resolve(config, shape)
+def demo_hf_config() -> dict:
+    """The demo model: 4 layers, 16 heads, DeepSeek-V3 latent widths, MoE from layer 1."""
+    return dict(
+        vocab_size=512, hidden_size=256, intermediate_size=384, moe_intermediate_size=96, num_hidden_layers=4,
+        num_attention_heads=16, num_key_value_heads=16, q_lora_rank=64, kv_lora_rank=512, qk_nope_head_dim=32,
+        qk_rope_head_dim=64, v_head_dim=32, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=2,
+        topk_group=1, first_k_dense_replace=1, num_mtp_layers=0, max_position_embeddings=1024,
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256, "rope_theta": 10000.0,
+                         "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1},
+    )
+
+
+def ensure_demo_checkpoint(directory: Path = DEMO_DIR) -> None:
+    """Creates the seeded random checkpoint (safetensors) once."""
+    if (directory / "config.json").is_file():
+        return
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    torch.manual_seed(DEMO_SEED)
+    hf = DeepseekV3ForCausalLM(DeepseekV3Config(**demo_hf_config(), dtype=torch.float32))
+    with torch.no_grad():
+        for name, param in hf.named_parameters():
+            if name.endswith("norm.weight"):
+                param.copy_(1 + 0.1 * torch.randn_like(param))
+        for layer in hf.model.layers[1:]:
+            bias = layer.mlp.gate.e_score_correction_bias
+            bias.copy_(0.1 * torch.randn_like(bias))
+    hf.save_pretrained(directory)
+
+
+def transformers_greedy(directory: Path, prompts: tuple[list[int], ...], max_new_tokens: int) -> list[list[int]]:
+    """transformers' own greedy generation (float32, CPU) of each prompt, the reference."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return [
+            hf.generate(torch.tensor([p]), max_new_tokens=max_new_tokens, do_sample=False)[0, len(p) :].tolist()
+            for p in prompts
+        ]
+
+
+def run_model_demo(device: str, console: Console) -> int:
+    """Returns the exit code: 0 when every generated token matches transformers."""
+    ensure_demo_checkpoint()
+    hf_config = read_config(DEMO_DIR)
+    plan = resolve(ServingConfig(device=device, max_batch_size=len(DEMO_PROMPTS), max_context_len=256), MLAShape.from_hf_config(hf_config))
     print_plan(plan, console)
-    torch.manual_seed(seed)
     dev = plan.device.torch_device
-    rank = plan.rank_shape
-    total_pages = sum(-(-n // plan.page_size) for n in DEMO_SEQ_LENS) + 4
+    on_cpu = dev.type == "cpu"
+    model_dtype = torch.float32 if on_cpu else torch.bfloat16
+    cache_dtype = "fp32" if on_cpu else plan.kv_cache_dtype
+    model = load_model(DEMO_DIR, dtype=model_dtype, device=dev)
+    config = DeepseekConfig.from_hf_config(hf_config)
+    shape = config.attention.shape
+    pages = num_pages_for_budget(CACHE_BUDGET_BYTES, plan.page_size, shape.kv_cache_dim, config.num_layers, cache_dtype)
     cache = PagedLatentCache(
-        total_pages, plan.page_size, rank.kv_lora_rank, rank.qk_rope_head_dim, dtype=plan.kv_cache_dtype, device=dev
+        pages, plan.page_size, shape.kv_lora_rank, shape.qk_rope_head_dim, dtype=cache_dtype, device=dev, num_layers=config.num_layers
     )
-    seq_ids = list(range(len(DEMO_SEQ_LENS)))
-    for seq_id, length in zip(seq_ids, DEMO_SEQ_LENS):
-        cache.append(seq_id, torch.randn(length, rank.kv_lora_rank, device=dev), torch.randn(length, rank.qk_rope_head_dim, device=dev))
-    q = torch.randn(len(seq_ids), plan.decode_q_len, rank.num_heads, rank.kv_cache_dim, device=dev, dtype=torch.bfloat16)
-    table, lens = cache.block_table(seq_ids), cache.seq_lens(seq_ids)
-
-    start = time.perf_counter()
-    out, lse = mla_decode(
-        q, cache.data, table, lens, softmax_scale=rank.softmax_scale, backend=plan.decode_backend, kv_scale=cache.scale
-    )
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
-    elapsed_ms = (time.perf_counter() - start) * 1e3
-    ref_out, ref_lse = reference_decode(
-        q, cache.data, table, lens, kv_lora_rank=rank.kv_lora_rank, softmax_scale=rank.softmax_scale,
-        kv_scale=cache.scale, compute_dtype=torch.float64,
-    )
-    error = float((out.double() - ref_out).norm() / ref_out.norm())
-    lse_error = float((lse.double() - ref_lse).nan_to_num(posinf=0, neginf=0).abs().max())
     console.print(
-        f"decode: batch {len(seq_ids)} (lengths {list(DEMO_SEQ_LENS)}), {rank.num_heads} heads per rank, "
-        f"page {plan.page_size}, {plan.kv_cache_dtype} KV on {plan.decode_backend}: {elapsed_ms:.1f} ms"
+        f"model: {config.num_layers} layers, {shape.num_heads} heads, latent {shape.kv_lora_rank}+{shape.qk_rope_head_dim}, "
+        f"{model_dtype} weights; cache: {pages} pages of {plan.page_size} tokens in {cache_dtype} "
+        f"({'exact storage for the reference check' if on_cpu else 'the plan dtype'})"
     )
-    ok = error < DEMO_MAX_ERROR and lse_error < 1e-3
+    requests = [Request(list(p), DEMO_NEW_TOKENS, arrival_step=2 * i) for i, p in enumerate(DEMO_PROMPTS)]
+    runner = Runner(model, cache, decode_backend=plan.decode_backend)
+    began = time.perf_counter()
+    outputs = runner.generate(requests)
+    seconds = time.perf_counter() - began
+    stats = runner.stats
     console.print(
-        f"verdict: {'PASS' if ok else 'FAIL'} - output relative error {error:.2e} (limit {DEMO_MAX_ERROR:.0e}), "
-        f"lse max error {lse_error:.2e} against the float64 reference"
+        f"generated {sum(map(len, outputs))} tokens for {len(requests)} prompts (lengths {[len(p) for p in DEMO_PROMPTS]}, "
+        f"joining at steps 0/2/4/6) in {seconds:.2f} s: {stats.prefill_steps} prefill and {stats.decode_steps} decode steps, "
+        f"{stats.decode_tokens / max(stats.decode_seconds, 1e-9):.0f} decode tokens/s"
     )
-    return 0 if ok else 1
+    matched = total = 0
+    for prompt, ours, reference in zip(DEMO_PROMPTS, outputs, transformers_greedy(DEMO_DIR, DEMO_PROMPTS, DEMO_NEW_TOKENS)):
+        total += len(reference)
+        matched += sum(a == b for a, b in zip(ours, reference))
+        if ours != reference:
+            console.print(f"  prompt of {len(prompt)} tokens: mlakit {ours} vs transformers {reference}")
+    console.print(f"verdict: {matched}/{total} tokens identical to transformers")
+    return 0 if matched == total and len(outputs) == len(DEMO_PROMPTS) else 1

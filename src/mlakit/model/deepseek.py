@@ -1,0 +1,120 @@
+"""A DeepSeek-V2/V3-architecture causal LM whose attention runs on mlakit's paged latent cache.
+
+Module and parameter names follow Hugging Face checkpoints (`model.embed_tokens`,
+`model.layers.N.self_attn.*`, `model.layers.N.mlp.*`, `model.norm`, `lm_head`), so a
+checkpoint's tensors load by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from mlakit.cache import PagedLatentCache
+from mlakit.errors import ConfigError
+from mlakit.model.mla_attention import MLAAttention, MLALayerConfig, PrefillForm, RMSNorm
+from mlakit.model.moe import MLP, MoE, MoEConfig
+from mlakit.model.step import AttentionStep
+
+SUPPORTED_ARCHITECTURES = ("DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM")
+
+
+@dataclasses.dataclass(frozen=True)
+class DeepseekConfig:
+    """The parts of a DeepSeek `config.json` the runner uses."""
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    intermediate_size: int
+    rms_norm_eps: float
+    first_dense_layers: int
+    moe: MoEConfig | None
+    attention: MLALayerConfig
+    tie_word_embeddings: bool
+    eos_token_ids: tuple[int, ...]
+
+    @classmethod
+    def from_hf_config(cls, config: Mapping[str, Any], tp_size: int = 1) -> DeepseekConfig:
+        architectures = config.get("architectures") or []
+        if architectures and not set(architectures) & set(SUPPORTED_ARCHITECTURES):
+            raise ConfigError(f"architecture {architectures} is not supported; supported: {list(SUPPORTED_ARCHITECTURES)}")
+        if config.get("hidden_act", "silu") != "silu":
+            raise ConfigError(f"hidden_act {config.get('hidden_act')!r} is not supported (silu)")
+        eos = config.get("eos_token_id")
+        num_layers = int(config["num_hidden_layers"])
+        has_moe = config.get("n_routed_experts") and int(config.get("first_k_dense_replace", 0)) < num_layers
+        return cls(
+            vocab_size=int(config["vocab_size"]),
+            hidden_size=int(config["hidden_size"]),
+            num_layers=num_layers,
+            intermediate_size=int(config["intermediate_size"]),
+            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+            first_dense_layers=int(config.get("first_k_dense_replace", 0)),
+            moe=MoEConfig.from_hf_config(config) if has_moe else None,
+            attention=MLALayerConfig.from_hf_config(config, tp_size),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),)),
+        )
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: DeepseekConfig, index: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = MLAAttention(config.attention)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        if config.moe is not None and index >= config.first_dense_layers:
+            self.mlp: nn.Module = MoE(config.hidden_size, config.moe)
+        else:
+            self.mlp = MLP(config.hidden_size, config.intermediate_size)
+
+
+class DeepseekBody(nn.Module):
+    def __init__(self, config: DeepseekConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class DeepseekForCausalLM(nn.Module):
+    """Embeddings, decoder layers (MLA attention + MLP/MoE), final norm and LM head."""
+
+    def __init__(self, config: DeepseekConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = DeepseekBody(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        step: AttentionStep,
+        cache: PagedLatentCache,
+        *,
+        decode_backend: str = "auto",
+        prefill_form: PrefillForm = "auto",
+    ) -> torch.Tensor:
+        """Logits `[batch, vocab]` (float32) of each sequence's last new token.
+
+        `input_ids` and `positions` are `[T]`, the step's new tokens packed in sequence
+        order; layer i writes and reads `cache.layer(i)`.
+        """
+        hidden = self.model.embed_tokens(input_ids)
+        for index, layer in enumerate(self.model.layers):
+            attn = layer.self_attn(
+                layer.input_layernorm(hidden), positions, step, cache.layer(index),
+                decode_backend=decode_backend, prefill_form=prefill_form,
+            )
+            hidden = hidden + attn
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        last = torch.tensor(step.new_tokens, device=hidden.device).cumsum(0) - 1
+        return self.lm_head(self.model.norm(hidden[last])).float()

@@ -1,0 +1,133 @@
+"""Feed-forward blocks of DeepSeek-architecture models: the dense MLP and the routed MoE.
+
+Routing follows the checkpoint's config: DeepSeek-V3 scores experts with a sigmoid plus a
+correction bias and picks within the best groups (by the sum of each group's top two);
+DeepSeek-V2 scores with a softmax and picks greedily, or within the best groups (by each
+group's best expert). Parameter names match Hugging Face checkpoints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from mlakit.errors import ConfigError
+
+Scoring = Literal["sigmoid_group_sum", "softmax_greedy", "softmax_group_max"]
+
+
+class MLP(nn.Module):
+    """SiLU-gated MLP: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+@dataclasses.dataclass(frozen=True)
+class MoEConfig:
+    """Routed-expert settings read from a DeepSeek config."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    shared_experts: int
+    scoring: Scoring
+    num_groups: int
+    top_groups: int
+    normalize_top_k: bool
+    routed_scaling_factor: float
+
+    @classmethod
+    def from_hf_config(cls, config: Mapping[str, Any]) -> MoEConfig:
+        model_type = config.get("model_type", "deepseek_v3")
+        if model_type == "deepseek_v3":
+            scoring: Scoring = "sigmoid_group_sum"
+        elif config.get("topk_method", "greedy") == "greedy":
+            scoring = "softmax_greedy"
+        elif config.get("topk_method") == "group_limited_greedy":
+            scoring = "softmax_group_max"
+        else:
+            raise ConfigError(f"topk_method {config.get('topk_method')!r} is not supported (greedy, group_limited_greedy)")
+        return cls(
+            num_experts=int(config["n_routed_experts"]),
+            top_k=int(config["num_experts_per_tok"]),
+            intermediate_size=int(config["moe_intermediate_size"]),
+            shared_experts=int(config.get("n_shared_experts") or 0),
+            scoring=scoring,
+            num_groups=int(config.get("n_group") or 1),
+            top_groups=int(config.get("topk_group") or 1),
+            normalize_top_k=bool(config.get("norm_topk_prob", False)) and model_type == "deepseek_v3",
+            routed_scaling_factor=float(config.get("routed_scaling_factor", 1.0)),
+        )
+
+
+class Router(nn.Module):
+    """Chooses `top_k` experts per token and their weights."""
+
+    def __init__(self, hidden_size: int, config: MoEConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.weight = nn.Parameter(torch.zeros(config.num_experts, hidden_size))
+        if config.scoring == "sigmoid_group_sum":
+            self.register_buffer("e_score_correction_bias", torch.zeros(config.num_experts))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Expert weights `[T, top_k]` (float32) and indices `[T, top_k]`."""
+        cfg = self.config
+        logits = nn.functional.linear(x.float(), self.weight.float())
+        if cfg.scoring == "sigmoid_group_sum":
+            scores = logits.sigmoid()
+            choice = scores + self.e_score_correction_bias
+            group_score = choice.view(-1, cfg.num_groups, cfg.num_experts // cfg.num_groups).topk(2, dim=-1)[0].sum(-1)
+            choice = self._mask_to_top_groups(choice, group_score, float("-inf"))
+        else:
+            scores = logits.softmax(dim=-1)
+            choice = scores
+            if cfg.scoring == "softmax_group_max":
+                group_score = scores.view(-1, cfg.num_groups, cfg.num_experts // cfg.num_groups).amax(-1)
+                choice = self._mask_to_top_groups(scores, group_score, 0.0)
+        indices = choice.topk(cfg.top_k, dim=-1, sorted=False)[1]
+        weights = scores.gather(1, indices)
+        if cfg.normalize_top_k:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return weights * cfg.routed_scaling_factor, indices
+
+    def _mask_to_top_groups(self, choice: torch.Tensor, group_score: torch.Tensor, fill: float) -> torch.Tensor:
+        cfg = self.config
+        best_groups = group_score.topk(cfg.top_groups, dim=-1, sorted=False)[1]
+        group_mask = torch.zeros_like(group_score).scatter_(1, best_groups, 1).bool()
+        expert_mask = group_mask.repeat_interleave(cfg.num_experts // cfg.num_groups, dim=1)
+        return choice.masked_fill(~expert_mask, fill)
+
+
+class MoE(nn.Module):
+    """Routed experts plus always-on shared experts."""
+
+    def __init__(self, hidden_size: int, config: MoEConfig) -> None:
+        super().__init__()
+        self.gate = Router(hidden_size, config)
+        self.experts = nn.ModuleList(MLP(hidden_size, config.intermediate_size) for _ in range(config.num_experts))
+        self.shared_experts = (
+            MLP(hidden_size, config.intermediate_size * config.shared_experts) if config.shared_experts else None
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, indices = self.gate(x)
+        out = torch.zeros_like(x)
+        for expert_id in indices.unique().tolist():
+            token, slot = torch.nonzero(indices == expert_id, as_tuple=True)
+            routed = self.experts[expert_id](x[token]) * weights[token, slot, None]
+            out.index_add_(0, token, routed.to(out.dtype))
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x)
+        return out

@@ -1,0 +1,149 @@
+"""The DeepSeek-architecture runner against transformers: greedy tokens, continuous batching,
+sampling, and loader errors (tiny random models, float32, CPU)."""
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file, save_file
+from transformers import DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM
+
+from mlakit import ConfigError, PagedLatentCache
+from mlakit.cli import main
+from mlakit.model.loader import load_model
+from mlakit.model.runner import Request, Runner
+
+COMMON = dict(
+    vocab_size=300, hidden_size=96, intermediate_size=128, moe_intermediate_size=48, num_hidden_layers=3,
+    num_attention_heads=3, num_key_value_heads=3, kv_lora_rank=64, qk_nope_head_dim=16, qk_rope_head_dim=16,
+    v_head_dim=16, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1,
+    first_k_dense_replace=1, max_position_embeddings=256, dtype=torch.float32,
+)
+PROMPTS = [[5, 17, 99, 3], list(range(10, 40)), [200], [7, 8, 9, 10, 11, 12, 13]]
+NEW_TOKENS = 10
+
+
+def _save(model, directory):
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.copy_(1 + 0.1 * torch.randn_like(param))
+    model.save_pretrained(directory)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def v3_checkpoint(tmp_path_factory):
+    torch.manual_seed(0)
+    directory = tmp_path_factory.mktemp("v3")
+    hf = DeepseekV3ForCausalLM(DeepseekV3Config(**COMMON, q_lora_rank=32, num_mtp_layers=0))
+    with torch.no_grad():
+        for layer in hf.model.layers[1:]:
+            layer.mlp.gate.e_score_correction_bias.copy_(0.1 * torch.randn(4))
+    return directory, _save(hf, directory)
+
+
+@pytest.fixture(scope="module")
+def v2_checkpoint(tmp_path_factory):
+    torch.manual_seed(0)
+    directory = tmp_path_factory.mktemp("v2")
+    config = DeepseekV2Config(**COMMON, q_lora_rank=None, topk_method="group_limited_greedy",
+                              rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                                               "rope_theta": 10000.0, "mscale": 0.707, "mscale_all_dim": 0.707})
+    return directory, _save(DeepseekV2ForCausalLM(config), directory)
+
+
+def _runner(directory, num_pages=64, page_size=4):
+    model = load_model(directory)
+    cache = PagedLatentCache(num_pages, page_size, 64, 16, dtype="fp32", num_layers=model.config.num_layers)
+    return Runner(model, cache, decode_backend="reference")
+
+
+def _transformers_greedy(hf, prompt, eos=True):
+    kwargs = {} if eos else {"eos_token_id": None}
+    with torch.no_grad():
+        return hf.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False, **kwargs)[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("checkpoint", ["v3_checkpoint", "v2_checkpoint"])
+def test_greedy_generation_is_token_identical_to_transformers(checkpoint, request):
+    directory, hf = request.getfixturevalue(checkpoint)
+    runner = _runner(directory)
+    outputs = runner.generate([Request(p, NEW_TOKENS, arrival_step=i) for i, p in enumerate(PROMPTS)])
+    for prompt, output in zip(PROMPTS, outputs):
+        assert output == _transformers_greedy(hf, prompt)
+    assert runner.cache.allocator.num_free == runner.cache.allocator.num_pages, "finished requests must free their pages"
+    assert runner.stats.prefill_steps == len(PROMPTS) and runner.stats.decode_steps > 0
+
+
+def test_continuous_batching_gives_each_request_its_solo_tokens(v3_checkpoint):
+    directory, _ = v3_checkpoint
+    solo = [_runner(directory).generate([Request(p, NEW_TOKENS)])[0] for p in PROMPTS]
+    # 12 pages of 4 tokens: at most two requests fit at once, so later ones wait for freed pages.
+    runner = _runner(directory, num_pages=12)
+    together = runner.generate([Request(p, NEW_TOKENS) for p in PROMPTS])
+    assert together == solo
+    assert runner.stats.prefill_steps >= 2, "all arrive at once but the cache cannot hold them: admissions wait for pages"
+    assert runner.cache.allocator.num_free == 12
+
+
+def test_sampling_is_reproducible_and_top_p_near_zero_is_greedy(v3_checkpoint):
+    directory, hf = v3_checkpoint
+    sampled = [Request(PROMPTS[0], NEW_TOKENS, temperature=1.0, seed=3) for _ in range(2)]
+    first, second = _runner(directory).generate(sampled)
+    assert first == second
+    greedy_like = _runner(directory).generate([Request(PROMPTS[0], NEW_TOKENS, temperature=0.7, top_p=1e-6)])[0]
+    assert greedy_like == _transformers_greedy(hf, PROMPTS[0])
+
+
+def test_request_larger_than_the_cache_is_refused(v3_checkpoint):
+    directory, _ = v3_checkpoint
+    with pytest.raises(ConfigError, match="allocate more pages"):
+        _runner(directory, num_pages=2).generate([Request(PROMPTS[1], NEW_TOKENS)])
+
+
+def _corrupt_copy(source, target, edit):
+    target.mkdir()
+    config = json.loads((source / "config.json").read_text())
+    tensors = load_file(str(source / "model.safetensors"))
+    config, tensors = edit(config, tensors)
+    (target / "config.json").write_text(json.dumps(config))
+    save_file(tensors, str(target / "model.safetensors"))
+    return target
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda c, t: (c, {k: v for k, v in t.items() if k != "model.layers.1.self_attn.kv_b_proj.weight"}),
+         r"lacks tensor model\.layers\.1\.self_attn\.kv_b_proj\.weight"),
+        (lambda c, t: (c, t | {"model.layers.0.self_attn.o_proj.weight": torch.zeros(5, 5)}),
+         r"tensor model\.layers\.0\.self_attn\.o_proj\.weight in model\.safetensors has shape \(5, 5\), expected \(96, 48\)"),
+        (lambda c, t: (c, t | {"model.layers.0.extra.weight": torch.zeros(2)}), r"unexpected tensor model\.layers\.0\.extra\.weight"),
+        (lambda c, t: (c, t | {"model.layers.0.mlp.up_proj.weight_scale_inv": torch.zeros(2)}), r"block-quantized fp8"),
+        (lambda c, t: (c | {"architectures": ["LlamaForCausalLM"]}, t), r"architecture \['LlamaForCausalLM'\] is not supported"),
+        (lambda c, t: (c | {"model_type": "llama"}, t), r"model_type 'llama' is not a DeepSeek MLA architecture"),
+    ],
+)
+def test_corrupted_checkpoints_fail_at_load_naming_the_tensor(v3_checkpoint, tmp_path, edit, message):
+    directory, _ = v3_checkpoint
+    with pytest.raises(ConfigError, match=message):
+        load_model(_corrupt_copy(directory, tmp_path / "bad", edit))
+
+
+def test_multi_token_prediction_layers_are_skipped(v3_checkpoint, tmp_path):
+    directory, _ = v3_checkpoint
+    extra = lambda c, t: (c, t | {"model.layers.3.eh_proj.weight": torch.zeros(2, 2)})  # noqa: E731
+    assert load_model(_corrupt_copy(directory, tmp_path / "mtp", extra)).config.num_layers == 3
+
+
+def test_generate_cli_prints_token_ids(v3_checkpoint):
+    directory, hf = v3_checkpoint
+    result = CliRunner().invoke(main, ["generate", "--model", str(directory), "--prompt-ids", "5,17,99,3",
+                                       "--max-new-tokens", str(NEW_TOKENS), "--cache-mb", "4"])
+    assert result.exit_code == 0, result.output
+    assert f"[5, 17, 99, 3] -> {_transformers_greedy(hf, PROMPTS[0])}" in result.output
+    bad = CliRunner().invoke(main, ["generate", "--model", str(directory), "--prompt-ids", "1,x"])
+    assert bad.exit_code == 2
