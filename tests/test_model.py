@@ -147,3 +147,26 @@ def test_generate_cli_prints_token_ids(v3_checkpoint):
     assert f"[5, 17, 99, 3] -> {_transformers_greedy(hf, PROMPTS[0])}" in result.output
     bad = CliRunner().invoke(main, ["generate", "--model", str(directory), "--prompt-ids", "1,x"])
     assert bad.exit_code == 2
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_bf16_cache_decode_through_a_backend_matches_transformers(v3_checkpoint, backend, monkeypatch, kernel_device, request):
+    """Decode steps go through mla_decode on a bf16 cache; on a CPU machine the Triton backend runs
+    under the interpreter (its record is widened to the CPU for this test only)."""
+    import dataclasses
+
+    from mlakit import api
+    from mlakit.registry import catalog
+
+    if backend == "triton" and kernel_device == "cpu":
+        registered = catalog.get_backend("triton")
+        widened = dataclasses.replace(registered.record, device_kinds=frozenset({"cuda", "cpu"}))
+        monkeypatch.setitem(catalog._REGISTRY, "triton", dataclasses.replace(registered, record=widened))
+        api._decode_backend_for.cache_clear()
+        request.addfinalizer(api._decode_backend_for.cache_clear)
+    directory, hf = v3_checkpoint
+    model = load_model(directory, device=kernel_device)
+    cache = PagedLatentCache(64, 4, 64, 16, dtype="bf16", num_layers=3, device=kernel_device)
+    outputs = Runner(model, cache, decode_backend=backend).generate([Request(p, NEW_TOKENS) for p in PROMPTS])
+    for prompt, output in zip(PROMPTS, outputs):
+        assert output == _transformers_greedy(hf, prompt)

@@ -99,3 +99,23 @@ def decode(quick: bool, case_specs: tuple[str, ...], tunings: tuple[str, ...], n
 def _parse_case(spec: str) -> DecodeCase:
     heads, batch, seqlen, q_len, kv_dtype, page_size = spec.split(",")
     return DecodeCase(int(heads), int(batch), None if seqlen == "ragged" else int(seqlen), int(q_len), kv_dtype, int(page_size))
+
+
+@bench.command()
+@click.option("--layers", type=int, default=8, show_default=True)
+@click.option("--heads", type=int, default=128, show_default=True)
+@click.option("--new-tokens", type=int, default=32, show_default=True)
+@click.option("--model-dtype", type=click.Choice(["bf16", "fp32"]), default="bf16", show_default=True)
+@click.option("--backend", default="triton", show_default=True)
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=Path("generation_check.json"), show_default=True)
+def generation(layers: int, heads: int, new_tokens: int, model_dtype: str, backend: str, json_path: Path) -> None:
+    """A random DeepSeek-V3-latent model through mlakit vs transformers (fp32), with decode tokens/s."""
+    import json
+
+    from mlakit.bench.generation import run_generation_check
+
+    if not torch.cuda.is_available():
+        raise click.ClickException("mlakit bench generation needs a CUDA device")
+    dtype = torch.bfloat16 if model_dtype == "bf16" else torch.float32
+    result = run_generation_check(layers, heads, new_tokens, [7, 33, 120, 500], dtype, backend, click.echo)
+    json_path.write_text(json.dumps(result, indent=1))

@@ -78,9 +78,11 @@ class MLALayerConfig:
 class MLAAttention(nn.Module):
     """MLA attention of one layer: projections, rope, cache write, attention, output projection.
 
-    Decode steps and short extends run in the latent (absorbed) form through the decode
-    backend; prefills run in MHA form (decompressed K/V, cached prefix in chunks). The
-    absorbed weights W_UK / W_UV are views of `kv_b_proj`, so loading a state dict updates them.
+    Decode steps run in the latent (absorbed) form through the decode backend (the query in
+    the cache's 16-bit dtype; a float32 cache, kept for exact reference runs, goes through
+    the reference); short extends in the latent form through the reference; prefills in MHA
+    form (decompressed K/V, cached prefix in chunks). The absorbed weights W_UK / W_UV are
+    views of `kv_b_proj`, so loading a state dict updates them.
     """
 
     def __init__(self, config: MLALayerConfig) -> None:
@@ -164,10 +166,11 @@ class MLAAttention(nn.Module):
     ) -> torch.Tensor:
         rank = self.config.shape.kv_lora_rank
         q_len = step.decode_q_len
-        if q_len is not None and q_latent.dtype in (torch.bfloat16, torch.float16):
+        if q_len is not None and cache.data.dtype != torch.float32:
             batch = len(step.new_tokens)
+            q_dtype = torch.float16 if cache.data.dtype == torch.float16 else torch.bfloat16
             out, _ = mla_decode(
-                q_latent.view(batch, q_len, *q_latent.shape[1:]), cache.data, step.block_table, step.cache_seqlens(),
+                q_latent.to(q_dtype).view(batch, q_len, *q_latent.shape[1:]), cache.data, step.block_table, step.cache_seqlens(),
                 softmax_scale=scale, backend=decode_backend, kv_scale=cache.scale, kv_lora_rank=rank, return_lse=False,
             )
             return out.flatten(0, 1)
