@@ -170,3 +170,11 @@ def test_bf16_cache_decode_through_a_backend_matches_transformers(v3_checkpoint,
     outputs = Runner(model, cache, decode_backend=backend).generate([Request(p, NEW_TOKENS) for p in PROMPTS])
     for prompt, output in zip(PROMPTS, outputs):
         assert output == _transformers_greedy(hf, prompt)
+
+
+def test_sharded_checkpoint_loads_like_a_single_file(v3_checkpoint, tmp_path):
+    directory, hf = v3_checkpoint
+    hf.save_pretrained(tmp_path / "sharded", max_shard_size="100KB")
+    assert len(list((tmp_path / "sharded").glob("*.safetensors"))) > 1
+    single, sharded = load_model(directory).state_dict(), load_model(tmp_path / "sharded").state_dict()
+    assert single.keys() == sharded.keys() and all(torch.equal(single[k], sharded[k]) for k in single)
