@@ -178,3 +178,23 @@ def test_sharded_checkpoint_loads_like_a_single_file(v3_checkpoint, tmp_path):
     assert len(list((tmp_path / "sharded").glob("*.safetensors"))) > 1
     single, sharded = load_model(directory).state_dict(), load_model(tmp_path / "sharded").state_dict()
     assert single.keys() == sharded.keys() and all(torch.equal(single[k], sharded[k]) for k in single)
+
+
+def test_generate_cli_decodes_text_with_the_directorys_tokenizer(v3_checkpoint, tmp_path):
+    import shutil
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    directory, hf = v3_checkpoint
+    target = tmp_path / "with_tokenizer"
+    shutil.copytree(directory, target)
+    vocab = {f"w{i}": i for i in range(300)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=backend).save_pretrained(target)
+    result = CliRunner().invoke(main, ["generate", "--model", str(target), "--prompt-ids", "5,17,99,3",
+                                       "--max-new-tokens", str(NEW_TOKENS), "--cache-mb", "4"])
+    assert result.exit_code == 0, result.output
+    expected = " ".join(f"w{t}" for t in _transformers_greedy(hf, PROMPTS[0]))
+    assert repr(expected) in result.output.replace("\n", "")

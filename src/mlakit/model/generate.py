@@ -58,7 +58,7 @@ def run_generate(
     tokenizer = _tokenizer(model_dir)
     for prompt, output in zip(prompts, outputs):
         text = f"  {tokenizer.decode(output)!r}" if tokenizer is not None else ""
-        console.print(f"{prompt} -> {output}{text}", highlight=False)
+        console.print(f"{prompt} -> {output}{text}", highlight=False, soft_wrap=True)
     stats = runner.stats
     console.print(
         f"{sum(map(len, outputs))} tokens in {seconds:.2f} s; decode {stats.decode_tokens / max(stats.decode_seconds, 1e-9):.0f} tokens/s"
