@@ -9,14 +9,9 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from mlakit.cache import PagedLatentCache, num_pages_for_budget
 from mlakit.config import ServingConfig
-from mlakit.model.deepseek import DeepseekConfig
-from mlakit.model.loader import load_model, read_config
-from mlakit.model.runner import Request, Runner
-from mlakit.registry.resolve import resolve
-from mlakit.report import print_plan
-from mlakit.shape import MLAShape
+from mlakit.model.generate import build_runner
+from mlakit.model.runner import Request
 
 DEMO_DIR = Path(".cache") / "mlakit-demo-deepseek-v3"
 DEMO_SEED = 0
@@ -70,27 +65,9 @@ def transformers_greedy(directory: Path, prompts: tuple[list[int], ...], max_new
 def run_model_demo(device: str, console: Console) -> int:
     """Returns the exit code: 0 when every generated token matches transformers."""
     ensure_demo_checkpoint()
-    hf_config = read_config(DEMO_DIR)
-    plan = resolve(ServingConfig(device=device, max_batch_size=len(DEMO_PROMPTS), max_context_len=256), MLAShape.from_hf_config(hf_config))
-    print_plan(plan, console)
-    dev = plan.device.torch_device
-    on_cpu = dev.type == "cpu"
-    model_dtype = torch.float32 if on_cpu else torch.bfloat16
-    cache_dtype = "fp32" if on_cpu else plan.kv_cache_dtype
-    model = load_model(DEMO_DIR, dtype=model_dtype, device=dev)
-    config = DeepseekConfig.from_hf_config(hf_config)
-    shape = config.attention.shape
-    pages = num_pages_for_budget(CACHE_BUDGET_BYTES, plan.page_size, shape.kv_cache_dim, config.num_layers, cache_dtype)
-    cache = PagedLatentCache(
-        pages, plan.page_size, shape.kv_lora_rank, shape.qk_rope_head_dim, dtype=cache_dtype, device=dev, num_layers=config.num_layers
-    )
-    console.print(
-        f"model: {config.num_layers} layers, {shape.num_heads} heads, latent {shape.kv_lora_rank}+{shape.qk_rope_head_dim}, "
-        f"{model_dtype} weights; cache: {pages} pages of {plan.page_size} tokens in {cache_dtype} "
-        f"({'exact storage for the reference check' if on_cpu else 'the plan dtype'})"
-    )
+    config = ServingConfig(device=device, max_batch_size=len(DEMO_PROMPTS), max_context_len=256)
+    runner = build_runner(DEMO_DIR, config, CACHE_BUDGET_BYTES, console)
     requests = [Request(list(p), DEMO_NEW_TOKENS, arrival_step=2 * i) for i, p in enumerate(DEMO_PROMPTS)]
-    runner = Runner(model, cache, decode_backend=plan.decode_backend)
     began = time.perf_counter()
     outputs = runner.generate(requests)
     seconds = time.perf_counter() - began

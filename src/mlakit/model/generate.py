@@ -19,6 +19,36 @@ from mlakit.report import print_plan
 from mlakit.shape import MLAShape
 
 
+def build_runner(
+    model_dir: str | Path, config: ServingConfig, cache_budget_bytes: int, console: Console
+) -> Runner:
+    """Resolves `config` for the checkpoint's shape, prints the plan, loads the model and sizes the
+    paged cache from `cache_budget_bytes`.
+
+    On a CPU the weights and the cache are kept in float32 (the reference path, exact against
+    transformers); on a GPU the weights are bf16 and the cache takes the plan's dtype.
+    """
+    hf_config = read_config(model_dir)
+    model_config = DeepseekConfig.from_hf_config(hf_config)
+    plan = resolve(config, MLAShape.from_hf_config(hf_config))
+    print_plan(plan, console)
+    device = plan.device.torch_device
+    on_cpu = device.type == "cpu"
+    cache_dtype = "fp32" if on_cpu else plan.kv_cache_dtype
+    shape = model_config.attention.shape
+    pages = num_pages_for_budget(cache_budget_bytes, plan.page_size, shape.kv_cache_dim, model_config.num_layers, cache_dtype)
+    cache = PagedLatentCache(
+        pages, plan.page_size, shape.kv_lora_rank, shape.qk_rope_head_dim, dtype=cache_dtype, device=device,
+        num_layers=model_config.num_layers,
+    )
+    model = load_model(model_dir, dtype=torch.float32 if on_cpu else torch.bfloat16, device=device)
+    console.print(
+        f"model: {model_config.num_layers} layers, {shape.num_heads} heads, latent {shape.kv_lora_rank}+{shape.qk_rope_head_dim}; "
+        f"cache: {pages} pages of {plan.page_size} tokens in {cache_dtype}"
+    )
+    return Runner(model, cache, decode_backend=plan.decode_backend, max_batch_size=config.max_batch_size)
+
+
 def run_generate(
     model_dir: str | Path,
     prompts: list[list[int]],
@@ -33,23 +63,10 @@ def run_generate(
 ) -> list[list[int]]:
     """Generates for each prompt and prints the plan, the token ids (and text, if the directory
     has a tokenizer) and decode tokens/s."""
-    hf_config = read_config(model_dir)
-    config = DeepseekConfig.from_hf_config(hf_config)
-    plan = resolve(
-        ServingConfig(decode_backend=backend, device=device, max_batch_size=len(prompts)), MLAShape.from_hf_config(hf_config)
+    runner = build_runner(
+        model_dir, ServingConfig(decode_backend=backend, device=device, max_batch_size=len(prompts)), cache_budget_bytes, console
     )
-    print_plan(plan, console)
-    dev = plan.device.torch_device
-    dtype = torch.float32 if dev.type == "cpu" else torch.bfloat16
-    cache_dtype = "fp32" if dev.type == "cpu" else plan.kv_cache_dtype
-    shape = config.attention.shape
-    pages = num_pages_for_budget(cache_budget_bytes, plan.page_size, shape.kv_cache_dim, config.num_layers, cache_dtype)
-    cache = PagedLatentCache(
-        pages, plan.page_size, shape.kv_lora_rank, shape.qk_rope_head_dim, dtype=cache_dtype, device=dev, num_layers=config.num_layers
-    )
-    model = load_model(model_dir, dtype=dtype, device=dev)
     requests = [Request(p, max_new_tokens, temperature=temperature, top_p=top_p, seed=seed + i) for i, p in enumerate(prompts)]
-    runner = Runner(model, cache, decode_backend=plan.decode_backend)
     began = time.perf_counter()
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("generating", total=None)

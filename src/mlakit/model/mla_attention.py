@@ -170,12 +170,12 @@ class MLAAttention(nn.Module):
             batch = len(step.new_tokens)
             q_dtype = torch.float16 if cache.data.dtype == torch.float16 else torch.bfloat16
             out, _ = mla_decode(
-                q_latent.to(q_dtype).view(batch, q_len, *q_latent.shape[1:]), cache.data, step.block_table, step.cache_seqlens(),
+                q_latent.to(q_dtype).view(batch, q_len, *q_latent.shape[1:]), cache.data, step.block_table, step.cache_seqlens,
                 softmax_scale=scale, backend=decode_backend, kv_scale=cache.scale, kv_lora_rank=rank, return_lse=False,
             )
             return out.flatten(0, 1)
         out, _ = reference_extend(
-            q_latent, cache.data, step.block_table, step.cache_seqlens(), step.cu_seqlens_q(),
+            q_latent, cache.data, step.block_table, step.cache_seqlens, step.cu_seqlens_q,
             kv_lora_rank=rank, softmax_scale=scale, kv_scale=cache.scale,
         )
         return out

@@ -9,6 +9,7 @@ free their pages at once for the next ones.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Sequence
 
 import torch
@@ -123,8 +124,6 @@ class Runner:
         return total - len(self.cache.pages_of(index))
 
     def _run_step(self, requests: Sequence[Request], indices: list[int], prefill: bool) -> None:
-        import time
-
         device = self.cache.device
         tokens, positions, new_counts = [], [], []
         for index in indices:

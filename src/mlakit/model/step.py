@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 
@@ -48,12 +49,14 @@ class AttentionStep:
         has_prefix = all(total > new for new, total in zip(self.new_tokens, self.cache_lens))
         return first if uniform and has_prefix and first > 0 else None
 
+    @functools.cached_property
     def cache_seqlens(self) -> torch.Tensor:
-        """int32 `[batch]` lengths after this step's writes, on the block table's device."""
+        """int32 `[batch]` lengths after this step's writes, on the block table's device (made once per step)."""
         return torch.tensor(self.cache_lens, dtype=torch.int32, device=self.block_table.device)
 
+    @functools.cached_property
     def cu_seqlens_q(self) -> torch.Tensor:
-        """int32 `[batch + 1]` offsets of each sequence's new tokens in the packed batch."""
+        """int32 `[batch + 1]` offsets of each sequence's new tokens in the packed batch (made once per step)."""
         offsets = [0]
         for n in self.new_tokens:
             offsets.append(offsets[-1] + n)
