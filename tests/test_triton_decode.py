@@ -1,10 +1,13 @@
 """The portable Triton decode kernel against the float64 oracle (CPU interpreter, small shapes)."""
 
+import functools
+
 import pytest
 import torch
 
 from mlakit.kernels.decode_split_plan import SplitGeometry, decode_split_counts, split_geometry
-from mlakit.kernels.triton_decode import triton_mla_decode
+from mlakit.kernels.triton_decode import triton_mla_decode, triton_mla_extend
+from mlakit.reference import reference_extend
 from paged_inputs import assert_lse_close, make_paged_batch, naive_decode, relative_error
 
 CASES = [
@@ -44,15 +47,21 @@ def test_triton_decode_matches_oracle(
 
 def test_split_counts_follow_the_documented_formula(kernel_device):
     lengths = torch.tensor([4096, 64, 0], dtype=torch.int32, device=kernel_device)
-    assert decode_split_counts(lengths, SplitGeometry(1, 8), 64, 4).tolist() == [7, 1, 1]
-    assert decode_split_counts(lengths, SplitGeometry(1, 4), 64, 4).tolist() == [4, 1, 1]
-    assert decode_split_counts(lengths, SplitGeometry(1, 64), 64, 64, min_tokens_per_split=64 * 16).tolist() == [4, 1, 1]
+    one_token_each = torch.arange(4, dtype=torch.int32, device=kernel_device)
+    counts = functools.partial(decode_split_counts, lengths, one_token_each, 64, block_m=64, block_n=64)
+    assert counts(SplitGeometry(1, 8), num_sms=4).tolist() == [7, 1, 1]
+    assert counts(SplitGeometry(1, 4), num_sms=4).tolist() == [4, 1, 1]
+    assert counts(SplitGeometry(1, 64), num_sms=64, min_tokens_per_split=64 * 16).tolist() == [4, 1, 1]
+    # Sequence 0 with 3 query tokens (3 row tiles) counts three times the work: fewer tiles per split elsewhere.
+    ragged_queries = torch.tensor([0, 3, 4, 5], dtype=torch.int32, device=kernel_device)
+    assert decode_split_counts(lengths, ragged_queries, 64, SplitGeometry(3, 64), 64, 64, num_sms=4).tolist() == [3, 1, 1]
 
 
 def test_split_plan_balances_ragged_lengths_and_bounds_splits(kernel_device):
     lengths = torch.tensor([16384, 256, 0, 4096], dtype=torch.int32, device=kernel_device)
     geometry = split_geometry(batch=4, rows=128, block_m=64, num_sms=132)
-    splits = decode_split_counts(lengths, geometry, block_n=64, num_sms=132)
+    one_token_each = torch.arange(5, dtype=torch.int32, device=kernel_device)
+    splits = decode_split_counts(lengths, one_token_each, 128, geometry, block_m=64, block_n=64, num_sms=132)
     assert splits.dtype == torch.int32 and splits.tolist()[2] == 1
     assert (splits >= 1).all() and (splits <= geometry.max_splits).all()
     splits, lengths = splits.cpu(), lengths.cpu()
@@ -71,3 +80,35 @@ def test_forcing_many_splits_gives_the_same_result(kernel_device):
     many, many_lse = triton_mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens, num_sms=64, **kwargs)
     assert relative_error(many, one_split.double()) < 1e-2
     assert torch.allclose(many_lse, one_lse, atol=1e-4)
+
+
+EXTEND_CASES = [
+    # prefix lengths, new tokens, heads, page_size, kv_dtype, scale_layout, num_sms
+    ([9, 0, 30], [4, 7, 1], 3, 4, "bf16", "tensor", 4),
+    ([0, 0], [5, 2], 1, 16, "fp16", "tensor", 4),
+    ([100, 3], [3, 0], 5, 8, "bf16", "tensor", 64),
+    ([40, 17], [2, 6], 2, 1, "fp8_e4m3", "group", 16),
+    ([120], [20], 4, 32, "fp8_e4m3", "tensor", 4),
+]
+
+
+@pytest.mark.parametrize("prefix, new, heads, page_size, kv_dtype, scale_layout, num_sms", EXTEND_CASES)
+def test_triton_extend_matches_reference(prefix, new, heads, page_size, kv_dtype, scale_layout, num_sms, kernel_device):
+    lengths = [p + n for p, n in zip(prefix, new)]
+    batch = make_paged_batch(
+        lengths, heads=heads, page_size=page_size, kv_dtype=kv_dtype, scale_layout=scale_layout,
+        q_dtype=torch.float16 if kv_dtype == "fp16" else torch.bfloat16, seed=sum(lengths), device=kernel_device,
+    )
+    gen = torch.Generator().manual_seed(len(new))
+    q = torch.randn(sum(new), heads, batch.q.shape[-1], generator=gen).to(batch.q.dtype).to(kernel_device)
+    cu = torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()], dtype=torch.int32, device=kernel_device)
+    kwargs = dict(kv_lora_rank=batch.kv_lora_rank, softmax_scale=batch.softmax_scale, kv_scale=batch.kv_scale)
+    out, lse = triton_mla_extend(q, batch.kv_cache, batch.block_table, batch.cache_seqlens, cu, max_q_len=max(new),
+                                 num_sms=num_sms, **kwargs)
+    expected_out, expected_lse = reference_extend(q, batch.kv_cache, batch.block_table, batch.cache_seqlens, cu,
+                                                  compute_dtype=torch.float64, **kwargs)
+    assert out.shape == expected_out.shape and lse.shape == expected_lse.shape
+    assert torch.isfinite(out.float()).all()
+    fp8 = kv_dtype == "fp8_e4m3"
+    assert relative_error(out, expected_out) < (3e-2 if fp8 else 1e-2)
+    assert_lse_close(lse, expected_lse, atol=3e-2 if fp8 else 1e-3)

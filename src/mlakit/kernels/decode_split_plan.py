@@ -42,13 +42,14 @@ def split_geometry(batch: int, rows: int, block_m: int, num_sms: int, programs_p
 
 @triton.jit
 def _split_counts_kernel(
-    SEQLENS, NUM_SPLITS, batch, row_tiles, programs, min_tiles, max_splits,
-    BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
+    SEQLENS, CU_SEQLENS_Q, NUM_SPLITS, batch, programs, min_tiles, max_splits,
+    HEADS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
 ):
     offsets = tl.arange(0, BLOCK_B)
     in_batch = offsets < batch
     tiles = tl.cdiv(tl.load(SEQLENS + offsets, mask=in_batch, other=0), BLOCK_N)
-    work = tl.sum(tiles, 0) * row_tiles
+    q_lens = tl.load(CU_SEQLENS_Q + offsets + 1, mask=in_batch, other=0) - tl.load(CU_SEQLENS_Q + offsets, mask=in_batch, other=0)
+    work = tl.sum(tiles * tl.cdiv(q_lens * HEADS, BLOCK_M), 0)
     tiles_per_split = tl.maximum(tl.cdiv(work, programs), min_tiles)
     splits = (tiles + tiles_per_split // 2) // tiles_per_split
     splits = tl.minimum(tl.maximum(splits, 1), max_splits)
@@ -57,7 +58,10 @@ def _split_counts_kernel(
 
 def decode_split_counts(
     cache_seqlens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    heads: int,
     geometry: SplitGeometry,
+    block_m: int,
     block_n: int,
     num_sms: int,
     programs_per_sm: int = 2,
@@ -65,21 +69,22 @@ def decode_split_counts(
 ) -> torch.Tensor:
     """int32 `[batch]` splits per sequence, from one kernel launch and no host sync.
 
-    Each split holds about the same number of KV tiles (the batch's tiles over
-    programs_per_sm x SMs programs), so ragged batches are balanced; a sequence's split
-    count is rounded to the nearest whole number. A split holds at least
+    A sequence's work is its KV tiles times its row tiles (its query tokens x `heads` rows
+    over `block_m`); each split holds about the same number of KV tiles (the batch's work
+    over programs_per_sm x SMs programs), so ragged batches are balanced; a sequence's
+    split count is rounded to the nearest whole number. A split holds at least
     `min_tokens_per_split` tokens, so its partial output (rows x kv_lora_rank floats,
     written and read again by the combine) stays small next to the KV it reads.
 
-    Example (on a CUDA tensor, or on CPU under TRITON_INTERPRET=1):
-    `decode_split_counts(torch.tensor([4096, 64, 0], dtype=torch.int32), SplitGeometry(1, 8), 64, 4)`
-    gives `[7, 1, 1]`: 65 tiles over 8 programs is 9 tiles per split.
+    Example (on a CUDA tensor, or on CPU under TRITON_INTERPRET=1): lengths [4096, 64, 0],
+    one query token per sequence, 64 heads in 64-row tiles, 4 SMs x 2 programs, 64-token
+    tiles and a ceiling of 8 give `[7, 1, 1]`: 65 tiles over 8 programs is 9 tiles per split.
     """
     batch = cache_seqlens.shape[0]
     num_splits = torch.empty(batch, dtype=torch.int32, device=cache_seqlens.device)
     _split_counts_kernel[(1,)](
-        cache_seqlens, num_splits, batch, geometry.row_tiles, programs_per_sm * num_sms,
+        cache_seqlens, cu_seqlens_q, num_splits, batch, programs_per_sm * num_sms,
         max(1, -(-min_tokens_per_split // block_n)), geometry.max_splits,
-        BLOCK_N=block_n, BLOCK_B=max(16, triton.next_power_of_2(batch)),
+        HEADS=heads, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_B=max(16, triton.next_power_of_2(batch)),
     )
     return num_splits

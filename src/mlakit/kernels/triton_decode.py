@@ -50,28 +50,30 @@ def _load_kv_part(
 
 @triton.jit
 def _mla_decode_split_kernel(
-    Q, KV, KV_SCALE, BLOCK_TABLE, SEQLENS, NUM_SPLITS,
+    Q, KV, KV_SCALE, BLOCK_TABLE, SEQLENS, CU_SEQLENS_Q, NUM_SPLITS,
     OUT, LSE, PART_OUT, PART_LSE,
-    scale_log2,
-    stride_q_b, stride_q_row,
+    scale_log2, row_tiles,
+    stride_q_tok, stride_q_head,
     stride_kv_page, stride_kv_tok,
     stride_bt_b,
-    stride_o_b, stride_o_row,
-    stride_lse_b, stride_lse_h,
+    stride_o_tok, stride_o_head,
+    stride_lse_cu, stride_lse_b, stride_lse_i, stride_lse_h,
     stride_po_b, stride_po_s, stride_po_row,
     stride_pl_b, stride_pl_s,
     stride_sc_page, stride_sc_tok,
-    ROWS: tl.constexpr, HEADS: tl.constexpr, Q_LEN: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    KV_LORA_RANK: tl.constexpr, ROPE_DIM: tl.constexpr, ROW_TILES: tl.constexpr,
+    HEADS: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    KV_LORA_RANK: tl.constexpr, ROPE_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_ROPE: tl.constexpr,
     SCALE_MODE: tl.constexpr, SCALE_GROUP_SIZE: tl.constexpr, DOT_DTYPE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
-    b = pid // ROW_TILES
-    tile = pid % ROW_TILES
+    b = pid // row_tiles
+    tile = pid % row_tiles
     num_splits = tl.load(NUM_SPLITS + b)
-    if split >= num_splits:
+    first_token = tl.load(CU_SEQLENS_Q + b)
+    q_len = tl.load(CU_SEQLENS_Q + b + 1) - first_token
+    if split >= num_splits or tile * BLOCK_M >= q_len * HEADS:
         return
     seqlen = tl.load(SEQLENS + b)
     tiles_per_split = tl.cdiv(tl.cdiv(seqlen, BLOCK_N), num_splits)
@@ -79,13 +81,15 @@ def _mla_decode_split_kernel(
     end = tl.minimum(seqlen, start + tiles_per_split * BLOCK_N)
 
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < ROWS
-    visible = seqlen - Q_LEN + rows // HEADS + 1
+    row_ok = rows < q_len * HEADS
+    draft = rows // HEADS
+    head = rows % HEADS
+    visible = seqlen - q_len + draft + 1
     cols_r = tl.arange(0, BLOCK_R)
     cols_p = tl.arange(0, BLOCK_ROPE)
     r_ok = cols_r < KV_LORA_RANK
     p_ok = cols_p < ROPE_DIM
-    q_rows = Q + b * stride_q_b + rows[:, None] * stride_q_row
+    q_rows = Q + (first_token + draft)[:, None].to(tl.int64) * stride_q_tok + head[:, None] * stride_q_head
     q_lat = tl.load(q_rows + cols_r[None, :], mask=row_ok[:, None] & r_ok[None, :], other=0.0)
     q_pe = tl.load(q_rows + KV_LORA_RANK + cols_p[None, :], mask=row_ok[:, None] & p_ok[None, :], other=0.0)
     if INTERPRET:
@@ -128,9 +132,9 @@ def _mla_decode_split_kernel(
     lse = tl.where(has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) * LN2, float("-inf"))
     out_mask = row_ok[:, None] & r_ok[None, :]
     if num_splits == 1:
-        tl.store(OUT + b * stride_o_b + rows[:, None] * stride_o_row + cols_r[None, :],
-                 out.to(OUT.dtype.element_ty), mask=out_mask)
-        lse_ptr = LSE + b * stride_lse_b + (rows % HEADS) * stride_lse_h + rows // HEADS
+        out_rows = OUT + (first_token + draft)[:, None].to(tl.int64) * stride_o_tok + head[:, None] * stride_o_head
+        tl.store(out_rows + cols_r[None, :], out.to(OUT.dtype.element_ty), mask=out_mask)
+        lse_ptr = LSE + first_token * stride_lse_cu + b * stride_lse_b + draft * stride_lse_i + head * stride_lse_h
         tl.store(lse_ptr, lse, mask=row_ok)
     else:
         tl.store(PART_OUT + b * stride_po_b + split * stride_po_s + rows[:, None] * stride_po_row + cols_r[None, :],
@@ -140,19 +144,23 @@ def _mla_decode_split_kernel(
 
 @triton.jit
 def _mla_decode_combine_kernel(
-    PART_OUT, PART_LSE, NUM_SPLITS, OUT, LSE,
+    PART_OUT, PART_LSE, NUM_SPLITS, CU_SEQLENS_Q, OUT, LSE,
     stride_po_b, stride_po_s, stride_po_row,
     stride_pl_b, stride_pl_s,
-    stride_o_b, stride_o_row,
-    stride_lse_b, stride_lse_h,
+    stride_o_tok, stride_o_head,
+    stride_lse_cu, stride_lse_b, stride_lse_i, stride_lse_h,
     HEADS: tl.constexpr, KV_LORA_RANK: tl.constexpr, BLOCK_SPLITS: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     b = tl.program_id(0)
     row = tl.program_id(1)
     col_block = tl.program_id(2)
     num_splits = tl.load(NUM_SPLITS + b)
-    if num_splits <= 1:
+    first_token = tl.load(CU_SEQLENS_Q + b)
+    q_len = tl.load(CU_SEQLENS_Q + b + 1) - first_token
+    if num_splits <= 1 or row >= q_len * HEADS:
         return
+    draft = row // HEADS
+    head = row % HEADS
     lse_ptr = PART_LSE + b * stride_pl_b + row
     m = float("-inf")
     for first in range(0, num_splits, BLOCK_SPLITS):
@@ -176,10 +184,11 @@ def _mla_decode_combine_kernel(
         total += tl.sum(weights, 0)
         acc += tl.sum(parts * weights[:, None], 0)
     safe_total = tl.where(total > 0, total, 1.0)
-    tl.store(OUT + b * stride_o_b + row * stride_o_row + cols, (acc / safe_total).to(OUT.dtype.element_ty), mask=col_ok)
+    out_row = OUT + (first_token + draft).to(tl.int64) * stride_o_tok + head * stride_o_head
+    tl.store(out_row + cols, (acc / safe_total).to(OUT.dtype.element_ty), mask=col_ok)
     if col_block == 0:
         lse = tl.where(total > 0, m_safe + tl.log(safe_total), float("-inf"))
-        tl.store(LSE + b * stride_lse_b + (row % HEADS) * stride_lse_h + row // HEADS, lse)
+        tl.store(LSE + first_token * stride_lse_cu + b * stride_lse_b + draft * stride_lse_i + head * stride_lse_h, lse)
 
 
 @functools.cache
@@ -216,12 +225,15 @@ def default_tuning(rows: int) -> DecodeTuning:
 
 @dataclasses.dataclass(frozen=True)
 class DecodePlan:
-    """How one decode launch is split: launch shape, split ceiling and per-sequence split
-    counts (on the device). Build it once per step with `plan_decode`; every layer reuses it."""
+    """How one launch is split: launch shape, split ceiling, and on the device the query
+    offsets and per-sequence split counts. Build it once per step (`plan_decode`,
+    `plan_extend`); every layer reuses it."""
 
     tuning: DecodeTuning
     geometry: SplitGeometry
+    cu_seqlens_q: torch.Tensor
     num_splits: torch.Tensor
+    max_q_len: int
 
 
 def plan_decode(
@@ -232,24 +244,52 @@ def plan_decode(
     num_sms: int | None = None,
     tuning: DecodeTuning | None = None,
 ) -> DecodePlan:
-    """The split plan for a batch (one tiny kernel launch, no host sync).
+    """The split plan for a decode batch with `q_len` query tokens per sequence (no host sync).
 
     `num_sms` overrides the device's SM count (tests use it to force many splits on small
     inputs); `tuning` overrides the launch shape.
     """
     batch = cache_seqlens.shape[0]
-    rows = q_len * heads
+    cu_seqlens_q = torch.arange(0, (batch + 1) * q_len, q_len, dtype=torch.int32, device=cache_seqlens.device)
+    return _plan(cache_seqlens, cu_seqlens_q, q_len, heads, num_sms, tuning)
+
+
+def plan_extend(
+    cache_seqlens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    *,
+    max_q_len: int,
+    heads: int,
+    num_sms: int | None = None,
+    tuning: DecodeTuning | None = None,
+) -> DecodePlan:
+    """The split plan for ragged new-token segments (`cu_seqlens_q`, at most `max_q_len` each)."""
+    return _plan(cache_seqlens, cu_seqlens_q, max_q_len, heads, num_sms, tuning)
+
+
+def _plan(
+    cache_seqlens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    max_q_len: int,
+    heads: int,
+    num_sms: int | None,
+    tuning: DecodeTuning | None,
+) -> DecodePlan:
+    batch = cache_seqlens.shape[0]
+    rows = max(1, max_q_len * heads)
     tuning = tuning or default_tuning(rows)
+    row_tiles = -(-rows // tuning.block_m)
     if tuning.fixed_splits is not None:
-        geometry = SplitGeometry(row_tiles=-(-rows // tuning.block_m), max_splits=tuning.fixed_splits)
+        geometry = SplitGeometry(row_tiles=row_tiles, max_splits=tuning.fixed_splits)
         num_splits = torch.full((batch,), tuning.fixed_splits, dtype=torch.int32, device=cache_seqlens.device)
-        return DecodePlan(tuning, geometry, num_splits)
+        return DecodePlan(tuning, geometry, cu_seqlens_q, num_splits, max_q_len)
     sms = num_sms or _num_sms(cache_seqlens.device)
     geometry = split_geometry(batch, rows, tuning.block_m, sms, tuning.programs_per_sm)
     num_splits = decode_split_counts(
-        cache_seqlens, geometry, tuning.block_n, sms, tuning.programs_per_sm, min_tokens_per_split=4 * tuning.block_m
+        cache_seqlens, cu_seqlens_q, heads, geometry, tuning.block_m, tuning.block_n, sms, tuning.programs_per_sm,
+        min_tokens_per_split=4 * tuning.block_m,
     )
-    return DecodePlan(tuning, geometry, num_splits)
+    return DecodePlan(tuning, geometry, cu_seqlens_q, num_splits, max_q_len)
 
 
 def triton_mla_decode(
@@ -269,35 +309,84 @@ def triton_mla_decode(
     `plan` is the step's split plan (built here with `num_sms` when not given). No host
     sync, so the call can be captured in a CUDA graph.
     """
-    pages = pages_view(kv_cache)
-    q = q.contiguous()
-    batch, q_len, heads, dim = q.shape
-    rows = q_len * heads
+    batch, q_len, heads, _ = q.shape
     plan = plan or plan_decode(cache_seqlens, q_len=q_len, heads=heads, num_sms=num_sms)
-    tuning, geometry, num_splits = plan.tuning, plan.geometry, plan.num_splits
-
     out = torch.empty(batch, q_len, heads, kv_lora_rank, dtype=q.dtype, device=q.device)
     lse = torch.empty(batch, heads, q_len, dtype=torch.float32, device=q.device)
-    part_out = torch.empty(batch, geometry.max_splits if geometry.max_splits > 1 else 0, rows, kv_lora_rank,
+    lse_strides = (0, lse.stride(0), lse.stride(2), lse.stride(1))
+    _launch(q.reshape(batch * q_len, heads, -1), kv_cache, block_table, cache_seqlens, kv_lora_rank, softmax_scale,
+            kv_scale, plan, out.view(batch * q_len, heads, kv_lora_rank), lse, lse_strides)
+    return out, lse
+
+
+def triton_mla_extend(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    *,
+    max_q_len: int,
+    kv_lora_rank: int,
+    softmax_scale: float,
+    kv_scale: torch.Tensor | None,
+    plan: DecodePlan | None = None,
+    num_sms: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Latent-form extend: packed new tokens `q [T, heads, dim]` (segments `cu_seqlens_q`, each at
+    most `max_q_len`, already written to the cache) attend to their sequence's cached tokens,
+    causally among themselves, as `mlakit.reference_extend`. Returns out `[T, heads,
+    kv_lora_rank]` and lse `[T, heads]` (natural log). No host sync.
+    """
+    heads = q.shape[1]
+    plan = plan or plan_extend(cache_seqlens, cu_seqlens_q, max_q_len=max_q_len, heads=heads, num_sms=num_sms)
+    out = torch.empty(q.shape[0], heads, kv_lora_rank, dtype=q.dtype, device=q.device)
+    lse = torch.empty(q.shape[0], heads, dtype=torch.float32, device=q.device)
+    lse_strides = (lse.stride(0), 0, lse.stride(0), lse.stride(1))
+    _launch(q, kv_cache, block_table, cache_seqlens, kv_lora_rank, softmax_scale, kv_scale, plan, out, lse, lse_strides)
+    return out, lse
+
+
+def _launch(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    kv_lora_rank: int,
+    softmax_scale: float,
+    kv_scale: torch.Tensor | None,
+    plan: DecodePlan,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    lse_strides: tuple[int, int, int, int],
+) -> None:
+    """Split kernel plus combine for packed query tokens `q [T, H, D]`; `out [T, H, R]` and lse
+    addressed as first_token * s0 + sequence * s1 + draft index * s2 + head * s3."""
+    pages = pages_view(kv_cache)
+    q = q.contiguous()
+    batch = cache_seqlens.shape[0]
+    heads, dim = q.shape[1], q.shape[2]
+    max_rows = plan.max_q_len * heads
+    tuning, geometry = plan.tuning, plan.geometry
+    part_out = torch.empty(batch, geometry.max_splits if geometry.max_splits > 1 else 0, max_rows, kv_lora_rank,
                            dtype=torch.float32, device=q.device)
     part_lse = torch.empty(part_out.shape[:3], dtype=torch.float32, device=q.device)
     scale_mode, scale = _scale_operand(pages, kv_scale)
     scale_strides = (scale.stride(0), scale.stride(1)) if scale_mode == SCALE_PER_GROUP else (0, 0)
 
     _mla_decode_split_kernel[(batch * geometry.row_tiles, geometry.max_splits)](
-        q, pages, scale, block_table, cache_seqlens, num_splits,
+        q, pages, scale, block_table, cache_seqlens, plan.cu_seqlens_q, plan.num_splits,
         out, lse, part_out, part_lse,
-        softmax_scale * LOG2E,
-        q.stride(0), q.stride(2),
+        softmax_scale * LOG2E, geometry.row_tiles,
+        q.stride(0), q.stride(1),
         pages.stride(0), pages.stride(1),
         block_table.stride(0),
-        out.stride(0), out.stride(2),
-        lse.stride(0), lse.stride(1),
+        out.stride(0), out.stride(1),
+        *lse_strides,
         part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1),
         *scale_strides,
-        ROWS=rows, HEADS=heads, Q_LEN=q_len, PAGE_SIZE=pages.shape[1],
-        KV_LORA_RANK=kv_lora_rank, ROPE_DIM=dim - kv_lora_rank, ROW_TILES=geometry.row_tiles,
+        HEADS=heads, PAGE_SIZE=pages.shape[1], KV_LORA_RANK=kv_lora_rank, ROPE_DIM=dim - kv_lora_rank,
         BLOCK_M=tuning.block_m, BLOCK_N=tuning.block_n, BLOCK_R=triton.next_power_of_2(kv_lora_rank),
         BLOCK_ROPE=max(16, triton.next_power_of_2(dim - kv_lora_rank)),
         SCALE_MODE=scale_mode, SCALE_GROUP_SIZE=SCALE_GROUP, DOT_DTYPE=_dot_dtype(q.dtype),
@@ -305,17 +394,16 @@ def triton_mla_decode(
     )
     if geometry.max_splits > 1:
         combine_block = min(128, triton.next_power_of_2(kv_lora_rank))
-        _mla_decode_combine_kernel[(batch, rows, triton.cdiv(kv_lora_rank, combine_block))](
-            part_out, part_lse, num_splits, out, lse,
+        _mla_decode_combine_kernel[(batch, max_rows, triton.cdiv(kv_lora_rank, combine_block))](
+            part_out, part_lse, plan.num_splits, plan.cu_seqlens_q, out, lse,
             part_out.stride(0), part_out.stride(1), part_out.stride(2),
             part_lse.stride(0), part_lse.stride(1),
-            out.stride(0), out.stride(2),
-            lse.stride(0), lse.stride(1),
+            out.stride(0), out.stride(1),
+            *lse_strides,
             HEADS=heads, KV_LORA_RANK=kv_lora_rank,
             BLOCK_SPLITS=COMBINE_SPLITS_PER_STEP, BLOCK_C=combine_block,
             num_warps=4,
         )
-    return out, lse
 
 
 def _dot_dtype(q_dtype: torch.dtype) -> tl.dtype:
