@@ -106,3 +106,25 @@ def test_split_plan_in_a_cuda_graph_replays_with_new_lengths():
         ref_out, ref_lse = mlakit.reference_decode(q, kv, table, lengths, kv_lora_rank=512, softmax_scale=scale)
         assert relative_error(out, ref_out) < 1e-2
         assert_lse_close(lse, ref_lse, atol=1e-3)
+
+
+@pytest.mark.parametrize("heads, page_size, kv_format", [(128, 64, ("bf16", "tensor")), (16, 1, ("fp8_e4m3", "group")),
+                                                          (20, 32, ("fp16", "tensor")), (5, 128, ("fp8_e4m3", "tensor"))])
+def test_extend_with_ragged_segments_matches_reference(heads, page_size, kv_format):
+    from mlakit.kernels.triton_decode import triton_mla_extend
+
+    kv_dtype, layout = kv_format
+    prefix, new = [3000, 0, 17, 900], [5, 64, 1, 0]
+    batch = make_paged_batch(
+        [p + n for p, n in zip(prefix, new)], heads=heads, page_size=page_size, kv_lora_rank=512, rope_dim=64,
+        kv_dtype=kv_dtype, scale_layout=layout, q_dtype=torch.float16 if kv_dtype == "fp16" else torch.bfloat16,
+        device="cuda", seed=heads,
+    )
+    q = torch.randn(sum(new), heads, 576, device="cuda").to(batch.q.dtype)
+    cu = torch.tensor([0, 5, 69, 70, 70], dtype=torch.int32, device="cuda")
+    kwargs = dict(kv_lora_rank=512, softmax_scale=batch.softmax_scale, kv_scale=batch.kv_scale)
+    out, lse = triton_mla_extend(q, batch.kv_cache, batch.block_table, batch.cache_seqlens, cu, max_q_len=64, **kwargs)
+    ref_out, ref_lse = mlakit.reference_extend(q, batch.kv_cache, batch.block_table, batch.cache_seqlens, cu, **kwargs)
+    fp8 = kv_dtype == "fp8_e4m3"
+    assert relative_error(out, ref_out) < (3e-2 if fp8 else 1e-2)
+    assert_lse_close(lse, ref_lse, atol=3e-2 if fp8 else 1e-3)
