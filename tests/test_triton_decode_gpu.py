@@ -58,6 +58,16 @@ def test_page_sizes_and_kv_dtypes(page_size, kv_format):
     _check(batch)
 
 
+@pytest.mark.parametrize("kv_format", KV_FORMATS)
+def test_128_heads_with_every_kv_format(kv_format):
+    kv_dtype, layout = kv_format
+    batch = make_paged_batch(
+        [2000, 0, 65], heads=128, q_len=2, page_size=64, kv_lora_rank=512, rope_dim=64, kv_dtype=kv_dtype,
+        scale_layout=layout, q_dtype=torch.float16 if kv_dtype == "fp16" else torch.bfloat16, device="cuda",
+    )
+    _check(batch)
+
+
 @pytest.mark.parametrize("num_sms", [1, 132, 1024])
 def test_long_sequences_with_forced_split_counts(num_sms):
     batch = make_paged_batch([16384, 5, 9000], heads=128, page_size=64, kv_lora_rank=512, rope_dim=64, device="cuda", seed=num_sms)

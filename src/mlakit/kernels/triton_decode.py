@@ -390,7 +390,7 @@ def _launch(
         BLOCK_M=tuning.block_m, BLOCK_N=tuning.block_n, BLOCK_R=triton.next_power_of_2(kv_lora_rank),
         BLOCK_ROPE=max(16, triton.next_power_of_2(dim - kv_lora_rank)),
         SCALE_MODE=scale_mode, SCALE_GROUP_SIZE=SCALE_GROUP, DOT_DTYPE=_dot_dtype(q.dtype),
-        num_warps=tuning.num_warps, num_stages=tuning.num_stages,
+        num_warps=tuning.num_warps, num_stages=_stages(tuning, scale_mode),
     )
     if geometry.max_splits > 1:
         combine_block = min(128, triton.next_power_of_2(kv_lora_rank))
@@ -404,6 +404,14 @@ def _launch(
             BLOCK_SPLITS=COMBINE_SPLITS_PER_STEP, BLOCK_C=combine_block,
             num_warps=4,
         )
+
+
+def _stages(tuning: DecodeTuning, scale_mode: int) -> int:
+    """Per-group fp8 scales are gathered as a full float32 tile beside the K tile: with 64-row
+    tiles two stages of both exceed Hopper's shared memory (measured: 324 KB asked), so one stage."""
+    if scale_mode == SCALE_PER_GROUP and tuning.block_m >= 64:
+        return 1
+    return tuning.num_stages
 
 
 def _dot_dtype(q_dtype: torch.dtype) -> tl.dtype:
