@@ -103,7 +103,15 @@ class LatentStore:
         return self.data.dtype == FP8_DTYPE
 
     def write_slots(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
-        """Stores rows `[n, dim]` at flat slots (page * page_size + offset), quantizing for fp8."""
+        """Stores rows `[n, dim]` at flat slots (page * page_size + offset; -1 = padding, skipped),
+        quantizing for fp8. On a GPU this is one fused Triton launch (graph-safe, no host sync)."""
+        if self.data.is_cuda:
+            from mlakit.kernels.cache_write import write_rows
+
+            write_rows(self.data, self.scale, slots, rows)
+            return
+        keep = slots >= 0
+        slots, rows = slots[keep], rows[keep]
         flat = self.data.view(-1, self.data.shape[-1])
         if not self.is_fp8:
             flat[slots] = rows.to(self.data.dtype)
