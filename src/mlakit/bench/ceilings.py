@@ -25,7 +25,6 @@ def measure_ceilings(device: torch.device, copy_bytes: int = 1 << 30, matmul_n: 
     a = torch.randn(matmul_n, matmul_n, dtype=torch.bfloat16, device=device)
     b = torch.randn(matmul_n, matmul_n, dtype=torch.bfloat16, device=device)
     matmul_ms = do_bench(lambda: a @ b, warmup=25, rep=300, return_mode="median")
-    del src, dst, a, b
     return Ceilings(
         copy_gb_per_s=2 * copy_bytes / copy_ms / 1e6,
         matmul_tflop_per_s=2 * matmul_n**3 / matmul_ms / 1e9,

@@ -37,7 +37,7 @@ def run_generation_check(
     torch.manual_seed(0)
     hf = DeepseekV3ForCausalLM(DeepseekV3Config(**large_model_config(layers, heads), dtype=torch.float32))
     with torch.no_grad():
-        for name, param in hf.named_parameters():
+        for param in hf.parameters():
             param.normal_(0, 0.02) if param.dim() > 1 else param.copy_(1 + 0.1 * torch.randn_like(param))
     prompts = [torch.randint(0, 2048, (n,)).tolist() for n in prompt_lengths]
     with tempfile.TemporaryDirectory() as directory:

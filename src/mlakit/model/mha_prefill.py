@@ -58,7 +58,6 @@ def mha_prefill(
     whatever the prefix length. Returns `[T, H, dv]` in float32.
     """
     pages = pages_view(kv_cache)
-    page_size, dim = pages.shape[1], pages.shape[2]
     kv_lora_rank = w_uk.shape[-1]
     w_uk, w_uv = w_uk.float(), w_uv.float()
     outputs = []
@@ -68,21 +67,25 @@ def mha_prefill(
         start += new
         if new == 0:
             continue
-
-        def rows(first: int, last: int) -> torch.Tensor:
-            positions = torch.arange(first, last, device=q.device)
-            table = block_table[b, positions // page_size].long()
-            flat = table * page_size + positions % page_size
-            scale = kv_scale.view(-1, kv_scale.shape[-1])[flat] if kv_scale is not None and kv_scale.numel() > 1 else kv_scale
-            return dequantize(pages.view(-1, dim)[flat], scale)
-
         prefix = total - new
-        new_rows = rows(prefix, total)
+        new_rows = _sequence_rows(pages, block_table[b], kv_scale, prefix, total)
         keys, values = decompress(new_rows[:, :kv_lora_rank], new_rows[:, kv_lora_rank:], w_uk, w_uv)
         out, lse = attend_heads(q_b, keys, values, softmax_scale, causal=True)
         for first in range(0, prefix, prefix_chunk_tokens):
-            chunk = rows(first, min(first + prefix_chunk_tokens, prefix))
+            chunk = _sequence_rows(pages, block_table[b], kv_scale, first, min(first + prefix_chunk_tokens, prefix))
             keys, values = decompress(chunk[:, :kv_lora_rank], chunk[:, kv_lora_rank:], w_uk, w_uv)
             out, lse = merge_attention_states(out, lse, *attend_heads(q_b, keys, values, softmax_scale, causal=False))
         outputs.append(out)
     return torch.cat(outputs) if outputs else q.new_zeros(0, q.shape[1], w_uv.shape[1], dtype=torch.float32)
+
+
+def _sequence_rows(
+    pages: torch.Tensor, page_table: torch.Tensor, kv_scale: torch.Tensor | None, first: int, last: int
+) -> torch.Tensor:
+    """float32 rows of tokens `first .. last - 1` of one sequence, gathered through its page table."""
+    page_size, dim = pages.shape[1], pages.shape[2]
+    positions = torch.arange(first, last, device=pages.device)
+    flat = page_table[positions // page_size].long() * page_size + positions % page_size
+    per_group = kv_scale is not None and kv_scale.numel() > 1
+    scale = kv_scale.view(-1, kv_scale.shape[-1])[flat] if per_group else kv_scale
+    return dequantize(pages.view(-1, dim)[flat], scale)

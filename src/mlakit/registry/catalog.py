@@ -7,7 +7,6 @@ when `mlakit.backends` is imported (each backend module registers itself).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Protocol
 
 import torch
