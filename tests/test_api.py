@@ -79,3 +79,32 @@ def test_reference_path_works_without_triton_installed():
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "(1, 1, 2, 512) ['triton']"
+
+
+def test_mla_extend_matches_the_reference_and_checks_its_offsets():
+    batch = make_paged_batch([12, 5, 30], heads=3, page_size=8, kv_lora_rank=512, rope_dim=64, seed=4)
+    q = torch.randn(9, 3, 576).bfloat16()
+    cu = torch.tensor([0, 3, 8, 9], dtype=torch.int32)
+    out, lse = mlakit.mla_extend(q, batch.kv_cache, batch.block_table, batch.cache_seqlens, cu, max_q_len=5,
+                                 softmax_scale=batch.softmax_scale)
+    ref_out, ref_lse = mlakit.reference_extend(q, batch.kv_cache, batch.block_table, batch.cache_seqlens, cu,
+                                               kv_lora_rank=512, softmax_scale=batch.softmax_scale, compute_dtype=torch.float64)
+    assert out.dtype == torch.bfloat16 and relative_error(out, ref_out) < 1e-2
+    assert_lse_close(lse, ref_lse, atol=1e-3)
+    call = lambda **kw: mlakit.mla_extend(**({"q": q, "kv_cache": batch.kv_cache, "block_table": batch.block_table,  # noqa: E731
+                                              "cache_seqlens": batch.cache_seqlens, "cu_seqlens_q": cu, "max_q_len": 5} | kw))
+    with pytest.raises(mlakit.MLAInputError, match="cu_seqlens_q: expected the last offset to equal q's 9 tokens, got 8"):
+        call(cu_seqlens_q=torch.tensor([0, 3, 8, 8], dtype=torch.int32))
+    with pytest.raises(mlakit.MLAInputError, match=r"max_q_len: expected >= the longest segment \(5 new tokens\)"):
+        call(max_q_len=4)
+    with pytest.raises(mlakit.MLAInputError, match="cache_seqlens: expected each length >= its segment's new tokens"):
+        call(cache_seqlens=torch.tensor([2, 5, 30], dtype=torch.int32))
+    with pytest.raises(mlakit.MLAInputError, match=r"cu_seqlens_q: expected dtype in \['torch.int32'\]"):
+        call(cu_seqlens_q=cu.long())
+
+
+def test_extend_capability_is_in_the_records():
+    records = {r.name: r for r in mlakit.registry.all_records()}
+    assert records["reference"].latent_extend and records["triton"].latent_extend
+    assert not records["flashmla"].latent_extend
+    assert mlakit.registry.get_backend("triton").extend is not None

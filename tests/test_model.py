@@ -162,8 +162,8 @@ def test_bf16_cache_decode_through_a_backend_matches_transformers(v3_checkpoint,
         registered = catalog.get_backend("triton")
         widened = dataclasses.replace(registered.record, device_kinds=frozenset({"cuda", "cpu"}))
         monkeypatch.setitem(catalog._REGISTRY, "triton", dataclasses.replace(registered, record=widened))
-        api._decode_backend_for.cache_clear()
-        request.addfinalizer(api._decode_backend_for.cache_clear)
+        api._backend_for.cache_clear()
+        request.addfinalizer(api._backend_for.cache_clear)
     directory, hf = v3_checkpoint
     model = load_model(directory, device=kernel_device)
     cache = PagedLatentCache(64, 4, 64, 16, dtype="bf16", num_layers=3, device=kernel_device)

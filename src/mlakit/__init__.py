@@ -5,7 +5,7 @@
 'reference'
 """
 
-from mlakit.api import mla_decode
+from mlakit.api import mla_decode, mla_extend
 from mlakit.cache import PageAllocator, PagedLatentCache
 from mlakit.config import ServingConfig
 from mlakit.device import DeviceInfo
@@ -32,6 +32,7 @@ __all__ = [
     "WorkspaceRequest",
     "merge_attention_states",
     "mla_decode",
+    "mla_extend",
     "reference_decode",
     "reference_extend",
     "resolve",

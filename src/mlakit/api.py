@@ -1,18 +1,20 @@
-"""The functional entry point shared by every backend: `mla_decode`."""
+"""The functional entry points shared by every backend: `mla_decode` and `mla_extend`."""
 
 from __future__ import annotations
 
 import functools
+from typing import Literal
 
 import torch
 
-from mlakit.checks import check_decode_inputs
+from mlakit.checks import check_decode_inputs, check_extend_inputs
 from mlakit.config import AUTO
 from mlakit.device import DeviceInfo
 from mlakit.errors import ConfigError, MLAInputError
 from mlakit.kv_quant import STORAGE_DTYPES
 from mlakit.reference import pages_view
 from mlakit.registry.catalog import all_records, get_backend
+from mlakit.registry.records import BackendRecord
 from mlakit.registry.fit import Requirements, backend_problems
 from mlakit.shape import MLAShape
 
@@ -62,15 +64,11 @@ def mla_decode(
     if q.dtype not in (torch.bfloat16, torch.float16):
         raise MLAInputError(f"q: expected dtype bfloat16 or float16, got {q.dtype}")
     dim = q.shape[-1]
-    if kv_lora_rank is None:
-        if dim not in _KNOWN_LATENT_SPLITS:
-            raise MLAInputError(
-                f"kv_lora_rank: cannot infer it from q's last dim {dim} (known: {_KNOWN_LATENT_SPLITS}); pass kv_lora_rank="
-            )
-        kv_lora_rank = _KNOWN_LATENT_SPLITS[dim]
+    kv_lora_rank = _latent_rank(dim, kv_lora_rank)
     check_decode_inputs(q, kv_cache, block_table, cache_seqlens, kv_scale, kv_lora_rank, check_values=check_inputs)
     pages = pages_view(kv_cache)
-    name = _decode_backend_for(
+    name = _backend_for(
+        "decode",
         backend,
         str(q.device),
         _DTYPE_NAMES[pages.dtype],
@@ -88,8 +86,69 @@ def mla_decode(
     return out, (lse if return_lse else None)
 
 
+def mla_extend(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    *,
+    max_q_len: int,
+    softmax_scale: float | None = None,
+    backend: str = AUTO,
+    kv_scale: torch.Tensor | None = None,
+    kv_lora_rank: int | None = None,
+    check_inputs: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Latent-form extend: ragged segments of new tokens attend to their sequence's cache.
+
+    q is packed `[tokens, heads, kv_lora_rank + rope]` (bf16/fp16); sequence b's new tokens are
+    `q[cu_seqlens_q[b]:cu_seqlens_q[b+1]]` (int32 `[batch + 1]`, each segment at most
+    `max_q_len`, a number the host knows), already written to the cache: new token i of a
+    sequence of length L with n new tokens sees keys `0 .. L - n + i`. Returns out `[tokens,
+    heads, kv_lora_rank]` in q's dtype and lse `[tokens, heads]` float32 (natural log). Other
+    arguments as in `mla_decode`; `check_inputs=False` skips the checks that read values.
+
+    >>> q = torch.randn(3, 4, 576, dtype=torch.bfloat16)
+    >>> cache = torch.randn(8, 16, 576, dtype=torch.bfloat16)
+    >>> out, lse = mla_extend(q, cache, torch.tensor([[0, 1], [5, 2]], dtype=torch.int32),
+    ...     torch.tensor([20, 3], dtype=torch.int32), torch.tensor([0, 2, 3], dtype=torch.int32), max_q_len=2)
+    >>> out.shape, lse.shape
+    (torch.Size([3, 4, 512]), torch.Size([3, 4]))
+    """
+    if not isinstance(q, torch.Tensor) or q.dim() != 3:
+        raise MLAInputError(f"q: expected a 3-dimensional tensor [tokens, heads, dim], got {getattr(q, 'shape', type(q).__name__)}")
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        raise MLAInputError(f"q: expected dtype bfloat16 or float16, got {q.dtype}")
+    dim = q.shape[-1]
+    kv_lora_rank = _latent_rank(dim, kv_lora_rank)
+    check_extend_inputs(q, kv_cache, block_table, cache_seqlens, cu_seqlens_q, max_q_len, kv_scale, kv_lora_rank,
+                        check_values=check_inputs)
+    pages = pages_view(kv_cache)
+    name = _backend_for(
+        "extend", backend, str(q.device), _DTYPE_NAMES[pages.dtype], pages.shape[1], 1, q.shape[1], kv_lora_rank,
+        dim - kv_lora_rank, True,
+    )
+    scale = dim**-0.5 if softmax_scale is None else float(softmax_scale)
+    return get_backend(name).extend(
+        q, kv_cache, block_table, cache_seqlens, cu_seqlens_q,
+        max_q_len=max_q_len, kv_lora_rank=kv_lora_rank, softmax_scale=scale, kv_scale=kv_scale,
+    )
+
+
+def _latent_rank(dim: int, kv_lora_rank: int | None) -> int:
+    if kv_lora_rank is not None:
+        return kv_lora_rank
+    if dim not in _KNOWN_LATENT_SPLITS:
+        raise MLAInputError(
+            f"kv_lora_rank: cannot infer it from q's last dim {dim} (known: {_KNOWN_LATENT_SPLITS}); pass kv_lora_rank="
+        )
+    return _KNOWN_LATENT_SPLITS[dim]
+
+
 @functools.lru_cache(maxsize=256)
-def _decode_backend_for(
+def _backend_for(
+    call: Literal["decode", "extend"],
     backend: str,
     device: str,
     kv_dtype: str,
@@ -109,12 +168,19 @@ def _decode_backend_for(
         decode_q_len=q_len,
         needs_lse=needs_lse,
     )
+
+    def problems(record: BackendRecord) -> list[str]:
+        found = backend_problems(record, "decode", req)
+        if call == "extend" and not record.latent_extend:
+            found.append("has no latent-form extend kernel")
+        return found
+
     if backend != AUTO:
-        problems = backend_problems(get_backend(backend).record, "decode", req)
-        if problems:
-            raise ConfigError(f"backend {backend!r} cannot run this decode call: " + "; ".join(problems))
+        refusals = problems(get_backend(backend).record)
+        if refusals:
+            raise ConfigError(f"backend {backend!r} cannot run this {call} call: " + "; ".join(refusals))
         return backend
     for record in all_records():
-        if not backend_problems(record, "decode", req):
+        if not problems(record):
             return record.name
-    raise ConfigError(f"no registered backend can run this decode call on {device}")
+    raise ConfigError(f"no registered backend can run this {call} call on {device}")

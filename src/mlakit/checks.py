@@ -53,14 +53,75 @@ def check_decode_inputs(
     """
     if not isinstance(q, torch.Tensor):
         raise _fail("q", "a torch.Tensor", type(q).__name__)
-    device = q.device
-    _check_tensor("q", q, 4, QUERY_DTYPES, device)
+    _check_tensor("q", q, 4, QUERY_DTYPES, q.device)
     batch, q_len, heads, dim = q.shape
     if batch == 0 or q_len == 0 or heads == 0:
         raise _fail("q", "[batch, q_len, heads, dim] with batch, q_len and heads >= 1", f"shape {tuple(q.shape)}")
+    _check_paged_operands(q, kv_cache, block_table, cache_seqlens, kv_scale, kv_lora_rank, batch, check_values)
+
+
+def check_extend_inputs(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    max_q_len: int,
+    kv_scale: torch.Tensor | None,
+    kv_lora_rank: int,
+    *,
+    check_values: bool = True,
+) -> None:
+    """Raises MLAInputError naming the first bad argument of an `mla_extend` call.
+
+    >>> check_extend_inputs(torch.randn(3, 2, 576).bfloat16(), torch.randn(2, 64, 576).bfloat16(),
+    ...     torch.zeros(1, 1, dtype=torch.int32), torch.tensor([9], dtype=torch.int32),
+    ...     torch.tensor([0, 2], dtype=torch.int32), 3, None, 512)
+    Traceback (most recent call last):
+    ...
+    mlakit.errors.MLAInputError: cu_seqlens_q: expected the last offset to equal q's 3 tokens, got 2
+    """
+    if not isinstance(q, torch.Tensor):
+        raise _fail("q", "a torch.Tensor", type(q).__name__)
+    _check_tensor("q", q, 3, QUERY_DTYPES, q.device)
+    if q.shape[1] == 0:
+        raise _fail("q", "[tokens, heads, dim] with heads >= 1", f"shape {tuple(q.shape)}")
+    _check_tensor("cu_seqlens_q", cu_seqlens_q, 1, (torch.int32,), q.device)
+    if cu_seqlens_q.shape[0] < 2:
+        raise _fail("cu_seqlens_q", "[batch + 1] offsets with batch >= 1", f"shape {tuple(cu_seqlens_q.shape)}")
+    if not isinstance(max_q_len, int) or max_q_len < 1:
+        raise _fail("max_q_len", "an integer >= 1 (the most new tokens of any sequence)", max_q_len)
+    batch = cu_seqlens_q.shape[0] - 1
+    _check_paged_operands(q, kv_cache, block_table, cache_seqlens, kv_scale, kv_lora_rank, batch, check_values)
+    if check_values:
+        offsets = cu_seqlens_q.long()
+        new = offsets[1:] - offsets[:-1]
+        first, last, shortest, longest, beyond = torch.stack(
+            [offsets[0], offsets[-1], new.min(), new.max(), (new > cache_seqlens.long()).sum()]
+        ).tolist()
+        if first != 0 or last != q.shape[0]:
+            raise _fail("cu_seqlens_q", f"the last offset to equal q's {q.shape[0]} tokens", last if first == 0 else f"first offset {first}")
+        if shortest < 0:
+            raise _fail("cu_seqlens_q", "non-decreasing offsets", cu_seqlens_q.tolist())
+        if longest > max_q_len:
+            raise _fail("max_q_len", f">= the longest segment ({longest} new tokens)", max_q_len)
+        if beyond:
+            raise _fail("cache_seqlens", "each length >= its segment's new tokens (they are already in the cache)", cache_seqlens.tolist())
+
+
+def _check_paged_operands(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    kv_scale: torch.Tensor | None,
+    kv_lora_rank: int,
+    batch: int,
+    check_values: bool,
+) -> None:
+    device, dim = q.device, q.shape[-1]
     if not 0 < kv_lora_rank < dim:
         raise _fail("kv_lora_rank", f"an integer in 1..{dim - 1} (q's last dim is {dim} = latent + rope)", kv_lora_rank)
-
     if not isinstance(kv_cache, torch.Tensor):
         raise _fail("kv_cache", "a torch.Tensor", type(kv_cache).__name__)
     if kv_cache.dim() == 4 and kv_cache.shape[2] != 1:

@@ -6,7 +6,7 @@ import torch
 
 from mlakit.registry.catalog import register
 from mlakit.registry.records import BackendRecord, PageSizeRule
-from mlakit.reference import reference_decode
+from mlakit.reference import reference_decode, reference_extend
 
 RECORD = BackendRecord(
     name="reference",
@@ -15,6 +15,7 @@ RECORD = BackendRecord(
     device_kinds=frozenset({"cpu", "cuda", "xpu"}),
     page_sizes=PageSizeRule(),
     kv_dtypes=frozenset({"bf16", "fp16", "fp8_e4m3"}),
+    latent_extend=True,
     auto_rank=1000,
     preferred_page_size=64,
     verified="CPU (make test) and H100 (GPU tests)",
@@ -38,4 +39,24 @@ def decode(
     return out.to(q.dtype), lse
 
 
-register(RECORD, decode)
+def extend(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    *,
+    max_q_len: int,
+    kv_lora_rank: int,
+    softmax_scale: float,
+    kv_scale: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference extend with the output cast to the query's dtype and lse in float32."""
+    out, lse = reference_extend(
+        q, kv_cache, block_table, cache_seqlens, cu_seqlens_q,
+        kv_lora_rank=kv_lora_rank, softmax_scale=softmax_scale, kv_scale=kv_scale,
+    )
+    return out.to(q.dtype), lse
+
+
+register(RECORD, decode, extend)

@@ -1,4 +1,4 @@
-"""The `triton` backend: mlakit's own Triton kernels (decode here; prefill arrives with the extend kernels)."""
+"""The `triton` backend: mlakit's own Triton kernels (decode and latent extend; MHA prefill arrives with issue 4)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ RECORD = BackendRecord(
     packages=("triton",),
     install_hint="pip install triton",
     cuda_graphs=True,
+    latent_extend=True,
     auto_rank=60,
     preferred_page_size=64,
     verified="CPU interpreter (make test) and H100 (GPU tests)",
@@ -43,4 +44,25 @@ def decode(
     )
 
 
-register(RECORD, decode)
+def extend(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    *,
+    max_q_len: int,
+    kv_lora_rank: int,
+    softmax_scale: float,
+    kv_scale: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same split kernel over ragged query segments."""
+    from mlakit.kernels.triton_decode import triton_mla_extend
+
+    return triton_mla_extend(
+        q, kv_cache, block_table, cache_seqlens, cu_seqlens_q,
+        max_q_len=max_q_len, kv_lora_rank=kv_lora_rank, softmax_scale=softmax_scale, kv_scale=kv_scale,
+    )
+
+
+register(RECORD, decode, extend)

@@ -14,7 +14,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from mlakit.api import mla_decode
+from mlakit.api import mla_decode, mla_extend
 from mlakit.cache import LatentStore
 from mlakit.errors import ConfigError
 from mlakit.model.mha_prefill import DEFAULT_PREFIX_CHUNK_TOKENS, mha_prefill
@@ -78,10 +78,10 @@ class MLALayerConfig:
 class MLAAttention(nn.Module):
     """MLA attention of one layer: projections, rope, cache write, attention, output projection.
 
-    Decode steps run in the latent (absorbed) form through the decode backend (the query in
-    the cache's 16-bit dtype; a float32 cache, kept for exact reference runs, goes through
-    the reference); short extends in the latent form through the reference; prefills in MHA
-    form (decompressed K/V, cached prefix in chunks). The absorbed weights W_UK / W_UV are
+    Decode steps and short extends run in the latent (absorbed) form through the decode
+    backend's kernels (`mla_decode` / `mla_extend`, the query in the cache's 16-bit dtype; a
+    float32 cache, kept for exact reference runs, goes through the reference); prefills run
+    in MHA form (decompressed K/V, cached prefix in chunks). The absorbed weights W_UK / W_UV are
     views of `kv_b_proj`, so loading a state dict updates them.
     """
 
@@ -166,14 +166,20 @@ class MLAAttention(nn.Module):
     ) -> torch.Tensor:
         rank = self.config.shape.kv_lora_rank
         q_len = step.decode_q_len
-        if q_len is not None and cache.data.dtype != torch.float32:
-            batch = len(step.new_tokens)
-            q_dtype = torch.float16 if cache.data.dtype == torch.float16 else torch.bfloat16
-            out, _ = mla_decode(
-                q_latent.to(q_dtype).view(batch, q_len, *q_latent.shape[1:]), cache.data, step.block_table, step.cache_seqlens,
-                softmax_scale=scale, backend=decode_backend, kv_scale=cache.scale, kv_lora_rank=rank, return_lse=False,
+        if cache.data.dtype != torch.float32:
+            q_16bit = q_latent.to(torch.float16 if cache.data.dtype == torch.float16 else torch.bfloat16)
+            if q_len is not None:
+                batch = len(step.new_tokens)
+                out, _ = mla_decode(
+                    q_16bit.view(batch, q_len, *q_latent.shape[1:]), cache.data, step.block_table, step.cache_seqlens,
+                    softmax_scale=scale, backend=decode_backend, kv_scale=cache.scale, kv_lora_rank=rank, return_lse=False,
+                )
+                return out.flatten(0, 1)
+            out, _ = mla_extend(
+                q_16bit, cache.data, step.block_table, step.cache_seqlens, step.cu_seqlens_q, max_q_len=max(step.new_tokens),
+                softmax_scale=scale, backend=decode_backend, kv_scale=cache.scale, kv_lora_rank=rank,
             )
-            return out.flatten(0, 1)
+            return out
         out, _ = reference_extend(
             q_latent, cache.data, step.block_table, step.cache_seqlens, step.cu_seqlens_q,
             kv_lora_rank=rank, softmax_scale=scale, kv_scale=cache.scale,

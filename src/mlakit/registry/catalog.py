@@ -31,22 +31,43 @@ class DecodeKernel(Protocol):
     ) -> tuple[torch.Tensor, torch.Tensor | None]: ...
 
 
+class ExtendKernel(Protocol):
+    """The latent-form extend entry point (shapes as in `mlakit.mla_extend`)."""
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        block_table: torch.Tensor,
+        cache_seqlens: torch.Tensor,
+        cu_seqlens_q: torch.Tensor,
+        *,
+        max_q_len: int,
+        kv_lora_rank: int,
+        softmax_scale: float,
+        kv_scale: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
 @dataclasses.dataclass(frozen=True)
 class RegisteredBackend:
     record: BackendRecord
     decode: DecodeKernel | None
+    extend: ExtendKernel | None = None
 
 
 _REGISTRY: dict[str, RegisteredBackend] = {}
 
 
-def register(record: BackendRecord, decode: DecodeKernel | None = None) -> BackendRecord:
+def register(record: BackendRecord, decode: DecodeKernel | None = None, extend: ExtendKernel | None = None) -> BackendRecord:
     """Adds a backend; a second registration under the same name is an error."""
     if record.name in _REGISTRY:
         raise ConfigError(f"backend {record.name!r} is already registered")
     if ("decode" in record.phases) != (decode is not None):
         raise ConfigError(f"backend {record.name!r}: a decode kernel must be given exactly when the record lists decode")
-    _REGISTRY[record.name] = RegisteredBackend(record, decode)
+    if record.latent_extend != (extend is not None):
+        raise ConfigError(f"backend {record.name!r}: an extend kernel must be given exactly when the record says latent_extend")
+    _REGISTRY[record.name] = RegisteredBackend(record, decode, extend)
     return record
 
 

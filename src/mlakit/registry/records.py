@@ -77,8 +77,9 @@ class BackendRecord:
     `capability_majors` lists the CUDA compute-capability majors it runs on (None = any);
     `kv_dtype_min_capability` raises that floor for some KV dtypes (e.g. fp8 needs SM89);
     `max_decode_q_len` is the most query tokens per sequence in decode (1 = no
-    speculative decoding, None = any); `prefill_fallback` names the backend that serves
-    prefill for a decode-only backend.
+    speculative decoding, None = any); `latent_extend` says it runs ragged new-token
+    segments over their cached prefix in the latent form (`mlakit.mla_extend`);
+    `prefill_fallback` names the backend that serves prefill for a decode-only backend.
     """
 
     name: str
@@ -99,6 +100,7 @@ class BackendRecord:
     install_hint: str = ""
     cuda_graphs: bool = False
     returns_lse: bool = True
+    latent_extend: bool = False
     prefill_fallback: str | None = None
     workspace: WorkspaceSpec | None = None
     verified: str = "not run here"
@@ -145,6 +147,7 @@ class BackendRecord:
             "packages": list(self.packages),
             "cuda_graphs": self.cuda_graphs,
             "returns_lse": self.returns_lse,
+            "latent_extend": self.latent_extend,
             "prefill_fallback": self.prefill_fallback,
             "workspace": None if self.workspace is None else {
                 "family": self.workspace.family,
