@@ -162,7 +162,7 @@ def _backend_for(
     """The backend that serves one kind of call (cached: the answer depends only on these)."""
     req = Requirements(
         device=DeviceInfo.detect(device),
-        shape=MLAShape(heads, kv_lora_rank, 1, rope_dim, 1),
+        shape=MLAShape.of_latent(heads, kv_lora_rank, rope_dim),
         page_size=page_size,
         kv_dtype=kv_dtype,
         decode_q_len=q_len,

@@ -13,6 +13,7 @@ import torch
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8_DTYPE).max)
 SCALE_GROUP = 128
+SCALE_NONE, SCALE_PER_TENSOR, SCALE_PER_GROUP = 0, 1, 2
 
 STORAGE_DTYPES: dict[str, torch.dtype] = {
     "bf16": torch.bfloat16,
@@ -20,6 +21,17 @@ STORAGE_DTYPES: dict[str, torch.dtype] = {
     "fp8_e4m3": FP8_DTYPE,
     "fp32": torch.float32,
 }
+
+
+def scale_mode(values: torch.Tensor, scale: torch.Tensor | None) -> int:
+    """SCALE_NONE for 16/32-bit values, else SCALE_PER_TENSOR (one element) or SCALE_PER_GROUP.
+
+    >>> scale_mode(torch.zeros(2, 4, dtype=FP8_DTYPE), torch.ones(1)) == SCALE_PER_TENSOR
+    True
+    """
+    if values.dtype != FP8_DTYPE or scale is None:
+        return SCALE_NONE
+    return SCALE_PER_TENSOR if scale.numel() == 1 else SCALE_PER_GROUP
 
 
 def num_scale_groups(dim: int) -> int:

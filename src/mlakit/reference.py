@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from mlakit.kv_quant import dequantize
+from mlakit.kv_quant import SCALE_PER_GROUP, dequantize, scale_mode
 
 _GATHER_BUDGET_BYTES = 1 << 28
 
@@ -136,7 +136,7 @@ def attend_tokens(
     max_pages = block_table.shape[1]
     span = max_pages * page_size
     visible = visible.clamp(min=0, max=span)
-    per_group_scale = kv_scale is not None and kv_scale.numel() > 1
+    per_group_scale = scale_mode(pages, kv_scale) == SCALE_PER_GROUP
     row_bytes = span * dim * torch.finfo(compute_dtype).bits // 8
     chunk = max(1, _GATHER_BUDGET_BYTES // max(row_bytes, 1))
 

@@ -87,6 +87,16 @@ class MLAShape:
         return dataclasses.replace(self, num_heads=self.num_heads // tp_size)
 
     @classmethod
+    def of_latent(cls, num_heads: int, kv_lora_rank: int, rope_dim: int) -> MLAShape:
+        """The shape as far as one attention call's tensors tell it: heads and latent widths
+        (d_nope and d_v are not visible there and are set to 1).
+
+        >>> MLAShape.of_latent(16, 512, 64).kv_cache_dim
+        576
+        """
+        return cls(num_heads, kv_lora_rank, 1, rope_dim, 1)
+
+    @classmethod
     def preset(cls, name: str) -> MLAShape:
         """A named model shape: one of `PRESETS` (e.g. "deepseek-v3", "kimi-k2")."""
         key = name.lower()

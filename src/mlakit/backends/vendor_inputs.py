@@ -57,7 +57,7 @@ def decode_workspace(record: BackendRecord, q: torch.Tensor, kv_cache: torch.Ten
     batch, q_len, heads, dim = q.shape
     page_size = pages_view(kv_cache).shape[1]
     inputs = WorkspaceInputs(
-        shape=MLAShape(heads, kv_lora_rank, 1, dim - kv_lora_rank, 1),
+        shape=MLAShape.of_latent(heads, kv_lora_rank, dim - kv_lora_rank),
         device=DeviceInfo.detect(q.device),
         page_size=page_size,
         max_batch_size=batch,

@@ -10,16 +10,12 @@ so the stored bytes equal the torch quantizer's.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from mlakit.kv_quant import FP8_DTYPE, FP8_MAX, SCALE_GROUP, num_scale_groups
-
-SCALE_NONE, SCALE_PER_TENSOR, SCALE_PER_GROUP = 0, 1, 2
-INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
+from mlakit.kernels.interpreter import INTERPRET
+from mlakit.kv_quant import FP8_MAX, SCALE_GROUP, num_scale_groups, scale_mode
 
 
 @triton.jit
@@ -68,9 +64,7 @@ def write_rows(data: torch.Tensor, scale: torch.Tensor | None, slots: torch.Tens
     dim = data.shape[-1]
     if not data.is_contiguous():
         raise ValueError("data: expected a contiguous [num_pages, page_size, dim] tensor")
-    mode = SCALE_NONE
-    if data.dtype == FP8_DTYPE:
-        mode = SCALE_PER_TENSOR if scale.numel() == 1 else SCALE_PER_GROUP
+    mode = scale_mode(data, scale)
     groups = num_scale_groups(dim)
     if rows.shape[0] == 0:
         return

@@ -14,20 +14,18 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 
 from mlakit.kernels.decode_split_plan import SplitGeometry, decode_split_counts, split_geometry
-from mlakit.kv_quant import FP8_DTYPE, SCALE_GROUP
+from mlakit.kernels.interpreter import INTERPRET
+from mlakit.kv_quant import SCALE_GROUP, SCALE_NONE, SCALE_PER_GROUP, SCALE_PER_TENSOR, scale_mode
 from mlakit.reference import pages_view
 
-INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)
-SCALE_NONE, SCALE_PER_TENSOR, SCALE_PER_GROUP = 0, 1, 2
 INTERPRETER_SMS = 4
 COMBINE_SPLITS_PER_STEP = 16
 
@@ -420,10 +418,8 @@ def _dot_dtype(q_dtype: torch.dtype) -> tl.dtype:
 
 
 def _scale_operand(pages: torch.Tensor, kv_scale: torch.Tensor | None) -> tuple[int, torch.Tensor]:
-    if pages.dtype != FP8_DTYPE:
-        return SCALE_NONE, pages
-    assert kv_scale is not None
-    if kv_scale.numel() == 1:
-        return SCALE_PER_TENSOR, kv_scale.reshape(1)
-    return SCALE_PER_GROUP, kv_scale
+    mode = scale_mode(pages, kv_scale)
+    if mode == SCALE_NONE:
+        return mode, pages
+    return mode, kv_scale.reshape(1) if mode == SCALE_PER_TENSOR else kv_scale
 

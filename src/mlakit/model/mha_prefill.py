@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from mlakit.kv_quant import dequantize
+from mlakit.kv_quant import SCALE_PER_GROUP, dequantize, scale_mode
 from mlakit.reference import merge_attention_states, pages_view
 
 DEFAULT_PREFIX_CHUNK_TOKENS = 4096
@@ -86,6 +86,6 @@ def _sequence_rows(
     page_size, dim = pages.shape[1], pages.shape[2]
     positions = torch.arange(first, last, device=pages.device)
     flat = page_table[positions // page_size].long() * page_size + positions % page_size
-    per_group = kv_scale is not None and kv_scale.numel() > 1
+    per_group = scale_mode(pages, kv_scale) == SCALE_PER_GROUP
     scale = kv_scale.view(-1, kv_scale.shape[-1])[flat] if per_group else kv_scale
     return dequantize(pages.view(-1, dim)[flat], scale)
