@@ -149,9 +149,13 @@ def test_check_prints_the_plan_for_this_cpu():
 
 def test_check_table_shows_workspaces_and_hypothetical_device():
     out = stdout_of(invoke("check", "--device-arch", "sm100", "--decode-backend", "cutedsl_mla"))
-    assert "workspace trtllm_gen" in out and "workspace cutedsl" in out
-    assert "150.0 MiB for trtllm_mla" in out
+    assert "workspace cutedsl" in out and "150.0 MiB for cutedsl_mla" in out
     assert "hypothetical sm100 (sm100, hypothetical)" in out
+    # trtllm_mla's prefill has no mlakit adapter yet, so cutedsl's declared fallback is passed over, saying why
+    assert "prefill fallback trtllm_mla does not fit (states prefill, but mlakit has no adapter" in out
+    assert any("prefill_backend" in line and " triton " in line for line in out.splitlines())
+    out = stdout_of(invoke("check", "--device-arch", "sm100", "--decode-backend", "trtllm_mla"))
+    assert "workspace trtllm_gen" in out and "150.0 MiB for trtllm_mla" in out
 
 
 @cpu_machine_only
@@ -171,15 +175,16 @@ def test_check_json_has_the_expected_fields():
     assert any(n.startswith("page_size: 64 (chosen") for n in plan["notes"])
 
 
-def test_check_json_cutedsl_on_sm100_gets_trtllm_prefill_and_two_workspaces():
+def test_check_json_cutedsl_on_sm100_gets_triton_prefill_and_its_workspace():
     plan = check_json("--device-arch", "sm100", "--decode-backend", "cutedsl_mla")
     assert plan["device"]["arch"] == "sm100" and plan["device"]["local"] is False
-    assert (plan["prefill_backend"], plan["decode_backend"]) == ("trtllm_mla", "cutedsl_mla")
+    assert (plan["prefill_backend"], plan["decode_backend"]) == ("triton", "cutedsl_mla")
     assert plan["cuda_graphs"] is True
     families = {w["family"]: w for w in plan["workspaces"]}
-    assert families["trtllm_gen"]["backends"] == ["trtllm_mla"] and families["trtllm_gen"]["zero_filled"] is True
+    assert set(families) == {"cutedsl"}
     assert families["cutedsl"]["backends"] == ["cutedsl_mla"] and families["cutedsl"]["zero_filled"] is False
-    assert "prefill backend: trtllm_mla (cutedsl_mla is decode-only; this is its declared prefill fallback)" in plan["notes"]
+    assert any(n.startswith("cutedsl_mla's prefill fallback trtllm_mla does not fit (states prefill, but mlakit has no adapter")
+               for n in plan["notes"])
 
 
 def test_check_json_passes_every_option_through():
@@ -189,7 +194,8 @@ def test_check_json_passes_every_option_through():
         "--no-cuda-graphs",
     )
     assert (plan["model_heads"], plan["tp_size"], plan["heads_per_rank"]) == (64, 4, 16)
-    assert (plan["prefill_backend"], plan["decode_backend"]) == ("tokenspeed_mla", "tokenspeed_mla")
+    assert (plan["prefill_backend"], plan["decode_backend"]) == ("triton", "tokenspeed_mla")
+    assert "prefill backend: triton (automatic, mlakit has no adapter for tokenspeed_mla's prefill kernel yet" in " ".join(plan["notes"])
     assert (plan["page_size"], plan["kv_cache_dtype"], plan["decode_q_len"]) == (32, "fp8_e4m3", 4)
     assert (plan["max_batch_size"], plan["max_context_len"], plan["cuda_graphs"]) == (8, 1024, False)
     assert plan["workspaces"][0]["nbytes"] == 148 * 16 * 8 * 513 * 4

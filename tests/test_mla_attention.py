@@ -8,7 +8,7 @@ from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Atten
 
 from mlakit import PagedLatentCache
 from mlakit.model.mla_attention import MLAAttention, MLALayerConfig
-from mlakit.model.step import AttentionStep
+from mlakit.step import AttentionStep
 from paged_inputs import relative_error
 
 YARN = {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64, "beta_fast": 32, "beta_slow": 1,
@@ -72,9 +72,9 @@ def test_prefill_then_decode_matches_transformers(arch, heads, q_lora_rank, rope
     steps = [(0, prompt)] + [(t, t + 1) for t in range(prompt, total)]
     for first, last in steps:
         slots = cache.reserve(0, last - first)
-        step = AttentionStep((last - first,), (last,), cache.block_table([0]), slots)
+        step = AttentionStep((last - first,), (last,), cache.block_table([0]), slots, page_size=4, prefill_form=prefill_form)
         with torch.no_grad():
-            outputs.append(layer(x[first:last], torch.arange(first, last), step, cache.layer(0), prefill_form=prefill_form))
+            outputs.append(layer(x[first:last], torch.arange(first, last), step, cache.layer(0)))
     got = torch.cat(outputs)
     assert relative_error(got, expected) < 1e-5
 
@@ -92,12 +92,17 @@ def test_latent_and_mha_forms_agree_on_a_ragged_extend_batch():
             cache.write_slots(slots, torch.randn(n, 40, generator=gen))
     new = (4, 7, 1)
     slots = torch.cat([cache.reserve(seq_id, n) for seq_id, n in zip(prefix, new)])
-    step = AttentionStep(new, tuple(prefix[s] + n for s, n in zip(prefix, new)), cache.block_table([0, 1, 2]), slots)
+    lens = tuple(prefix[s] + n for s, n in zip(prefix, new))
+    table = cache.block_table([0, 1, 2])
+
+    def step(form: str, chunk: int = 8192) -> AttentionStep:
+        return AttentionStep(new, lens, table, slots, page_size=4, prefill_form=form, prefix_chunk_tokens=chunk)
+
     x = torch.randn(sum(new), config.hidden_size, generator=gen)
     positions = torch.cat([torch.arange(prefix[s], prefix[s] + n) for s, n in zip(prefix, new)])
     with torch.no_grad():
-        latent = layer(x, positions, step, cache.layer(0), prefill_form="latent")
-        mha = layer(x, positions, step, cache.layer(0), prefill_form="mha", prefix_chunk_tokens=8)
-        mha_one_chunk = layer(x, positions, step, cache.layer(0), prefill_form="mha", prefix_chunk_tokens=1024)
+        latent = layer(x, positions, step("latent"), cache.layer(0))
+        mha = layer(x, positions, step("mha", chunk=8), cache.layer(0))
+        mha_one_chunk = layer(x, positions, step("mha", chunk=1024), cache.layer(0))
     assert relative_error(mha, latent) < 1e-5
     assert relative_error(mha_one_chunk, latent) < 1e-5

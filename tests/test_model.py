@@ -55,10 +55,10 @@ def v2_checkpoint(tmp_path_factory):
     return directory, _save(DeepseekV2ForCausalLM(config), directory)
 
 
-def _runner(directory, num_pages=64, page_size=4):
+def _runner(directory, num_pages=64, page_size=4, mixed_steps=False):
     model = load_model(directory)
     cache = PagedLatentCache(num_pages, page_size, 64, 16, dtype="fp32", num_layers=model.config.num_layers)
-    return Runner(model, cache, decode_backend="reference")
+    return Runner(model, cache, decode_backend="reference", mixed_steps=mixed_steps)
 
 
 def _transformers_greedy(hf, prompt, eos=True):
@@ -87,6 +87,15 @@ def test_continuous_batching_gives_each_request_its_solo_tokens(v3_checkpoint):
     assert together == solo
     assert runner.stats.prefill_steps >= 2, "all arrive at once but the cache cannot hold them: admissions wait for pages"
     assert runner.cache.allocator.num_free == 12
+
+
+def test_mixed_prefill_and_decode_steps_give_the_same_tokens(v3_checkpoint):
+    directory, hf = v3_checkpoint
+    runner = _runner(directory, mixed_steps=True)
+    outputs = runner.generate([Request(p, NEW_TOKENS, arrival_step=2 * i) for i, p in enumerate(PROMPTS)])
+    for prompt, output in zip(PROMPTS, outputs):
+        assert output == _transformers_greedy(hf, prompt)
+    assert runner.stats.prefill_steps == len(PROMPTS), "each later prompt rides along with the running decodes"
 
 
 def test_sampling_is_reproducible_and_top_p_near_zero_is_greedy(v3_checkpoint):

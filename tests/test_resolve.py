@@ -8,13 +8,16 @@ missing packages are refused there.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import re
 
 import pytest
+import torch
 
 from mlakit import ConfigError, DeviceInfo, MLAShape, ServingConfig, resolve
+from mlakit.prefill_metadata import PrefillMetadata
 from mlakit.registry import BackendRecord, PageSizeRule, WorkspaceInputs, all_records, backend_names, get_backend
-from mlakit.registry.catalog import _REGISTRY, RegisteredBackend
+from mlakit.registry.catalog import _REGISTRY, PrefillKernel, RegisteredBackend, missing_adapter
 from mlakit.registry.records import KV_DTYPES
 
 ARCHS = ("cpu", "xpu", "sm80", "sm90", "sm100")
@@ -69,6 +72,100 @@ def note(plan, prefix: str) -> str:
     return found[0]
 
 
+# Test-only backends. Each is registered for one test through monkeypatch (removed when the test
+# ends), under a "zz_" name that must not be registered already, and ranked after every real backend.
+
+
+def _fake_decode(q, kv_cache, block_table, cache_seqlens, *, kv_lora_rank, softmax_scale, kv_scale):
+    """A decode kernel for test-only records: the reference backend's."""
+    return get_backend("reference").decode(
+        q, kv_cache, block_table, cache_seqlens, kv_lora_rank=kv_lora_rank, softmax_scale=softmax_scale, kv_scale=kv_scale
+    )
+
+
+def _fake_prefill(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    kv_b_weight: torch.Tensor,
+    meta: PrefillMetadata,
+    *,
+    softmax_scale: float,
+    kv_scale: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A prefill kernel (an adapter, for resolve()) for test-only records: the reference backend's."""
+    return get_backend("reference").prefill(q, kv_cache, kv_b_weight, meta, softmax_scale=softmax_scale, kv_scale=kv_scale)
+
+
+def _fake_record(
+    name: str,
+    sizes: set[int] | None,
+    preferred: int,
+    phases: set[str],
+    *,
+    device_kinds: set[str] = frozenset({"xpu"}),
+    kv_dtypes: set[str] = frozenset({"bf16"}),
+    **fields,
+) -> BackendRecord:
+    """A test-only record (XPU and bf16 unless told), ranked after every real backend, so "auto" never picks
+    it over one; `sizes` None takes any page size."""
+    return BackendRecord(
+        name=name,
+        summary="test-only record",
+        phases=frozenset(phases),
+        device_kinds=frozenset(device_kinds),
+        page_sizes=PageSizeRule(sizes=None if sizes is None else frozenset(sizes)),
+        kv_dtypes=frozenset(kv_dtypes),
+        auto_rank=10_000,
+        preferred_page_size=preferred,
+        **fields,
+    )
+
+
+def register_fake(monkeypatch, record: BackendRecord, prefill_adapter: bool = True) -> str:
+    """Registers `record` for the current test only: a decode kernel when it lists decode, and a prefill
+    kernel when it lists prefill (unless `prefill_adapter` is False: a prefill mlakit cannot run)."""
+    all_records()  # loads the built-in backends before the registry is patched
+    assert record.name.startswith("zz_") and record.name not in _REGISTRY, f"test backend {record.name!r} collides or leaked"
+    decode = _fake_decode if "decode" in record.phases else None
+    prefill = _fake_prefill if "prefill" in record.phases and prefill_adapter else None
+    monkeypatch.setitem(_REGISTRY, record.name, RegisteredBackend(record, decode, None, prefill))
+    return record.name
+
+
+@pytest.fixture
+def adapted(monkeypatch):
+    """Registers, for one test, a stand-in for a vendor backend as if mlakit had an adapter for its prefill
+    kernel: the vendor's record (hardware, page sizes, KV dtypes, workspace) under a "zz_" name, with the
+    phases given (prefill only by default) and a prefill kernel. Returns a function vendor -> the name."""
+
+    def make(vendor: str, phases: tuple[str, ...] = ("prefill",), **changes) -> str:
+        record = dataclasses.replace(
+            BY_NAME[vendor],
+            name=f"zz_{vendor}_{'_'.join(sorted(phases))}",
+            phases=frozenset(phases),
+            auto_rank=10_000,
+            **changes,
+        )
+        return register_fake(monkeypatch, record)
+
+    return make
+
+
+def test_fake_prefill_kernel_has_the_prefill_kernel_signature():
+    def parameters(fn):
+        return [(p.name, p.kind) for p in inspect.signature(fn).parameters.values()]
+
+    assert parameters(_fake_prefill) == parameters(PrefillKernel.__call__)[1:]  # without self
+    assert parameters(_fake_prefill) == parameters(get_backend("reference").prefill)
+
+
+@pytest.fixture(autouse=True)
+def _test_backends_do_not_outlive_their_test():
+    yield  # torn down after monkeypatch has undone the test's registrations
+    leaked = [name for name in _REGISTRY if name.startswith("zz_")]
+    assert not leaked, f"test-only backends left registered: {leaked}"
+
+
 def test_registry_holds_the_documented_backends_in_auto_order():
     names = backend_names()
     assert set(names) >= {"reference", "flashmla", "flashinfer_mla", "trtllm_mla", "cutedsl_mla", "tokenspeed_mla", "intel_xpu"}
@@ -112,18 +209,62 @@ def test_explicit_reference_that_cannot_be_captured_is_refused_not_swapped():
     assert all(BY_NAME[name].cuda_graphs for name in alternatives)
 
 
-def test_explicit_prefill_backend_on_wrong_hardware_is_refused():
-    message = refusal("sm90", prefill_backend="trtllm_mla")
-    assert "prefill_backend 'trtllm_mla' cannot serve this configuration on sm90" in message
-    assert "needs SM10x, the device is sm90" in message
-    assert listed_alternatives(message, "prefill") == ["flashinfer_mla", "reference"]
+@pytest.mark.parametrize(
+    "arch, prefill, reason, alternatives",
+    [
+        ("xpu", "triton", "runs on cuda, not on xpu", ["reference"]),
+        ("sm90", "trtllm_mla", "needs SM10x, the device is sm90", ["triton", "reference"]),
+    ],
+)
+def test_explicit_prefill_backend_on_wrong_hardware_is_refused(adapted, arch, prefill, reason, alternatives):
+    if prefill != "triton":
+        prefill = adapted(prefill)  # the vendor's hardware rule, with a prefill kernel mlakit can run
+    message = refusal(arch, prefill_backend=prefill)
+    assert f"prefill_backend {prefill!r} cannot serve this configuration on {arch}:\n  - {reason}\nbackends that fit" in message
+    assert listed_alternatives(message, "prefill") == alternatives
 
 
-def test_explicit_pair_sharing_no_kv_dtype_is_refused():
-    message = refusal("sm100", decode_backend="tokenspeed_mla", prefill_backend="flashinfer_mla")
-    assert "prefill_backend 'flashinfer_mla'" in message
-    assert "shares no KV dtype with tokenspeed_mla" in message
-    assert listed_alternatives(message, "prefill") == ["trtllm_mla", "tokenspeed_mla", "reference"]
+def test_explicit_pair_sharing_no_kv_dtype_is_refused(adapted):
+    prefill = adapted("flashinfer_mla")  # bf16/fp16, against tokenspeed's fp8-only cache
+    message = refusal("sm100", decode_backend="tokenspeed_mla", prefill_backend=prefill)
+    assert f"prefill_backend {prefill!r}" in message
+    assert "shares no KV dtype with tokenspeed_mla (['bf16', 'fp16'] vs ['fp8_e4m3'])" in message
+    assert listed_alternatives(message, "prefill") == ["triton", "reference"]
+
+
+def test_explicit_pair_sharing_no_page_size_is_refused(adapted):
+    prefill = adapted("trtllm_mla", page_sizes=PageSizeRule(sizes=frozenset({32})), preferred_page_size=32)
+    message = refusal("sm100", decode_backend="flashmla", prefill_backend=prefill)
+    assert f"prefill_backend {prefill!r}" in message
+    assert "shares no page size with flashmla ({32} vs {64})" in message
+    assert listed_alternatives(message, "prefill") == ["triton", "reference"]
+
+
+NO_PREFILL_ADAPTER = [r for r in RECORDS if missing_adapter(r.name, "prefill")]
+
+
+def test_only_triton_and_reference_have_prefill_kernels():
+    assert {r.name for r in RECORDS if get_backend(r.name).prefill is not None} == {"triton", "reference"}
+    assert {"flashinfer_mla", "trtllm_mla", "tokenspeed_mla"} <= {r.name for r in NO_PREFILL_ADAPTER}
+    assert all("prefill" in r.phases for r in NO_PREFILL_ADAPTER)
+
+
+@pytest.mark.parametrize("record", NO_PREFILL_ADAPTER, ids=ids(NO_PREFILL_ADAPTER))
+@pytest.mark.parametrize("with_decode", [False, True])
+def test_vendor_prefill_without_an_adapter_named_as_prefill_backend_is_refused(record, with_decode):
+    """The record states prefill, but mlakit cannot run it: refused at start-up, not at the first request."""
+    arch = home_arch(record)
+    config = {"prefill_backend": record.name}
+    if with_decode:
+        config["decode_backend"] = record.name
+    with pytest.raises(ConfigError, match="no adapter for its prefill kernel") as info:
+        resolve(ServingConfig(**config), V3, dev(arch))
+    message = str(info.value)
+    assert (
+        f"prefill_backend {record.name!r} cannot serve this configuration on {arch}:\n"
+        "  - states prefill, but mlakit has no adapter for its prefill kernel yet\n"
+    ) in message
+    assert listed_alternatives(message, "prefill") == ["triton", "reference"]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -137,6 +278,8 @@ def test_explicit_choices_are_kept_exactly_and_fit(record, arch, page_size):
             plan = plan_for(arch, **{f"{phase}_backend": record.name}, page_size=page_size)
         except ConfigError as exc:
             assert repr(record.name) in str(exc)
+            if phase == "prefill" and (why := missing_adapter(record.name, "prefill")):
+                assert why in str(exc)
             continue
         assert getattr(plan, f"{phase}_backend") == record.name
         if page_size is not None:
@@ -195,30 +338,13 @@ def test_unset_page_size_fits_both_backends_and_is_noted(record):
     assert record.name in text and record.page_sizes.describe() in text
 
 
-def _fake_record(name: str, sizes: set[int], preferred: int, phases: set[str]) -> BackendRecord:
-    """A test-only XPU record ranked after every real backend, so "auto" never picks it."""
-    return BackendRecord(
-        name=name,
-        summary="test-only record",
-        phases=frozenset(phases),
-        device_kinds=frozenset({"xpu"}),
-        page_sizes=PageSizeRule(sizes=frozenset(sizes)),
-        kv_dtypes=frozenset({"bf16"}),
-        auto_rank=10_000,
-        preferred_page_size=preferred,
-    )
-
-
 @pytest.fixture
 def fake_xpu_pair(monkeypatch):
     """Two test-only XPU backends (removed after the test): decode-only {48, 96} preferring 96,
-    prefill-only {16, 48} preferring 16. The only size both take is 48."""
-    all_records()  # loads the built-in backends before the registry is patched
-    decode = _fake_record("zz_decode96", {48, 96}, 96, {"decode"})
-    prefill = _fake_record("zz_prefill48", {16, 48}, 16, {"prefill"})
-    monkeypatch.setitem(_REGISTRY, decode.name, RegisteredBackend(decode, lambda *a, **k: None))
-    monkeypatch.setitem(_REGISTRY, prefill.name, RegisteredBackend(prefill, None))
-    return decode.name, prefill.name
+    prefill-only {16, 48} preferring 16, with a prefill kernel. The only size both take is 48."""
+    decode = register_fake(monkeypatch, _fake_record("zz_decode96", {48, 96}, 96, {"decode"}))
+    prefill = register_fake(monkeypatch, _fake_record("zz_prefill48", {16, 48}, 16, {"prefill"}))
+    return decode, prefill
 
 
 def test_unset_page_size_follows_the_decode_backends_preference(fake_xpu_pair):
@@ -257,18 +383,56 @@ def test_decode_only_backend_gets_an_automatic_prefill_backend_noted(record):
     text = note(plan, "prefill backend:")
     assert text.startswith(f"prefill backend: {plan.prefill_backend} (")
     assert f"{record.name} is decode-only" in text
+    assert missing_adapter(plan.prefill_backend, "prefill") is None
     if record.prefill_fallback is not None:
-        assert plan.prefill_backend == record.prefill_fallback
-        assert "declared prefill fallback" in text
+        why_not = missing_adapter(record.prefill_fallback, "prefill")
+        if why_not is None:
+            assert plan.prefill_backend == record.prefill_fallback
+            assert "declared prefill fallback" in text
+        else:
+            assert plan.prefill_backend != record.prefill_fallback
+            passed_over = f"{record.name}'s prefill fallback {record.prefill_fallback} does not fit ({why_not}); choosing automatically"
+            assert passed_over in plan.notes
 
 
 @pytest.mark.parametrize(
     "arch, backend, prefill",
-    [("sm90", "flashmla", "flashinfer_mla"), ("sm100", "cutedsl_mla", "trtllm_mla"), ("xpu", "intel_xpu", "reference")],
+    [("sm90", "flashmla", "triton"), ("sm100", "cutedsl_mla", "triton"), ("xpu", "intel_xpu", "reference")],
 )
 def test_decode_only_backend_prefill_choice_per_device(arch, backend, prefill):
     plan = plan_for(arch, attention_backend=backend)
     assert (plan.prefill_backend, plan.decode_backend) == (prefill, backend)
+
+
+def test_cutedsl_fallback_without_a_prefill_adapter_is_passed_over_with_a_note():
+    plan = plan_for("sm100", attention_backend="cutedsl_mla")
+    assert (plan.prefill_backend, plan.decode_backend) == ("triton", "cutedsl_mla")
+    assert (
+        "cutedsl_mla's prefill fallback trtllm_mla does not fit "
+        "(states prefill, but mlakit has no adapter for its prefill kernel yet); choosing automatically"
+    ) in plan.notes
+    text = note(plan, "prefill backend:")
+    assert text.startswith("prefill backend: triton (automatic, cutedsl_mla is decode-only: highest-priority backend that fits sm100)")
+    assert "this is its declared prefill fallback" not in text
+
+
+@pytest.mark.parametrize("adapter", [True, False], ids=["fallback-with-adapter", "fallback-without-adapter"])
+def test_declared_prefill_fallback_is_taken_only_when_mlakit_can_run_it(monkeypatch, adapter):
+    fallback = register_fake(monkeypatch, _fake_record("zz_fallback", None, 64, {"prefill"}), prefill_adapter=adapter)
+    decode = register_fake(monkeypatch, _fake_record("zz_decode_only", None, 64, {"decode"}, prefill_fallback=fallback))
+    plan = plan_for("xpu", attention_backend=decode)
+    text = note(plan, "prefill backend:")
+    if adapter:
+        assert (plan.prefill_backend, plan.decode_backend) == (fallback, decode)
+        assert text == f"prefill backend: {fallback} ({decode} is decode-only; this is its declared prefill fallback)"
+        assert not any("choosing automatically" in n for n in plan.notes)
+    else:
+        assert (plan.prefill_backend, plan.decode_backend) == ("reference", decode)
+        assert text.startswith(f"prefill backend: reference (automatic, {decode} is decode-only: highest-priority backend")
+        assert (
+            f"{decode}'s prefill fallback {fallback} does not fit "
+            "(states prefill, but mlakit has no adapter for its prefill kernel yet); choosing automatically"
+        ) in plan.notes
 
 
 @pytest.mark.parametrize("record", DECODE_ONLY, ids=ids(DECODE_ONLY))
@@ -281,8 +445,9 @@ def test_decode_only_backend_named_as_prefill_backend_is_an_error(record, with_d
     assert f"prefill_backend {record.name!r} cannot serve" in message
     assert "does not do prefill (it is decode only" in message
     if record.prefill_fallback:
-        assert f"its prefill runs on {record.prefill_fallback}" in message
-        assert record.prefill_fallback in listed_alternatives(message, "prefill")
+        assert f"its declared prefill fallback is {record.prefill_fallback}" in message
+        runnable = missing_adapter(record.prefill_fallback, "prefill") is None
+        assert (record.prefill_fallback in listed_alternatives(message, "prefill")) == runnable
 
 
 # --- speculative decoding ---------------------------------------------------------------------------------
@@ -376,9 +541,9 @@ def test_auto_kv_dtype_is_first_both_backends_take_and_is_noted(record):
 
 def test_auto_kv_dtype_on_tokenspeed_is_fp8_with_a_note():
     plan = plan_for("sm100", attention_backend="tokenspeed_mla")
-    assert (plan.prefill_backend, plan.decode_backend, plan.kv_cache_dtype) == ("tokenspeed_mla", "tokenspeed_mla", "fp8_e4m3")
+    assert (plan.prefill_backend, plan.decode_backend, plan.kv_cache_dtype) == ("triton", "tokenspeed_mla", "fp8_e4m3")
     text = note(plan, "kv_cache_dtype:")
-    assert "fp8_e4m3" in text and "tokenspeed_mla" in text
+    assert text == "kv_cache_dtype: fp8_e4m3 (auto: first of bf16, fp16, fp8_e4m3 that tokenspeed_mla and triton take)"
 
 
 # --- "auto" priority --------------------------------------------------------------------------------------
@@ -388,9 +553,9 @@ def test_auto_kv_dtype_on_tokenspeed_is_fp8_with_a_note():
     "arch, decode, prefill, not_for",
     [
         ("cpu", "reference", "reference", ["intel_xpu", "trtllm_mla", "flashmla", "cutedsl_mla", "tokenspeed_mla", "flashinfer_mla"]),
-        ("sm80", "flashinfer_mla", "flashinfer_mla", ["intel_xpu", "trtllm_mla", "flashmla", "cutedsl_mla", "tokenspeed_mla"]),
-        ("sm90", "flashmla", "flashinfer_mla", ["intel_xpu", "trtllm_mla"]),
-        ("sm100", "trtllm_mla", "trtllm_mla", ["intel_xpu"]),
+        ("sm80", "flashinfer_mla", "triton", ["intel_xpu", "trtllm_mla", "flashmla", "cutedsl_mla", "tokenspeed_mla"]),
+        ("sm90", "flashmla", "triton", ["intel_xpu", "trtllm_mla"]),
+        ("sm100", "trtllm_mla", "triton", ["intel_xpu"]),
         ("xpu", "intel_xpu", "reference", []),
     ],
 )
@@ -419,13 +584,28 @@ def test_auto_with_page_size_16_on_sm90_skips_flashmla_and_says_why():
 
 def test_auto_prefill_on_sm90_notes_that_flashmla_is_decode_only():
     text = note(plan_for("sm90"), "prefill backend:")
-    assert "flashinfer_mla (automatic, flashmla is decode-only" in text
+    assert text.startswith("prefill backend: triton (automatic, flashmla is decode-only")
     assert "skipped flashmla (does not do prefill" in text
+    assert "; flashinfer_mla (states prefill, but mlakit has no adapter for its prefill kernel yet)" in text
 
 
-def test_auto_decode_with_explicit_prefill_shares_its_cache_format():
-    plan = plan_for("sm100", prefill_backend="tokenspeed_mla")
-    assert plan.prefill_backend == "tokenspeed_mla"
+@pytest.mark.parametrize("record", NO_PREFILL_ADAPTER, ids=ids(NO_PREFILL_ADAPTER))
+def test_vendor_backend_without_a_prefill_adapter_gets_an_automatic_prefill_noted(record):
+    arch = home_arch(record)
+    plan = plan_for(arch, attention_backend=record.name)
+    assert (plan.prefill_backend, plan.decode_backend) == ("triton", record.name)
+    text = note(plan, "prefill backend:")
+    assert text.startswith(
+        f"prefill backend: triton (automatic, mlakit has no adapter for {record.name}'s prefill kernel yet: "
+        f"highest-priority backend that fits {arch})"
+    )
+    assert f"{record.name} (states prefill, but mlakit has no adapter for its prefill kernel yet)" in text
+
+
+def test_auto_decode_with_explicit_prefill_shares_its_cache_format(adapted):
+    prefill = adapted("tokenspeed_mla")  # fp8-only cache
+    plan = plan_for("sm100", prefill_backend=prefill)
+    assert plan.prefill_backend == prefill
     assert plan.decode_backend == "trtllm_mla"
     assert plan.kv_cache_dtype == "fp8_e4m3"
 
@@ -560,20 +740,36 @@ def test_unset_cuda_graphs_follow_device_and_backend_with_a_note(arch, backend, 
 # --- workspaces -------------------------------------------------------------------------------------------
 
 
-def test_trtllm_and_cutedsl_workspaces_are_separate_families():
-    plan = plan_for("sm100", attention_backend="cutedsl_mla")
-    assert (plan.prefill_backend, plan.decode_backend) == ("trtllm_mla", "cutedsl_mla")
+def test_trtllm_and_cutedsl_workspaces_are_separate_families(adapted):
+    prefill = adapted("trtllm_mla")  # trtllm_mla's prefill as cutedsl_mla would pair with it, with an adapter
+    plan = plan_for("sm100", decode_backend="cutedsl_mla", prefill_backend=prefill)
+    assert (plan.prefill_backend, plan.decode_backend) == (prefill, "cutedsl_mla")
     by_family = {w.family: w for w in plan.workspaces}
     assert set(by_family) == {"trtllm_gen", "cutedsl"}
-    assert by_family["trtllm_gen"].backends == ("trtllm_mla",)
+    assert by_family["trtllm_gen"].backends == (prefill,)
     assert by_family["trtllm_gen"].zero_filled is True
     assert by_family["cutedsl"].backends == ("cutedsl_mla",)
     assert by_family["cutedsl"].zero_filled is False
     assert by_family["trtllm_gen"].nbytes == by_family["cutedsl"].nbytes == 150 << 20
 
 
-def test_one_backend_for_both_phases_asks_for_one_workspace():
+@pytest.mark.parametrize("prefill_mib", [50, 300])
+def test_two_backends_of_one_family_share_one_workspace_of_the_larger_size(adapted, prefill_mib):
+    spec = dataclasses.replace(BY_NAME["cutedsl_mla"].workspace, size_bytes=lambda inputs: prefill_mib << 20)
+    prefill = adapted("trtllm_mla", workspace=spec)  # in cutedsl's family (150 MiB), smaller or larger
+    plan = plan_for("sm100", decode_backend="cutedsl_mla", prefill_backend=prefill)
+    merged = ("cutedsl", (prefill, "cutedsl_mla"), max(prefill_mib, 150) << 20)
+    assert [(w.family, w.backends, w.nbytes) for w in plan.workspaces] == [merged]
+
+
+def test_one_backend_for_both_phases_asks_for_one_workspace(adapted):
+    both = adapted("trtllm_mla", phases=("decode", "prefill"))  # trtllm_mla as it will be with a prefill adapter
+    plan = plan_for("sm100", attention_backend=both)
+    assert (plan.prefill_backend, plan.decode_backend) == (both, both)
+    assert [(w.family, w.backends) for w in plan.workspaces] == [("trtllm_gen", (both,))]
+    # trtllm_mla itself: its decode with triton's prefill, which needs no workspace
     plan = plan_for("sm100", attention_backend="trtllm_mla")
+    assert (plan.prefill_backend, plan.decode_backend) == ("triton", "trtllm_mla")
     assert [(w.family, w.backends) for w in plan.workspaces] == [("trtllm_gen", ("trtllm_mla",))]
 
 

@@ -1,9 +1,31 @@
 """Workspace pools: one buffer per (device, family), zero-fill rules, no growth during capture."""
 
+import dataclasses
+
 import pytest
 import torch
 
 from mlakit import DeviceInfo, MLAShape, ServingConfig, WorkspaceError, WorkspacePool, resolve
+from mlakit.registry import all_records, get_backend
+from mlakit.registry.catalog import _REGISTRY, RegisteredBackend
+
+
+def _reference_prefill(q, kv_cache, kv_b_weight, meta, *, softmax_scale, kv_scale):
+    """A prefill kernel (PrefillKernel signature) for the test-only backend below: the reference backend's."""
+    return get_backend("reference").prefill(q, kv_cache, kv_b_weight, meta, softmax_scale=softmax_scale, kv_scale=kv_scale)
+
+
+@pytest.fixture
+def trtllm_prefill(monkeypatch):
+    """trtllm_mla's record, prefill only, with a prefill kernel, registered for one test as
+    "zz_trtllm_prefill" (mlakit has no adapter for trtllm_mla's own prefill, so resolve() never picks it)."""
+    all_records()  # loads the built-in backends before the registry is patched
+    record = dataclasses.replace(
+        get_backend("trtllm_mla").record, name="zz_trtllm_prefill", phases=frozenset({"prefill"}), auto_rank=10_000
+    )
+    assert record.name not in _REGISTRY
+    monkeypatch.setitem(_REGISTRY, record.name, RegisteredBackend(record, None, None, _reference_prefill))
+    return record.name
 
 
 def test_same_family_shares_and_grows_other_families_do_not_share():
@@ -25,13 +47,14 @@ def test_zero_filled_families_start_zeroed_and_keep_one_rule():
         pool.get("trtllm_gen", "cpu", 16, zero_filled=False)
 
 
-def test_plan_reserves_its_workspaces_in_separate_families():
+def test_plan_reserves_its_workspaces_in_separate_families(trtllm_prefill):
     plan = resolve(
-        ServingConfig(attention_backend="cutedsl_mla", max_batch_size=8),
+        ServingConfig(decode_backend="cutedsl_mla", prefill_backend=trtllm_prefill, max_batch_size=8),
         MLAShape.preset("deepseek-v3"),
         DeviceInfo.from_arch("sm100"),
     )
     families = {w.family: w for w in plan.workspaces}
+    assert families["trtllm_gen"].backends == (trtllm_prefill,) and families["cutedsl"].backends == ("cutedsl_mla",)
     assert set(families) == {"trtllm_gen", "cutedsl"}
     assert families["trtllm_gen"].zero_filled and not families["cutedsl"].zero_filled
     pool = WorkspacePool()

@@ -5,12 +5,13 @@
 'reference'
 """
 
-from mlakit.api import mla_decode, mla_extend
+from mlakit.api import mla_decode, mla_extend, mla_prefill
 from mlakit.cache import PageAllocator, PagedLatentCache
 from mlakit.config import ServingConfig
 from mlakit.device import DeviceInfo
 from mlakit.errors import CacheFullError, ConfigError, MLAInputError, MLAKitError, WorkspaceError
 from mlakit.plan import Plan, WorkspaceRequest
+from mlakit.prefill_metadata import PrefillMetadata, plan_prefill
 from mlakit.reference import merge_attention_states, reference_decode, reference_extend
 from mlakit.registry.resolve import resolve
 from mlakit.shape import MLAShape
@@ -26,6 +27,7 @@ __all__ = [
     "PageAllocator",
     "PagedLatentCache",
     "Plan",
+    "PrefillMetadata",
     "ServingConfig",
     "WorkspaceError",
     "WorkspacePool",
@@ -33,6 +35,8 @@ __all__ = [
     "merge_attention_states",
     "mla_decode",
     "mla_extend",
+    "mla_prefill",
+    "plan_prefill",
     "reference_decode",
     "reference_extend",
     "resolve",

@@ -1,4 +1,4 @@
-"""The functional entry points shared by every backend: `mla_decode` and `mla_extend`."""
+"""The functional entry points shared by every backend: `mla_decode`, `mla_extend` and `mla_prefill`."""
 
 from __future__ import annotations
 
@@ -7,13 +7,14 @@ from typing import Literal
 
 import torch
 
-from mlakit.checks import check_decode_inputs, check_extend_inputs
+from mlakit.checks import check_decode_inputs, check_extend_inputs, check_prefill_inputs
 from mlakit.config import AUTO
 from mlakit.device import DeviceInfo
 from mlakit.errors import ConfigError, MLAInputError
 from mlakit.kv_quant import STORAGE_DTYPES
+from mlakit.prefill_metadata import PrefillMetadata
 from mlakit.reference import pages_view
-from mlakit.registry.catalog import all_records, get_backend
+from mlakit.registry.catalog import all_records, get_backend, missing_adapter
 from mlakit.registry.records import BackendRecord
 from mlakit.registry.fit import Requirements, backend_problems
 from mlakit.shape import MLAShape
@@ -136,6 +137,47 @@ def mla_extend(
     )
 
 
+def mla_prefill(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    kv_b_weight: torch.Tensor,
+    meta: PrefillMetadata,
+    *,
+    softmax_scale: float,
+    backend: str = AUTO,
+    kv_scale: torch.Tensor | None = None,
+    check_inputs: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """MHA-form prefill: packed new tokens `q [T, heads, d_nope + d_rope]` (bf16/fp16, rope applied)
+    attend causally to their sequence's cache, whose rows are decompressed per head through
+    `kv_b_weight [heads * (d_nope + d_v), kv_lora_rank]` (`kv_b_proj.weight`).
+
+    `meta` comes from `plan_prefill` (once per step, shared by every layer): it says which
+    cache rows each pass reads and cuts long prefixes into bounded chunks. The new tokens
+    must already be in the cache. Returns out `[T, heads, d_v]` in q's dtype and lse `[T,
+    heads]` float32 (natural log). `check_inputs=False` skips the one check that reads values
+    (every page index in range), which costs a host sync.
+
+    >>> from mlakit.prefill_metadata import plan_prefill
+    >>> cache = torch.randn(4, 16, 576, dtype=torch.bfloat16)
+    >>> meta = plan_prefill([5], [20], torch.tensor([[3, 1]], dtype=torch.int32), page_size=16)
+    >>> out, lse = mla_prefill(torch.randn(5, 2, 192, dtype=torch.bfloat16), cache,
+    ...     torch.randn(2 * 256, 512, dtype=torch.bfloat16), meta, softmax_scale=192**-0.5)
+    >>> out.shape, lse.shape
+    (torch.Size([5, 2, 128]), torch.Size([5, 2]))
+    """
+    check_prefill_inputs(q, kv_cache, kv_b_weight, meta, kv_scale, check_values=check_inputs)
+    pages = pages_view(kv_cache)
+    rank = kv_b_weight.shape[1]
+    name = _backend_for(
+        "prefill", backend, str(q.device), _DTYPE_NAMES[pages.dtype], pages.shape[1], 1, q.shape[1], rank,
+        pages.shape[-1] - rank, True,
+    )
+    kernel = get_backend(name).prefill
+    assert kernel is not None  # _backend_for only returns backends with a prefill kernel
+    return kernel(q, kv_cache, kv_b_weight, meta, softmax_scale=float(softmax_scale), kv_scale=kv_scale)
+
+
 def _latent_rank(dim: int, kv_lora_rank: int | None) -> int:
     if kv_lora_rank is not None:
         return kv_lora_rank
@@ -148,7 +190,7 @@ def _latent_rank(dim: int, kv_lora_rank: int | None) -> int:
 
 @functools.lru_cache(maxsize=256)
 def _backend_for(
-    call: Literal["decode", "extend"],
+    call: Literal["decode", "extend", "prefill"],
     backend: str,
     device: str,
     kv_dtype: str,
@@ -170,9 +212,11 @@ def _backend_for(
     )
 
     def problems(record: BackendRecord) -> list[str]:
-        found = backend_problems(record, "decode", req)
+        found = backend_problems(record, "prefill" if call == "prefill" else "decode", req)
         if call == "extend" and not record.latent_extend:
             found.append("has no latent-form extend kernel")
+        if call == "prefill" and (missing := missing_adapter(record.name, "prefill")):
+            found.append(missing)
         return found
 
     if backend != AUTO:

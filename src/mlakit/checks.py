@@ -11,6 +11,7 @@ import torch
 
 from mlakit.errors import MLAInputError
 from mlakit.kv_quant import FP8_DTYPE, num_scale_groups
+from mlakit.prefill_metadata import PrefillMetadata
 from mlakit.reference import pages_view
 
 QUERY_DTYPES = (torch.bfloat16, torch.float16)
@@ -188,3 +189,61 @@ def _check_lengths_and_pages(block_table: torch.Tensor, cache_seqlens: torch.Ten
             f"page indices in [0, {num_pages}) for the {int(pages_needed[b])} pages sequence {b} uses",
             f"block_table[{b}, {p}] = {int(block_table[b, p])}",
         )
+
+
+def check_prefill_inputs(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    kv_b_weight: torch.Tensor,
+    meta: PrefillMetadata,
+    kv_scale: torch.Tensor | None,
+    *,
+    query_dtypes: tuple[torch.dtype, ...] = QUERY_DTYPES,
+    check_values: bool = True,
+) -> None:
+    """Raises MLAInputError naming the first bad argument of an `mla_prefill` call.
+
+    >>> from mlakit.prefill_metadata import plan_prefill
+    >>> table = torch.zeros(1, 1, dtype=torch.int32)
+    >>> check_prefill_inputs(torch.randn(2, 4, 192).bfloat16(), torch.randn(2, 64, 576).bfloat16(),
+    ...     torch.randn(4 * 256, 512).bfloat16(), plan_prefill([3], [3], table, 64), None)
+    Traceback (most recent call last):
+    ...
+    mlakit.errors.MLAInputError: q: expected 3 tokens (the prefill metadata's new tokens), got shape (2, 4, 192)
+    """
+    _check_tensor("q", q, 3, query_dtypes, q.device if isinstance(q, torch.Tensor) else torch.device("cpu"))
+    tokens, heads, qk_dim = q.shape
+    if tokens != meta.queries.total:
+        raise _fail("q", f"{meta.queries.total} tokens (the prefill metadata's new tokens)", f"shape {tuple(q.shape)}")
+    if heads == 0:
+        raise _fail("q", "[tokens, heads, d_nope + d_rope] with heads >= 1", f"shape {tuple(q.shape)}")
+    if kv_cache.dim() == 4 and kv_cache.shape[2] != 1:
+        raise _fail("kv_cache", "[num_pages, page_size, dim] or [num_pages, page_size, 1, dim]", f"shape {tuple(kv_cache.shape)}")
+    pages = _check_tensor("kv_cache", pages_view(kv_cache), 3, (*CACHE_DTYPES, torch.float32), q.device)
+    num_pages, page_size, cache_dim = pages.shape
+    if page_size != meta.page_size:
+        raise _fail("kv_cache", f"pages of {meta.page_size} tokens (the page size the metadata was planned for)", f"shape {tuple(kv_cache.shape)}")
+    _check_tensor("kv_b_weight", kv_b_weight, 2, (torch.bfloat16, torch.float16, torch.float32), q.device)
+    rows, rank = kv_b_weight.shape
+    rope_dim = cache_dim - rank
+    nope_dim = qk_dim - rope_dim
+    if rope_dim < 1 or nope_dim < 1:
+        raise _fail(
+            "kv_b_weight",
+            f"[heads * (d_nope + d_v), kv_lora_rank] with kv_lora_rank < the cache's row width {cache_dim} - d_rope and "
+            f"q's last dim {qk_dim} = d_nope + d_rope",
+            f"shape {tuple(kv_b_weight.shape)}",
+        )
+    if rows % heads or rows // heads <= nope_dim:
+        raise _fail("kv_b_weight", f"{heads} heads x (d_nope {nope_dim} + d_v) rows", f"shape {tuple(kv_b_weight.shape)}")
+    _check_kv_scale(kv_scale, pages, q.device)
+    if meta.queries.cu_seqlens.device != q.device:
+        raise _fail("meta", f"prefill metadata planned on {q.device} (the device of q)", meta.queries.cu_seqlens.device)
+    if check_values:
+        slots = torch.cat([meta.causal_keys.slots, *(chunk.slots for chunk in meta.prefix_chunks)])
+        if slots.numel() and not bool(((slots >= 0) & (slots < num_pages * page_size)).all()):
+            raise _fail(
+                "block_table",
+                f"page indices in [0, {num_pages}) for every page the prefill reads (as planned by plan_prefill)",
+                "an index out of range",
+            )

@@ -1,16 +1,18 @@
-"""The `triton` backend: mlakit's own Triton kernels (decode and latent extend; MHA prefill arrives with issue 4)."""
+"""The `triton` backend: mlakit's own Triton kernels (decode, latent extend, MHA-form prefill)."""
 
 from __future__ import annotations
 
 import torch
 
+from mlakit.mha_prefill import run_mha_prefill
+from mlakit.prefill_metadata import PrefillMetadata, Segments
 from mlakit.registry.catalog import register
 from mlakit.registry.records import BackendRecord, PageSizeRule
 
 RECORD = BackendRecord(
     name="triton",
-    summary="mlakit's portable Triton split-KV decode (any page size, heads, q_len; fp8 with scales)",
-    phases=frozenset({"decode"}),
+    summary="mlakit's portable Triton kernels: split-KV decode, latent extend, MHA prefill (any page size, heads, q_len; fp8 with scales)",
+    phases=frozenset({"prefill", "decode"}),
     device_kinds=frozenset({"cuda"}),
     capability_majors=frozenset({8, 9, 10, 12}),
     kv_dtype_min_capability=(("fp8_e4m3", (8, 9)),),
@@ -65,4 +67,39 @@ def extend(
     )
 
 
-register(RECORD, decode, extend)
+def _attention_pass(
+    q: torch.Tensor,
+    k_nope: torch.Tensor,
+    k_pe: torch.Tensor,
+    v: torch.Tensor,
+    queries: Segments,
+    keys: Segments,
+    *,
+    causal: bool,
+    softmax_scale: float,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    merge: bool,
+) -> None:
+    from mlakit.kernels.triton_prefill import triton_mha_prefill
+
+    triton_mha_prefill(
+        q, k_nope, k_pe, v, queries.cu_seqlens, keys.cu_seqlens,
+        max_q_len=queries.max_len, causal=causal, softmax_scale=softmax_scale, out=out, lse=lse, merge=merge,
+    )
+
+
+def prefill(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    kv_b_weight: torch.Tensor,
+    meta: PrefillMetadata,
+    *,
+    softmax_scale: float,
+    kv_scale: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gather, decompress (one GEMM per pass), the Triton varlen flash-attention kernel, lse merge."""
+    return run_mha_prefill(q, kv_cache, kv_b_weight, meta, _attention_pass, softmax_scale=softmax_scale, kv_scale=kv_scale)
+
+
+register(RECORD, decode, extend, prefill)

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 import torch
 
+from mlakit.bench import prefill as prefill_bench
 from mlakit.bench.ceilings import measure_ceilings
 from mlakit.bench.decode import (
     DecodeCase,
@@ -99,6 +100,33 @@ def decode(quick: bool, case_specs: tuple[str, ...], tunings: tuple[str, ...], n
 def _parse_case(spec: str) -> DecodeCase:
     heads, batch, seqlen, q_len, kv_dtype, page_size = spec.split(",")
     return DecodeCase(int(heads), int(batch), None if seqlen == "ragged" else int(seqlen), int(q_len), kv_dtype, int(page_size))
+
+
+@bench.command()
+@click.option("--quick", is_flag=True, help="The two 128-head targets (n8192 p0, n2048 p32768) plus spot checks.")
+@click.option("--case", "case_specs", multiple=True, help="heads,batch,new_tokens,prefix (repeatable).")
+@click.option("--tuning", "tunings", multiple=True, help="NAME=block_m,block_n,warps,stages extra Triton attention variants.")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=Path("prefill_bench.json"), show_default=True)
+@click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=Path("prefill_bench.png"), show_default=True)
+def prefill(quick: bool, case_specs: tuple[str, ...], tunings: tuple[str, ...], json_path: Path, plot_path: Path) -> None:
+    """Times the MHA-form prefill: the Triton attention kernel vs SDPA (and FlashAttention), and mla_prefill end to end."""
+    if not torch.cuda.is_available():
+        raise click.ClickException("mlakit bench prefill needs a CUDA device")
+    try:
+        cases = [prefill_bench.PrefillCase.parse(s) for s in case_specs] or prefill_bench.default_cases(quick)
+        variants = dict(prefill_bench.parse_tuning(s) for s in tunings)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    device = torch.device("cuda")
+    ceilings = measure_ceilings(device)
+    click.echo(f"ceilings: copy {ceilings.copy_gb_per_s:.0f} GB/s, bf16 matmul {ceilings.matmul_tflop_per_s:.0f} TFLOP/s")
+    budget = 0.9 * torch.cuda.get_device_properties(device).total_memory
+    run = prefill_bench.run_cases(cases, variants, device, ceilings, budget, click.echo)
+    for line in prefill_bench.summary(run.results):
+        click.echo(line)
+    prefill_bench.write_results(json_path, environment(device, ceilings), run, budget)
+    prefill_bench.plot_results(plot_path, run.results)
+    click.echo(f"wrote {json_path} and {plot_path}")
 
 
 @bench.command()

@@ -16,9 +16,9 @@ from torch import nn
 
 from mlakit.cache import PagedLatentCache
 from mlakit.errors import ConfigError
-from mlakit.model.mla_attention import MLAAttention, MLALayerConfig, PrefillForm, RMSNorm
+from mlakit.model.mla_attention import MLAAttention, MLALayerConfig, RMSNorm
 from mlakit.model.moe import MLP, MoE, MoEConfig
-from mlakit.model.step import AttentionStep
+from mlakit.step import AttentionStep
 
 SUPPORTED_ARCHITECTURES = ("DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM")
 
@@ -101,7 +101,7 @@ class DeepseekForCausalLM(nn.Module):
         cache: PagedLatentCache,
         *,
         decode_backend: str = "auto",
-        prefill_form: PrefillForm = "auto",
+        prefill_backend: str = "auto",
     ) -> torch.Tensor:
         """Logits `[batch, vocab]` (float32) of each sequence's last new token.
 
@@ -112,7 +112,7 @@ class DeepseekForCausalLM(nn.Module):
         for index, layer in enumerate(self.model.layers):
             attn = layer.self_attn(
                 layer.input_layernorm(hidden), positions, step, cache.layer(index),
-                decode_backend=decode_backend, prefill_form=prefill_form,
+                decode_backend=decode_backend, prefill_backend=prefill_backend,
             )
             hidden = hidden + attn
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))

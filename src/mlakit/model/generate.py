@@ -46,7 +46,9 @@ def build_runner(
         f"model: {model_config.num_layers} layers, {shape.num_heads} heads, latent {shape.kv_lora_rank}+{shape.qk_rope_head_dim}; "
         f"cache: {pages} pages of {plan.page_size} tokens in {cache_dtype}"
     )
-    return Runner(model, cache, decode_backend=plan.decode_backend, max_batch_size=config.max_batch_size)
+    return Runner(
+        model, cache, decode_backend=plan.decode_backend, prefill_backend=plan.prefill_backend, max_batch_size=config.max_batch_size
+    )
 
 
 def run_generate(

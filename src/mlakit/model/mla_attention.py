@@ -9,24 +9,20 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
 
-from mlakit.api import mla_decode, mla_extend
 from mlakit.cache import LatentStore
+from mlakit.config import AUTO
 from mlakit.errors import ConfigError
-from mlakit.model.mha_prefill import DEFAULT_PREFIX_CHUNK_TOKENS, mha_prefill
+from mlakit.forward import mla_forward
 from mlakit.model.rope import RopeConfig, RopeLayout, RotaryEmbedding
-from mlakit.model.step import AttentionStep
-from mlakit.reference import reference_extend
 from mlakit.shape import MLAShape
+from mlakit.step import AttentionStep
 
-PrefillForm = Literal["auto", "latent", "mha"]
 LATENT_NORM_EPS = 1e-6
-# Extends with at most this many new tokens per sequence use the latent (absorbed) form.
-MAX_LATENT_EXTEND_TOKENS = 16
 
 
 class RMSNorm(nn.Module):
@@ -78,11 +74,11 @@ class MLALayerConfig:
 class MLAAttention(nn.Module):
     """MLA attention of one layer: projections, rope, cache write, attention, output projection.
 
-    Decode steps and short extends run in the latent (absorbed) form through the decode
-    backend's kernels (`mla_decode` / `mla_extend`, the query in the cache's 16-bit dtype; a
-    float32 cache, kept for exact reference runs, goes through the reference); prefills run
-    in MHA form (decompressed K/V, cached prefix in chunks). The absorbed weights W_UK / W_UV are
-    views of `kv_b_proj`, so loading a state dict updates them.
+    Decode sequences and short extends run in the latent (absorbed) form (`mla_decode` /
+    `mla_extend`, the query in the cache's 16-bit dtype; a float32 cache, kept for exact
+    reference runs, goes through the torch oracles); longer prefills run in MHA form
+    (`mla_prefill`: decompressed K/V, cached prefix in chunks). One step may mix them. The
+    absorbed weights W_UK / W_UV are views of `kv_b_proj`, so loading a state dict updates them.
     """
 
     def __init__(self, config: MLALayerConfig) -> None:
@@ -101,12 +97,6 @@ class MLAAttention(nn.Module):
         self.kv_b_proj = nn.Linear(shape.kv_lora_rank, heads * (shape.qk_nope_head_dim + shape.v_head_dim), bias=False)
         self.o_proj = nn.Linear(heads * shape.v_head_dim, hidden, bias=config.attention_bias)
         self.rotary = RotaryEmbedding(config.rope)
-
-    def absorbed_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """W_UK `[H, d_nope, r]` and W_UV `[H, d_v, r]`, views of kv_b_proj's weight."""
-        shape = self.config.shape
-        per_head = self.kv_b_proj.weight.view(shape.num_heads, shape.qk_nope_head_dim + shape.v_head_dim, shape.kv_lora_rank)
-        return per_head[:, : shape.qk_nope_head_dim], per_head[:, shape.qk_nope_head_dim :]
 
     def project_query(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q_nope `[T, H, d_nope]` and roped q_pe `[T, H, d_rope]` for hidden states `[T, hidden]`."""
@@ -132,56 +122,19 @@ class MLAAttention(nn.Module):
         step: AttentionStep,
         cache: LatentStore,
         *,
-        decode_backend: str = "auto",
-        prefill_form: PrefillForm = "auto",
-        prefix_chunk_tokens: int = DEFAULT_PREFIX_CHUNK_TOKENS,
+        decode_backend: str = AUTO,
+        prefill_backend: str = AUTO,
     ) -> torch.Tensor:
         """Attention output `[T, hidden]` for the step's packed new tokens `x [T, hidden]`.
 
         Writes the new tokens' latent rows into `cache` at `step.slots`, then attends over
-        each sequence's cached tokens (causal among the new ones).
+        each sequence's cached tokens (causal among the new ones), each part of the step on
+        its kernel (`mlakit.forward.mla_forward`).
         """
         q_nope, q_pe = self.project_query(x, positions)
         cache.write_slots(step.slots, self.project_latent(x, positions))
-        w_uk, w_uv = self.absorbed_weights()
-        scale = self.config.shape.softmax_scale
-        if self._use_mha(step, prefill_form):
-            out = mha_prefill(
-                torch.cat([q_nope, q_pe], dim=-1), cache.data, step.block_table, step.new_tokens, step.cache_lens,
-                w_uk, w_uv, softmax_scale=scale, kv_scale=cache.scale, prefix_chunk_tokens=prefix_chunk_tokens,
-            )
-        else:
-            q_latent = torch.cat([torch.einsum("thd,hdr->thr", q_nope, w_uk), q_pe], dim=-1)
-            out_latent = self._latent_attention(q_latent, step, cache, decode_backend, scale)
-            out = torch.einsum("thr,hvr->thv", out_latent.float(), w_uv.float())
-        return self.o_proj(out.to(x.dtype).flatten(1))
-
-    def _use_mha(self, step: AttentionStep, prefill_form: PrefillForm) -> bool:
-        if prefill_form != "auto":
-            return prefill_form == "mha"
-        return step.decode_q_len is None and max(step.new_tokens) > MAX_LATENT_EXTEND_TOKENS
-
-    def _latent_attention(
-        self, q_latent: torch.Tensor, step: AttentionStep, cache: LatentStore, decode_backend: str, scale: float
-    ) -> torch.Tensor:
-        rank = self.config.shape.kv_lora_rank
-        q_len = step.decode_q_len
-        if cache.data.dtype != torch.float32:
-            q_16bit = q_latent.to(torch.float16 if cache.data.dtype == torch.float16 else torch.bfloat16)
-            if q_len is not None:
-                batch = len(step.new_tokens)
-                out, _ = mla_decode(
-                    q_16bit.view(batch, q_len, *q_latent.shape[1:]), cache.data, step.block_table, step.cache_seqlens,
-                    softmax_scale=scale, backend=decode_backend, kv_scale=cache.scale, kv_lora_rank=rank, return_lse=False,
-                )
-                return out.flatten(0, 1)
-            out, _ = mla_extend(
-                q_16bit, cache.data, step.block_table, step.cache_seqlens, step.cu_seqlens_q, max_q_len=max(step.new_tokens),
-                softmax_scale=scale, backend=decode_backend, kv_scale=cache.scale, kv_lora_rank=rank,
-            )
-            return out
-        out, _ = reference_extend(
-            q_latent, cache.data, step.block_table, step.cache_seqlens, step.cu_seqlens_q,
-            kv_lora_rank=rank, softmax_scale=scale, kv_scale=cache.scale,
+        out = mla_forward(
+            q_nope, q_pe, cache.data, cache.scale, self.kv_b_proj.weight, step,
+            softmax_scale=self.config.shape.softmax_scale, decode_backend=decode_backend, prefill_backend=prefill_backend,
         )
-        return out
+        return self.o_proj(out.to(x.dtype).flatten(1))

@@ -1,7 +1,8 @@
 """Batched generation with continuous batching over the paged latent cache.
 
 Each step is either a prefill of newly admitted requests or a decode of every running one
-(prefill first, as SGLang schedules). A request is admitted only when the free pages hold its
+(prefill first, as SGLang schedules), or with `mixed_steps=True` one step holding both: the
+running requests' decode tokens and the admitted requests' prompts. A request is admitted only when the free pages hold its
 prompt plus `max_new_tokens`, so a running request never runs out of cache; finished requests
 free their pages at once for the next ones.
 """
@@ -17,7 +18,7 @@ import torch
 from mlakit.cache import PagedLatentCache
 from mlakit.errors import ConfigError
 from mlakit.model.deepseek import DeepseekForCausalLM
-from mlakit.model.step import AttentionStep
+from mlakit.step import AttentionStep
 
 
 @dataclasses.dataclass
@@ -63,14 +64,18 @@ class Runner:
         cache: PagedLatentCache,
         *,
         decode_backend: str = "auto",
+        prefill_backend: str = "auto",
         max_batch_size: int = 64,
+        mixed_steps: bool = False,
     ) -> None:
         if len(cache.stores) != model.config.num_layers:
             raise ConfigError(f"cache has {len(cache.stores)} layers, the model {model.config.num_layers}")
         self.model = model
         self.cache = cache
         self.decode_backend = decode_backend
+        self.prefill_backend = prefill_backend
         self.max_batch_size = max_batch_size
+        self.mixed_steps = mixed_steps
         self.stats = GenerationStats()
 
     @torch.no_grad()
@@ -91,11 +96,14 @@ class Runner:
         step_index = 0
         while waiting or running:
             admitted = self._admit(requests, waiting, running, step_index)
-            if admitted:
-                self._run_step(requests, admitted, prefill=True)
+            if admitted and self.mixed_steps:
+                self._run_step(requests, decoding=list(running), prefilling=admitted)
+                running.extend(admitted)
+            elif admitted:
+                self._run_step(requests, decoding=[], prefilling=admitted)
                 running.extend(admitted)
             elif running:
-                self._run_step(requests, running, prefill=False)
+                self._run_step(requests, decoding=list(running), prefilling=[])
             for index in [i for i in running if requests[i].finished]:
                 running.remove(index)
                 self.cache.free(index)
@@ -123,24 +131,26 @@ class Runner:
         total = -(-(len(request.prompt_ids) + request.max_new_tokens) // self.cache.page_size)
         return total - len(self.cache.pages_of(index))
 
-    def _run_step(self, requests: Sequence[Request], indices: list[int], prefill: bool) -> None:
+    def _run_step(self, requests: Sequence[Request], decoding: list[int], prefilling: list[int]) -> None:
         device = self.cache.device
+        indices = decoding + prefilling
         tokens, positions, new_counts = [], [], []
         for index in indices:
             request = requests[index]
-            new = request.prompt_ids if prefill else request.output_ids[-1:]
+            new = request.prompt_ids if index in prefilling else request.output_ids[-1:]
             start = self.cache.seq_len(index)
             tokens.extend(new)
             positions.extend(range(start, start + len(new)))
             new_counts.append(len(new))
         slots = torch.cat([self.cache.reserve(index, n) for index, n in zip(indices, new_counts)])
         step = AttentionStep(
-            tuple(new_counts), tuple(self.cache.seq_len(i) for i in indices), self.cache.block_table(indices), slots
+            tuple(new_counts), tuple(self.cache.seq_len(i) for i in indices), self.cache.block_table(indices), slots,
+            page_size=self.cache.page_size,
         )
         began = time.perf_counter()
         logits = self.model(
             torch.tensor(tokens, device=device), torch.tensor(positions, device=device), step, self.cache,
-            decode_backend=self.decode_backend,
+            decode_backend=self.decode_backend, prefill_backend=self.prefill_backend,
         )
         for row, index in enumerate(indices):
             request = requests[index]
@@ -148,7 +158,7 @@ class Runner:
             request.output_ids.append(token)
             eos = token in self.model.config.eos_token_ids
             request.finished = eos or len(request.output_ids) >= request.max_new_tokens
-        if prefill:
+        if prefilling:
             self.stats.prefill_steps += 1
         else:
             if device.type == "cuda":

@@ -12,6 +12,7 @@ from typing import Protocol
 import torch
 
 from mlakit.errors import ConfigError
+from mlakit.prefill_metadata import PrefillMetadata
 from mlakit.registry.records import BackendRecord
 
 
@@ -49,26 +50,65 @@ class ExtendKernel(Protocol):
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
+class PrefillKernel(Protocol):
+    """The MHA-form prefill entry point (shapes as in `mlakit.mla_prefill`)."""
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        kv_b_weight: torch.Tensor,
+        meta: PrefillMetadata,
+        *,
+        softmax_scale: float,
+        kv_scale: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
 @dataclasses.dataclass(frozen=True)
 class RegisteredBackend:
     record: BackendRecord
     decode: DecodeKernel | None
     extend: ExtendKernel | None = None
+    prefill: PrefillKernel | None = None
 
 
 _REGISTRY: dict[str, RegisteredBackend] = {}
 
 
-def register(record: BackendRecord, decode: DecodeKernel | None = None, extend: ExtendKernel | None = None) -> BackendRecord:
-    """Adds a backend; a second registration under the same name is an error."""
+def register(
+    record: BackendRecord,
+    decode: DecodeKernel | None = None,
+    extend: ExtendKernel | None = None,
+    prefill: PrefillKernel | None = None,
+) -> BackendRecord:
+    """Adds a backend; a second registration under the same name is an error.
+
+    A record may state prefill without a `prefill` kernel (a vendor prefill mlakit has no
+    adapter for yet): resolve() still plans with it, `mla_prefill` refuses it by name.
+    """
     if record.name in _REGISTRY:
         raise ConfigError(f"backend {record.name!r} is already registered")
     if ("decode" in record.phases) != (decode is not None):
         raise ConfigError(f"backend {record.name!r}: a decode kernel must be given exactly when the record lists decode")
     if record.latent_extend != (extend is not None):
         raise ConfigError(f"backend {record.name!r}: an extend kernel must be given exactly when the record says latent_extend")
-    _REGISTRY[record.name] = RegisteredBackend(record, decode, extend)
+    if prefill is not None and "prefill" not in record.phases:
+        raise ConfigError(f"backend {record.name!r}: a prefill kernel was given but the record does not list prefill")
+    _REGISTRY[record.name] = RegisteredBackend(record, decode, extend, prefill)
     return record
+
+
+def missing_adapter(name: str, phase: str) -> str | None:
+    """Why mlakit cannot run `phase` on backend `name` although its record may state it, or None.
+
+    >>> missing_adapter("flashmla", "decode") is None
+    True
+    """
+    backend = get_backend(name)
+    if phase == "prefill" and "prefill" in backend.record.phases and backend.prefill is None:
+        return "states prefill, but mlakit has no adapter for its prefill kernel yet"
+    return None
 
 
 def _ensure_loaded() -> None:

@@ -48,7 +48,7 @@ def backend_problems(record: BackendRecord, phase: Phase, req: Requirements, par
     """
     problems: list[str] = []
     if phase not in record.phases:
-        fallback = f"; its prefill runs on {record.prefill_fallback}" if record.prefill_fallback else ""
+        fallback = f"; its declared prefill fallback is {record.prefill_fallback}" if record.prefill_fallback else ""
         problems.append(f"does not do {phase} (it is {'/'.join(sorted(record.phases))} only{fallback})")
     problems += record.hardware_problems(req.device)
     if req.device.local and (missing := record.missing_packages()):

@@ -1,0 +1,103 @@
+"""One attention forward of one layer over a whole step, mixed modes included: each part of
+the step (decode, latent extend, MHA prefill) runs on its kernel, results land in the
+packed token order. Works for engines with their own projections: pass the roped queries,
+the layer's cache and `kv_b_proj.weight`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mlakit.api import mla_decode, mla_extend, mla_prefill
+from mlakit.config import AUTO
+from mlakit.mha_prefill import reference_attention_pass, run_mha_prefill
+from mlakit.reference import reference_extend
+from mlakit.step import AttentionStep, StepPart
+
+
+def mla_forward(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    kv_cache: torch.Tensor,
+    kv_scale: torch.Tensor | None,
+    kv_b_weight: torch.Tensor,
+    step: AttentionStep,
+    *,
+    softmax_scale: float,
+    decode_backend: str = AUTO,
+    prefill_backend: str = AUTO,
+    check_inputs: bool = True,
+) -> torch.Tensor:
+    """Attention output `[T, heads, d_v]` (float32) for the step's packed new tokens, whose latent
+    rows are already in `kv_cache`.
+
+    `q_nope [T, H, d_nope]` and `q_pe [T, H, d_rope]` (rope applied); `kv_b_weight` is
+    `kv_b_proj.weight` `[H * (d_nope + d_v), kv_lora_rank]`. Decode and latent-extend parts
+    absorb W_UK into the query and W_UV into the output; the MHA part decompresses the
+    cache. A float32 cache (exact reference runs) goes through the torch oracles.
+
+    >>> table = torch.tensor([[0], [1]], dtype=torch.int32)
+    >>> step = AttentionStep((1, 2), (5, 2), table, torch.tensor([4, 8, 9]), page_size=8)
+    >>> cache = torch.randn(2, 8, 48)
+    >>> out = mla_forward(torch.randn(3, 2, 16), torch.randn(3, 2, 16), cache, None,
+    ...     torch.randn(2 * (16 + 8), 32), step, softmax_scale=0.2)
+    >>> out.shape
+    torch.Size([3, 2, 8])
+    """
+    heads, nope_dim = q_nope.shape[1], q_nope.shape[2]
+    per_head = kv_b_weight.view(heads, -1, kv_b_weight.shape[1])
+    w_uk, w_uv = per_head[:, :nope_dim], per_head[:, nope_dim:]
+    out = torch.empty(q_nope.shape[0], heads, w_uv.shape[1], dtype=torch.float32, device=q_nope.device)
+    exact = kv_cache.dtype == torch.float32
+    query_dtype = torch.float32 if exact else (torch.float16 if kv_cache.dtype == torch.float16 else torch.bfloat16)
+    for part in step.parts:
+        rows = part.token_rows
+        part_nope, part_pe = (q_nope, q_pe) if rows is None else (q_nope[rows], q_pe[rows])
+        if part.kind == "mha_prefill":
+            q = torch.cat([part_nope, part_pe], dim=-1).to(query_dtype)
+            if exact:
+                part_out, _ = run_mha_prefill(q, kv_cache, kv_b_weight, part.prefill, reference_attention_pass,
+                                              softmax_scale=softmax_scale, kv_scale=kv_scale)
+            else:
+                part_out, _ = mla_prefill(q, kv_cache, kv_b_weight, part.prefill, softmax_scale=softmax_scale,
+                                          backend=prefill_backend, kv_scale=kv_scale, check_inputs=check_inputs)
+        else:
+            q_latent = torch.cat([torch.einsum("thd,hdr->thr", part_nope, w_uk.to(part_nope.dtype)), part_pe], dim=-1)
+            out_latent = _latent_part(q_latent.to(query_dtype), kv_cache, kv_scale, kv_b_weight.shape[1], part, softmax_scale, decode_backend,
+                                      exact, check_inputs)
+            part_out = torch.einsum("thr,hvr->thv", out_latent.float(), w_uv.float())
+        if rows is None:
+            out.copy_(part_out)
+        else:
+            out.index_copy_(0, rows, part_out.float())
+    return out
+
+
+def _latent_part(
+    q_latent: torch.Tensor,
+    kv_cache: torch.Tensor,
+    kv_scale: torch.Tensor | None,
+    rank: int,
+    part: StepPart,
+    softmax_scale: float,
+    backend: str,
+    exact: bool,
+    check_inputs: bool,
+) -> torch.Tensor:
+    if exact:
+        out, _ = reference_extend(q_latent, kv_cache, part.block_table, part.cache_seqlens, part.cu_seqlens_q,
+                                  kv_lora_rank=rank, softmax_scale=softmax_scale, kv_scale=kv_scale)
+        return out
+    if part.kind == "decode":
+        batch = len(part.sequences)
+        out, _ = mla_decode(
+            q_latent.view(batch, part.q_len, *q_latent.shape[1:]), kv_cache, part.block_table, part.cache_seqlens,
+            softmax_scale=softmax_scale, backend=backend, kv_scale=kv_scale, kv_lora_rank=rank, return_lse=False,
+            check_inputs=check_inputs,
+        )
+        return out.flatten(0, 1)
+    out, _ = mla_extend(
+        q_latent, kv_cache, part.block_table, part.cache_seqlens, part.cu_seqlens_q, max_q_len=part.max_q_len,
+        softmax_scale=softmax_scale, backend=backend, kv_scale=kv_scale, kv_lora_rank=rank, check_inputs=check_inputs,
+    )
+    return out

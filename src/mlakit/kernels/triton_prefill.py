@@ -1,0 +1,266 @@
+"""Triton MHA-form attention for MLA prefill: variable-length segments, head dim
+d_nope + d_rope for scores and d_v for values, the rope key shared by all heads.
+
+One program owns BLOCK_M query tokens of one head of one segment and walks that
+segment's keys in BLOCK_N tiles (flash attention, online softmax in base 2). Scores
+are two dots, `q_nope . k_nope` (per head) and `q_pe . k_pe` (one k_pe row per key,
+read by every head), so neither the 192-wide key nor the shared rope part is ever
+materialised per head. Key tiles every row of the block fully sees run without a mask;
+only the diagonal tiles (causal) and the last partial tile pay for one.
+
+Causal alignment is bottom-right, as in the reference: in a segment of n queries and
+m keys, query i sees keys 0 .. i + m - n (the new tokens are the last n keys).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from mlakit.errors import MLAInputError
+from mlakit.kernels.interpreter import INTERPRET
+
+LOG2E = 1.4426950408889634
+LN2 = tl.constexpr(0.6931471805599453)
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillTuning:
+    """Tile sizes and launch settings of the prefill kernel."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n"):
+            value = getattr(self, name)
+            if value < 16 or value & (value - 1):
+                raise MLAInputError(f"PrefillTuning.{name}: expected a power of two >= 16, got {value}")
+
+
+@functools.cache
+def default_prefill_tuning(device: torch.device) -> PrefillTuning:
+    """Tiles for `device`: on Hopper and Blackwell 128x64 tiles, 8 warps, 3 stages (best of 7 tried
+    on an H100, benchmarks/NOTES.md); fewer stages or smaller tiles where shared memory is
+    smaller (A100: 164 KiB, other SM8x: 100 KiB; not measured here); small tiles under the
+    interpreter."""
+    if device.type != "cuda":
+        return PrefillTuning(block_m=16, block_n=16, num_warps=1, num_stages=1)
+    major, minor = torch.cuda.get_device_capability(device)
+    if major >= 9:
+        return PrefillTuning(block_m=128, block_n=64, num_warps=8, num_stages=3)
+    if (major, minor) == (8, 0):
+        return PrefillTuning(block_m=128, block_n=64, num_warps=8, num_stages=2)
+    return PrefillTuning(block_m=64, block_n=32, num_warps=4, num_stages=2)
+
+
+@triton.jit
+def _attend_key_range(
+    acc, m_i, l_i, q_nope, q_pe,
+    K_NOPE, K_PE, V, key_base, stride_kn_tok, stride_kp_tok, stride_v_tok,
+    k_len, lo, hi, rows_seen_limit,
+    cols_n, cols_r, cols_v, n_ok, r_ok, v_ok, scale_log2,
+    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+):
+    for key0 in range(lo, hi, BLOCK_N):
+        keys = key0 + tl.arange(0, BLOCK_N)
+        key_rows = (key_base + keys).to(tl.int64)
+        if MASKED:
+            key_ok = keys < k_len
+            k_nope = tl.load(K_NOPE + key_rows[None, :] * stride_kn_tok + cols_n[:, None],
+                             mask=key_ok[None, :] & n_ok[:, None], other=0.0)
+            k_pe = tl.load(K_PE + key_rows[None, :] * stride_kp_tok + cols_r[:, None],
+                           mask=key_ok[None, :] & r_ok[:, None], other=0.0)
+            v = tl.load(V + key_rows[:, None] * stride_v_tok + cols_v[None, :],
+                        mask=key_ok[:, None] & v_ok[None, :], other=0.0)
+        else:
+            k_nope = tl.load(K_NOPE + key_rows[None, :] * stride_kn_tok + cols_n[:, None], mask=n_ok[:, None], other=0.0)
+            k_pe = tl.load(K_PE + key_rows[None, :] * stride_kp_tok + cols_r[:, None], mask=r_ok[:, None], other=0.0)
+            v = tl.load(V + key_rows[:, None] * stride_v_tok + cols_v[None, :], mask=v_ok[None, :], other=0.0)
+        if INTERPRET:
+            k_nope = k_nope.to(tl.float32)
+            k_pe = k_pe.to(tl.float32)
+            v = v.to(tl.float32)
+        scores = (tl.dot(q_nope, k_nope) + tl.dot(q_pe, k_pe)) * scale_log2
+        if MASKED:
+            seen = key_ok[None, :]
+            if CAUSAL:
+                seen = seen & (keys[None, :] <= rows_seen_limit[:, None])
+            scores = tl.where(seen, scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(scores - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _mha_prefill_kernel(
+    Q, K_NOPE, K_PE, V, OUT, LSE, CU_SEQLENS_Q, CU_SEQLENS_K,
+    scale_log2,
+    stride_q_tok, stride_q_head,
+    stride_kn_tok, stride_kn_head,
+    stride_kp_tok,
+    stride_v_tok, stride_v_head,
+    stride_o_tok, stride_o_head,
+    stride_lse_tok,
+    NOPE_DIM: tl.constexpr, ROPE_DIM: tl.constexpr, V_DIM: tl.constexpr,
+    BLOCK_NOPE: tl.constexpr, BLOCK_ROPE: tl.constexpr, BLOCK_V: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, MERGE: tl.constexpr,
+):
+    block = tl.num_programs(0) - 1 - tl.program_id(0)
+    head = tl.program_id(1)
+    seq = tl.program_id(2)
+    q_start = tl.load(CU_SEQLENS_Q + seq)
+    q_len = tl.load(CU_SEQLENS_Q + seq + 1) - q_start
+    k_start = tl.load(CU_SEQLENS_K + seq)
+    k_len = tl.load(CU_SEQLENS_K + seq + 1) - k_start
+    m0 = block * BLOCK_M
+    if m0 >= q_len or (MERGE and k_len == 0):
+        return
+
+    rows = m0 + tl.arange(0, BLOCK_M)
+    row_ok = rows < q_len
+    cols_n = tl.arange(0, BLOCK_NOPE)
+    cols_r = tl.arange(0, BLOCK_ROPE)
+    cols_v = tl.arange(0, BLOCK_V)
+    n_ok = cols_n < NOPE_DIM
+    r_ok = cols_r < ROPE_DIM
+    v_ok = cols_v < V_DIM
+    q_rows = Q + (q_start + rows)[:, None].to(tl.int64) * stride_q_tok + head * stride_q_head
+    q_nope = tl.load(q_rows + cols_n[None, :], mask=row_ok[:, None] & n_ok[None, :], other=0.0)
+    q_pe = tl.load(q_rows + NOPE_DIM + cols_r[None, :], mask=row_ok[:, None] & r_ok[None, :], other=0.0)
+    if INTERPRET:
+        q_nope = q_nope.to(tl.float32)
+        q_pe = q_pe.to(tl.float32)
+
+    offset = k_len - q_len
+    rows_seen_limit = rows + offset
+    if CAUSAL:
+        hi = tl.minimum(k_len, m0 + BLOCK_M + offset)
+        unmasked_hi = tl.minimum(hi, m0 + offset + 1)
+    else:
+        hi = k_len
+        unmasked_hi = k_len
+    unmasked_hi = tl.maximum(unmasked_hi, 0) // BLOCK_N * BLOCK_N
+    hi = tl.maximum(hi, 0)
+
+    acc = tl.zeros([BLOCK_M, BLOCK_V], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    kn_base = K_NOPE + head * stride_kn_head
+    v_base = V + head * stride_v_head
+    acc, m_i, l_i = _attend_key_range(
+        acc, m_i, l_i, q_nope, q_pe, kn_base, K_PE, v_base, k_start, stride_kn_tok, stride_kp_tok, stride_v_tok,
+        k_len, 0, unmasked_hi, rows_seen_limit, cols_n, cols_r, cols_v, n_ok, r_ok, v_ok, scale_log2,
+        BLOCK_N, False, CAUSAL,
+    )
+    acc, m_i, l_i = _attend_key_range(
+        acc, m_i, l_i, q_nope, q_pe, kn_base, K_PE, v_base, k_start, stride_kn_tok, stride_kp_tok, stride_v_tok,
+        k_len, unmasked_hi, hi, rows_seen_limit, cols_n, cols_r, cols_v, n_ok, r_ok, v_ok, scale_log2,
+        BLOCK_N, True, CAUSAL,
+    )
+
+    has_keys = l_i > 0
+    safe_l = tl.where(has_keys, l_i, 1.0)
+    out = tl.where(has_keys[:, None], acc / safe_l[:, None], 0.0)
+    lse = tl.where(has_keys, (m_i + tl.log2(safe_l)) * LN2, float("-inf"))
+    out_ptrs = OUT + (q_start + rows)[:, None].to(tl.int64) * stride_o_tok + head * stride_o_head + cols_v[None, :]
+    out_mask = row_ok[:, None] & v_ok[None, :]
+    lse_ptrs = LSE + (q_start + rows).to(tl.int64) * stride_lse_tok + head
+    if MERGE:
+        earlier_lse = tl.load(lse_ptrs, mask=row_ok, other=float("-inf"))
+        earlier_out = tl.load(out_ptrs, mask=out_mask, other=0.0).to(tl.float32)
+        top = tl.maximum(earlier_lse, lse)
+        top = tl.where(top == float("-inf"), 0.0, top)
+        w_earlier = tl.exp(earlier_lse - top)
+        w_now = tl.exp(lse - top)
+        total = w_earlier + w_now
+        safe_total = tl.where(total > 0, total, 1.0)
+        out = (earlier_out * w_earlier[:, None] + out * w_now[:, None]) / safe_total[:, None]
+        lse = tl.where(total > 0, top + tl.log(safe_total), float("-inf"))
+    tl.store(out_ptrs, out.to(OUT.dtype.element_ty), mask=out_mask)
+    tl.store(lse_ptrs, lse, mask=row_ok)
+
+
+def triton_mha_prefill(
+    q: torch.Tensor,
+    k_nope: torch.Tensor,
+    k_pe: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    *,
+    max_q_len: int,
+    causal: bool,
+    softmax_scale: float,
+    tuning: PrefillTuning | None = None,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+    merge: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Varlen attention of packed queries `q [T, H, d_nope + d_rope]` over keys `k_nope [Tk, H, d_nope]`
+    with the shared rope key `k_pe [Tk, d_rope]` and values `v [Tk, H, d_v]`.
+
+    Segment b is `q[cu_seqlens_q[b]:cu_seqlens_q[b+1]]` over keys `cu_seqlens_k[b]:cu_seqlens_k[b+1]`
+    (int32 offsets on the device; `max_q_len`, the longest query segment, sizes the grid).
+    Returns out `[T, H, d_v]` (q's dtype, or written into `out`) and lse `[T, H]` float32
+    (natural log, or written into `lse`); a query without keys gets zeros and -inf. With
+    `merge=True` the result is merged by lse into the earlier `out` / `lse` of a disjoint key
+    set (a segment without keys leaves its rows untouched): that is how prefix chunks add up
+    without a separate merge pass. Inputs may be strided views (last dim contiguous), e.g.
+    k_nope and v as the two halves of one decompressed `[Tk, H, d_nope + d_v]` tensor. Shapes
+    and dtypes are the caller's contract (`mlakit.mla_prefill` checks them).
+
+    >>> dev = "cuda" if torch.cuda.is_available() else "cpu"
+    >>> q, kn, kp, v = (torch.randn(s, device=dev) for s in ((5, 2, 24), (5, 2, 16), (5, 8), (5, 2, 16)))
+    >>> cu = torch.tensor([0, 2, 5], dtype=torch.int32, device=dev)
+    >>> out, lse = triton_mha_prefill(q, kn, kp, v, cu, cu, max_q_len=3, causal=True, softmax_scale=0.2)
+    >>> out.shape, lse.shape
+    (torch.Size([5, 2, 16]), torch.Size([5, 2]))
+    """
+    tokens, heads, qk_dim = q.shape
+    nope_dim, rope_dim, v_dim = k_nope.shape[-1], k_pe.shape[-1], v.shape[-1]
+    if qk_dim != nope_dim + rope_dim:
+        raise MLAInputError(f"q: expected last dim d_nope + d_rope = {nope_dim + rope_dim}, got {qk_dim}")
+    for name, tensor in (("q", q), ("k_nope", k_nope), ("k_pe", k_pe), ("v", v)):
+        if tensor.stride(-1) != 1:
+            raise MLAInputError(f"{name}: expected a contiguous last dim, got strides {tensor.stride()}")
+    if merge and (out is None or lse is None):
+        raise MLAInputError("out and lse: merge=True needs the earlier result to merge into")
+    tuning = tuning or default_prefill_tuning(q.device)
+    out = q.new_empty(tokens, heads, v_dim) if out is None else out
+    lse = torch.empty(tokens, heads, dtype=torch.float32, device=q.device) if lse is None else lse
+    batch = cu_seqlens_q.shape[0] - 1
+    if tokens == 0 or batch == 0 or max_q_len == 0:
+        if not merge:
+            out.zero_()
+            lse.fill_(float("-inf"))
+        return out, lse
+    grid = (triton.cdiv(max_q_len, tuning.block_m), heads, batch)
+    _mha_prefill_kernel[grid](
+        q, k_nope, k_pe, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+        softmax_scale * LOG2E,
+        q.stride(0), q.stride(1),
+        k_nope.stride(0), k_nope.stride(1),
+        k_pe.stride(0),
+        v.stride(0), v.stride(1),
+        out.stride(0), out.stride(1),
+        lse.stride(0),
+        NOPE_DIM=nope_dim, ROPE_DIM=rope_dim, V_DIM=v_dim,
+        BLOCK_NOPE=max(16, triton.next_power_of_2(nope_dim)),
+        BLOCK_ROPE=max(16, triton.next_power_of_2(rope_dim)),
+        BLOCK_V=max(16, triton.next_power_of_2(v_dim)),
+        BLOCK_M=tuning.block_m, BLOCK_N=tuning.block_n, CAUSAL=causal, MERGE=merge,
+        num_warps=tuning.num_warps, num_stages=tuning.num_stages,
+    )
+    return out, lse

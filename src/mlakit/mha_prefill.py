@@ -1,0 +1,141 @@
+"""Prefill in MHA form, shared by every backend that runs it: gather each pass's latent rows
+from the pages, decompress them through `kv_b_proj`'s weight into per-head keys and values,
+attend (the backend's kernel), merge the passes by lse.
+
+The decompressed keys are never concatenated with the shared rope key: attention kernels
+take `k_nope [rows, H, d_nope]`, `k_pe [rows, d_rope]` and `v [rows, H, d_v]` (the last two
+halves of one GEMM output) separately.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from mlakit.kv_quant import SCALE_PER_GROUP, dequantize, scale_mode
+from mlakit.prefill_metadata import PrefillMetadata, Segments
+from mlakit.reference import merge_attention_states, pages_view
+
+
+class AttentionPass(Protocol):
+    """Varlen attention of query segments over key segments (shapes as in `triton_mha_prefill`),
+    written into `out [T, H, d_v]` and `lse [T, H]`, or merged by lse into what they hold."""
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k_nope: torch.Tensor,
+        k_pe: torch.Tensor,
+        v: torch.Tensor,
+        queries: Segments,
+        keys: Segments,
+        *,
+        causal: bool,
+        softmax_scale: float,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        merge: bool,
+    ) -> None: ...
+
+
+def gather_rows(kv_cache: torch.Tensor, kv_scale: torch.Tensor | None, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Cache rows `[len(slots), kv_lora_rank + rope]` at flat `slots`, dequantized to `dtype`."""
+    pages = pages_view(kv_cache)
+    flat = pages.reshape(-1, pages.shape[-1])
+    if kv_scale is None:
+        return flat[slots].to(dtype)
+    scale = kv_scale.reshape(-1, kv_scale.shape[-1])[slots] if scale_mode(pages, kv_scale) == SCALE_PER_GROUP else kv_scale
+    return dequantize(flat[slots], scale).to(dtype)
+
+
+def decompress(
+    rows: torch.Tensor, kv_b_weight: torch.Tensor, heads: int, nope_dim: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-head `k_nope [m, H, d_nope]`, shared `k_pe [m, d_rope]` and `v [m, H, d_v]` from latent rows
+    `[m, kv_lora_rank + d_rope]`, through `kv_b_weight [H * (d_nope + d_v), kv_lora_rank]` (one GEMM).
+
+    >>> k_nope, k_pe, v = decompress(torch.randn(3, 10), torch.randn(2 * (4 + 5), 8), heads=2, nope_dim=4)
+    >>> k_nope.shape, k_pe.shape, v.shape
+    (torch.Size([3, 2, 4]), torch.Size([3, 2]), torch.Size([3, 2, 5]))
+    """
+    rank = kv_b_weight.shape[1]
+    per_head = (rows[:, :rank] @ kv_b_weight.to(rows.dtype).t()).view(rows.shape[0], heads, kv_b_weight.shape[0] // heads)
+    return per_head[..., :nope_dim], rows[:, rank:], per_head[..., nope_dim:]
+
+
+def run_mha_prefill(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    kv_b_weight: torch.Tensor,
+    meta: PrefillMetadata,
+    attend: AttentionPass,
+    *,
+    softmax_scale: float,
+    kv_scale: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The passes of `meta` (causal over the new tokens, non-causal over prefix chunks) on `attend`,
+    each chunk merged into the running result. Returns out `[T, H, d_v]` in q's dtype and lse
+    `[T, H]` float32."""
+    heads = q.shape[1]
+    nope_dim = q.shape[2] - (pages_view(kv_cache).shape[-1] - kv_b_weight.shape[1])
+    v_dim = kv_b_weight.shape[0] // heads - nope_dim
+    chunked = bool(meta.prefix_chunks)
+    out = torch.empty(q.shape[0], heads, v_dim, dtype=torch.float32 if chunked else q.dtype, device=q.device)
+    lse = torch.empty(q.shape[0], heads, dtype=torch.float32, device=q.device)
+    passes = [(meta.causal_keys, True), *((chunk, False) for chunk in meta.prefix_chunks)]
+    for index, (keys, causal) in enumerate(passes):
+        rows = gather_rows(kv_cache, kv_scale, keys.slots, q.dtype)
+        k_nope, k_pe, v = decompress(rows, kv_b_weight, heads, nope_dim)
+        attend(q, k_nope, k_pe, v, meta.queries, keys.segments, causal=causal, softmax_scale=softmax_scale,
+               out=out, lse=lse, merge=index > 0)
+    return out.to(q.dtype), lse
+
+
+def reference_attention_pass(
+    q: torch.Tensor,
+    k_nope: torch.Tensor,
+    k_pe: torch.Tensor,
+    v: torch.Tensor,
+    queries: Segments,
+    keys: Segments,
+    *,
+    causal: bool,
+    softmax_scale: float,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    merge: bool,
+) -> None:
+    """The torch oracle of an attention pass: float32 math, one segment at a time (host offsets)."""
+    heads = q.shape[1]
+    q_first = k_first = 0
+    for q_len, k_len in zip(queries.lens, keys.lens):
+        q_rows, k_rows = slice(q_first, q_first + q_len), slice(k_first, k_first + k_len)
+        q_first, k_first = q_first + q_len, k_first + k_len
+        if q_len == 0 or (merge and k_len == 0):
+            continue
+        k = torch.cat([k_nope[k_rows], k_pe[k_rows, None, :].expand(-1, heads, -1)], dim=-1).float()
+        part_out, part_lse = attend_heads(q[q_rows].float(), k, v[k_rows].float(), softmax_scale, causal)
+        if merge:
+            part_out, part_lse = merge_attention_states(out[q_rows].float(), lse[q_rows], part_out, part_lse)
+        out[q_rows], lse[q_rows] = part_out.to(out.dtype), part_lse
+
+
+def attend_heads(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of `q [n, H, dk]` over `k [m, H, dk]`, `v [m, H, dv]`; with `causal`, query i
+    sees keys `0 .. i + m - n`. Returns out `[n, H, dv]` and lse `[n, H]` (zeros / -inf when empty).
+
+    >>> out, lse = attend_heads(torch.randn(2, 1, 4), torch.randn(0, 1, 4), torch.randn(0, 1, 3), 0.5, False)
+    >>> out.abs().sum().item(), lse.tolist()
+    (0.0, [[-inf], [-inf]])
+    """
+    scores = torch.einsum("nhd,mhd->hnm", q, k) * softmax_scale
+    if causal:
+        n, m = q.shape[0], k.shape[0]
+        visible = torch.arange(m, device=q.device)[None, :] <= torch.arange(n, device=q.device)[:, None] + (m - n)
+        scores = scores.masked_fill(~visible[None], float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = torch.exp(scores - torch.where(torch.isfinite(lse), lse, 0)[..., None])
+    return torch.einsum("hnm,mhd->nhd", probs, v), lse.transpose(0, 1)

@@ -1,0 +1,166 @@
+"""Per-step metadata of an MHA-form prefill: which cache rows are the keys of each attention pass.
+
+The host supplies only what its scheduler already knows, as Python ints: each sequence's
+new-token count and its cache length after this step's writes. Everything that depends on
+device data (the cache slot of every key row, read through the block table) is computed on
+the GPU, so building the metadata never waits for the device.
+
+A prefill runs one causal pass over each sequence's new tokens and, when the cached
+prefixes are longer in total than `prefix_chunk_tokens`, non-causal passes over prefix
+chunks of at most that many rows (each chunk shared evenly by the sequences whose prefix is
+not done yet), merged by lse. When the prefixes fit in one chunk, they join the causal pass instead: one pass, no
+merge. Either way the rows decompressed at once stay bounded by the chunk size plus the new
+tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import torch
+
+from mlakit.errors import MLAInputError
+
+DEFAULT_PREFIX_CHUNK_TOKENS = 8192
+
+
+@dataclasses.dataclass(frozen=True)
+class Segments:
+    """Ragged segments, one per sequence: host lengths and their int32 offsets `[batch + 1]` on the device."""
+
+    lens: tuple[int, ...]
+    cu_seqlens: torch.Tensor
+
+    @property
+    def total(self) -> int:
+        return sum(self.lens)
+
+    @property
+    def max_len(self) -> int:
+        return max(self.lens, default=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyRows:
+    """The cache rows of one attention pass: for sequence b, its tokens `starts[b] .. starts[b] + lens[b] - 1`,
+    found at the flat cache slots `slots` (int64, `[total rows]`, in segment order)."""
+
+    segments: Segments
+    starts: tuple[int, ...]
+    slots: torch.Tensor
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillMetadata:
+    """What an MHA-form prefill of one step reads: query segments, the causal pass, the prefix chunks.
+
+    Build it once per step with `plan_prefill` and pass it to every layer's `mla_prefill`.
+    """
+
+    queries: Segments
+    causal_keys: KeyRows
+    prefix_chunks: tuple[KeyRows, ...]
+    page_size: int
+
+
+def plan_prefill(
+    new_tokens: Sequence[int],
+    cache_lens: Sequence[int],
+    block_table: torch.Tensor,
+    page_size: int,
+    *,
+    prefix_chunk_tokens: int = DEFAULT_PREFIX_CHUNK_TOKENS,
+) -> PrefillMetadata:
+    """Metadata for a prefill of `new_tokens[b]` new tokens per sequence, whose cache holds
+    `cache_lens[b]` tokens after the new ones were written (so the prefix is the difference).
+
+    >>> table = torch.tensor([[2, 0], [1, 3]], dtype=torch.int32)
+    >>> meta = plan_prefill([2, 3], [6, 3], table, page_size=4, prefix_chunk_tokens=2)
+    >>> meta.causal_keys.segments.lens, [c.segments.lens for c in meta.prefix_chunks]
+    ((2, 3), [(2, 0), (2, 0)])
+    >>> [c.segments.lens for c in plan_prefill([1, 1], [9, 4], table, 8, prefix_chunk_tokens=6).prefix_chunks]
+    [(3, 3), (5, 0)]
+    >>> meta.causal_keys.slots.tolist()
+    [0, 1, 4, 5, 6]
+    """
+    new_tokens, cache_lens = tuple(int(n) for n in new_tokens), tuple(int(c) for c in cache_lens)
+    _check_plan_inputs(new_tokens, cache_lens, block_table, page_size, prefix_chunk_tokens)
+    device = block_table.device
+    prefixes = [total - new for new, total in zip(new_tokens, cache_lens)]
+    queries = _segments(new_tokens, device)
+    if sum(prefixes) <= prefix_chunk_tokens:
+        causal = _key_rows(block_table, page_size, [0] * len(prefixes), list(cache_lens), device)
+        return PrefillMetadata(queries, causal, (), page_size)
+    causal = _key_rows(block_table, page_size, prefixes, list(new_tokens), device)
+    chunks = tuple(
+        _key_rows(block_table, page_size, starts, lens, device) for starts, lens in _cut_prefixes(prefixes, prefix_chunk_tokens)
+    )
+    return PrefillMetadata(queries, causal, chunks, page_size)
+
+
+def _check_plan_inputs(
+    new_tokens: tuple[int, ...], cache_lens: tuple[int, ...], block_table: torch.Tensor, page_size: int, chunk: int
+) -> None:
+    if len(new_tokens) != len(cache_lens) or len(new_tokens) != block_table.shape[0]:
+        raise MLAInputError(
+            f"new_tokens, cache_lens and block_table: expected one entry per sequence, got {len(new_tokens)}, "
+            f"{len(cache_lens)} and {block_table.shape[0]} rows"
+        )
+    if page_size < 1 or chunk < 1:
+        raise MLAInputError(f"page_size and prefix_chunk_tokens: expected >= 1, got {page_size} and {chunk}")
+    capacity = block_table.shape[1] * page_size
+    for b, (new, total) in enumerate(zip(new_tokens, cache_lens)):
+        if new < 0 or total < new:
+            raise MLAInputError(f"sequence {b}: expected 0 <= new_tokens <= cache_lens, got {new} and {total}")
+        if total > capacity:
+            raise MLAInputError(
+                f"cache_lens[{b}]: {total} tokens do not fit the block table's {block_table.shape[1]} pages of {page_size}"
+            )
+
+
+def _cut_prefixes(prefixes: list[int], chunk: int) -> list[tuple[list[int], list[int]]]:
+    """Per chunk, each sequence's (start, length) within its prefix. Every chunk but the last holds
+    `chunk` rows, shared as evenly as the remaining prefixes allow (shortest first, each at most an
+    equal share of what is left), so every pass keeps all unfinished sequences busy."""
+    chunks: list[tuple[list[int], list[int]]] = []
+    taken = [0] * len(prefixes)
+    while True:
+        active = sorted((b for b, p in enumerate(prefixes) if taken[b] < p), key=lambda b: prefixes[b] - taken[b])
+        if not active:
+            return chunks
+        room = chunk
+        starts, lens = list(taken), [0] * len(prefixes)
+        for i, b in enumerate(active):
+            length = min(prefixes[b] - taken[b], max(1, room // (len(active) - i)), room)
+            lens[b] = length
+            taken[b] += length
+            room -= length
+        chunks.append((starts, lens))
+
+
+def _segments(lens: Sequence[int], device: torch.device) -> Segments:
+    offsets = [0]
+    for n in lens:
+        offsets.append(offsets[-1] + n)
+    return Segments(tuple(lens), upload_ints(offsets, device, torch.int32))
+
+
+def _key_rows(block_table: torch.Tensor, page_size: int, starts: list[int], lens: list[int], device: torch.device) -> KeyRows:
+    """Slots of the rows `starts[b] .. starts[b] + lens[b] - 1` of every sequence, computed on the device."""
+    segments = _segments(lens, device)
+    batch, rows = len(lens), sum(lens)
+    seq_starts = upload_ints(starts, device, torch.int64)
+    lengths = segments.cu_seqlens[1:] - segments.cu_seqlens[:-1]
+    seq = torch.repeat_interleave(torch.arange(batch, device=device), lengths, output_size=rows)
+    positions = torch.arange(rows, device=device) - segments.cu_seqlens[seq] + seq_starts[seq]
+    pages = block_table[seq, positions // page_size].long()
+    return KeyRows(segments, tuple(starts), pages * page_size + positions % page_size)
+
+
+def upload_ints(values: list[int], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A small host list of ints on `device`, copied without waiting for the device (pinned staging on CUDA)."""
+    host = torch.tensor(values, dtype=dtype)
+    if device.type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)

@@ -1,0 +1,179 @@
+"""Per-step metadata: what one forward asks of attention, and how it splits into kernel calls.
+
+The host supplies only what its scheduler knows as Python ints, per sequence: how many new
+tokens it adds (`new_tokens`) and its cache length once they are written (`cache_lens`);
+plus, on the device, the block table and the cache slot of every new token. Everything
+else (offsets, per-part tables and lengths, the rows of each prefill pass) is derived once
+per step, shared by every layer, and never reads device values back to the host.
+
+A step may mix modes. Each sequence goes to one part, and each part runs on its kernel:
+- `decode`: it has a cached prefix and adds `decode_q_len` tokens (1, or k + 1 when a
+  target model verifies k draft tokens) -> `mla_decode` in the latent form;
+- `latent_extend`: a short extend (at most `max_latent_extend_tokens` new tokens, e.g.
+  uneven speculative verify or a small chunk) -> `mla_extend` in the latent form;
+- `mha_prefill`: longer new segments -> `mla_prefill` in MHA form, prefix in chunks.
+Sequences with no new tokens are in no part. Outputs land in the packed token order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Literal
+
+import torch
+
+from mlakit.errors import MLAInputError
+from mlakit.prefill_metadata import DEFAULT_PREFIX_CHUNK_TOKENS, PrefillMetadata, plan_prefill, upload_ints
+
+PartKind = Literal["decode", "latent_extend", "mha_prefill"]
+PrefillForm = Literal["auto", "latent", "mha"]
+DEFAULT_MAX_LATENT_EXTEND_TOKENS = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class StepPart:
+    """The sequences of a step that run on one kernel, with their own metadata.
+
+    `token_rows` are the part's rows in the packed batch (int64 on the device), or None
+    when the part is the whole batch in order. For `decode`, `q_len` is the uniform query
+    length; for `mha_prefill`, `prefill` holds the passes.
+    """
+
+    kind: PartKind
+    sequences: tuple[int, ...]
+    new_tokens: tuple[int, ...]
+    token_rows: torch.Tensor | None
+    block_table: torch.Tensor
+    cache_seqlens: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+    q_len: int | None = None
+    prefill: PrefillMetadata | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.new_tokens)
+
+    @property
+    def max_q_len(self) -> int:
+        return max(self.new_tokens)
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionStep:
+    """One forward over a batch of sequences, new tokens packed in sequence order.
+
+    Host ints: `new_tokens[b]`, `cache_lens[b]` (after this step's writes), `page_size`.
+    Device: `block_table` `[batch, max_pages]` int32, `slots` `[tokens]` int64 (the flat
+    cache slot of each new token). Policy: `decode_q_len` fixes the decode query length
+    (None: the uniform new-token count when every sequence has a prefix and adds the same
+    number, else 1); `prefill_form` forces the form of non-decode sequences.
+
+    >>> table = torch.tensor([[0, 1], [2, 3], [4, 5]], dtype=torch.int32)
+    >>> step = AttentionStep((1, 40, 3), (9, 40, 12), table, torch.arange(44), page_size=32)
+    >>> [(p.kind, p.sequences) for p in step.parts]
+    [('decode', (0,)), ('latent_extend', (2,)), ('mha_prefill', (1,))]
+    """
+
+    new_tokens: tuple[int, ...]
+    cache_lens: tuple[int, ...]
+    block_table: torch.Tensor
+    slots: torch.Tensor
+    page_size: int
+    decode_q_len: int | None = None
+    prefill_form: PrefillForm = "auto"
+    max_latent_extend_tokens: int = DEFAULT_MAX_LATENT_EXTEND_TOKENS
+    prefix_chunk_tokens: int = DEFAULT_PREFIX_CHUNK_TOKENS
+
+    def __post_init__(self) -> None:
+        if len(self.new_tokens) != len(self.cache_lens) or not self.new_tokens:
+            raise MLAInputError(
+                f"new_tokens and cache_lens: expected equal, non-zero lengths, got {len(self.new_tokens)} and {len(self.cache_lens)}"
+            )
+        if self.block_table.dim() != 2 or self.block_table.shape[0] != len(self.new_tokens):
+            raise MLAInputError(
+                f"block_table: expected shape [{len(self.new_tokens)}, max_pages], got {tuple(self.block_table.shape)}"
+            )
+        capacity = self.block_table.shape[1] * self.page_size
+        for b, (new, total) in enumerate(zip(self.new_tokens, self.cache_lens)):
+            if new < 0 or total < new:
+                raise MLAInputError(f"sequence {b}: expected 0 <= new_tokens <= cache_lens, got {new} and {total}")
+            if total > capacity:
+                raise MLAInputError(f"cache_lens[{b}]: {total} tokens do not fit {self.block_table.shape[1]} pages of {self.page_size}")
+        if self.slots.shape != (self.num_tokens,):
+            raise MLAInputError(f"slots: expected shape [{self.num_tokens}], got {tuple(self.slots.shape)}")
+        if self.decode_q_len is not None and self.decode_q_len < 1:
+            raise MLAInputError(f"decode_q_len: expected None or >= 1, got {self.decode_q_len}")
+        if self.prefill_form not in ("auto", "latent", "mha"):
+            raise MLAInputError(f"prefill_form: expected 'auto', 'latent' or 'mha', got {self.prefill_form!r}")
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.new_tokens)
+
+    @property
+    def batch_decode_q_len(self) -> int:
+        """The query length that makes a sequence a decode sequence in this step."""
+        if self.decode_q_len is not None:
+            return self.decode_q_len
+        first = self.new_tokens[0]
+        uniform = all(n == first for n in self.new_tokens)
+        has_prefix = all(total > new for new, total in zip(self.new_tokens, self.cache_lens))
+        return first if uniform and has_prefix and first > 0 else 1
+
+    @functools.cached_property
+    def cache_seqlens(self) -> torch.Tensor:
+        """int32 `[batch]` lengths after this step's writes, on the block table's device."""
+        return upload_ints(list(self.cache_lens), self.block_table.device, torch.int32)
+
+    @functools.cached_property
+    def parts(self) -> tuple[StepPart, ...]:
+        """The step's sequences grouped by kernel (decode, latent extend, MHA prefill), built once."""
+        by_kind: dict[PartKind, list[int]] = {"decode": [], "latent_extend": [], "mha_prefill": []}
+        for b, (new, total) in enumerate(zip(self.new_tokens, self.cache_lens)):
+            if new:
+                by_kind[self._kind_of(new, total)].append(b)
+        offsets = [0]
+        for n in self.new_tokens:
+            offsets.append(offsets[-1] + n)
+        whole = len(self.new_tokens)
+        return tuple(
+            self._part(kind, sequences, offsets, whole_batch=len(sequences) == whole)
+            for kind, sequences in by_kind.items()
+            if sequences
+        )
+
+    def _kind_of(self, new: int, total: int) -> PartKind:
+        if total > new and new == self.batch_decode_q_len:
+            return "decode"
+        if self.prefill_form == "latent" or (self.prefill_form == "auto" and new <= self.max_latent_extend_tokens):
+            return "latent_extend"
+        return "mha_prefill"
+
+    def _part(self, kind: PartKind, sequences: list[int], offsets: list[int], whole_batch: bool) -> StepPart:
+        device = self.block_table.device
+        new = tuple(self.new_tokens[b] for b in sequences)
+        lens = [self.cache_lens[b] for b in sequences]
+        if whole_batch:
+            rows, table, seqlens = None, self.block_table, self.cache_seqlens
+        else:
+            rows = upload_ints([r for b in sequences for r in range(offsets[b], offsets[b + 1])], device, torch.int64)
+            table = self.block_table[upload_ints(sequences, device, torch.int64)]
+            seqlens = upload_ints(lens, device, torch.int32)
+        cu = [0]
+        for n in new:
+            cu.append(cu[-1] + n)
+        prefill = None
+        if kind == "mha_prefill":
+            prefill = plan_prefill(new, lens, table, self.page_size, prefix_chunk_tokens=self.prefix_chunk_tokens)
+        return StepPart(
+            kind=kind,
+            sequences=tuple(sequences),
+            new_tokens=new,
+            token_rows=rows,
+            block_table=table,
+            cache_seqlens=seqlens,
+            cu_seqlens_q=upload_ints(cu, device, torch.int32),
+            q_len=self.batch_decode_q_len if kind == "decode" else None,
+            prefill=prefill,
+        )

@@ -1,0 +1,83 @@
+"""A whole step through `mla_forward`: mixed decode / latent-extend / MHA-prefill parts, in
+random token order, against the latent-form oracle over the whole batch."""
+
+import pytest
+import torch
+
+from mlakit.errors import MLAInputError
+from mlakit.forward import mla_forward
+from mlakit.reference import reference_extend
+from mlakit.step import AttentionStep
+from paged_inputs import make_paged_batch, relative_error
+
+HEADS, RANK, ROPE, NOPE, V_DIM = 3, 32, 16, 16, 24
+
+
+def _mixed_step(new_tokens, cache_lens, page_size, device, seed, kv_dtype="bf16", scale_layout="tensor", **policy):
+    batch = make_paged_batch(list(cache_lens), heads=HEADS, page_size=page_size, kv_lora_rank=RANK, rope_dim=ROPE,
+                             kv_dtype=kv_dtype, scale_layout=scale_layout, seed=seed, device=device)
+    table, page = batch.block_table, page_size
+    host_table = table.cpu()
+    slots = [int(host_table[b, t // page]) * page + t % page
+             for b, (n, total) in enumerate(zip(new_tokens, cache_lens)) for t in range(total - n, total)]
+    step = AttentionStep(tuple(new_tokens), tuple(cache_lens), table, torch.tensor(slots, device=device),
+                         page_size=page_size, **policy)
+    return batch, step
+
+
+def _latent_oracle(q_nope, q_pe, batch, step, kv_b_weight, scale):
+    per_head = kv_b_weight.float().view(HEADS, NOPE + V_DIM, RANK)
+    q_latent = torch.cat([torch.einsum("thd,hdr->thr", q_nope.float(), per_head[:, :NOPE]), q_pe.float()], dim=-1)
+    cu = torch.tensor([0, *torch.tensor(step.new_tokens).cumsum(0).tolist()], dtype=torch.int32, device=q_nope.device)
+    out, _ = reference_extend(q_latent, batch.kv_cache, batch.block_table, batch.cache_seqlens, cu,
+                              kv_lora_rank=RANK, softmax_scale=scale, kv_scale=batch.kv_scale)
+    return torch.einsum("thr,hvr->thv", out, per_head[:, NOPE:])
+
+
+@pytest.mark.parametrize("kv_dtype, scale_layout", [("bf16", "tensor"), ("fp16", "tensor"), ("fp8_e4m3", "group")])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_mixed_step_equals_the_latent_oracle(kernel_device, kv_dtype, scale_layout, seed):
+    gen = torch.Generator().manual_seed(seed)
+    # decode (1 new token after a prefix), short extends, long prefills with and without a prefix, an idle sequence
+    kinds = [(1, 40), (1, 9), (20, 20), (3, 11), (0, 7), (25, 61), (1, 1 + 16), (5, 5)]
+    order = torch.randperm(len(kinds), generator=gen).tolist()
+    new_tokens = [kinds[i][0] for i in order]
+    cache_lens = [kinds[i][1] for i in order]
+    batch, step = _mixed_step(new_tokens, cache_lens, 16, kernel_device, seed, kv_dtype, scale_layout,
+                              prefix_chunk_tokens=13)
+    assert {p.kind for p in step.parts} == {"decode", "latent_extend", "mha_prefill"}
+    tokens = step.num_tokens
+    q_nope = torch.randn(tokens, HEADS, NOPE, generator=gen).to(kernel_device)
+    q_pe = torch.randn(tokens, HEADS, ROPE, generator=gen).to(kernel_device)
+    kv_b_weight = (torch.randn(HEADS * (NOPE + V_DIM), RANK, generator=gen) / RANK**0.5).to(kernel_device, torch.bfloat16)
+    backend = "triton" if kernel_device == "cuda" else "reference"  # the registry offers triton on CUDA only
+    out = mla_forward(q_nope.bfloat16(), q_pe.bfloat16(), batch.kv_cache, batch.kv_scale, kv_b_weight, step,
+                      softmax_scale=batch.softmax_scale, decode_backend=backend, prefill_backend=backend)
+    expected = _latent_oracle(q_nope.bfloat16(), q_pe.bfloat16(), batch, step, kv_b_weight, batch.softmax_scale)
+    assert relative_error(out, expected) < (3e-2 if kv_dtype == "fp8_e4m3" else 1e-2)
+
+
+def test_speculative_verify_steps_go_to_decode_when_uniform_and_to_extend_when_uneven():
+    table = torch.arange(8, dtype=torch.int32).view(4, 2)
+    uniform = AttentionStep((4, 4, 4, 4), (9, 12, 30, 5), table, torch.zeros(16, dtype=torch.int64), page_size=16)
+    assert [(p.kind, p.q_len, p.token_rows) for p in uniform.parts] == [("decode", 4, None)]
+    uneven = AttentionStep((4, 2, 4, 1), (9, 12, 30, 5), table, torch.zeros(11, dtype=torch.int64), page_size=16,
+                           decode_q_len=4)
+    kinds = {p.kind: p.sequences for p in uneven.parts}
+    assert kinds == {"decode": (0, 2), "latent_extend": (1, 3)}
+    assert uneven.parts[0].token_rows.tolist() == [0, 1, 2, 3, 6, 7, 8, 9]
+    assert uneven.parts[1].token_rows.tolist() == [4, 5, 10]
+
+
+def test_prefill_form_policy_and_bad_steps():
+    table = torch.zeros(2, 2, dtype=torch.int32)
+    step = AttentionStep((20, 3), (20, 3), table, torch.zeros(23, dtype=torch.int64), page_size=16, prefill_form="mha")
+    assert [p.kind for p in step.parts] == ["mha_prefill"]
+    step = AttentionStep((20, 3), (20, 3), table, torch.zeros(23, dtype=torch.int64), page_size=16, prefill_form="latent")
+    assert [p.kind for p in step.parts] == ["latent_extend"]
+    with pytest.raises(MLAInputError, match="cache_lens\\[1\\]: 40 tokens do not fit 2 pages of 16"):
+        AttentionStep((1, 1), (3, 40), table, torch.zeros(2, dtype=torch.int64), page_size=16)
+    with pytest.raises(MLAInputError, match="slots: expected shape \\[2\\]"):
+        AttentionStep((1, 1), (3, 4), table, torch.zeros(3, dtype=torch.int64), page_size=16)
+    with pytest.raises(MLAInputError, match="prefill_form"):
+        AttentionStep((1, 1), (3, 4), table, torch.zeros(2, dtype=torch.int64), page_size=16, prefill_form="fast")
