@@ -259,9 +259,9 @@ class Problem:
         self.page_size, self.device = page_size, device
         self.unit_roundoff = torch.finfo(q_dtype).eps / 2
 
-    def plan(self, prefix_chunk_tokens: int | None = None) -> PrefillMetadata:
+    def plan(self, prefix_chunk_tokens: int | None = None, heads: int | None = None) -> PrefillMetadata:
         kwargs = {} if prefix_chunk_tokens is None else {"prefix_chunk_tokens": prefix_chunk_tokens}
-        return plan_prefill(self.new, self.lens, self.batch.block_table, self.page_size, **kwargs)
+        return plan_prefill(self.new, self.lens, self.batch.block_table, self.page_size, heads=heads, **kwargs)
 
     def run(self, backend: str, meta: PrefillMetadata | None = None, kv_cache=None):
         meta = meta or self.plan()
@@ -354,11 +354,11 @@ def test_mla_prefill_accepts_a_cache_with_a_head_axis(kernel_device):
     _assert_matches(out, lse, *problem.latent_form())
 
 
-@pytest.mark.parametrize("chunk", [1, 7, 64])
-def test_chunked_prefix_equals_unchunked(chunk, kernel_device):
+@pytest.mark.parametrize("chunk, heads", [(1, None), (7, None), (64, None), (7, 3)])
+def test_chunked_prefix_equals_unchunked(chunk, heads, kernel_device):
     problem = Problem([41, 0, 9, 30], [5, 3, 0, 11], heads=3, page_size=4, seed=chunk, device=kernel_device)
     whole, whole_lse = problem.run("triton", problem.plan(10**9))
-    meta = problem.plan(chunk)
+    meta = problem.plan(chunk, heads=heads)
     assert len(meta.prefix_chunks) == (-(-sum(problem.prefixes) // chunk) if chunk < sum(problem.prefixes) else 0)
     out, lse = problem.run("triton", meta)
     _assert_matches(out, lse, whole.float(), whole_lse)
@@ -374,13 +374,14 @@ def _expected_slots(table: torch.Tensor, page_size: int, b: int, first: int, sto
 
 @pytest.mark.parametrize("chunk", [1, 7, 64, 112, 10**9])  # 112: exactly the prefixes' total, which fits one chunk
 @pytest.mark.parametrize("page_size", [1, 16, 5])
-def test_prefix_chunk_metadata_covers_every_row_once(chunk, page_size):
+@pytest.mark.parametrize("heads", [None, 1, 128])  # 1 head: every sequence shares each chunk; 128: one at a time
+def test_prefix_chunk_metadata_covers_every_row_once(chunk, page_size, heads):
     prefixes, new = [37, 0, 70, 5, 0], [4, 9, 0, 1, 0]
     assert sum(prefixes) == 112
     lens = [p + n for p, n in zip(prefixes, new)]
     batch = make_paged_batch(lens, heads=1, page_size=page_size, seed=page_size)
     table = batch.block_table
-    meta = plan_prefill(new, lens, table, page_size, prefix_chunk_tokens=chunk)
+    meta = plan_prefill(new, lens, table, page_size, prefix_chunk_tokens=chunk, heads=heads)
     assert meta.page_size == page_size
     assert meta.queries.lens == tuple(new)
     assert meta.queries.cu_seqlens.tolist() == torch.tensor([0, *new]).cumsum(0).tolist()

@@ -7,8 +7,9 @@ the GPU, so building the metadata never waits for the device.
 
 A prefill runs one causal pass over each sequence's new tokens and, when the cached
 prefixes are longer in total than `prefix_chunk_tokens`, non-causal passes over prefix
-chunks of at most that many rows (each chunk shared evenly by the sequences whose prefix is
-not done yet), merged by lse. When the prefixes fit in one chunk, they join the causal pass instead: one pass, no
+chunks of at most that many rows (all sequences' prefixes laid end to end and cut; shared
+by several sequences only when one alone has too few query rows to fill the GPU), merged
+into the running result by lse. When the prefixes fit in one chunk, they join the causal pass instead: one pass, no
 merge. Either way the rows decompressed at once stay bounded by the chunk size plus the new
 tokens.
 """
@@ -16,6 +17,7 @@ tokens.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import torch
@@ -23,6 +25,8 @@ import torch
 from mlakit.errors import MLAInputError
 
 DEFAULT_PREFIX_CHUNK_TOKENS = 8192
+# Query rows x heads that keep a prefill pass's grid full: 132 programs of 128 rows (an H100's SMs).
+FULL_PASS_QUERY_ROWS = 132 * 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,15 +75,19 @@ def plan_prefill(
     page_size: int,
     *,
     prefix_chunk_tokens: int = DEFAULT_PREFIX_CHUNK_TOKENS,
+    heads: int | None = None,
 ) -> PrefillMetadata:
     """Metadata for a prefill of `new_tokens[b]` new tokens per sequence, whose cache holds
     `cache_lens[b]` tokens after the new ones were written (so the prefix is the difference).
+    `heads` (per rank), when given, lets the chunk cut keep every pass's grid full.
 
     >>> table = torch.tensor([[2, 0], [1, 3]], dtype=torch.int32)
     >>> meta = plan_prefill([2, 3], [6, 3], table, page_size=4, prefix_chunk_tokens=2)
     >>> meta.causal_keys.segments.lens, [c.segments.lens for c in meta.prefix_chunks]
     ((2, 3), [(2, 0), (2, 0)])
     >>> [c.segments.lens for c in plan_prefill([1, 1], [9, 4], table, 8, prefix_chunk_tokens=6).prefix_chunks]
+    [(6, 0), (2, 3)]
+    >>> [c.segments.lens for c in plan_prefill([1, 1], [9, 4], table, 8, prefix_chunk_tokens=6, heads=1).prefix_chunks]
     [(3, 3), (5, 0)]
     >>> meta.causal_keys.slots.tolist()
     [0, 1, 4, 5, 6]
@@ -93,8 +101,9 @@ def plan_prefill(
         causal = _key_rows(block_table, page_size, [0] * len(prefixes), list(cache_lens), device)
         return PrefillMetadata(queries, causal, (), page_size)
     causal = _key_rows(block_table, page_size, prefixes, list(new_tokens), device)
+    sharing = _chunk_sharing(new_tokens, prefixes, heads)
     chunks = tuple(
-        _key_rows(block_table, page_size, starts, lens, device) for starts, lens in _cut_prefixes(prefixes, prefix_chunk_tokens)
+        _key_rows(block_table, page_size, starts, lens, device) for starts, lens in _cut_prefixes(prefixes, prefix_chunk_tokens, sharing)
     )
     return PrefillMetadata(queries, causal, chunks, page_size)
 
@@ -119,24 +128,36 @@ def _check_plan_inputs(
             )
 
 
-def _cut_prefixes(prefixes: list[int], chunk: int) -> list[tuple[list[int], list[int]]]:
-    """Per chunk, each sequence's (start, length) within its prefix. Every chunk but the last holds
-    `chunk` rows, shared as evenly as the remaining prefixes allow (shortest first, each at most an
-    equal share of what is left), so every pass keeps all unfinished sequences busy."""
+def _cut_prefixes(prefixes: list[int], chunk: int, sharing: int) -> list[tuple[list[int], list[int]]]:
+    """Per chunk, each sequence's (start, length) within its prefix: the prefixes end to end, cut
+    every `chunk` rows, one sequence giving a chunk at most `chunk / sharing` rows while that many
+    are unfinished (the next one then takes its turn; the rest follows in the next chunk), unless
+    the others cannot fill it."""
     chunks: list[tuple[list[int], list[int]]] = []
     taken = [0] * len(prefixes)
-    while True:
-        active = sorted((b for b, p in enumerate(prefixes) if taken[b] < p), key=lambda b: prefixes[b] - taken[b])
-        if not active:
-            return chunks
+    while unfinished := sum(t < p for t, p in zip(taken, prefixes)):
         room = chunk
+        span = max(1, chunk // min(sharing, unfinished))
         starts, lens = list(taken), [0] * len(prefixes)
-        for i, b in enumerate(active):
-            length = min(prefixes[b] - taken[b], max(1, room // (len(active) - i)), room)
-            lens[b] = length
-            taken[b] += length
-            room -= length
+        for cap in (span, chunk):  # the second sweep fills what short prefixes left of the chunk
+            for b, prefix in enumerate(prefixes):
+                length = min(prefix - taken[b], room, cap - lens[b])
+                lens[b] += length
+                taken[b] += length
+                room -= length
         chunks.append((starts, lens))
+    return chunks
+
+
+def _chunk_sharing(new_tokens: tuple[int, ...], prefixes: list[int], heads: int | None) -> int:
+    """How many sequences share a chunk. A sequence's queries merge once per chunk they meet, so
+    one sequence per chunk is cheapest; but a pass also needs enough query rows x heads to fill
+    the GPU, so when one sequence alone has too few, several share each chunk."""
+    queries = [n for n, p in zip(new_tokens, prefixes) if p]
+    if heads is None or not queries:
+        return 1
+    rows_per_sequence = heads * sum(queries) / len(queries)
+    return min(len(queries), math.ceil(FULL_PASS_QUERY_ROWS / rows_per_sequence))
 
 
 def _segments(lens: Sequence[int], device: torch.device) -> Segments:

@@ -67,7 +67,8 @@ class AttentionStep:
     Device: `block_table` `[batch, max_pages]` int32, `slots` `[tokens]` int64 (the flat
     cache slot of each new token). Policy: `decode_q_len` fixes the decode query length
     (None: the uniform new-token count when every sequence has a prefix and adds the same
-    number, else 1); `prefill_form` forces the form of non-decode sequences.
+    number, else 1); `prefill_form` forces the form of non-decode sequences; `heads` (per rank)
+    lets prefix chunking keep each prefill pass's grid full (`plan_prefill`).
 
     >>> table = torch.tensor([[0, 1], [2, 3], [4, 5]], dtype=torch.int32)
     >>> step = AttentionStep((1, 40, 3), (9, 40, 12), table, torch.arange(44), page_size=32)
@@ -84,6 +85,7 @@ class AttentionStep:
     prefill_form: PrefillForm = "auto"
     max_latent_extend_tokens: int = DEFAULT_MAX_LATENT_EXTEND_TOKENS
     prefix_chunk_tokens: int = DEFAULT_PREFIX_CHUNK_TOKENS
+    heads: int | None = None
 
     def __post_init__(self) -> None:
         if len(self.new_tokens) != len(self.cache_lens) or not self.new_tokens:
@@ -165,7 +167,9 @@ class AttentionStep:
             cu.append(cu[-1] + n)
         prefill = None
         if kind == "mha_prefill":
-            prefill = plan_prefill(new, lens, table, self.page_size, prefix_chunk_tokens=self.prefix_chunk_tokens)
+            prefill = plan_prefill(
+                new, lens, table, self.page_size, prefix_chunk_tokens=self.prefix_chunk_tokens, heads=self.heads
+            )
         return StepPart(
             kind=kind,
             sequences=tuple(sequences),

@@ -415,7 +415,8 @@ def _run_full(run: Run, case: PrefillCase, device: torch.device) -> None:
     one_piece = None
     for name, chunk in full_plans(case).items():
         meta = plan_prefill(
-            [case.new_tokens] * case.batch, [case.seq_keys] * case.batch, paged.block_table, PAGE_SIZE, prefix_chunk_tokens=chunk
+            [case.new_tokens] * case.batch, [case.seq_keys] * case.batch, paged.block_table, PAGE_SIZE,
+            prefix_chunk_tokens=chunk, heads=case.heads,
         )
         if name != ONE_PIECE and not meta.prefix_chunks:
             continue  # the whole prefix fits one chunk: the one-piece plan again

@@ -145,7 +145,7 @@ class Runner:
         slots = torch.cat([self.cache.reserve(index, n) for index, n in zip(indices, new_counts)])
         step = AttentionStep(
             tuple(new_counts), tuple(self.cache.seq_len(i) for i in indices), self.cache.block_table(indices), slots,
-            page_size=self.cache.page_size,
+            page_size=self.cache.page_size, heads=self.model.config.attention.shape.num_heads,
         )
         began = time.perf_counter()
         logits = self.model(
