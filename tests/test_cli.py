@@ -108,6 +108,7 @@ def test_backends_json_reference_usable_here_vendors_not():
         "zero_filled": True,
     }
     assert rows["tokenspeed_mla"]["max_decode_q_len"] == 8
+    assert [name for name, row in rows.items() if row["tree_drafts"]] == []
 
 
 @cpu_machine_only
@@ -201,6 +202,37 @@ def test_check_json_passes_every_option_through():
     assert plan["workspaces"][0]["nbytes"] == 148 * 16 * 8 * 513 * 4
 
 
+def test_check_json_passes_the_speculative_modes_through():
+    plan = check_json("--device-arch", "sm90", "--decode-backend", "triton", "--speculative-num-draft-tokens", "2",
+                      "--speculative-eagle-topk", "1", "--speculative-uneven-drafts")
+    assert (plan["decode_backend"], plan["decode_q_len"]) == ("triton", 3)
+    assert (
+        "speculative decoding: chain drafts (topk 1), target verify with 2 draft tokens (3 query tokens per sequence) "
+        "through triton's decode kernel; draft decode steps: q_len 1; draft extend: triton's latent extend; "
+        "uneven drafts: through triton's latent extend"
+    ) in plan["notes"]
+    plan = check_json("--device-arch", "sm90", "--speculative-num-draft-tokens", "2", "--no-speculative-uneven-drafts")
+    assert plan["decode_backend"] == "flashmla"
+    assert any(n.startswith("speculative decoding:") and n.endswith("uneven drafts: off") for n in plan["notes"])
+
+
+def test_check_uneven_drafts_on_sm90_auto_skip_flashmla():
+    plan = check_json("--device-arch", "sm90", "--speculative-num-draft-tokens", "1", "--speculative-uneven-drafts")
+    assert plan["decode_backend"] == "triton"
+    assert any("skipped flashmla (speculative_uneven_drafts needs a latent-form extend kernel" in n for n in plan["notes"])
+
+
+def test_check_tree_drafts_are_refused_naming_the_backend_and_the_setting():
+    message = check_error("--device-arch", "sm90", "--decode-backend", "triton", "--speculative-num-draft-tokens", "3",
+                          "--speculative-eagle-topk", "2")
+    assert "decode_backend 'triton' cannot serve this configuration on sm90" in message
+    assert "speculative_eagle_topk=2 (tree drafts) is not supported; it verifies chains only (topk 1)" in message
+    assert "no registered backend fits this decode configuration as it stands" in message
+    message = check_error("--device-arch", "sm90", "--speculative-num-draft-tokens", "3", "--speculative-eagle-topk", "2")
+    assert "no registered backend can serve decode for this configuration on sm90" in message
+    assert message.count("speculative_eagle_topk=2 (tree drafts) is not supported") == len(backend_names())
+
+
 def test_check_auto_on_sm90_picks_flashmla_and_page_16_skips_it():
     assert check_json("--device-arch", "sm90")["decode_backend"] == "flashmla"
     plan = check_json("--device-arch", "sm90", "--page-size", "16")
@@ -269,6 +301,13 @@ def test_check_model_and_config_together():
         (["--cuda-graphs", "--device-arch", "cpu"], "cuda_graphs=True needs a CUDA device; the device is cpu"),
         (["--page-size", "0"], "page_size must be a positive integer or None"),
         (["--speculative-num-draft-tokens", "-1"], "speculative_num_draft_tokens must be an integer >= 0, got -1"),
+        (["--speculative-eagle-topk", "0"], "speculative_eagle_topk must be an integer >= 1, got 0"),
+        (["--speculative-eagle-topk", "2"], "speculative_eagle_topk=2 (tree drafts) needs speculative decoding"),
+        (["--speculative-uneven-drafts"], "speculative_uneven_drafts needs speculative decoding"),
+        (["--device-arch", "sm90", "--decode-backend", "flashmla", "--speculative-num-draft-tokens", "1", "--speculative-uneven-drafts"],
+         "decode_backend 'flashmla' cannot serve this configuration on sm90:\n"
+         "  - speculative_uneven_drafts needs a latent-form extend kernel, which it lacks\n"
+         "backends that fit this decode configuration: triton, reference"),
         (["--device-arch", "sm9"], "device arch 'sm9' is not one of cpu, xpu, sm80"),
         (["--config", "/nonexistent/mlakit/config.json"], "does not exist; pass a config.json or its directory"),
     ],

@@ -81,3 +81,33 @@ def test_prefill_form_policy_and_bad_steps():
         AttentionStep((1, 1), (3, 4), table, torch.zeros(3, dtype=torch.int64), page_size=16)
     with pytest.raises(MLAInputError, match="prefill_form"):
         AttentionStep((1, 1), (3, 4), table, torch.zeros(2, dtype=torch.int64), page_size=16, prefill_form="fast")
+
+
+@pytest.mark.gpu
+def test_step_metadata_and_a_mixed_forward_never_wait_for_the_gpu():
+    """Building the parts (prefill chunks included) and running every part with check_inputs=False
+    under torch's sync debug mode set to error: no host-device synchronisation anywhere."""
+    gen = torch.Generator().manual_seed(4)
+    new_tokens, cache_lens = [1, 40, 3, 1, 0, 30], [50, 90, 11, 2, 6, 30]
+    batch, _ = _mixed_step(new_tokens, cache_lens, 16, "cuda", 4)
+    host_table = batch.block_table.cpu()
+    slots = torch.tensor([int(host_table[b, t // 16]) * 16 + t % 16
+                          for b, (n, total) in enumerate(zip(new_tokens, cache_lens)) for t in range(total - n, total)])
+    slots = slots.cuda()
+    tokens = sum(new_tokens)
+    q_nope = torch.randn(tokens, HEADS, NOPE, generator=gen).cuda().bfloat16()
+    q_pe = torch.randn(tokens, HEADS, ROPE, generator=gen).cuda().bfloat16()
+    kv_b_weight = (torch.randn(HEADS * (NOPE + V_DIM), RANK, generator=gen) / RANK**0.5).cuda().bfloat16()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step = AttentionStep(tuple(new_tokens), tuple(cache_lens), batch.block_table, slots, page_size=16,
+                             prefix_chunk_tokens=16, heads=HEADS)
+        assert {p.kind for p in step.parts} == {"decode", "latent_extend", "mha_prefill"}
+        assert step.parts[-1].prefill.prefix_chunks, "the 90-token sequence's prefix must be chunked"
+        out = mla_forward(q_nope, q_pe, batch.kv_cache, batch.kv_scale, kv_b_weight, step, softmax_scale=batch.softmax_scale,
+                          decode_backend="triton", prefill_backend="triton", check_inputs=False)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    expected = _latent_oracle(q_nope, q_pe, batch, step, kv_b_weight, batch.softmax_scale)
+    assert relative_error(out, expected) < 1e-2

@@ -501,6 +501,99 @@ def test_auto_skips_a_backend_that_cannot_do_speculative_decoding_and_notes_it()
     assert "skipped intel_xpu (speculative_num_draft_tokens=1" in note(plan, "decode backend:")
 
 
+# --- speculative modes: tree drafts and uneven drafts -----------------------------------------------------
+
+
+TREE = "speculative_eagle_topk=2 (tree drafts) is not supported; it verifies chains only (topk 1)"
+UNEVEN = "speculative_uneven_drafts needs a latent-form extend kernel, which it lacks"
+NONE_FITS = "no registered backend fits this decode configuration as it stands; change the settings above"
+
+
+def test_no_backend_records_tree_drafts():
+    assert not [r.name for r in RECORDS if r.tree_drafts]
+    assert all(r.describe_capabilities()["tree_drafts"] is False for r in RECORDS)
+
+
+def test_tree_drafts_with_explicit_triton_are_refused_and_nothing_fits():
+    message = refusal("sm90", decode_backend="triton", speculative_num_draft_tokens=3, speculative_eagle_topk=2)
+    assert message == f"decode_backend 'triton' cannot serve this configuration on sm90:\n  - {TREE}\n{NONE_FITS}"
+
+
+@pytest.mark.parametrize("record", RECORDS, ids=ids(RECORDS))
+def test_every_backend_refuses_tree_drafts_by_name(record):
+    arch = home_arch(record)
+    message = refusal(arch, attention_backend=record.name, speculative_num_draft_tokens=1, speculative_eagle_topk=2)
+    assert f"decode_backend {record.name!r} cannot serve this configuration on {arch}" in message
+    assert TREE in message
+    assert NONE_FITS in message
+    # with chain drafts (topk 1) the same configuration is refused only by backends without speculative decoding
+    assert fits_alone(record.name, arch, speculative_num_draft_tokens=1) == (record.max_decode_q_len != 1)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_auto_refuses_tree_drafts_naming_the_setting_for_every_backend(arch):
+    message = refusal(arch, speculative_num_draft_tokens=2, speculative_eagle_topk=4)
+    assert message.startswith(f"no registered backend can serve decode for this configuration on {arch}:")
+    tree = "speculative_eagle_topk=4 (tree drafts) is not supported; it verifies chains only (topk 1)"
+    assert message.count(tree) == len(RECORDS)
+    for record in RECORDS:
+        assert f"  {record.name}:\n" in message
+
+
+def test_uneven_drafts_with_flashmla_are_refused_with_triton_among_the_alternatives():
+    message = refusal("sm90", decode_backend="flashmla", speculative_num_draft_tokens=3, speculative_uneven_drafts=True)
+    assert f"decode_backend 'flashmla' cannot serve this configuration on sm90:\n  - {UNEVEN}\nbackends that fit" in message
+    alternatives = listed_alternatives(message, "decode")
+    assert alternatives == ["triton", "reference"]
+    for name in alternatives:
+        assert BY_NAME[name].latent_extend
+        assert fits_alone(name, "sm90", speculative_num_draft_tokens=3, speculative_uneven_drafts=True)
+
+
+NO_EXTEND_SPECULATIVE = [r for r in RECORDS if not r.latent_extend and r.max_decode_q_len != 1]
+
+
+@pytest.mark.parametrize("record", NO_EXTEND_SPECULATIVE, ids=ids(NO_EXTEND_SPECULATIVE))
+def test_uneven_drafts_are_refused_by_every_backend_without_a_latent_extend(record):
+    arch = home_arch(record)
+    assert fits_alone(record.name, arch, speculative_num_draft_tokens=1)
+    message = refusal(arch, decode_backend=record.name, speculative_num_draft_tokens=1, speculative_uneven_drafts=True)
+    assert f"decode_backend {record.name!r}" in message
+    assert UNEVEN in message
+
+
+@pytest.mark.parametrize("arch, backend", [("sm90", "triton"), ("sm100", "triton"), ("cpu", "reference"), ("sm90", "reference")])
+def test_uneven_drafts_with_a_latent_extend_backend_are_accepted_and_noted(arch, backend):
+    plan = plan_for(arch, decode_backend=backend, speculative_num_draft_tokens=3, speculative_uneven_drafts=True)
+    assert (plan.decode_backend, plan.decode_q_len) == (backend, 4)
+    assert note(plan, "speculative decoding:") == (
+        f"speculative decoding: chain drafts (topk 1), target verify with 3 draft tokens (4 query tokens per sequence) "
+        f"through {backend}'s decode kernel; draft decode steps: q_len 1; draft extend: {backend}'s latent extend; "
+        f"uneven drafts: through {backend}'s latent extend"
+    )
+
+
+def test_auto_with_uneven_drafts_skips_backends_without_a_latent_extend_and_says_why():
+    plan = plan_for("sm90", speculative_num_draft_tokens=2, speculative_uneven_drafts=True)
+    assert plan.decode_backend == "triton"
+    text = note(plan, "decode backend:")
+    assert f"skipped flashmla ({UNEVEN}); flashinfer_mla ({UNEVEN})" in text
+
+
+def test_speculative_note_for_a_decode_only_backend_names_its_prefill_for_draft_extend():
+    plan = plan_for("sm90", decode_backend="flashmla", speculative_num_draft_tokens=1)
+    assert (plan.prefill_backend, plan.decode_backend) == ("triton", "flashmla")
+    assert note(plan, "speculative decoding:") == (
+        "speculative decoding: chain drafts (topk 1), target verify with 1 draft token (2 query tokens per sequence) "
+        "through flashmla's decode kernel; draft decode steps: q_len 1; draft extend: triton's prefill; uneven drafts: off"
+    )
+
+
+def test_no_speculative_note_without_draft_tokens():
+    assert not any(n.startswith("speculative") for n in plan_for("sm90").notes)
+    assert not any(n.startswith("speculative") for n in plan_for("cpu", speculative_eagle_topk=1).notes)
+
+
 # --- KV cache dtype ---------------------------------------------------------------------------------------
 
 
@@ -885,6 +978,13 @@ def test_local_cpu_resolves_to_reference_without_package_notes():
         ({"page_size": -16}, r"page_size must be a positive integer or None .* got -16"),
         ({"page_size": 16.0}, r"page_size must be a positive integer .* got 16.0"),
         ({"speculative_num_draft_tokens": -1}, r"speculative_num_draft_tokens must be an integer >= 0, got -1"),
+        ({"speculative_eagle_topk": 0}, r"speculative_eagle_topk must be an integer >= 1, got 0"),
+        ({"speculative_eagle_topk": 2.0}, r"speculative_eagle_topk must be an integer >= 1, got 2.0"),
+        ({"speculative_eagle_topk": True}, r"speculative_eagle_topk must be an integer >= 1, got True"),
+        ({"speculative_uneven_drafts": "yes"}, r"speculative_uneven_drafts must be True or False, got 'yes'"),
+        ({"speculative_uneven_drafts": 1}, r"speculative_uneven_drafts must be True or False, got 1"),
+        ({"speculative_eagle_topk": 4}, r"speculative_eagle_topk=4 \(tree drafts\) needs speculative decoding: set speculative_num_draft_tokens >= 1"),
+        ({"speculative_uneven_drafts": True}, r"speculative_uneven_drafts needs speculative decoding: set speculative_num_draft_tokens >= 1"),
         ({"tp_size": 0}, r"tp_size must be an integer >= 1, got 0"),
         ({"max_batch_size": 0}, r"max_batch_size must be an integer >= 1, got 0"),
         ({"max_context_len": True}, r"max_context_len must be an integer >= 1, got True"),

@@ -75,6 +75,13 @@ def backends(as_json: bool) -> None:
 @click.option("--device-arch", default=None, help="Check for hardware you may not have: cpu, xpu, sm80, sm90, sm100, ...")
 @click.option("--tp-size", type=int, default=1, show_default=True)
 @click.option("--speculative-num-draft-tokens", type=int, default=0, show_default=True)
+@click.option("--speculative-eagle-topk", type=int, default=1, show_default=True, help="Draft candidates per step; > 1 is tree drafts.")
+@click.option(
+    "--speculative-uneven-drafts/--no-speculative-uneven-drafts",
+    default=False,
+    show_default=True,
+    help="Verify batches whose sequences carry different numbers of draft tokens (needs a latent extend kernel).",
+)
 @click.option("--max-batch-size", type=int, default=256, show_default=True)
 @click.option("--max-context-len", type=int, default=32768, show_default=True)
 @click.option("--cuda-graphs/--no-cuda-graphs", default=None, help="Default: on where device and backend allow it.")
@@ -90,6 +97,8 @@ def check(
     device_arch: str | None,
     tp_size: int,
     speculative_num_draft_tokens: int,
+    speculative_eagle_topk: int,
+    speculative_uneven_drafts: bool,
     max_batch_size: int,
     max_context_len: int,
     cuda_graphs: bool | None,
@@ -108,6 +117,8 @@ def check(
             kv_cache_dtype=kv_cache_dtype,
             tp_size=tp_size,
             speculative_num_draft_tokens=speculative_num_draft_tokens,
+            speculative_eagle_topk=speculative_eagle_topk,
+            speculative_uneven_drafts=speculative_uneven_drafts,
             max_batch_size=max_batch_size,
             max_context_len=max_context_len,
             cuda_graphs=cuda_graphs,

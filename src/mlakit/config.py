@@ -18,6 +18,9 @@ class ServingConfig:
     override it per phase. `page_size=None` lets resolve() choose. `cuda_graphs=None`
     turns graphs on where device and backend allow it. Decode runs
     `speculative_num_draft_tokens + 1` query tokens per sequence.
+    `speculative_eagle_topk > 1` asks for tree drafts (several candidates per draft step,
+    verified with a per-sequence tree mask); `speculative_uneven_drafts` asks for verify
+    batches whose sequences carry different numbers of draft tokens (a latent extend).
 
     >>> ServingConfig(decode_backend="flashmla", speculative_num_draft_tokens=1).decode_q_len
     2
@@ -31,6 +34,8 @@ class ServingConfig:
     device: str = AUTO
     tp_size: int = 1
     speculative_num_draft_tokens: int = 0
+    speculative_eagle_topk: int = 1
+    speculative_uneven_drafts: bool = False
     max_batch_size: int = 256
     max_context_len: int = 32768
     cuda_graphs: bool | None = None
@@ -40,12 +45,25 @@ class ServingConfig:
             raise ConfigError(f"kv_cache_dtype must be one of {list(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         if self.page_size is not None and (not _is_int(self.page_size) or self.page_size <= 0):
             raise ConfigError(f"page_size must be a positive integer or None (choose automatically), got {self.page_size!r}")
-        for name, minimum in (("tp_size", 1), ("speculative_num_draft_tokens", 0), ("max_batch_size", 1), ("max_context_len", 1)):
+        for name, minimum in (("tp_size", 1), ("speculative_num_draft_tokens", 0), ("speculative_eagle_topk", 1), ("max_batch_size", 1), ("max_context_len", 1)):
             value = getattr(self, name)
             if not _is_int(value) or value < minimum:
                 raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
         if self.cuda_graphs is not None and not isinstance(self.cuda_graphs, bool):
             raise ConfigError(f"cuda_graphs must be True, False or None (automatic), got {self.cuda_graphs!r}")
+        if not isinstance(self.speculative_uneven_drafts, bool):
+            raise ConfigError(f"speculative_uneven_drafts must be True or False, got {self.speculative_uneven_drafts!r}")
+        if self.speculative_num_draft_tokens == 0:
+            if self.speculative_eagle_topk > 1:
+                raise ConfigError(
+                    f"speculative_eagle_topk={self.speculative_eagle_topk} (tree drafts) needs speculative decoding: "
+                    "set speculative_num_draft_tokens >= 1, or speculative_eagle_topk=1"
+                )
+            if self.speculative_uneven_drafts:
+                raise ConfigError(
+                    "speculative_uneven_drafts needs speculative decoding: set speculative_num_draft_tokens >= 1, "
+                    "or speculative_uneven_drafts off"
+                )
         for name in ("attention_backend", "prefill_backend", "decode_backend"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):

@@ -22,6 +22,14 @@ class WorkspaceRequest:
 
 
 @dataclasses.dataclass(frozen=True)
+class WarmupReport:
+    """What `warm_up` launched before the first request, and how long it took (compiles included)."""
+
+    seconds: float
+    calls: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
 class Plan:
     """The outcome of `resolve()`: backends, cache layout, graph mode, workspaces and notes.
 
@@ -43,6 +51,7 @@ class Plan:
     max_context_len: int
     workspaces: tuple[WorkspaceRequest, ...]
     notes: tuple[str, ...]
+    warmup: WarmupReport | None = None
 
     def reserve_workspaces(self, pool: WorkspacePool) -> None:
         """Allocates every workspace of the plan in `pool` on the plan's (local) device."""
@@ -68,4 +77,5 @@ class Plan:
             "max_context_len": self.max_context_len,
             "workspaces": [dataclasses.asdict(w) | {"backends": list(w.backends)} for w in self.workspaces],
             "notes": list(self.notes),
+            "warmup": None if self.warmup is None else {"seconds": self.warmup.seconds, "calls": list(self.warmup.calls)},
         }

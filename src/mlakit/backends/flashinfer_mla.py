@@ -25,6 +25,7 @@ RECORD = BackendRecord(
     packages=("flashinfer",),
     install_hint="pip install flashinfer-python",
     cuda_graphs=True,
+    tree_drafts=False,  # not through the MLA decode mlakit calls; recorded conservatively
     auto_rank=50,
     preferred_page_size=64,
     workspace=WorkspaceSpec(family="flashinfer_float", formula="128 MiB float workspace", size_bytes=lambda _: 128 * MIB),

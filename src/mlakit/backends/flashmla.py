@@ -21,6 +21,7 @@ RECORD = BackendRecord(
     packages=("flash_mla",),
     install_hint="pip install flash-mla (build from github.com/deepseek-ai/FlashMLA)",
     cuda_graphs=True,
+    tree_drafts=False,  # its published decode takes no custom (tree) mask, only causal
     auto_rank=20,
     preferred_page_size=64,
     verified="not run here: flash_mla is not installed on the lent H100",

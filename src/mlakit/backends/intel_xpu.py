@@ -26,6 +26,7 @@ RECORD = BackendRecord(
     page_sizes=PageSizeRule(sizes=frozenset({16, 32, 64, 128})),
     kv_dtypes=frozenset({"bf16", "fp16"}),
     max_decode_q_len=1,
+    tree_drafts=False,  # no speculative decoding at all
     max_heads=128,
     kv_lora_ranks=frozenset({512}),
     rope_dims=frozenset({64}),

@@ -18,6 +18,7 @@ RECORD = BackendRecord(
     page_sizes=PageSizeRule(),
     kv_dtypes=frozenset({"bf16", "fp16", "fp8_e4m3"}),
     latent_extend=True,
+    tree_drafts=False,  # its decode is causal over the draft tokens: chains only
     auto_rank=1000,
     preferred_page_size=64,
     verified="CPU (make test) and H100 (GPU tests)",

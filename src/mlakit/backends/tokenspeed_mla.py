@@ -32,6 +32,7 @@ RECORD = BackendRecord(
     packages=("tokenspeed_mla",),
     install_hint="pip install tokenspeed-mla",
     cuda_graphs=True,
+    tree_drafts=False,  # no tree mask documented; recorded conservatively
     returns_lse=False,
     auto_rank=40,
     preferred_page_size=64,

@@ -22,6 +22,7 @@ RECORD = BackendRecord(
     install_hint="pip install triton",
     cuda_graphs=True,
     latent_extend=True,
+    tree_drafts=False,  # the decode kernel is causal over the draft tokens: chains only
     auto_rank=60,
     preferred_page_size=64,
     verified="CPU interpreter (make test) and H100 (GPU tests)",

@@ -26,6 +26,7 @@ RECORD = BackendRecord(
     packages=("flashinfer",),
     install_hint="pip install flashinfer-python (with its trtllm-gen cubins)",
     cuda_graphs=True,
+    tree_drafts=False,  # no tree mask in its published MLA decode; recorded conservatively
     returns_lse=False,
     auto_rank=10,
     preferred_page_size=64,

@@ -46,7 +46,9 @@ def _load_kv_part(
     return values.to(OUT_DTYPE)
 
 
-@triton.jit
+# Arguments whose value changes with the batch or the block table's width: never specialized
+# on (Triton would compile one more variant when one happens to be 1 or a multiple of 16).
+@triton.jit(do_not_specialize=["row_tiles", "stride_bt_b"])
 def _mla_decode_split_kernel(
     Q, KV, KV_SCALE, BLOCK_TABLE, SEQLENS, CU_SEQLENS_Q, NUM_SPLITS,
     OUT, LSE, PART_OUT, PART_LSE,
@@ -366,8 +368,10 @@ def _launch(
     heads, dim = q.shape[1], q.shape[2]
     max_rows = plan.max_q_len * heads
     tuning, geometry = plan.tuning, plan.geometry
-    part_out = torch.empty(batch, geometry.max_splits if geometry.max_splits > 1 else 0, max_rows, kv_lora_rank,
-                           dtype=torch.float32, device=q.device)
+    # Rows padded to 16 keep every partial stride a multiple of 16 whatever the batch, so the
+    # kernels specialize the same way for every step (one compiled variant, see warm-up).
+    part_out = torch.empty(batch, geometry.max_splits if geometry.max_splits > 1 else 0, -(-max_rows // 16) * 16,
+                           kv_lora_rank, dtype=torch.float32, device=q.device)
     part_lse = torch.empty(part_out.shape[:3], dtype=torch.float32, device=q.device)
     scale_mode, scale = _scale_operand(pages, kv_scale)
     scale_strides = (scale.stride(0), scale.stride(1)) if scale_mode == SCALE_PER_GROUP else (0, 0)

@@ -17,13 +17,14 @@ from mlakit.model.runner import Request, Runner
 from mlakit.registry.resolve import resolve
 from mlakit.report import print_plan
 from mlakit.shape import MLAShape
+from mlakit.warmup import warm_up
 
 
 def build_runner(
     model_dir: str | Path, config: ServingConfig, cache_budget_bytes: int, console: Console
 ) -> Runner:
-    """Resolves `config` for the checkpoint's shape, prints the plan, loads the model and sizes the
-    paged cache from `cache_budget_bytes`.
+    """Resolves `config` for the checkpoint's shape, warms its kernels up on a GPU, prints the plan,
+    loads the model and sizes the paged cache from `cache_budget_bytes`.
 
     On a CPU the weights and the cache are kept in float32 (the reference path, exact against
     transformers); on a GPU the weights are bf16 and the cache takes the plan's dtype.
@@ -31,6 +32,8 @@ def build_runner(
     hf_config = read_config(model_dir)
     model_config = DeepseekConfig.from_hf_config(hf_config)
     plan = resolve(config, MLAShape.from_hf_config(hf_config))
+    if plan.device.kind == "cuda":
+        plan = warm_up(plan)
     print_plan(plan, console)
     device = plan.device.torch_device
     on_cpu = device.type == "cpu"

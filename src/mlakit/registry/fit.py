@@ -12,13 +12,19 @@ from mlakit.shape import MLAShape
 
 @dataclasses.dataclass(frozen=True)
 class Requirements:
-    """What a configuration (or one call's tensors) fixes. None means "not fixed, choose"."""
+    """What a configuration (or one call's tensors) fixes. None means "not fixed, choose".
+
+    `speculative_eagle_topk > 1` is tree drafts (decode needs a per-sequence tree mask);
+    `speculative_uneven_drafts` is verify with uneven draft lengths (needs a latent extend).
+    """
 
     device: DeviceInfo
     shape: MLAShape
     page_size: int | None = None
     kv_dtype: str | None = None
     decode_q_len: int = 1
+    speculative_eagle_topk: int = 1
+    speculative_uneven_drafts: bool = False
     cuda_graphs: bool = False
     needs_lse: bool = False
 
@@ -74,6 +80,12 @@ def backend_problems(record: BackendRecord, phase: Phase, req: Requirements, par
             f"speculative_num_draft_tokens={req.decode_q_len - 1} ({req.decode_q_len} query tokens per sequence "
             f"in decode) is not supported; it takes {limit}"
         )
+    if phase == "decode" and req.speculative_eagle_topk > 1 and not record.tree_drafts:
+        problems.append(
+            f"speculative_eagle_topk={req.speculative_eagle_topk} (tree drafts) is not supported; it verifies chains only (topk 1)"
+        )
+    if phase == "decode" and req.speculative_uneven_drafts and not record.latent_extend:
+        problems.append("speculative_uneven_drafts needs a latent-form extend kernel, which it lacks")
     problems += _shape_problems(record, req.shape)
     if phase == "decode" and req.cuda_graphs and not record.cuda_graphs:
         problems.append("cannot be captured in a CUDA graph; set cuda_graphs off or pick a backend that can")

@@ -78,7 +78,9 @@ class BackendRecord:
     `kv_dtype_min_capability` raises that floor for some KV dtypes (e.g. fp8 needs SM89);
     `max_decode_q_len` is the most query tokens per sequence in decode (1 = no
     speculative decoding, None = any); `latent_extend` says it runs ragged new-token
-    segments over their cached prefix in the latent form (`mlakit.mla_extend`);
+    segments over their cached prefix in the latent form (`mlakit.mla_extend`; speculative
+    verify with uneven draft lengths needs it); `tree_drafts` says its decode takes a
+    per-sequence tree mask (EAGLE tree drafts, topk > 1);
     `prefill_fallback` names the backend that serves prefill for a decode-only backend.
     """
 
@@ -101,6 +103,7 @@ class BackendRecord:
     cuda_graphs: bool = False
     returns_lse: bool = True
     latent_extend: bool = False
+    tree_drafts: bool = False
     prefill_fallback: str | None = None
     workspace: WorkspaceSpec | None = None
     verified: str = "not run here"
@@ -148,6 +151,7 @@ class BackendRecord:
             "cuda_graphs": self.cuda_graphs,
             "returns_lse": self.returns_lse,
             "latent_extend": self.latent_extend,
+            "tree_drafts": self.tree_drafts,
             "prefill_fallback": self.prefill_fallback,
             "workspace": None if self.workspace is None else {
                 "family": self.workspace.family,

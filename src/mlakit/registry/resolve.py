@@ -7,7 +7,9 @@ Rules:
 - a decode-only backend named through `attention_backend` gets an automatic prefill
   backend (its declared fallback first), noted; naming it as `prefill_backend` is an error;
   so does a backend whose prefill kernel mlakit has no adapter for yet;
-- speculative decoding a decode backend cannot do is refused here;
+- speculative decoding a decode backend cannot do is refused here: more draft tokens than
+  its decode takes, tree drafts (speculative_eagle_topk > 1) without a tree mask, uneven
+  draft lengths without a latent extend; the plan notes the speculative mode it serves;
 - "auto" takes the registered backends in `auto_rank` order (hardware-specific kernels
   first, the reference last) and notes why each higher-ranked one was skipped.
 """
@@ -46,6 +48,8 @@ def resolve(config: ServingConfig, shape: MLAShape, device: DeviceInfo | None = 
         page_size=config.page_size,
         kv_dtype=None if config.kv_cache_dtype == AUTO else config.kv_cache_dtype,
         decode_q_len=config.decode_q_len,
+        speculative_eagle_topk=config.speculative_eagle_topk,
+        speculative_uneven_drafts=config.speculative_uneven_drafts,
         cuda_graphs=bool(config.cuda_graphs),
     )
     notes: list[str] = []
@@ -60,6 +64,7 @@ def resolve(config: ServingConfig, shape: MLAShape, device: DeviceInfo | None = 
     else:
         decode = _choose("decode", config.requested_decode_backend, req, None, notes)
         prefill = _choose_prefill(config, decode, req, notes)
+    _note_speculative_mode(config, decode, prefill, notes)
 
     page_size = _choose_page_size(decode, prefill, req, notes)
     kv_dtype = _choose_kv_dtype(decode, prefill, req, notes)
@@ -178,6 +183,19 @@ def _choose_cuda_graphs(config: ServingConfig, decode: BackendRecord, device: De
         return False
     notes.append(f"cuda_graphs: on (auto: {decode.name} supports capture)")
     return True
+
+
+def _note_speculative_mode(config: ServingConfig, decode: BackendRecord, prefill: BackendRecord, notes: list[str]) -> None:
+    drafts = config.speculative_num_draft_tokens
+    if drafts == 0:
+        return
+    draft_extend = f"{decode.name}'s latent extend" if decode.latent_extend else f"{prefill.name}'s prefill"
+    uneven = f"through {decode.name}'s latent extend" if config.speculative_uneven_drafts else "off"
+    notes.append(
+        f"speculative decoding: chain drafts (topk 1), target verify with {drafts} draft token{'s' if drafts > 1 else ''} "
+        f"({drafts + 1} query tokens per sequence) through {decode.name}'s decode kernel; draft decode steps: q_len 1; "
+        f"draft extend: {draft_extend}; uneven drafts: {uneven}"
+    )
 
 
 def _note_backend_caveats(device: DeviceInfo, chosen: tuple[BackendRecord, ...], notes: list[str]) -> None:

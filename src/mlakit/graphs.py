@@ -1,0 +1,188 @@
+"""CUDA graphs of a decode step, one per batch-size bucket, over persistent input buffers.
+
+A graph holds raw pointers, so everything a decode step reads lives in buffers reserved
+once for the largest bucket: queries, block table, lengths, cache slots of the new tokens.
+`fill` writes a step's real rows into them and pads the rest; it is the only way metadata
+reaches the buffers, for the capture and for every replay alike. Padded rows get length 0
+(the kernels give them zeros and lse = -inf without reading a page), block-table entries
+of page 0 (a valid index, never read), slot -1 (the cache write skips it) and zero
+queries; their outputs are zeroed in the graph as well, so they are defined whatever a
+backend does with an empty sequence.
+
+Whatever the step computes from the buffers (one layer, a whole attention stack, the
+split plan included) is captured; nothing in it may sync with the host or grow a
+workspace (`WorkspacePool` refuses growth during capture, naming the fix).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import torch
+
+from mlakit.errors import ConfigError, MLAInputError
+from mlakit.registry.catalog import all_records, get_backend
+
+DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeBuffers:
+    """Persistent inputs of a captured decode step, sized for the largest bucket.
+
+    `q [rows, q_len, heads, dim]`, `block_table [rows, max_pages]` int32, `cache_seqlens [rows]`
+    int32, `slots [rows * q_len]` int64 and `real_rows [rows]` bool (False on padding). A
+    bucket's step reads the first `bucket` rows (`view`).
+    """
+
+    q: torch.Tensor
+    block_table: torch.Tensor
+    cache_seqlens: torch.Tensor
+    slots: torch.Tensor
+    real_rows: torch.Tensor
+
+    @classmethod
+    def allocate(
+        cls, max_batch: int, q_len: int, heads: int, dim: int, max_pages: int, dtype: torch.dtype, device: torch.device
+    ) -> DecodeBuffers:
+        return cls(
+            q=torch.zeros(max_batch, q_len, heads, dim, dtype=dtype, device=device),
+            block_table=torch.zeros(max_batch, max_pages, dtype=torch.int32, device=device),
+            cache_seqlens=torch.zeros(max_batch, dtype=torch.int32, device=device),
+            slots=torch.full((max_batch * q_len,), -1, dtype=torch.int64, device=device),
+            real_rows=torch.zeros(max_batch, dtype=torch.bool, device=device),
+        )
+
+    def view(self, rows: int) -> DecodeBuffers:
+        """The first `rows` rows of every buffer (views: capture and replay see the same memory)."""
+        q_len = self.q.shape[1]
+        return DecodeBuffers(self.q[:rows], self.block_table[:rows], self.cache_seqlens[:rows],
+                             self.slots[: rows * q_len], self.real_rows[:rows])
+
+    def fill(self, q: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor, slots: torch.Tensor | None, rows: int) -> None:
+        """Writes one step's real rows and pads rows `batch .. rows - 1` (device copies, no host sync)."""
+        batch, pages = q.shape[0], block_table.shape[1]
+        self.q[:batch].copy_(q)
+        self.q[batch:rows].zero_()
+        self.block_table[:batch, :pages].copy_(block_table)
+        self.block_table[:batch, pages:].zero_()
+        self.block_table[batch:rows].zero_()
+        self.cache_seqlens[:batch].copy_(cache_seqlens)
+        self.cache_seqlens[batch:rows].zero_()
+        tokens = batch * self.q.shape[1]
+        if slots is None:
+            self.slots[:tokens].fill_(-1)
+        else:
+            self.slots[:tokens].copy_(slots)
+        self.slots[tokens : rows * self.q.shape[1]].fill_(-1)
+        self.real_rows[:batch].fill_(True)
+        self.real_rows[batch:rows].fill_(False)
+
+
+DecodeStep = Callable[[DecodeBuffers], torch.Tensor]
+
+
+class DecodeGraphs:
+    """One CUDA graph of `step` per batch bucket; `run` replays the smallest bucket that fits.
+
+    `step(buffers)` returns a tensor whose first dim is the bucket's rows (e.g. the attention
+    output `[rows, q_len, heads, kv_lora_rank]`, or a stack of layers' outputs with the rows
+    first). `backend` is the decode backend the step runs on: one whose record says it cannot
+    be captured is refused here. `capture()` runs each bucket once eagerly (compiling every
+    kernel variant it launches) and then captures it, largest first, in one memory pool.
+
+    >>> # graphs = DecodeGraphs(lambda b: mla_decode(b.q, cache, b.block_table, b.cache_seqlens,
+    >>> #     backend="triton", check_inputs=False)[0], backend="triton", max_batch=64, q_len=1,
+    >>> #     heads=16, dim=576, max_pages=64, dtype=torch.bfloat16, device=torch.device("cuda"))
+    >>> # graphs.capture(); out = graphs.run(q, block_table, cache_seqlens)
+    """
+
+    def __init__(
+        self,
+        step: DecodeStep,
+        *,
+        backend: str,
+        max_batch: int,
+        q_len: int,
+        heads: int,
+        dim: int,
+        max_pages: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
+    ) -> None:
+        record = get_backend(backend).record
+        if not record.cuda_graphs:
+            capturable = [r.name for r in all_records() if r.cuda_graphs]
+            raise ConfigError(
+                f"backend {backend!r} cannot be captured in a CUDA graph (its record says so); run its decode eagerly "
+                f"(cuda_graphs=False) or pick a backend that can: {', '.join(capturable)}"
+            )
+        if device.type != "cuda":
+            raise ConfigError(f"CUDA graphs need a CUDA device, got {device}")
+        chosen = sorted({b for b in buckets if b <= max_batch} | {max_batch})
+        self.buckets = tuple(chosen)
+        self.step = step
+        self.buffers = DecodeBuffers.allocate(max_batch, q_len, heads, dim, max_pages, dtype, device)
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+
+    @property
+    def max_batch(self) -> int:
+        return self.buffers.q.shape[0]
+
+    def bucket_for(self, batch: int) -> int:
+        """The smallest captured bucket holding `batch` rows."""
+        for bucket in self.buckets:
+            if bucket >= batch:
+                return bucket
+        raise MLAInputError(f"batch: expected at most {self.max_batch} sequences (the largest graph bucket), got {batch}")
+
+    def capture(self, warm_inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
+        """Captures every bucket. The buffers hold `warm_inputs` (q, block_table, cache_seqlens) or,
+        by default, all-padding rows while each bucket runs once eagerly and is captured."""
+        pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for bucket in reversed(self.buckets):
+                self._fill_for(bucket, warm_inputs)
+                view = self.buffers.view(bucket)
+                self._masked_step(view)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, stream=stream):
+                    out = self._masked_step(view)
+                self._graphs[bucket] = (graph, out)
+        torch.cuda.current_stream().wait_stream(stream)
+
+    def run(
+        self, q: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor, slots: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Fills the buffers with this step's rows and replays the bucket's graph; returns the real
+        rows of its output (a view into graph memory, valid until the next replay)."""
+        batch = q.shape[0]
+        bucket = self.bucket_for(batch)
+        if bucket not in self._graphs:
+            raise MLAInputError("DecodeGraphs.run: capture() first")
+        if block_table.shape[1] > self.buffers.block_table.shape[1]:
+            raise MLAInputError(
+                f"block_table: expected at most {self.buffers.block_table.shape[1]} pages per sequence (the reserved "
+                f"max_pages), got {block_table.shape[1]}"
+            )
+        self.buffers.fill(q, block_table, cache_seqlens, slots, bucket)
+        graph, out = self._graphs[bucket]
+        graph.replay()
+        return out[:batch]
+
+    def _fill_for(self, bucket: int, warm_inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None) -> None:
+        if warm_inputs is None:
+            empty = self.buffers.view(0)
+            self.buffers.fill(empty.q, empty.block_table, empty.cache_seqlens, None, bucket)
+        else:
+            q, table, lens = (t[:bucket] for t in warm_inputs)
+            self.buffers.fill(q, table, lens, None, bucket)
+
+    def _masked_step(self, view: DecodeBuffers) -> torch.Tensor:
+        out = self.step(view)
+        mask = view.real_rows.view(-1, *([1] * (out.dim() - 1)))
+        return torch.where(mask, out, torch.zeros((), dtype=out.dtype, device=out.device))

@@ -1,0 +1,105 @@
+"""Warm start: launch every kernel variant a plan can use, on small dummy data, before the
+first request and before graph capture, so no request pays a JIT compile (or waits on
+Triton's on-disk cache) and no scheduler watchdog fires on a first-request compile.
+
+The calls go through the same public entry points a serving step uses (`mla_decode`,
+`mla_extend`, `mla_prefill`, the cache write), with the plan's backends, page size, KV
+dtype, heads per rank and latent widths, so they compile exactly the variants those steps
+will ask for: decode at the plan's query length and at 1 (draft steps), with and without
+the split combine, for every batch-size class of the split plan up to the plan's max
+batch; each latent-extend tile shape; the causal, chunk and merge passes of the MHA prefill.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import torch
+
+from mlakit.api import mla_decode, mla_extend, mla_prefill
+from mlakit.cache import LatentStore
+from mlakit.plan import Plan, WarmupReport
+from mlakit.prefill_metadata import plan_prefill
+from mlakit.step import DEFAULT_MAX_LATENT_EXTEND_TOKENS
+
+LONG_SEQUENCE = 2048
+SPLIT_PLAN_BATCH_CLASSES = (16, 32, 64, 128, 256, 512, 1024)
+
+
+def warm_up(
+    plan: Plan, *, scale_layout: str = "tensor", max_latent_extend_tokens: int = DEFAULT_MAX_LATENT_EXTEND_TOKENS
+) -> Plan:
+    """Runs every kernel variant of `plan` once on its device; returns the plan with its `warmup` report.
+
+    `scale_layout` is the fp8 cache's scale layout ("tensor" or "group"; ignored for 16-bit caches).
+
+    >>> from mlakit import DeviceInfo, MLAShape, ServingConfig, resolve
+    >>> plan = warm_up(resolve(ServingConfig(max_batch_size=4), MLAShape.preset("deepseek-v2-lite"), DeviceInfo.from_arch("cpu")))
+    >>> plan.warmup.calls[:2]
+    ('cache write', 'decode q_len 1, batch 2')
+    """
+    began = time.perf_counter()
+    calls: list[str] = []
+    world = _DummyWorld(plan, scale_layout)
+    world.write()
+    calls.append("cache write")
+    for q_len in dict.fromkeys((plan.decode_q_len, 1)):
+        for batch in (2, *(b for b in SPLIT_PLAN_BATCH_CLASSES if b <= plan.max_batch_size)):
+            world.decode(batch, q_len)
+            calls.append(f"decode q_len {q_len}, batch {batch}")
+    for new_tokens in range(2, max_latent_extend_tokens + 1):
+        world.extend(new_tokens)
+        calls.append(f"latent extend of {new_tokens} tokens")
+    for chunk in (None, 512):
+        world.prefill(chunk)
+        calls.append("MHA prefill, one pass" if chunk is None else "MHA prefill, chunked prefix with merges")
+    if world.device.type == "cuda":
+        torch.cuda.synchronize(world.device)
+    return dataclasses.replace(plan, warmup=WarmupReport(round(time.perf_counter() - began, 3), tuple(calls)))
+
+
+class _DummyWorld:
+    """A small cache in the plan's layout: one long sequence (so decode splits and combines) and a short one."""
+
+    def __init__(self, plan: Plan, scale_layout: str) -> None:
+        self.plan, shape = plan, plan.rank_shape
+        self.device = plan.device.torch_device
+        self.heads, self.rank, self.dim = shape.num_heads, shape.kv_lora_rank, shape.kv_cache_dim
+        self.scale = shape.softmax_scale
+        page = plan.page_size
+        pages_per_sequence = -(-LONG_SEQUENCE // page)
+        self.store = LatentStore(2 * pages_per_sequence, page, self.dim, dtype=plan.kv_cache_dtype, device=self.device,
+                                 scale_layout=scale_layout)
+        self.table = torch.arange(2 * pages_per_sequence, dtype=torch.int32, device=self.device).view(2, pages_per_sequence)
+        self.lengths = torch.tensor([LONG_SEQUENCE, 5], dtype=torch.int32, device=self.device)
+        self.q_dtype = torch.float16 if self.store.data.dtype == torch.float16 else torch.bfloat16
+        self.kv_b_weight = torch.randn(self.heads * (shape.qk_nope_head_dim + shape.v_head_dim), self.rank,
+                                       device=self.device, dtype=self.q_dtype)
+        self.nope_dim = shape.qk_nope_head_dim
+
+    def write(self) -> None:
+        slots = torch.arange(self.store.data.shape[0] * self.store.data.shape[1], device=self.device)
+        self.store.write_slots(slots, torch.randn(slots.shape[0], self.dim, device=self.device))
+
+    def decode(self, batch: int, q_len: int) -> None:
+        rows = torch.arange(batch, device=self.device) % 2
+        q = torch.randn(batch, q_len, self.heads, self.dim, device=self.device, dtype=self.q_dtype)
+        mla_decode(q, self.store.data, self.table[rows], self.lengths[rows], softmax_scale=self.scale,
+                   backend=self.plan.decode_backend, kv_scale=self.store.scale, kv_lora_rank=self.rank,
+                   return_lse=False, check_inputs=False)
+
+    def extend(self, new_tokens: int) -> None:
+        q = torch.randn(new_tokens, self.heads, self.dim, device=self.device, dtype=self.q_dtype)
+        offsets = torch.tensor([0, new_tokens], dtype=torch.int32, device=self.device)
+        mla_extend(q, self.store.data, self.table[:1], self.lengths[:1], offsets, max_q_len=new_tokens,
+                   softmax_scale=self.scale, backend=self.plan.decode_backend, kv_scale=self.store.scale,
+                   kv_lora_rank=self.rank, check_inputs=False)
+
+    def prefill(self, chunk: int | None) -> None:
+        new = 32
+        kwargs = {} if chunk is None else {"prefix_chunk_tokens": chunk}
+        meta = plan_prefill([new], [LONG_SEQUENCE], self.table[:1], self.plan.page_size, heads=self.heads, **kwargs)
+        q = torch.randn(new, self.heads, self.nope_dim + self.dim - self.rank, device=self.device, dtype=self.q_dtype)
+        mla_prefill(q, self.store.data, self.kv_b_weight, meta, softmax_scale=self.scale, backend=self.plan.prefill_backend,
+                    kv_scale=self.store.scale, check_inputs=False)

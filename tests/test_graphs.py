@@ -1,0 +1,130 @@
+"""CUDA graphs of decode steps: buckets, replays with changing lengths / tables / slots, padded rows,
+target verify with k draft tokens, no host sync in capture or replay, and the capture guard."""
+
+import pytest
+import torch
+
+from mlakit.api import mla_decode
+from mlakit.errors import ConfigError, MLAInputError
+from mlakit.graphs import DEFAULT_BATCH_BUCKETS, DecodeBuffers, DecodeGraphs
+from mlakit.kernels.cache_write import write_rows
+from mlakit.reference import reference_decode
+from paged_inputs import relative_error
+
+RANK, ROPE, PAGE = 512, 64, 64
+DIM = RANK + ROPE
+
+
+def test_backends_that_cannot_be_captured_are_refused_naming_the_alternatives():
+    with pytest.raises(ConfigError, match=r"backend 'reference' cannot be captured in a CUDA graph .* pick a backend that can: .*triton"):
+        DecodeGraphs(lambda b: b.q, backend="reference", max_batch=4, q_len=1, heads=2, dim=DIM, max_pages=2,
+                     dtype=torch.bfloat16, device=torch.device("cpu"))
+
+
+def test_fill_pads_rows_so_kernels_read_nothing_and_writes_skip_them():
+    buffers = DecodeBuffers.allocate(4, 2, 3, 8, 5, torch.bfloat16, torch.device("cpu"))
+    buffers.q.fill_(7)
+    buffers.cache_seqlens.fill_(9)
+    q = torch.randn(2, 2, 3, 8).bfloat16()
+    buffers.fill(q, torch.tensor([[3, 1], [2, 0]], dtype=torch.int32), torch.tensor([70, 0], dtype=torch.int32),
+                 torch.tensor([5, 6, 7, 8]), rows=3)
+    assert torch.equal(buffers.q[:2], q) and torch.equal(buffers.q[2], torch.zeros_like(buffers.q[2]))
+    assert buffers.cache_seqlens.tolist() == [70, 0, 0, 9]  # row 3 is beyond this bucket: untouched
+    assert buffers.block_table[:3].tolist() == [[3, 1, 0, 0, 0], [2, 0, 0, 0, 0], [0, 0, 0, 0, 0]]
+    assert buffers.slots[:6].tolist() == [5, 6, 7, 8, -1, -1]
+    assert buffers.real_rows[:3].tolist() == [True, True, False]
+
+
+class PagedWorld:
+    """A bf16 cache with a pool of pages, sequences that grow step by step across page boundaries."""
+
+    def __init__(self, max_batch: int, max_pages: int, heads: int, q_len: int, seed: int):
+        self.gen = torch.Generator(device="cuda").manual_seed(seed)
+        self.heads, self.q_len, self.max_pages = heads, q_len, max_pages
+        self.cache = torch.randn(max_batch * max_pages + 4, PAGE, DIM, device="cuda", generator=self.gen).bfloat16()
+        order = torch.randperm(self.cache.shape[0], device="cuda", generator=self.gen)[: max_batch * max_pages]
+        self.table = order.view(max_batch, max_pages).int()
+
+    def step_inputs(self, batch: int, step: int):
+        lengths = torch.randint(0, self.max_pages * PAGE - 40, (batch,), device="cuda", generator=self.gen) + step
+        lengths[torch.rand(batch, device="cuda", generator=self.gen) < 0.1] = 0  # some real sequences are empty
+        lengths = torch.where(lengths > 0, torch.clamp(lengths, min=self.q_len), lengths).int()
+        rows = torch.randperm(self.table.shape[0], device="cuda", generator=self.gen)[:batch]
+        table = self.table[rows][:, : self.max_pages - (step % 2)]  # a narrower table on odd steps
+        lengths = torch.clamp(lengths, max=table.shape[1] * PAGE)
+        q = torch.randn(batch, self.q_len, self.heads, DIM, device="cuda", generator=self.gen).bfloat16()
+        positions = lengths[:, None].long() - self.q_len + torch.arange(self.q_len, device="cuda")
+        slots = table.gather(1, (positions.clamp(min=0) // PAGE)).long() * PAGE + positions.clamp(min=0) % PAGE
+        slots = torch.where(lengths[:, None] > 0, slots, -1).flatten()
+        return q, table, lengths, slots
+
+
+def _attention_step(world: PagedWorld, scale: float):
+    """Write each new token's row (head 0 of its query: fresh data) at its slot, then attend."""
+
+    def step(b: DecodeBuffers) -> torch.Tensor:
+        write_rows(world.cache, None, b.slots, b.q[:, :, 0, :].reshape(-1, DIM))
+        out, _ = mla_decode(b.q, world.cache, b.block_table, b.cache_seqlens, softmax_scale=scale, backend="triton",
+                            kv_lora_rank=RANK, return_lse=False, check_inputs=False)
+        return out
+
+    return step
+
+
+def _eager(world: PagedWorld, q, table, lengths, slots, scale):
+    write_rows(world.cache, None, slots, q[:, :, 0, :].reshape(-1, DIM))
+    out, _ = mla_decode(q, world.cache, table, lengths, softmax_scale=scale, backend="triton", kv_lora_rank=RANK,
+                        return_lse=False)
+    ref, _ = reference_decode(q, world.cache, table, lengths, kv_lora_rank=RANK, softmax_scale=scale)
+    return out, ref
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads, q_len", [(16, 1), (128, 1), (16, 2), (16, 4), (16, 8)])  # q_len k + 1: target verify, k 1, 3, 7
+def test_decode_graphs_replay_changing_steps_like_eager_runs_and_the_reference(heads, q_len):
+    max_batch, max_pages, scale = 128, 6, 192**-0.5
+    world = PagedWorld(max_batch, max_pages, heads, q_len, seed=heads + q_len)
+    graphs = DecodeGraphs(_attention_step(world, scale), backend="triton", max_batch=max_batch, q_len=q_len, heads=heads,
+                          dim=DIM, max_pages=max_pages, dtype=torch.bfloat16, device=torch.device("cuda"))
+    assert graphs.buckets == DEFAULT_BATCH_BUCKETS
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        graphs.capture()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    batches = [1, 2, 3, 4, 7, 8, 9, 16, 31, 32, 33, 64, 65, 100, 128, 128, 5, 1, 64, 17]
+    for step, batch in enumerate(batches):
+        q, table, lengths, slots = world.step_inputs(batch, step)
+        saved = world.cache.clone()
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            got = graphs.run(q, table, lengths, slots).clone()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        after_graph = world.cache.clone()
+        world.cache.copy_(saved)
+        eager, ref = _eager(world, q, table, lengths, slots, scale)
+        assert torch.equal(world.cache, after_graph), f"step {step}: the graph wrote other cache rows than eager"
+        assert got.shape == (batch, q_len, heads, RANK)
+        assert relative_error(got, eager) < 1e-2 and relative_error(got, ref) < 1e-2, f"step {step}, batch {batch}"
+        empty = lengths == 0
+        assert torch.equal(got[empty], torch.zeros_like(got[empty]))
+        bucket = graphs.bucket_for(batch)
+        _, full = graphs._graphs[bucket]
+        assert torch.equal(full[batch:], torch.zeros_like(full[batch:])), "padded rows must be zeros"
+
+
+@pytest.mark.gpu
+def test_run_refuses_a_batch_beyond_the_largest_bucket_and_a_wider_table():
+    world = PagedWorld(8, 2, 4, 1, seed=1)
+    graphs = DecodeGraphs(_attention_step(world, 0.1), backend="triton", max_batch=8, q_len=1, heads=4, dim=DIM,
+                          max_pages=2, dtype=torch.bfloat16, device=torch.device("cuda"), buckets=(2, 8))
+    assert graphs.buckets == (2, 8)
+    graphs.capture()
+    q, table, lengths, slots = world.step_inputs(8, 0)
+    with pytest.raises(MLAInputError, match="at most 8 sequences"):
+        graphs.run(torch.cat([q, q[:1]]), torch.cat([table, table[:1]]), torch.cat([lengths, lengths[:1]]))
+    with pytest.raises(MLAInputError, match="at most 2 pages per sequence"):
+        graphs.run(q, torch.cat([table, table], dim=1), lengths)

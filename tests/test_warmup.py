@@ -1,0 +1,71 @@
+"""Warm start: after `warm_up(plan)`, serving steps of any batch size and mix compile nothing new."""
+
+import pytest
+import torch
+
+from mlakit import DeviceInfo, MLAShape, ServingConfig, resolve
+from mlakit.forward import mla_forward
+from mlakit.kernels import cache_write, decode_split_plan, triton_decode, triton_prefill
+from mlakit.step import AttentionStep
+from mlakit.warmup import warm_up
+
+KERNELS = (triton_decode._mla_decode_split_kernel, triton_decode._mla_decode_combine_kernel,
+           decode_split_plan._split_counts_kernel, triton_prefill._mha_prefill_kernel, cache_write._write_rows_kernel)
+
+
+def compiled_variants() -> int:
+    """Kernel binaries Triton holds for our kernels (its per-device JIT caches)."""
+    total = 0
+    for kernel in KERNELS:
+        caches = getattr(kernel, "device_caches", None)
+        if caches is None:
+            pytest.skip("this Triton keeps its JIT cache elsewhere")
+        total += sum(len(entry[0]) for entry in caches.values())
+    return total
+
+
+def test_warm_up_reports_its_calls_in_the_plan_on_cpu():
+    plan = warm_up(resolve(ServingConfig(max_batch_size=16, speculative_num_draft_tokens=2), MLAShape.preset("deepseek-v2-lite"),
+                           DeviceInfo.from_arch("cpu")))
+    assert plan.warmup is not None and plan.warmup.seconds > 0
+    assert "decode q_len 3, batch 16" in plan.warmup.calls and "decode q_len 1, batch 16" in plan.warmup.calls
+    assert "MHA prefill, chunked prefix with merges" in plan.warmup.calls
+    assert plan.to_dict()["warmup"]["calls"] == list(plan.warmup.calls)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_dtype, draft_tokens", [("bf16", 0), ("fp8_e4m3", 3)])
+def test_after_warm_up_no_step_compiles_a_kernel(kv_dtype, draft_tokens):
+    shape = MLAShape.preset("deepseek-v3").for_tp(8)
+    plan = resolve(ServingConfig(max_batch_size=64, kv_cache_dtype=kv_dtype, speculative_num_draft_tokens=draft_tokens,
+                                 page_size=64), shape)
+    assert plan.decode_backend == "triton" and plan.prefill_backend == "triton"
+    plan = warm_up(plan)
+    before = compiled_variants()
+    assert before > 0
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    heads, rank, rope, nope, v_dim = shape.num_heads, shape.kv_lora_rank, shape.qk_rope_head_dim, shape.qk_nope_head_dim, shape.v_head_dim
+    num_pages = 400
+    cache = torch.randn(num_pages, 64, rank + rope, device="cuda", generator=gen).to(torch.float8_e4m3fn if kv_dtype == "fp8_e4m3" else torch.bfloat16)
+    scale = torch.ones(1, device="cuda") if kv_dtype == "fp8_e4m3" else None
+    weight = torch.randn(heads * (nope + v_dim), rank, device="cuda", generator=gen).bfloat16() / rank**0.5
+    q_len = plan.decode_q_len
+    for step_index, batch in enumerate([1, 3, 17, 64, 40, 2, 33, 9]):
+        width = 3 + step_index % 5  # block tables of changing width
+        table = torch.randint(0, num_pages, (batch, width), device="cuda", generator=gen, dtype=torch.int32)
+        news, lens = [], []
+        for b in range(batch):
+            kind = (b + step_index) % 4
+            new = {0: q_len, 1: q_len, 2: 1 + b % 16, 3: 17 + 13 * b}[kind]
+            total = min(width * 64, new + (0 if kind == 3 and b % 2 else 11 * b + 1))
+            news.append(min(new, total))
+            lens.append(total)
+        tokens = sum(news)
+        step = AttentionStep(tuple(news), tuple(lens), table, torch.full((tokens,), -1, device="cuda"), page_size=64,
+                             decode_q_len=q_len, heads=heads, prefix_chunk_tokens=256)
+        mla_forward(torch.randn(tokens, heads, nope, device="cuda", generator=gen).bfloat16(),
+                    torch.randn(tokens, heads, rope, device="cuda", generator=gen).bfloat16(), cache, scale, weight, step,
+                    softmax_scale=shape.softmax_scale, decode_backend="triton", prefill_backend="triton", check_inputs=False)
+    torch.cuda.synchronize()
+    assert compiled_variants() == before, "a serving step compiled a kernel variant the warm-up missed"
