@@ -1,13 +1,15 @@
 """A whole step through `mla_forward`: mixed decode / latent-extend / MHA-prefill parts, in
 random token order, against the latent-form oracle over the whole batch."""
 
+import dataclasses
+
 import pytest
 import torch
 
 from mlakit.errors import MLAInputError
 from mlakit.forward import mla_forward
 from mlakit.reference import reference_extend
-from mlakit.step import AttentionStep
+from mlakit.step import AttentionStep, draft_decode_steps
 from paged_inputs import make_paged_batch, relative_error
 
 HEADS, RANK, ROPE, NOPE, V_DIM = 3, 32, 16, 16, 24
@@ -111,3 +113,45 @@ def test_step_metadata_and_a_mixed_forward_never_wait_for_the_gpu():
         torch.cuda.set_sync_debug_mode("default")
     expected = _latent_oracle(q_nope, q_pe, batch, step, kv_b_weight, batch.softmax_scale)
     assert relative_error(out, expected) < 1e-2
+
+
+def test_speculative_modes_are_checked_when_the_step_is_made():
+    table = torch.arange(8, dtype=torch.int32).view(4, 2)
+    slots = torch.zeros(16, dtype=torch.int64)
+    verify = AttentionStep((4, 4, 4, 4), (9, 12, 30, 5), table, slots, page_size=16, decode_q_len=4, spec_mode="target_verify")
+    assert [p.kind for p in verify.parts] == ["decode"]
+    uneven = AttentionStep((4, 2, 3, 4), (9, 12, 30, 5), table, slots[:13], page_size=16, decode_q_len=4, spec_mode="target_verify")
+    assert {p.kind: p.sequences for p in uneven.parts} == {"decode": (0, 3), "latent_extend": (1, 2)}
+    with pytest.raises(MLAInputError, match="target_verify with decode_q_len 4 \\(k \\+ 1\\) got 5 query tokens"):
+        AttentionStep((5, 4, 4, 4), (9, 12, 30, 5), table, torch.zeros(17, dtype=torch.int64), page_size=16, decode_q_len=4,
+                      spec_mode="target_verify")
+    with pytest.raises(MLAInputError, match="sequence 3: a target_verify step needs a cached prefix"):
+        AttentionStep((4, 4, 4, 4), (9, 12, 30, 4), table, slots, page_size=16, decode_q_len=4, spec_mode="target_verify")
+    with pytest.raises(MLAInputError, match="draft_decode step adds at most 1 token"):
+        AttentionStep((1, 2, 1, 1), (9, 12, 30, 5), table, slots[:5], page_size=16, spec_mode="draft_decode")
+    with pytest.raises(MLAInputError, match="spec_mode: expected one of"):
+        AttentionStep((1, 1, 1, 1), (9, 12, 30, 5), table, slots[:4], page_size=16, spec_mode="tree")
+
+
+def test_draft_decode_steps_write_one_token_each_and_attend_like_the_oracle(kernel_device):
+    gen = torch.Generator().manual_seed(9)
+    cache_lens = (31, 0, 15, 16, 47)  # one idle sequence; 15 -> 16 and 47 -> 48 cross page boundaries
+    batch, _ = _mixed_step([0] * 5, [n + 3 for n in cache_lens], 16, kernel_device, seed=9)
+    steps = draft_decode_steps(cache_lens, batch.block_table, 16, num_steps=3, heads=HEADS)
+    host_table = batch.block_table.cpu()
+    kv_b_weight = (torch.randn(HEADS * (NOPE + V_DIM), RANK, generator=gen) / RANK**0.5).to(kernel_device, torch.bfloat16)
+    backend = "triton" if kernel_device == "cuda" else "reference"
+    for i, step in enumerate(steps):
+        live = [b for b, n in enumerate(cache_lens) if n]
+        assert step.spec_mode == "draft_decode" and step.new_tokens == tuple(1 if n else 0 for n in cache_lens)
+        assert step.slots.tolist() == [int(host_table[b, (cache_lens[b] + i) // 16]) * 16 + (cache_lens[b] + i) % 16 for b in live]
+        assert [p.kind for p in step.parts] == ["decode"]
+        rows = torch.randn(len(live), RANK + ROPE, generator=gen).to(kernel_device)
+        batch.kv_cache.view(-1, RANK + ROPE)[step.slots] = rows.to(batch.kv_cache.dtype)
+        q_nope = torch.randn(len(live), HEADS, NOPE, generator=gen).to(kernel_device).bfloat16()
+        q_pe = torch.randn(len(live), HEADS, ROPE, generator=gen).to(kernel_device).bfloat16()
+        out = mla_forward(q_nope, q_pe, batch.kv_cache, None, kv_b_weight, step, softmax_scale=batch.softmax_scale,
+                          decode_backend=backend, prefill_backend=backend)
+        oracle_batch = dataclasses.replace(batch, cache_seqlens=step.cache_seqlens)
+        expected = _latent_oracle(q_nope, q_pe, oracle_batch, step, kv_b_weight, batch.softmax_scale)
+        assert relative_error(out, expected) < 1e-2

@@ -162,17 +162,23 @@ class DecodeGraphs:
         rows of its output (a view into graph memory, valid until the next replay)."""
         batch = q.shape[0]
         bucket = self.bucket_for(batch)
-        if bucket not in self._graphs:
-            raise MLAInputError("DecodeGraphs.run: capture() first")
         if block_table.shape[1] > self.buffers.block_table.shape[1]:
             raise MLAInputError(
                 f"block_table: expected at most {self.buffers.block_table.shape[1]} pages per sequence (the reserved "
                 f"max_pages), got {block_table.shape[1]}"
             )
         self.buffers.fill(q, block_table, cache_seqlens, slots, bucket)
+        return self.replay(batch)[:batch]
+
+    def replay(self, batch: int) -> torch.Tensor:
+        """Replays the graph of `batch`'s bucket on the buffers as they are (no fill); returns the
+        whole bucket's output, padded rows included (zeros)."""
+        bucket = self.bucket_for(batch)
+        if bucket not in self._graphs:
+            raise MLAInputError("DecodeGraphs.replay: capture() first")
         graph, out = self._graphs[bucket]
         graph.replay()
-        return out[:batch]
+        return out
 
     def _fill_for(self, bucket: int, warm_inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None) -> None:
         if warm_inputs is None:

@@ -13,6 +13,12 @@ A step may mix modes. Each sequence goes to one part, and each part runs on its 
   uneven speculative verify or a small chunk) -> `mla_extend` in the latent form;
 - `mha_prefill`: longer new segments -> `mla_prefill` in MHA form, prefix in chunks.
 Sequences with no new tokens are in no part. Outputs land in the packed token order.
+
+Speculative decoding (EAGLE / MTP) declares its mode, which is checked when the step is made:
+`target_verify` (the target model scores k + 1 query tokens per sequence: uniform counts
+decode with `decode_q_len = k + 1`, uneven ones extend), `draft_decode` (one draft step:
+one new token per sequence; a k-step draft is k steps, each its own metadata, made by
+`draft_decode_steps`) and `draft_extend` (the draft model takes in the accepted tokens).
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from mlakit.prefill_metadata import DEFAULT_PREFIX_CHUNK_TOKENS, PrefillMetadata
 
 PartKind = Literal["decode", "latent_extend", "mha_prefill"]
 PrefillForm = Literal["auto", "latent", "mha"]
+SpecMode = Literal["none", "target_verify", "draft_decode", "draft_extend"]
+SPEC_MODES = ("none", "target_verify", "draft_decode", "draft_extend")
 DEFAULT_MAX_LATENT_EXTEND_TOKENS = 16
 
 
@@ -68,7 +76,8 @@ class AttentionStep:
     cache slot of each new token). Policy: `decode_q_len` fixes the decode query length
     (None: the uniform new-token count when every sequence has a prefix and adds the same
     number, else 1); `prefill_form` forces the form of non-decode sequences; `heads` (per rank)
-    lets prefix chunking keep each prefill pass's grid full (`plan_prefill`).
+    lets prefix chunking keep each prefill pass's grid full (`plan_prefill`); `spec_mode` says
+    which speculative-decoding step this is (checked against the counts).
 
     >>> table = torch.tensor([[0, 1], [2, 3], [4, 5]], dtype=torch.int32)
     >>> step = AttentionStep((1, 40, 3), (9, 40, 12), table, torch.arange(44), page_size=32)
@@ -86,6 +95,7 @@ class AttentionStep:
     max_latent_extend_tokens: int = DEFAULT_MAX_LATENT_EXTEND_TOKENS
     prefix_chunk_tokens: int = DEFAULT_PREFIX_CHUNK_TOKENS
     heads: int | None = None
+    spec_mode: SpecMode = "none"
 
     def __post_init__(self) -> None:
         if len(self.new_tokens) != len(self.cache_lens) or not self.new_tokens:
@@ -108,6 +118,22 @@ class AttentionStep:
             raise MLAInputError(f"decode_q_len: expected None or >= 1, got {self.decode_q_len}")
         if self.prefill_form not in ("auto", "latent", "mha"):
             raise MLAInputError(f"prefill_form: expected 'auto', 'latent' or 'mha', got {self.prefill_form!r}")
+        self._check_spec_mode()
+
+    def _check_spec_mode(self) -> None:
+        if self.spec_mode not in SPEC_MODES:
+            raise MLAInputError(f"spec_mode: expected one of {SPEC_MODES}, got {self.spec_mode!r}")
+        if self.spec_mode == "none":
+            return
+        for b, (new, total) in enumerate(zip(self.new_tokens, self.cache_lens)):
+            if new and total == new:
+                raise MLAInputError(f"sequence {b}: a {self.spec_mode} step needs a cached prefix, got {new} new of {total} tokens")
+            if self.spec_mode == "draft_decode" and new > 1:
+                raise MLAInputError(f"sequence {b}: a draft_decode step adds at most 1 token per sequence, got {new}")
+            if self.spec_mode == "target_verify" and self.decode_q_len is not None and new > self.decode_q_len:
+                raise MLAInputError(
+                    f"sequence {b}: target_verify with decode_q_len {self.decode_q_len} (k + 1) got {new} query tokens"
+                )
 
     @property
     def num_tokens(self) -> int:
@@ -181,3 +207,33 @@ class AttentionStep:
             q_len=self.batch_decode_q_len if kind == "decode" else None,
             prefill=prefill,
         )
+
+
+def draft_decode_steps(
+    cache_lens: tuple[int, ...], block_table: torch.Tensor, page_size: int, num_steps: int, *, heads: int | None = None
+) -> tuple[AttentionStep, ...]:
+    """The metadata of a k-step draft: step i adds one token per sequence at position
+    `cache_lens[b] + i` (its slot read from the block table on the device); one state per step,
+    as multi-step drafting needs (each step sees one more token). Sequences of length 0 idle.
+
+    >>> table = torch.tensor([[2, 0], [1, 3]], dtype=torch.int32)
+    >>> steps = draft_decode_steps((3, 4), table, page_size=4, num_steps=2)
+    >>> [s.cache_lens for s in steps], steps[1].slots.tolist()
+    ([(4, 5), (5, 6)], [0, 13])
+    """
+    if num_steps < 1:
+        raise MLAInputError(f"num_steps: expected >= 1, got {num_steps}")
+    device = block_table.device
+    active = [1 if n > 0 else 0 for n in cache_lens]
+    base = upload_ints(list(cache_lens), device, torch.int64)
+    live = upload_ints([b for b, a in enumerate(active) if a], device, torch.int64)
+    steps = []
+    for i in range(num_steps):
+        positions = base + i
+        pages = block_table.gather(1, (positions // page_size)[:, None].clamp(max=block_table.shape[1] - 1)).squeeze(1)
+        slots = (pages.long() * page_size + positions % page_size).index_select(0, live)
+        steps.append(AttentionStep(
+            tuple(active), tuple(n + i + a for n, a in zip(cache_lens, active)), block_table, slots,
+            page_size=page_size, heads=heads, spec_mode="draft_decode",
+        ))
+    return tuple(steps)

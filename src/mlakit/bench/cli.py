@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 import torch
+from click.core import ParameterSource
 
 from mlakit.bench import prefill as prefill_bench
 from mlakit.bench.ceilings import measure_ceilings
@@ -21,6 +23,9 @@ from mlakit.bench.decode import (
 )
 from mlakit.device import DeviceInfo
 from mlakit.registry.catalog import all_records, get_backend
+
+if TYPE_CHECKING:
+    from mlakit.bench.graphs import GraphBenchSettings
 
 SIMPLE_TRITON = "16,32,4,2,2,8"
 
@@ -64,17 +69,67 @@ def _backend_kernel(name: str) -> KernelFactory:
     return prepare
 
 
+GRID_OPTIONS = ("quick", "case_specs", "tunings", "no_baseline", "plot_path")
+GRAPH_OPTIONS = ("graph_heads", "graph_context", "graph_q_len", "graph_backend", "graph_layers", "graph_batches", "graph_steps")
+GRAPHS_JSON = Path("decode_graphs_bench.json")
+
+
 @bench.command()
 @click.option("--quick", is_flag=True, help="A subset of the grid (the anchor rows plus spot checks).")
 @click.option("--case", "case_specs", multiple=True, help="heads,batch,seqlen|ragged,q_len,kv_dtype,page_size (repeatable).")
 @click.option("--tuning", "tunings", multiple=True, help="NAME=block_m,block_n,warps,stages[,programs_per_sm[,fixed_splits]] extra Triton variants.")
 @click.option("--no-baseline", is_flag=True, help=f"Skip the simple split-KV Triton yardstick ({SIMPLE_TRITON}).")
-@click.option("--json", "json_path", type=click.Path(path_type=Path), default=Path("decode_bench.json"), show_default=True)
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=Path("decode_bench.json"), show_default=True,
+              help=f"Results file (with --graphs the default is {GRAPHS_JSON}).")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=Path("decode_bench.png"), show_default=True)
-def decode(quick: bool, case_specs: tuple[str, ...], tunings: tuple[str, ...], no_baseline: bool, json_path: Path, plot_path: Path) -> None:
-    """Times every decode backend usable here (and the yardstick) over the case grid."""
+@click.option("--graphs", "graphs", is_flag=True,
+              help="Instead of the kernel grid: eager vs CUDA-graph time per decode step of a DeepSeek-V3 attention stack "
+                   "(one mla_decode per layer on its own cache; no projections, no MoE).")
+@click.option("--graph-heads", type=int, default=128, show_default=True, help="--graphs: heads per rank (128: TP1, 16: TP8).")
+@click.option("--graph-context", type=int, default=4096, show_default=True,
+              help="--graphs: mean tokens per sequence (random lengths within +-25%, fixed seed).")
+@click.option("--graph-q-len", type=int, default=1, show_default=True, help="--graphs: query tokens per sequence (k + 1 for speculative verify).")
+@click.option("--graph-backend", default="triton", show_default=True, help="--graphs: decode backend (must be capturable).")
+@click.option("--graph-layers", type=int, default=61, show_default=True, help="--graphs: attention layers per step.")
+@click.option("--graph-batches", default="1,16,64", show_default=True, help="--graphs: batch sizes (one graph bucket each).")
+@click.option("--graph-steps", type=int, default=100, show_default=True, help="--graphs: timed steps per measurement (after 10 warmup steps).")
+@click.pass_context
+def decode(
+    ctx: click.Context,
+    quick: bool,
+    case_specs: tuple[str, ...],
+    tunings: tuple[str, ...],
+    no_baseline: bool,
+    json_path: Path,
+    plot_path: Path,
+    graphs: bool,
+    graph_heads: int,
+    graph_context: int,
+    graph_q_len: int,
+    graph_backend: str,
+    graph_layers: int,
+    graph_batches: str,
+    graph_steps: int,
+) -> None:
+    """Times every decode backend usable here (and the yardstick) over the case grid; with --graphs, the
+    eager vs CUDA-graph time per step of a whole decode attention stack instead."""
+    given = {name for name in (*GRID_OPTIONS, *GRAPH_OPTIONS) if ctx.get_parameter_source(name) != ParameterSource.DEFAULT}
+    if graphs and given & set(GRID_OPTIONS):
+        flags = ", ".join(sorted("--" + _option_flag(n) for n in given & set(GRID_OPTIONS)))
+        raise click.UsageError(f"--graphs replaces the kernel grid; drop {flags}")
+    if not graphs and given & set(GRAPH_OPTIONS):
+        flags = ", ".join(sorted("--" + _option_flag(n) for n in given & set(GRAPH_OPTIONS)))
+        raise click.UsageError(f"{flags} only apply with --graphs")
+    settings = None
+    if graphs:
+        settings = _graph_settings(graph_heads, graph_context, graph_q_len, graph_backend, graph_layers, graph_batches, graph_steps)
     if not torch.cuda.is_available():
         raise click.ClickException("mlakit bench decode needs a CUDA device")
+    if settings is not None:
+        if ctx.get_parameter_source("json_path") == ParameterSource.DEFAULT:
+            json_path = GRAPHS_JSON
+        _decode_graphs(settings, json_path)
+        return
     device = torch.device("cuda")
     info = DeviceInfo.detect(device)
     kernels: dict[str, KernelFactory] = {}
@@ -95,6 +150,38 @@ def decode(quick: bool, case_specs: tuple[str, ...], tunings: tuple[str, ...], n
     write_results(json_path, environment(device, ceilings), rows)
     plot_results(plot_path, rows)
     click.echo(f"wrote {json_path} and {plot_path}")
+
+
+def _option_flag(name: str) -> str:
+    return {"case_specs": "case", "tunings": "tuning", "plot_path": "plot"}.get(name, name).replace("_", "-")
+
+
+def _graph_settings(heads: int, context: int, q_len: int, backend: str, layers: int, batches: str, steps: int) -> GraphBenchSettings:
+    """The --graphs settings from the options (a bad value is a usage error, found before any device work)."""
+    from mlakit.bench.graphs import GraphBenchSettings
+
+    try:
+        batch_sizes = tuple(int(b) for b in batches.split(","))
+        return GraphBenchSettings(layers=layers, heads=heads, batches=batch_sizes, context=context, q_len=q_len, backend=backend,
+                                  steps=steps)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
+def _decode_graphs(settings: GraphBenchSettings, json_path: Path) -> None:
+    """`bench decode --graphs`: mlakit.bench.graphs does the work; CLI errors for what it refuses."""
+    from mlakit.bench import graphs as graphs_bench
+    from mlakit.errors import MLAKitError
+
+    try:
+        results = graphs_bench.run_and_report(settings, torch.device("cuda"), json_path, click.echo)
+    except MLAKitError as exc:  # a backend that cannot run or be captured, caches beyond the memory budget
+        raise click.ClickException(str(exc)) from exc
+    bad = [r.batch for r in results if not r.ok]
+    if bad:
+        raise click.ClickException(
+            f"graph output differs from eager at batch {bad} (relative error > {graphs_bench.MAX_REL_ERROR}); see {json_path}"
+        )
 
 
 def _parse_case(spec: str) -> DecodeCase:

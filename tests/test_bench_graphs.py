@@ -1,0 +1,272 @@
+"""The pure parts of `mlakit bench decode --graphs` (settings, results, JSON shape, summary line, option
+wiring, the CPU refusal) and its whole flow on CPU with the reference backend, graphs and timer faked."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from mlakit.bench import graphs as graphs_bench
+from mlakit.bench.ceilings import Ceilings
+from mlakit.bench.cli import bench
+from mlakit.bench.graphs import GraphBatchResult, GraphBenchSettings, StepTime, block_table, format_table, results_json, summary_line
+from mlakit.errors import ConfigError
+from mlakit.graphs import DecodeBuffers
+
+cpu_machine_only = pytest.mark.skipif(torch.cuda.is_available(), reason="describes a CPU-only machine")
+
+
+def _result(batch: int = 16, eager: float = 9.0, graph: float = 6.0, replay: float = 5.9, error: float = 0.0) -> GraphBatchResult:
+    return GraphBatchResult(batch, 61, batch * 4096, 61 * batch * 4096 * 576 * 2, error,
+                            StepTime(eager, eager + 0.1, 100), StepTime(graph, graph, 100), StepTime(replay, replay, 100))
+
+
+def test_default_settings_are_the_deepseek_v3_stack():
+    s = GraphBenchSettings()
+    assert (s.layers, s.heads, s.batches, s.context, s.q_len, s.backend) == (61, 128, (1, 16, 64), 4096, 1, "triton")
+    assert (s.page_size, s.kv_lora_rank, s.rope_dim, s.dim) == (64, 512, 64, 576)
+    assert s.softmax_scale == pytest.approx(192**-0.5 * (0.1 * torch.log(torch.tensor(40.0)).item() + 1) ** 2)
+    assert 17e9 < s.cache_bytes() < 20e9  # 61 x 64 x ~4096 tokens x 576 x 2 B: fits an 80 GB H100
+
+
+def test_lengths_are_random_around_the_context_and_reproducible():
+    s = GraphBenchSettings()
+    lengths = s.lengths()
+    assert len(lengths) == 64 and lengths == GraphBenchSettings().lengths()
+    assert min(lengths) >= 3072 and max(lengths) <= 5120 and len(set(lengths)) > 32
+    assert 3800 < sum(lengths) / 64 < 4400
+    assert lengths != GraphBenchSettings(seed=1).lengths()
+    assert s.max_pages() == max(-(-n // 64) for n in lengths) <= 80
+    assert s.pages_per_layer() == sum(-(-n // 64) for n in lengths) + 1
+    # Short contexts never go below the query tokens; no spread gives the context exactly.
+    assert min(GraphBenchSettings(context=4, q_len=4, spread=0.5).lengths()) == 4
+    assert set(GraphBenchSettings(context=100, spread=0.0).lengths()) == {100}
+
+
+def test_tp8_and_speculative_verify_settings():
+    s = GraphBenchSettings(heads=16, q_len=4)
+    assert s.heads == 16 and s.q_len == 4 and s.softmax_scale == GraphBenchSettings().softmax_scale
+    assert s.cache_bytes() == GraphBenchSettings().cache_bytes()  # the cache does not depend on heads
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"layers": 0}, "layers"),
+        ({"heads": 0}, "heads"),
+        ({"batches": ()}, "batches"),
+        ({"batches": (1, 1)}, "batches"),
+        ({"batches": (0, 4)}, "batches"),
+        ({"spread": 1.0}, "spread"),
+        ({"context": 2, "q_len": 4}, "at least q_len"),
+        ({"steps": 0}, "steps"),
+    ],
+)
+def test_bad_settings_are_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        GraphBenchSettings(**kwargs)
+
+
+def test_block_table_gives_every_sequence_its_own_pages():
+    lengths = [130, 64, 1, 4096]
+    table = block_table(lengths, page_size=64, seed=0)
+    counts = [3, 1, 1, 64]
+    assert table.dtype == torch.int32 and table.shape == (4, 64)
+    used = [p for row, count in zip(table.tolist(), counts) for p in row[:count]]
+    assert sorted(used) == list(range(sum(counts)))
+    assert torch.equal(table, block_table(lengths, page_size=64, seed=0))
+
+
+def test_result_numbers_and_summary_line():
+    r = _result(batch=16, eager=9.0, graph=6.0, replay=5.9)
+    assert r.saved_ms == pytest.approx(3.0) and r.speedup == pytest.approx(1.5)
+    assert r.eager_us_per_layer == pytest.approx(9000 / 61) and r.graph_us_per_layer == pytest.approx(6000 / 61)
+    assert r.replay_us_per_layer == pytest.approx(5900 / 61)
+    assert r.host_overhead_ms == pytest.approx(3.1) and r.graph_overhead_ms == pytest.approx(0.1)
+    assert r.kv_gb_per_s == pytest.approx(61 * 16 * 4096 * 1152 / 5.9 / 1e6)
+    assert r.ok and not _result(error=0.02).ok
+    assert summary_line(r) == (
+        "batch 16: eager 9.00 ms/step, graph 6.00 ms/step (replay 5.90 ms GPU), saved 3.00 ms (1.50x); "
+        "per layer 147.5 / 98.4 / 96.7 us"
+    )
+
+
+def test_table_has_a_row_per_batch_and_the_copy_share():
+    lines = format_table([_result(1), _result(64)], copy_gb_per_s=3000.0)
+    assert len(lines) == 3 and "eager ms" in lines[0] and "% copy" in lines[0]
+    assert lines[1].split()[0] == "1" and lines[2].split()[0] == "64"
+    share = 100 * _result(64).kv_gb_per_s / 3000.0
+    assert f"{share:.1f}" in lines[2]
+    assert format_table([_result(1)])[1].split()[-2] == "-"  # no ceiling: no share
+
+
+def test_json_shape():
+    settings = GraphBenchSettings(heads=16)
+    data = json.loads(json.dumps(results_json(settings, {"device": "H100", "ceilings": {"copy_gb_per_s": 3000.0}},
+                                              [_result(1), _result(16)])))
+    assert set(data) == {"environment", "settings", "results"}
+    assert data["environment"]["device"] == "H100"
+    s = data["settings"]
+    assert (s["layers"], s["heads"], s["batches"], s["context"], s["q_len"], s["backend"]) == (61, 16, [1, 16, 64], 4096, 1, "triton")
+    assert s["shared_q"] is True and s["l2_flush"] is False and s["kv_dtype"] == "bf16" and s["cache_bytes"] > 0
+    row = data["results"][1]
+    assert row["batch"] == 16 and row["eager"] == {"median_ms": 9.0, "wall_ms": 9.1, "steps": 100}
+    for key in ("graph", "replay", "saved_ms", "speedup", "eager_us_per_layer", "graph_us_per_layer", "replay_us_per_layer",
+                "host_overhead_ms", "graph_overhead_ms", "kv_gb_per_s", "rel_error", "tokens", "kv_bytes", "ok"):
+        assert key in row
+
+
+@cpu_machine_only
+def test_cli_graphs_needs_cuda():
+    result = CliRunner().invoke(bench, ["decode", "--graphs"])
+    assert result.exit_code != 0
+    assert "mlakit bench decode needs a CUDA device" in result.output
+    result = CliRunner().invoke(bench, ["decode", "--graphs", "--graph-heads", "16", "--graph-q-len", "2", "--json", "x.json"])
+    assert result.exit_code != 0 and "mlakit bench decode needs a CUDA device" in result.output
+
+
+def test_cli_graphs_passes_the_settings_and_defaults_its_own_json_file(monkeypatch):
+    seen = []
+
+    def fake_run(settings, device, json_path, log):
+        seen.append((settings, device, json_path))
+        return [_result(1)] if len(seen) == 1 else [_result(1), _result(16, error=0.02)]
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(graphs_bench, "run_and_report", fake_run)
+    result = CliRunner().invoke(bench, ["decode", "--graphs", "--graph-heads", "16", "--graph-context", "8192", "--graph-q-len", "2",
+                                        "--graph-batches", "1,16", "--graph-layers", "4", "--graph-steps", "7"])
+    assert result.exit_code == 0, result.output
+    settings, device, json_path = seen[0]
+    assert settings == GraphBenchSettings(layers=4, heads=16, batches=(1, 16), context=8192, q_len=2, steps=7)
+    assert device.type == "cuda" and str(json_path) == "decode_graphs_bench.json"
+    result = CliRunner().invoke(bench, ["decode", "--graphs", "--graph-backend", "flashmla", "--json", "mine.json"])
+    assert result.exit_code == 1 and "graph output differs from eager at batch [16]" in result.output
+    assert seen[1][0].backend == "flashmla" and str(seen[1][2]) == "mine.json"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--graphs", "--quick"], "--graphs replaces the kernel grid; drop --quick"),
+        (["--graphs", "--case", "128,1,4096,1,bf16,64", "--no-baseline"], "drop --case, --no-baseline"),
+        (["--graph-heads", "16"], "--graph-heads only apply with --graphs"),
+        (["--graphs", "--graph-batches", "1,x"], "invalid literal"),
+        (["--graphs", "--graph-batches", "1,1"], "distinct positive batch sizes"),
+        (["--graphs", "--graph-context", "0"], "context"),
+    ],
+)
+def test_cli_option_mistakes_are_usage_errors_before_any_device_work(args, message):
+    result = CliRunner().invoke(bench, ["decode", *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+
+
+class _Replay:
+    """Stands in for a captured graph: reruns the step into the same output tensor."""
+
+    def __init__(self, run, out: torch.Tensor):
+        self.run, self.out = run, out
+
+    def replay(self) -> None:
+        self.out.copy_(self.run())
+
+
+class _EagerGraphs:
+    """DecodeGraphs' interface without CUDA: `capture` runs each bucket once, `run` fills the real
+    buffers and "replays" (reruns the step, output masked as the real graphs do)."""
+
+    made: list[_EagerGraphs] = []
+
+    def __init__(self, step, *, backend, max_batch, q_len, heads, dim, max_pages, dtype, device, buckets):
+        self.step, self.backend = step, backend
+        self.buckets = tuple(sorted({b for b in buckets if b <= max_batch} | {max_batch}))
+        self.buffers = DecodeBuffers.allocate(max_batch, q_len, heads, dim, max_pages, dtype, device)
+        self._graphs: dict[int, tuple[_Replay, torch.Tensor]] = {}
+        _EagerGraphs.made.append(self)
+
+    def bucket_for(self, batch: int) -> int:
+        return min(b for b in self.buckets if b >= batch)
+
+    def capture(self, warm_inputs=None) -> None:
+        q, table, lens = warm_inputs
+        for bucket in self.buckets:
+            view = self.buffers.view(bucket)
+
+            def masked(view=view):
+                out = self.step(view)
+                return torch.where(view.real_rows.view(-1, 1, 1, 1), out, torch.zeros((), dtype=out.dtype))
+
+            self.buffers.fill(q[:bucket], table[:bucket], lens[:bucket], None, bucket)
+            out = masked()
+            self._graphs[bucket] = (_Replay(masked, out), out)
+
+    def run(self, q, block_table, cache_seqlens):
+        bucket = self.bucket_for(q.shape[0])
+        self.buffers.fill(q, block_table, cache_seqlens, None, bucket)
+        return self.replay(q.shape[0])[: q.shape[0]]
+
+    def replay(self, batch):
+        replay, out = self._graphs[self.bucket_for(batch)]
+        replay.replay()
+        return out
+
+
+def test_whole_flow_on_cpu_with_the_reference_backend(monkeypatch, tmp_path):
+    calls: list[tuple[int, int]] = []
+    real_decode = graphs_bench.mla_decode
+
+    def counting_decode(q, cache, table, lengths, **kwargs):
+        assert kwargs["kv_lora_rank"] == 512 and kwargs["return_lse"] is False and kwargs["backend"] == "reference"
+        calls.append((id(cache), q.shape[0]))
+        return real_decode(q, cache, table, lengths, **kwargs)
+
+    timed: list[int] = []
+
+    def fake_time(fn, warmup, steps):
+        fn()
+        timed.append(steps)
+        return StepTime(float(len(timed)), float(len(timed)), steps)
+
+    _EagerGraphs.made.clear()
+    monkeypatch.setattr(graphs_bench, "mla_decode", counting_decode)
+    monkeypatch.setattr(graphs_bench, "DecodeGraphs", _EagerGraphs)
+    monkeypatch.setattr(graphs_bench, "time_step", fake_time)
+    monkeypatch.setattr(graphs_bench, "measure_ceilings", lambda device: Ceilings(100.0, 10.0))
+    monkeypatch.setattr(graphs_bench, "environment", lambda device, ceilings: {"device": "cpu", "ceilings": {"copy_gb_per_s": 100.0}})
+    settings = GraphBenchSettings(layers=3, heads=2, batches=(1, 3), context=80, q_len=2, backend="reference", page_size=16,
+                                  warmup=0, steps=5)
+    lines: list[str] = []
+    path = tmp_path / "graphs.json"
+    results = graphs_bench.run_and_report(settings, torch.device("cpu"), path, lines.append)
+
+    assert [r.batch for r in results] == [1, 3]
+    assert all(r.rel_error == 0.0 and r.ok for r in results)  # the same kernels in both paths
+    assert timed == [5] * 6  # eager, graph, replay per batch
+    assert _EagerGraphs.made[0].buckets == (1, 3) and _EagerGraphs.made[0].backend == "reference"
+    checked, steps = calls[0], calls[1:]  # one call with the value checks, then whole steps
+    layers = [cache for cache, _ in steps[:3]]
+    assert len(set(layers)) == 3 and checked[0] == layers[0]  # every layer reads its own cache
+    assert len(steps) % 3 == 0 and all([cache for cache, _ in steps[i : i + 3]] == layers for i in range(0, len(steps), 3))
+    assert {batch for _, batch in steps} == {1, 3}
+    assert results[1].tokens == sum(settings.lengths()[:3])
+    assert results[1].kv_bytes == 3 * results[1].tokens * 576 * 2
+    assert any(line.startswith("batch 1: eager") and "rel err 0.0e+00 ok" in line for line in lines)
+    assert any("eager ms" in line for line in lines) and lines[-1] == f"wrote {path}"
+    data = json.loads(path.read_text())
+    assert data["environment"]["device"] == "cpu" and data["settings"]["q_len"] == 2 and len(data["results"]) == 2
+
+
+def test_caches_beyond_the_memory_budget_are_refused_before_allocating(monkeypatch):
+    monkeypatch.setattr(graphs_bench, "DecodeGraphs", _EagerGraphs)
+    with pytest.raises(ConfigError, match=r"need 18\.6 GB, more than the 10\.0 GB budget"):
+        graphs_bench.run_graph_bench(GraphBenchSettings(), torch.device("cpu"), print, memory_budget=10e9)
+
+
+def test_a_backend_that_cannot_be_captured_is_refused_before_allocating():
+    settings = GraphBenchSettings(layers=2, heads=2, batches=(1,), context=32, backend="reference")
+    with pytest.raises(ConfigError, match="cannot be captured"):
+        graphs_bench.run_graph_bench(settings, torch.device("cpu"), print)
