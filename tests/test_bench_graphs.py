@@ -267,6 +267,6 @@ def test_caches_beyond_the_memory_budget_are_refused_before_allocating(monkeypat
 
 
 def test_a_backend_that_cannot_be_captured_is_refused_before_allocating():
-    settings = GraphBenchSettings(layers=2, heads=2, batches=(1,), context=32, backend="reference")
+    settings = GraphBenchSettings(layers=2, heads=2, batches=(1,), context=32, backend="intel_xpu")
     with pytest.raises(ConfigError, match="cannot be captured"):
         graphs_bench.run_graph_bench(settings, torch.device("cpu"), print)

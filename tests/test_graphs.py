@@ -16,8 +16,8 @@ DIM = RANK + ROPE
 
 
 def test_backends_that_cannot_be_captured_are_refused_naming_the_alternatives():
-    with pytest.raises(ConfigError, match=r"backend 'reference' cannot be captured in a CUDA graph .* pick a backend that can: .*triton"):
-        DecodeGraphs(lambda b: b.q, backend="reference", max_batch=4, q_len=1, heads=2, dim=DIM, max_pages=2,
+    with pytest.raises(ConfigError, match=r"backend 'intel_xpu' cannot be captured in a CUDA graph .* pick a backend that can: .*triton"):
+        DecodeGraphs(lambda b: b.q, backend="intel_xpu", max_batch=4, q_len=1, heads=2, dim=DIM, max_pages=2,
                      dtype=torch.bfloat16, device=torch.device("cpu"))
 
 
@@ -59,34 +59,38 @@ class PagedWorld:
         return q, table, lengths, slots
 
 
-def _attention_step(world: PagedWorld, scale: float):
+def _attention_step(world: PagedWorld, scale: float, backend: str = "triton"):
     """Write each new token's row (head 0 of its query: fresh data) at its slot, then attend."""
 
     def step(b: DecodeBuffers) -> torch.Tensor:
         write_rows(world.cache, None, b.slots, b.q[:, :, 0, :].reshape(-1, DIM))
-        out, _ = mla_decode(b.q, world.cache, b.block_table, b.cache_seqlens, softmax_scale=scale, backend="triton",
+        out, _ = mla_decode(b.q, world.cache, b.block_table, b.cache_seqlens, softmax_scale=scale, backend=backend,
                             kv_lora_rank=RANK, return_lse=False, check_inputs=False)
         return out
 
     return step
 
 
-def _eager(world: PagedWorld, q, table, lengths, slots, scale):
+def _eager(world: PagedWorld, q, table, lengths, slots, scale, backend: str = "triton"):
     write_rows(world.cache, None, slots, q[:, :, 0, :].reshape(-1, DIM))
-    out, _ = mla_decode(q, world.cache, table, lengths, softmax_scale=scale, backend="triton", kv_lora_rank=RANK,
+    out, _ = mla_decode(q, world.cache, table, lengths, softmax_scale=scale, backend=backend, kv_lora_rank=RANK,
                         return_lse=False)
     ref, _ = reference_decode(q, world.cache, table, lengths, kv_lora_rank=RANK, softmax_scale=scale)
     return out, ref
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("heads, q_len", [(16, 1), (128, 1), (16, 2), (16, 4), (16, 8)])  # q_len k + 1: target verify, k 1, 3, 7
-def test_decode_graphs_replay_changing_steps_like_eager_runs_and_the_reference(heads, q_len):
-    max_batch, max_pages, scale = 128, 6, 192**-0.5
+@pytest.mark.parametrize(
+    "backend, heads, q_len, max_batch",  # q_len k + 1: target verify with k 1, 3, 7
+    [("triton", 16, 1, 128), ("triton", 128, 1, 128), ("triton", 16, 2, 128), ("triton", 16, 4, 128), ("triton", 16, 8, 128),
+     ("reference", 16, 1, 16), ("reference", 5, 4, 16)],
+)
+def test_decode_graphs_replay_changing_steps_like_eager_runs_and_the_reference(backend, heads, q_len, max_batch):
+    max_pages, scale = 6, 192**-0.5
     world = PagedWorld(max_batch, max_pages, heads, q_len, seed=heads + q_len)
-    graphs = DecodeGraphs(_attention_step(world, scale), backend="triton", max_batch=max_batch, q_len=q_len, heads=heads,
-                          dim=DIM, max_pages=max_pages, dtype=torch.bfloat16, device=torch.device("cuda"))
-    assert graphs.buckets == DEFAULT_BATCH_BUCKETS
+    graphs = DecodeGraphs(_attention_step(world, scale, backend), backend=backend, max_batch=max_batch, q_len=q_len,
+                          heads=heads, dim=DIM, max_pages=max_pages, dtype=torch.bfloat16, device=torch.device("cuda"))
+    assert graphs.buckets == tuple(b for b in DEFAULT_BATCH_BUCKETS if b <= max_batch)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
@@ -94,7 +98,7 @@ def test_decode_graphs_replay_changing_steps_like_eager_runs_and_the_reference(h
     finally:
         torch.cuda.set_sync_debug_mode("default")
     batches = [1, 2, 3, 4, 7, 8, 9, 16, 31, 32, 33, 64, 65, 100, 128, 128, 5, 1, 64, 17]
-    for step, batch in enumerate(batches):
+    for step, batch in enumerate(min(b, max_batch) for b in batches):
         q, table, lengths, slots = world.step_inputs(batch, step)
         saved = world.cache.clone()
         torch.cuda.synchronize()
@@ -105,7 +109,7 @@ def test_decode_graphs_replay_changing_steps_like_eager_runs_and_the_reference(h
             torch.cuda.set_sync_debug_mode("default")
         after_graph = world.cache.clone()
         world.cache.copy_(saved)
-        eager, ref = _eager(world, q, table, lengths, slots, scale)
+        eager, ref = _eager(world, q, table, lengths, slots, scale, backend)
         assert torch.equal(world.cache, after_graph), f"step {step}: the graph wrote other cache rows than eager"
         assert got.shape == (batch, q_len, heads, RANK)
         assert relative_error(got, eager) < 1e-2 and relative_error(got, ref) < 1e-2, f"step {step}, batch {batch}"

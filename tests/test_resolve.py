@@ -199,14 +199,22 @@ def test_explicit_backend_on_wrong_hardware_is_refused_with_reason_and_alternati
     assert "reference" in alternatives
 
 
-def test_explicit_reference_that_cannot_be_captured_is_refused_not_swapped():
-    message = refusal("sm90", attention_backend="reference", cuda_graphs=True)
-    assert "decode_backend 'reference'" in message
+def test_explicit_backend_that_cannot_be_captured_is_refused_not_swapped(monkeypatch):
+    name = register_fake(monkeypatch, _fake_record("zz_eager_only", None, 64, {"prefill", "decode"}, device_kinds={"cuda"}))
+    message = refusal("sm90", attention_backend=name, cuda_graphs=True)
+    assert f"decode_backend '{name}'" in message
     assert "cannot be captured in a CUDA graph" in message
     alternatives = listed_alternatives(message, "decode")
     assert alternatives == [r.name for r in RECORDS if fits_alone(r.name, "sm90", cuda_graphs=True)]
-    assert "flashmla" in alternatives and "reference" not in alternatives
-    assert all(BY_NAME[name].cuda_graphs for name in alternatives)
+    assert "flashmla" in alternatives and "reference" in alternatives and name not in alternatives
+    assert all(BY_NAME[n].cuda_graphs for n in alternatives)
+
+
+def test_unset_cuda_graphs_stay_off_for_a_backend_that_cannot_be_captured(monkeypatch):
+    name = register_fake(monkeypatch, _fake_record("zz_eager_only", None, 64, {"prefill", "decode"}, device_kinds={"cuda"}))
+    plan = plan_for("sm90", attention_backend=name)
+    assert plan.cuda_graphs is False
+    assert f"cuda_graphs: off (auto: {name} cannot be captured)" in plan.notes
 
 
 @pytest.mark.parametrize(
@@ -821,7 +829,7 @@ def test_forced_cuda_graphs_are_kept_only_for_capturable_decode_backends(record)
         ("sm100", "cutedsl_mla", True, "cuda_graphs: on (auto: cutedsl_mla supports capture)"),
         ("cpu", "auto", False, "cuda_graphs: off (auto: the device is cpu)"),
         ("xpu", "intel_xpu", False, "cuda_graphs: off (auto: the device is xpu)"),
-        ("sm90", "reference", False, "cuda_graphs: off (auto: reference cannot be captured)"),
+        ("sm90", "reference", True, "cuda_graphs: on (auto: reference supports capture)"),
     ],
 )
 def test_unset_cuda_graphs_follow_device_and_backend_with_a_note(arch, backend, expected, why):

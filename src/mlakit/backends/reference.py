@@ -19,6 +19,7 @@ RECORD = BackendRecord(
     kv_dtypes=frozenset({"bf16", "fp16", "fp8_e4m3"}),
     latent_extend=True,
     tree_drafts=False,  # its decode is causal over the draft tokens: chains only
+    cuda_graphs=True,  # no host sync anywhere: capturable (slowly) on CUDA
     auto_rank=1000,
     preferred_page_size=64,
     verified="CPU (make test) and H100 (GPU tests)",
