@@ -108,3 +108,18 @@ def test_extend_capability_is_in_the_records():
     assert records["reference"].latent_extend and records["triton"].latent_extend
     assert not records["flashmla"].latent_extend
     assert mlakit.registry.get_backend("triton").extend is not None
+
+
+def test_decode_metadata_built_once_serves_every_layer_and_must_match_the_call(kernel_device):
+    backend = "triton" if kernel_device == "cuda" else "reference"
+    batch = make_paged_batch([300, 0, 41], heads=5, q_len=2, page_size=16, kv_lora_rank=512, rope_dim=64, device=kernel_device)
+    metadata = mlakit.mla_decode_metadata(batch.cache_seqlens, q_len=2, heads=5, backend=backend)
+    assert (metadata.data is not None) == (backend == "triton")
+    args = (batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens)
+    kwargs = dict(softmax_scale=batch.softmax_scale, backend=backend, kv_lora_rank=512)
+    plain, plain_lse = mlakit.mla_decode(*args, **kwargs)
+    for _ in range(2):  # two "layers" sharing the step's metadata
+        out, lse = mlakit.mla_decode(*args, metadata=metadata, **kwargs)
+        assert torch.equal(out, plain) and torch.equal(lse, plain_lse)
+    with pytest.raises(mlakit.MLAInputError, match="metadata: built for backend .* q_len 2, 5 heads; this call runs on .* q_len 1"):
+        mlakit.mla_decode(batch.q[:, :1].contiguous(), *args[1:], metadata=metadata, **kwargs)

@@ -5,7 +5,7 @@
 'reference'
 """
 
-from mlakit.api import mla_decode, mla_extend, mla_prefill
+from mlakit.api import DecodeMetadata, mla_decode, mla_decode_metadata, mla_extend, mla_prefill
 from mlakit.cache import PageAllocator, PagedLatentCache
 from mlakit.config import ServingConfig
 from mlakit.device import DeviceInfo
@@ -20,6 +20,7 @@ from mlakit.workspace import WorkspacePool
 __all__ = [
     "CacheFullError",
     "ConfigError",
+    "DecodeMetadata",
     "DeviceInfo",
     "MLAInputError",
     "MLAKitError",
@@ -34,6 +35,7 @@ __all__ = [
     "WorkspaceRequest",
     "merge_attention_states",
     "mla_decode",
+    "mla_decode_metadata",
     "mla_extend",
     "mla_prefill",
     "plan_prefill",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Literal
 
@@ -24,6 +25,30 @@ _KNOWN_LATENT_SPLITS = {576: 512, 288: 256}
 _DTYPE_NAMES = {dtype: name for name, dtype in STORAGE_DTYPES.items()}
 
 
+@dataclasses.dataclass(frozen=True)
+class DecodeMetadata:
+    """A backend's per-step decode metadata: build it once per step with `mla_decode_metadata`
+    and pass it to every layer's `mla_decode` (as FlashMLA's `get_mla_metadata`)."""
+
+    backend: str
+    q_len: int
+    heads: int
+    data: object
+
+
+def mla_decode_metadata(cache_seqlens: torch.Tensor, *, q_len: int, heads: int, backend: str) -> DecodeMetadata:
+    """What `backend` computes once per decode step from the lengths alone (the triton backend's
+    split plan: one small launch, no host sync), for reuse by every layer.
+
+    >>> md = mla_decode_metadata(torch.tensor([20, 3], dtype=torch.int32), q_len=1, heads=4, backend="reference")
+    >>> md.backend, md.data is None
+    ('reference', True)
+    """
+    builder = get_backend(backend).decode_metadata
+    data = None if builder is None else builder(cache_seqlens, q_len=q_len, heads=heads)
+    return DecodeMetadata(backend, q_len, heads, data)
+
+
 def mla_decode(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -36,6 +61,7 @@ def mla_decode(
     kv_lora_rank: int | None = None,
     return_lse: bool = True,
     check_inputs: bool = True,
+    metadata: DecodeMetadata | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """MLA decode over a paged latent cache on the chosen backend.
 
@@ -51,7 +77,8 @@ def mla_decode(
     model's `MLAShape.softmax_scale`. `kv_lora_rank` defaults to 512 for 576-wide rows
     and 256 for 288-wide rows. Shape, dtype and device are always checked;
     `check_inputs=False` skips the checks that read lengths and page indices (they cost
-    a host sync), e.g. inside CUDA-graph capture.
+    a host sync), e.g. inside CUDA-graph capture. `metadata` (from `mla_decode_metadata`, for
+    the same lengths) saves rebuilding the backend's per-step metadata in every layer.
 
     >>> q = torch.randn(2, 1, 4, 576, dtype=torch.bfloat16)
     >>> cache = torch.randn(8, 16, 576, dtype=torch.bfloat16)
@@ -81,8 +108,18 @@ def mla_decode(
         return_lse,
     )
     scale = dim**-0.5 if softmax_scale is None else float(softmax_scale)
-    out, lse = get_backend(name).decode(
-        q, kv_cache, block_table, cache_seqlens, kv_lora_rank=kv_lora_rank, softmax_scale=scale, kv_scale=kv_scale
+    backend_entry = get_backend(name)
+    extra = {}
+    if metadata is not None:
+        if (metadata.backend, metadata.q_len, metadata.heads) != (name, q.shape[1], q.shape[2]):
+            raise MLAInputError(
+                f"metadata: built for backend {metadata.backend!r}, q_len {metadata.q_len}, {metadata.heads} heads; this call "
+                f"runs on {name!r} with q_len {q.shape[1]}, {q.shape[2]} heads"
+            )
+        if backend_entry.decode_metadata is not None:
+            extra["metadata"] = metadata.data
+    out, lse = backend_entry.decode(
+        q, kv_cache, block_table, cache_seqlens, kv_lora_rank=kv_lora_rank, softmax_scale=scale, kv_scale=kv_scale, **extra
     )
     return out, (lse if return_lse else None)
 

@@ -93,7 +93,7 @@ def _latent_part(
         out, _ = mla_decode(
             q_latent.view(batch, part.q_len, *q_latent.shape[1:]), kv_cache, part.block_table, part.cache_seqlens,
             softmax_scale=softmax_scale, backend=backend, kv_scale=kv_scale, kv_lora_rank=rank, return_lse=False,
-            check_inputs=check_inputs,
+            check_inputs=check_inputs, metadata=part.decode_metadata(backend, q_latent.shape[1]) if backend != AUTO else None,
         )
         return out.flatten(0, 1)
     out, _ = mla_extend(

@@ -29,6 +29,7 @@ from typing import Literal
 
 import torch
 
+from mlakit.api import DecodeMetadata, mla_decode_metadata
 from mlakit.errors import MLAInputError
 from mlakit.prefill_metadata import DEFAULT_PREFIX_CHUNK_TOKENS, PrefillMetadata, plan_prefill, upload_ints
 
@@ -57,10 +58,18 @@ class StepPart:
     cu_seqlens_q: torch.Tensor
     q_len: int | None = None
     prefill: PrefillMetadata | None = None
+    _decode_metadata: dict[str, DecodeMetadata] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     @property
     def num_tokens(self) -> int:
         return sum(self.new_tokens)
+
+    def decode_metadata(self, backend: str, heads: int) -> DecodeMetadata:
+        """The decode backend's per-step metadata for this part, built on first use and shared by every layer."""
+        if backend not in self._decode_metadata:
+            self._decode_metadata[backend] = mla_decode_metadata(self.cache_seqlens, q_len=self.q_len or 1, heads=heads,
+                                                                 backend=backend)
+        return self._decode_metadata[backend]
 
     @property
     def max_q_len(self) -> int:

@@ -37,14 +37,15 @@ def decode(
     kv_lora_rank: int,
     softmax_scale: float,
     kv_scale: torch.Tensor | None,
+    metadata: tuple[object, object] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Calls `flash_mla_with_kvcache`; works with the classic metadata API and the newer one
     (whose `get_mla_metadata` returns a schedule object and no split counts)."""
-    from flash_mla import flash_mla_with_kvcache, get_mla_metadata
+    from flash_mla import flash_mla_with_kvcache
 
     _, q_len, heads, _ = q.shape
     k_cache = kv_cache if kv_cache.dim() == 4 else kv_cache.unsqueeze(2)
-    schedule, num_splits = get_mla_metadata(cache_seqlens, q_len * heads, 1)
+    schedule, num_splits = metadata or decode_metadata(cache_seqlens, q_len=q_len, heads=heads)
     out, lse = flash_mla_with_kvcache(
         q, k_cache, block_table, cache_seqlens, kv_lora_rank, schedule, num_splits,
         softmax_scale=softmax_scale, causal=True,
@@ -52,4 +53,11 @@ def decode(
     return out, lse
 
 
-register(RECORD, decode)
+def decode_metadata(cache_seqlens: torch.Tensor, *, q_len: int, heads: int) -> tuple[object, object]:
+    """FlashMLA's tile schedule and split counts for the step (`get_mla_metadata`)."""
+    from flash_mla import get_mla_metadata
+
+    return get_mla_metadata(cache_seqlens, q_len * heads, 1)
+
+
+register(RECORD, decode, decode_metadata=decode_metadata)

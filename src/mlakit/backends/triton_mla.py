@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from mlakit.mha_prefill import run_mha_prefill
 from mlakit.prefill_metadata import PrefillMetadata, Segments
 from mlakit.registry.catalog import register
+
+if TYPE_CHECKING:
+    from mlakit.kernels.triton_decode import DecodePlan
 from mlakit.registry.records import BackendRecord, PageSizeRule
 
 RECORD = BackendRecord(
@@ -38,13 +43,22 @@ def decode(
     kv_lora_rank: int,
     softmax_scale: float,
     kv_scale: torch.Tensor | None,
+    metadata: DecodePlan | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The portable split-KV kernel plus its lse combine."""
+    """The portable split-KV kernel plus its lse combine (`metadata`: the step's split plan)."""
     from mlakit.kernels.triton_decode import triton_mla_decode
 
     return triton_mla_decode(
-        q, kv_cache, block_table, cache_seqlens, kv_lora_rank=kv_lora_rank, softmax_scale=softmax_scale, kv_scale=kv_scale
+        q, kv_cache, block_table, cache_seqlens, kv_lora_rank=kv_lora_rank, softmax_scale=softmax_scale, kv_scale=kv_scale,
+        plan=metadata,
     )
+
+
+def decode_metadata(cache_seqlens: torch.Tensor, *, q_len: int, heads: int) -> DecodePlan:
+    """The step's split plan, computed on the GPU from the lengths."""
+    from mlakit.kernels.triton_decode import plan_decode
+
+    return plan_decode(cache_seqlens, q_len=q_len, heads=heads)
 
 
 def extend(
@@ -103,4 +117,4 @@ def prefill(
     return run_mha_prefill(q, kv_cache, kv_b_weight, meta, _attention_pass, softmax_scale=softmax_scale, kv_scale=kv_scale)
 
 
-register(RECORD, decode, extend, prefill)
+register(RECORD, decode, extend, prefill, decode_metadata)

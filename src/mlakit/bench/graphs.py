@@ -13,7 +13,8 @@ intervals (one interval per step, no host sync between steps, no L2 flush: a ste
 `layers` distinct caches, ~300 MB per step already at batch 1 with the defaults, far beyond
 the 50 MB L2 of an H100, so nothing useful stays cached from one step to the next):
 
-- eager: the `layers` `mla_decode(..., check_inputs=False)` calls, the Python an engine runs per step;
+- eager: the step's decode metadata, then the `layers` `mla_decode(..., check_inputs=False,
+  metadata=...)` calls, the Python an engine runs per step;
 - graph: `DecodeGraphs.run` (fill the persistent buffers + replay the bucket's graph);
 - replay: `graph.replay()` alone, the GPU time of the captured step.
 
@@ -33,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from mlakit.api import mla_decode
+from mlakit.api import mla_decode, mla_decode_metadata
 from mlakit.bench.ceilings import Ceilings, measure_ceilings
 from mlakit.bench.decode import environment
 from mlakit.errors import ConfigError
@@ -307,14 +308,17 @@ def make_stack_inputs(settings: GraphBenchSettings, device: torch.device) -> Sta
 
 
 def attention_stack(caches: Sequence[torch.Tensor], settings: GraphBenchSettings, check_inputs: bool = False) -> StackStep:
-    """The step: one `mla_decode` per layer on that layer's cache (same q, table and lengths);
-    returns the last layer's output `[batch, q_len, heads, kv_lora_rank]`."""
+    """The step: the backend's decode metadata built once (`mla_decode_metadata`), then one
+    `mla_decode` per layer on that layer's cache (same q, table and lengths); returns the last
+    layer's output `[batch, q_len, heads, kv_lora_rank]`."""
 
     def step(q: torch.Tensor, table: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         out = q
+        metadata = mla_decode_metadata(lengths, q_len=q.shape[1], heads=q.shape[2], backend=settings.backend)
         for cache in caches:
             out, _ = mla_decode(q, cache, table, lengths, softmax_scale=settings.softmax_scale, backend=settings.backend,
-                                kv_lora_rank=settings.kv_lora_rank, return_lse=False, check_inputs=check_inputs)
+                                kv_lora_rank=settings.kv_lora_rank, return_lse=False, check_inputs=check_inputs,
+                                metadata=metadata)
         return out
 
     return step

@@ -32,6 +32,12 @@ class DecodeKernel(Protocol):
     ) -> tuple[torch.Tensor, torch.Tensor | None]: ...
 
 
+class DecodeMetadataBuilder(Protocol):
+    """Builds a backend's per-step decode metadata (e.g. a split plan) once, for every layer's call."""
+
+    def __call__(self, cache_seqlens: torch.Tensor, *, q_len: int, heads: int) -> object: ...
+
+
 class ExtendKernel(Protocol):
     """The latent-form extend entry point (shapes as in `mlakit.mla_extend`)."""
 
@@ -71,6 +77,7 @@ class RegisteredBackend:
     decode: DecodeKernel | None
     extend: ExtendKernel | None = None
     prefill: PrefillKernel | None = None
+    decode_metadata: DecodeMetadataBuilder | None = None
 
 
 _REGISTRY: dict[str, RegisteredBackend] = {}
@@ -81,8 +88,12 @@ def register(
     decode: DecodeKernel | None = None,
     extend: ExtendKernel | None = None,
     prefill: PrefillKernel | None = None,
+    decode_metadata: DecodeMetadataBuilder | None = None,
 ) -> BackendRecord:
     """Adds a backend; a second registration under the same name is an error.
+
+    A backend with `decode_metadata` builds its per-step decode metadata there, and its
+    `decode` takes it back as `metadata=` (None when the caller built none).
 
     A record may state prefill without a `prefill` kernel (a vendor prefill mlakit has no
     adapter for yet): resolve() still plans with it, `mla_prefill` refuses it by name.
@@ -95,7 +106,9 @@ def register(
         raise ConfigError(f"backend {record.name!r}: an extend kernel must be given exactly when the record says latent_extend")
     if prefill is not None and "prefill" not in record.phases:
         raise ConfigError(f"backend {record.name!r}: a prefill kernel was given but the record does not list prefill")
-    _REGISTRY[record.name] = RegisteredBackend(record, decode, extend, prefill)
+    if decode_metadata is not None and decode is None:
+        raise ConfigError(f"backend {record.name!r}: decode metadata was given without a decode kernel")
+    _REGISTRY[record.name] = RegisteredBackend(record, decode, extend, prefill, decode_metadata)
     return record
 
 
