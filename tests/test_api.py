@@ -121,5 +121,5 @@ def test_decode_metadata_built_once_serves_every_layer_and_must_match_the_call(k
     for _ in range(2):  # two "layers" sharing the step's metadata
         out, lse = mlakit.mla_decode(*args, metadata=metadata, **kwargs)
         assert torch.equal(out, plain) and torch.equal(lse, plain_lse)
-    with pytest.raises(mlakit.MLAInputError, match="metadata: built for backend .* q_len 2, 5 heads; this call runs on .* q_len 1"):
+    with pytest.raises(mlakit.MLAInputError, match="metadata: built for backend .* batch 3, q_len 2, 5 heads; this call runs on .* batch 3, q_len 1"):
         mlakit.mla_decode(batch.q[:, :1].contiguous(), *args[1:], metadata=metadata, **kwargs)

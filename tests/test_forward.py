@@ -77,7 +77,7 @@ def test_prefill_form_policy_and_bad_steps():
     assert [p.kind for p in step.parts] == ["mha_prefill"]
     step = AttentionStep((20, 3), (20, 3), table, torch.zeros(23, dtype=torch.int64), page_size=16, prefill_form="latent")
     assert [p.kind for p in step.parts] == ["latent_extend"]
-    with pytest.raises(MLAInputError, match="cache_lens\\[1\\]: 40 tokens do not fit 2 pages of 16"):
+    with pytest.raises(MLAInputError, match="cache_lens\\[1\\]: 40 tokens do not fit the block table.s 2 pages of 16"):
         AttentionStep((1, 1), (3, 40), table, torch.zeros(2, dtype=torch.int64), page_size=16)
     with pytest.raises(MLAInputError, match="slots: expected shape \\[2\\]"):
         AttentionStep((1, 1), (3, 4), table, torch.zeros(3, dtype=torch.int64), page_size=16)
@@ -155,3 +155,23 @@ def test_draft_decode_steps_write_one_token_each_and_attend_like_the_oracle(kern
         oracle_batch = dataclasses.replace(batch, cache_seqlens=step.cache_seqlens)
         expected = _latent_oracle(q_nope, q_pe, oracle_batch, step, kv_b_weight, batch.softmax_scale)
         assert relative_error(out, expected) < 1e-2
+
+
+def test_review_regressions_in_step_metadata():
+    table = torch.arange(8, dtype=torch.int32).view(2, 4)
+    # equal long chunks of a chunked prefill are not a decode
+    chunked = AttentionStep((40, 40), (80, 90), table, torch.zeros(80, dtype=torch.int64), page_size=32)
+    assert [p.kind for p in chunked.parts] == ["mha_prefill"]
+    # an idle sequence keeps its length through every draft step
+    steps = draft_decode_steps((3, 0), table, page_size=32, num_steps=3)
+    assert [s.cache_lens for s in steps] == [(4, 0), (5, 0), (6, 0)]
+
+
+def test_forward_names_bad_queries_and_a_decode_backend_without_latent_extend():
+    table = torch.tensor([[0], [1]], dtype=torch.int32)
+    step = AttentionStep((1, 2), (5, 2), table, torch.tensor([4, 8, 9]), page_size=8)
+    args = (torch.randn(2, 8, 48), None, torch.randn(2 * (16 + 8), 32), step)
+    with pytest.raises(MLAInputError, match="q_nope: expected \\[3 tokens"):
+        mla_forward(torch.randn(2, 2, 16), torch.randn(2, 2, 16), *args, softmax_scale=0.2)
+    with pytest.raises(MLAInputError, match="decode backend 'flashmla' has no latent-form extend kernel .* max_latent_extend_tokens=0"):
+        mla_forward(torch.randn(3, 2, 16), torch.randn(3, 2, 16), *args, softmax_scale=0.2, decode_backend="flashmla")

@@ -132,3 +132,9 @@ def test_run_refuses_a_batch_beyond_the_largest_bucket_and_a_wider_table():
         graphs.run(torch.cat([q, q[:1]]), torch.cat([table, table[:1]]), torch.cat([lengths, lengths[:1]]))
     with pytest.raises(MLAInputError, match="at most 2 pages per sequence"):
         graphs.run(q, torch.cat([table, table], dim=1), lengths)
+    with pytest.raises(MLAInputError, match="cache_seqlens: expected torch.int32 of shape \\[8\\]"):
+        graphs.run(q, table, lengths[:1])  # would broadcast one length over the batch
+    with pytest.raises(MLAInputError, match="q: expected torch.bfloat16"):
+        graphs.run(q.float(), table, lengths)
+    with pytest.raises(MLAInputError, match="slots: expected torch.int64 of shape \\[8\\]"):
+        graphs.run(q, table, lengths, slots[:3])

@@ -359,7 +359,8 @@ def test_chunked_prefix_equals_unchunked(chunk, heads, kernel_device):
     problem = Problem([41, 0, 9, 30], [5, 3, 0, 11], heads=3, page_size=4, seed=chunk, device=kernel_device)
     whole, whole_lse = problem.run("triton", problem.plan(10**9))
     meta = problem.plan(chunk, heads=heads)
-    assert len(meta.prefix_chunks) == (-(-sum(problem.prefixes) // chunk) if chunk < sum(problem.prefixes) else 0)
+    read = sum(p for p, n in zip(problem.prefixes, problem.new) if n)  # a sequence without new tokens reads nothing
+    assert len(meta.prefix_chunks) == (-(-read // chunk) if chunk < read else 0)
     out, lse = problem.run("triton", meta)
     _assert_matches(out, lse, whole.float(), whole_lse)
     _assert_matches(out, lse, *problem.latent_form())
@@ -376,7 +377,7 @@ def _expected_slots(table: torch.Tensor, page_size: int, b: int, first: int, sto
 @pytest.mark.parametrize("page_size", [1, 16, 5])
 @pytest.mark.parametrize("heads", [None, 1, 128])  # 1 head: every sequence shares each chunk; 128: one at a time
 def test_prefix_chunk_metadata_covers_every_row_once(chunk, page_size, heads):
-    prefixes, new = [37, 0, 70, 5, 0], [4, 9, 0, 1, 0]
+    prefixes, new = [37, 0, 70, 5, 0], [4, 9, 2, 1, 0]
     assert sum(prefixes) == 112
     lens = [p + n for p, n in zip(prefixes, new)]
     batch = make_paged_batch(lens, heads=1, page_size=page_size, seed=page_size)
@@ -534,3 +535,21 @@ def test_rejects_fp8_cache_without_scale():
     _call(problem, kv_scale=problem.batch.kv_scale)
     with pytest.raises(MLAInputError, match=r"^kv_scale: "):
         _call(problem)
+
+
+def test_plan_skips_the_prefix_of_a_sequence_without_new_tokens_and_refuses_bad_heads():
+    table = torch.arange(16, dtype=torch.int32).view(2, 8)
+    meta = plan_prefill([0, 5], [100, 5], table, 16, prefix_chunk_tokens=10, heads=16)
+    assert meta.prefix_chunks == () and meta.causal_keys.segments.lens == (0, 5)
+    with pytest.raises(MLAInputError, match="heads: expected >= 1"):
+        plan_prefill([2, 5], [100, 5], table, 16, heads=0)
+
+
+def test_kernel_refuses_out_and_lse_it_cannot_write(kernel_device):
+    q, k_nope, k_pe, v = _kernel_inputs([3], [3], 2, 16, 16, 16, torch.bfloat16, seed=3, device=kernel_device, pad_rows=0)
+    cu = _segments([3], kernel_device).cu_seqlens
+    run = dict(max_q_len=3, causal=True, softmax_scale=0.3)
+    with pytest.raises(MLAInputError, match="out: expected shape"):
+        triton_mha_prefill(q, k_nope, k_pe, v, cu, cu, out=torch.empty(3, 16, 2, device=kernel_device).transpose(1, 2), **run)
+    with pytest.raises(MLAInputError, match="lse: expected float32"):
+        triton_mha_prefill(q, k_nope, k_pe, v, cu, cu, lse=torch.empty(2, 3, device=kernel_device).t(), **run)

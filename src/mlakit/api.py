@@ -31,6 +31,7 @@ class DecodeMetadata:
     and pass it to every layer's `mla_decode` (as FlashMLA's `get_mla_metadata`)."""
 
     backend: str
+    batch: int
     q_len: int
     heads: int
     data: object
@@ -46,7 +47,7 @@ def mla_decode_metadata(cache_seqlens: torch.Tensor, *, q_len: int, heads: int, 
     """
     builder = get_backend(backend).decode_metadata
     data = None if builder is None else builder(cache_seqlens, q_len=q_len, heads=heads)
-    return DecodeMetadata(backend, q_len, heads, data)
+    return DecodeMetadata(backend, cache_seqlens.shape[0], q_len, heads, data)
 
 
 def mla_decode(
@@ -111,10 +112,10 @@ def mla_decode(
     backend_entry = get_backend(name)
     extra = {}
     if metadata is not None:
-        if (metadata.backend, metadata.q_len, metadata.heads) != (name, q.shape[1], q.shape[2]):
+        if (metadata.backend, metadata.batch, metadata.q_len, metadata.heads) != (name, *q.shape[:3]):
             raise MLAInputError(
-                f"metadata: built for backend {metadata.backend!r}, q_len {metadata.q_len}, {metadata.heads} heads; this call "
-                f"runs on {name!r} with q_len {q.shape[1]}, {q.shape[2]} heads"
+                f"metadata: built for backend {metadata.backend!r}, batch {metadata.batch}, q_len {metadata.q_len}, "
+                f"{metadata.heads} heads; this call runs on {name!r} with batch {q.shape[0]}, q_len {q.shape[1]}, {q.shape[2]} heads"
             )
         if backend_entry.decode_metadata is not None:
             extra["metadata"] = metadata.data

@@ -11,7 +11,9 @@ import torch
 from mlakit.api import mla_decode, mla_extend, mla_prefill
 from mlakit.config import AUTO
 from mlakit.mha_prefill import reference_attention_pass, run_mha_prefill
+from mlakit.errors import MLAInputError
 from mlakit.reference import reference_extend
+from mlakit.registry.catalog import get_backend
 from mlakit.step import AttentionStep, StepPart
 
 
@@ -44,6 +46,7 @@ def mla_forward(
     >>> out.shape
     torch.Size([3, 2, 8])
     """
+    _check_forward_inputs(q_nope, q_pe, step, decode_backend)
     heads, nope_dim = q_nope.shape[1], q_nope.shape[2]
     per_head = kv_b_weight.view(heads, -1, kv_b_weight.shape[1])
     w_uk, w_uv = per_head[:, :nope_dim], per_head[:, nope_dim:]
@@ -71,6 +74,21 @@ def mla_forward(
         else:
             out.index_copy_(0, rows, part_out.float())
     return out
+
+
+def _check_forward_inputs(q_nope: torch.Tensor, q_pe: torch.Tensor, step: AttentionStep, decode_backend: str) -> None:
+    for name, q in (("q_nope", q_nope), ("q_pe", q_pe)):
+        if q.dim() != 3 or q.shape[0] != step.num_tokens or q.shape[1] != q_nope.shape[1]:
+            raise MLAInputError(
+                f"{name}: expected [{step.num_tokens} tokens (the step's new tokens), heads, dim] with q_nope's heads, "
+                f"got shape {tuple(q.shape)}"
+            )
+    has_extend_part = any(part.kind == "latent_extend" for part in step.parts)
+    if has_extend_part and decode_backend != AUTO and get_backend(decode_backend).extend is None:
+        raise MLAInputError(
+            f"step: decode backend {decode_backend!r} has no latent-form extend kernel for its short extends; build the "
+            "AttentionStep with max_latent_extend_tokens=0 so they run in MHA form"
+        )
 
 
 def _latent_part(

@@ -92,10 +92,8 @@ class DecodeGraphs:
     be captured is refused here. `capture()` runs each bucket once eagerly (compiling every
     kernel variant it launches) and then captures it, largest first, in one memory pool.
 
-    >>> # graphs = DecodeGraphs(lambda b: mla_decode(b.q, cache, b.block_table, b.cache_seqlens,
-    >>> #     backend="triton", check_inputs=False)[0], backend="triton", max_batch=64, q_len=1,
-    >>> #     heads=16, dim=576, max_pages=64, dtype=torch.bfloat16, device=torch.device("cuda"))
-    >>> # graphs.capture(); out = graphs.run(q, block_table, cache_seqlens)
+    A CUDA device is needed; the README's "CUDA graphs" section has a complete example, and
+    tests/test_graphs.py captures and replays real steps.
     """
 
     def __init__(
@@ -121,6 +119,8 @@ class DecodeGraphs:
             )
         if device.type != "cuda":
             raise ConfigError(f"CUDA graphs need a CUDA device, got {device}")
+        if max_batch < 1 or q_len < 1 or min(buckets, default=1) < 1:
+            raise ConfigError(f"max_batch, q_len and buckets: expected >= 1, got {max_batch}, {q_len} and {tuple(buckets)}")
         chosen = sorted({b for b in buckets if b <= max_batch} | {max_batch})
         self.buckets = tuple(chosen)
         self.step = step
@@ -162,11 +162,7 @@ class DecodeGraphs:
         rows of its output (a view into graph memory, valid until the next replay)."""
         batch = q.shape[0]
         bucket = self.bucket_for(batch)
-        if block_table.shape[1] > self.buffers.block_table.shape[1]:
-            raise MLAInputError(
-                f"block_table: expected at most {self.buffers.block_table.shape[1]} pages per sequence (the reserved "
-                f"max_pages), got {block_table.shape[1]}"
-            )
+        self._check_step(q, block_table, cache_seqlens, slots)
         self.buffers.fill(q, block_table, cache_seqlens, slots, bucket)
         return self.replay(batch)[:batch]
 
@@ -179,6 +175,23 @@ class DecodeGraphs:
         graph, out = self._graphs[bucket]
         graph.replay()
         return out
+
+    def _check_step(self, q: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor, slots: torch.Tensor | None) -> None:
+        """Shapes, dtypes and devices against the buffers (a copy would broadcast or cast silently)."""
+        batch, buffers = q.shape[0], self.buffers
+        expected = (
+            ("q", q, (batch, *buffers.q.shape[1:]), buffers.q.dtype),
+            ("block_table", block_table, (batch, min(block_table.shape[-1], buffers.block_table.shape[1])), torch.int32),
+            ("cache_seqlens", cache_seqlens, (batch,), torch.int32),
+        )
+        if slots is not None:
+            expected += (("slots", slots, (batch * buffers.q.shape[1],), torch.int64),)
+        for name, tensor, shape, dtype in expected:
+            if tuple(tensor.shape) != shape or tensor.dtype != dtype or tensor.device != buffers.q.device:
+                raise MLAInputError(
+                    f"{name}: expected {dtype} of shape {list(shape)} on {buffers.q.device} (at most "
+                    f"{buffers.block_table.shape[1]} pages per sequence), got {tensor.dtype} {list(tensor.shape)} on {tensor.device}"
+                )
 
     def _fill_for(self, bucket: int, warm_inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None) -> None:
         if warm_inputs is None:

@@ -17,6 +17,7 @@ tokens.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -25,8 +26,8 @@ import torch
 from mlakit.errors import MLAInputError
 
 DEFAULT_PREFIX_CHUNK_TOKENS = 8192
-# Query rows x heads that keep a prefill pass's grid full: 132 programs of 128 rows (an H100's SMs).
-FULL_PASS_QUERY_ROWS = 132 * 128
+PREFILL_BLOCK_ROWS = 128  # query rows per program of the prefill kernel on GPUs
+DEFAULT_SMS = 132  # for plans made off a GPU (an H100's count)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +36,15 @@ class Segments:
 
     lens: tuple[int, ...]
     cu_seqlens: torch.Tensor
+
+    def __post_init__(self) -> None:
+        if self.cu_seqlens.shape != (len(self.lens) + 1,) or self.cu_seqlens.dtype != torch.int32:
+            raise MLAInputError(
+                f"cu_seqlens: expected int32 offsets of shape [{len(self.lens) + 1}], got {self.cu_seqlens.dtype} "
+                f"{tuple(self.cu_seqlens.shape)}"
+            )
+        if min(self.lens, default=0) < 0:
+            raise MLAInputError(f"lens: expected lengths >= 0, got {self.lens}")
 
     @property
     def total(self) -> int:
@@ -53,6 +63,13 @@ class KeyRows:
     segments: Segments
     starts: tuple[int, ...]
     slots: torch.Tensor
+
+    def __post_init__(self) -> None:
+        if len(self.starts) != len(self.segments.lens) or self.slots.shape != (self.segments.total,):
+            raise MLAInputError(
+                f"KeyRows: expected one start per segment and {self.segments.total} slots, got {len(self.starts)} "
+                f"starts and slots of shape {tuple(self.slots.shape)}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,39 +110,40 @@ def plan_prefill(
     [0, 1, 4, 5, 6]
     """
     new_tokens, cache_lens = tuple(int(n) for n in new_tokens), tuple(int(c) for c in cache_lens)
-    _check_plan_inputs(new_tokens, cache_lens, block_table, page_size, prefix_chunk_tokens)
+    check_step_counts(new_tokens, cache_lens, block_table, page_size)
+    if prefix_chunk_tokens < 1 or (heads is not None and heads < 1):
+        raise MLAInputError(f"prefix_chunk_tokens and heads: expected >= 1, got {prefix_chunk_tokens} and {heads}")
     device = block_table.device
-    prefixes = [total - new for new, total in zip(new_tokens, cache_lens)]
+    prefixes = [total - new if new else 0 for new, total in zip(new_tokens, cache_lens)]  # no queries: nothing to read
     queries = _segments(new_tokens, device)
     if sum(prefixes) <= prefix_chunk_tokens:
-        causal = _key_rows(block_table, page_size, [0] * len(prefixes), list(cache_lens), device)
+        whole = [total if new else 0 for new, total in zip(new_tokens, cache_lens)]
+        causal = _key_rows(block_table, page_size, [0] * len(prefixes), whole, device)
         return PrefillMetadata(queries, causal, (), page_size)
     causal = _key_rows(block_table, page_size, prefixes, list(new_tokens), device)
-    sharing = _chunk_sharing(new_tokens, prefixes, heads)
+    sharing = _chunk_sharing(new_tokens, prefixes, heads, device)
     chunks = tuple(
         _key_rows(block_table, page_size, starts, lens, device) for starts, lens in _cut_prefixes(prefixes, prefix_chunk_tokens, sharing)
     )
     return PrefillMetadata(queries, causal, chunks, page_size)
 
 
-def _check_plan_inputs(
-    new_tokens: tuple[int, ...], cache_lens: tuple[int, ...], block_table: torch.Tensor, page_size: int, chunk: int
-) -> None:
-    if len(new_tokens) != len(cache_lens) or len(new_tokens) != block_table.shape[0]:
+def check_step_counts(new_tokens: Sequence[int], cache_lens: Sequence[int], block_table: torch.Tensor, page_size: int) -> None:
+    """Raises MLAInputError unless there is one count per sequence, 0 <= new <= cache length, and
+    every cache length fits the block table's pages (host ints only, no device read)."""
+    if len(new_tokens) != len(cache_lens) or not new_tokens or block_table.dim() != 2 or len(new_tokens) != block_table.shape[0]:
         raise MLAInputError(
-            f"new_tokens, cache_lens and block_table: expected one entry per sequence, got {len(new_tokens)}, "
-            f"{len(cache_lens)} and {block_table.shape[0]} rows"
+            f"new_tokens, cache_lens and block_table: expected one entry (row) per sequence, at least one, got "
+            f"{len(new_tokens)}, {len(cache_lens)} and a table of shape {tuple(block_table.shape)}"
         )
-    if page_size < 1 or chunk < 1:
-        raise MLAInputError(f"page_size and prefix_chunk_tokens: expected >= 1, got {page_size} and {chunk}")
+    if page_size < 1:
+        raise MLAInputError(f"page_size: expected >= 1, got {page_size}")
     capacity = block_table.shape[1] * page_size
     for b, (new, total) in enumerate(zip(new_tokens, cache_lens)):
         if new < 0 or total < new:
             raise MLAInputError(f"sequence {b}: expected 0 <= new_tokens <= cache_lens, got {new} and {total}")
         if total > capacity:
-            raise MLAInputError(
-                f"cache_lens[{b}]: {total} tokens do not fit the block table's {block_table.shape[1]} pages of {page_size}"
-            )
+            raise MLAInputError(f"cache_lens[{b}]: {total} tokens do not fit the block table's {block_table.shape[1]} pages of {page_size}")
 
 
 def _cut_prefixes(prefixes: list[int], chunk: int, sharing: int) -> list[tuple[list[int], list[int]]]:
@@ -149,7 +167,7 @@ def _cut_prefixes(prefixes: list[int], chunk: int, sharing: int) -> list[tuple[l
     return chunks
 
 
-def _chunk_sharing(new_tokens: tuple[int, ...], prefixes: list[int], heads: int | None) -> int:
+def _chunk_sharing(new_tokens: tuple[int, ...], prefixes: list[int], heads: int | None, device: torch.device) -> int:
     """How many sequences share a chunk. A sequence's queries merge once per chunk they meet, so
     one sequence per chunk is cheapest; but a pass also needs enough query rows x heads to fill
     the GPU, so when one sequence alone has too few, several share each chunk."""
@@ -157,14 +175,26 @@ def _chunk_sharing(new_tokens: tuple[int, ...], prefixes: list[int], heads: int 
     if heads is None or not queries:
         return 1
     rows_per_sequence = heads * sum(queries) / len(queries)
-    return min(len(queries), math.ceil(FULL_PASS_QUERY_ROWS / rows_per_sequence))
+    return min(len(queries), math.ceil(_full_pass_query_rows(device) / rows_per_sequence))
+
+
+def _full_pass_query_rows(device: torch.device) -> int:
+    """Query rows x heads that keep a prefill pass's grid full: one 128-row program per SM."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else DEFAULT_SMS
+    return sms * PREFILL_BLOCK_ROWS
 
 
 def _segments(lens: Sequence[int], device: torch.device) -> Segments:
-    offsets = [0]
-    for n in lens:
-        offsets.append(offsets[-1] + n)
-    return Segments(tuple(lens), upload_ints(offsets, device, torch.int32))
+    return Segments(tuple(lens), upload_ints(offsets_of(lens), device, torch.int32))
+
+
+def offsets_of(lens: Sequence[int]) -> list[int]:
+    """`[0, lens[0], lens[0] + lens[1], ...]`: segment offsets.
+
+    >>> offsets_of([3, 0, 2])
+    [0, 3, 3, 5]
+    """
+    return [0, *itertools.accumulate(lens)]
 
 
 def _key_rows(block_table: torch.Tensor, page_size: int, starts: list[int], lens: list[int], device: torch.device) -> KeyRows:

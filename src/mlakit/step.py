@@ -31,7 +31,7 @@ import torch
 
 from mlakit.api import DecodeMetadata, mla_decode_metadata
 from mlakit.errors import MLAInputError
-from mlakit.prefill_metadata import DEFAULT_PREFIX_CHUNK_TOKENS, PrefillMetadata, plan_prefill, upload_ints
+from mlakit.prefill_metadata import DEFAULT_PREFIX_CHUNK_TOKENS, PrefillMetadata, check_step_counts, offsets_of, plan_prefill, upload_ints
 
 PartKind = Literal["decode", "latent_extend", "mha_prefill"]
 PrefillForm = Literal["auto", "latent", "mha"]
@@ -58,7 +58,7 @@ class StepPart:
     cu_seqlens_q: torch.Tensor
     q_len: int | None = None
     prefill: PrefillMetadata | None = None
-    _decode_metadata: dict[str, DecodeMetadata] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    _decode_metadata: dict[tuple[str, int], DecodeMetadata] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     @property
     def num_tokens(self) -> int:
@@ -66,10 +66,10 @@ class StepPart:
 
     def decode_metadata(self, backend: str, heads: int) -> DecodeMetadata:
         """The decode backend's per-step metadata for this part, built on first use and shared by every layer."""
-        if backend not in self._decode_metadata:
-            self._decode_metadata[backend] = mla_decode_metadata(self.cache_seqlens, q_len=self.q_len or 1, heads=heads,
-                                                                 backend=backend)
-        return self._decode_metadata[backend]
+        key = (backend, heads)
+        if key not in self._decode_metadata:
+            self._decode_metadata[key] = mla_decode_metadata(self.cache_seqlens, q_len=self.q_len or 1, heads=heads, backend=backend)
+        return self._decode_metadata[key]
 
     @property
     def max_q_len(self) -> int:
@@ -107,20 +107,7 @@ class AttentionStep:
     spec_mode: SpecMode = "none"
 
     def __post_init__(self) -> None:
-        if len(self.new_tokens) != len(self.cache_lens) or not self.new_tokens:
-            raise MLAInputError(
-                f"new_tokens and cache_lens: expected equal, non-zero lengths, got {len(self.new_tokens)} and {len(self.cache_lens)}"
-            )
-        if self.block_table.dim() != 2 or self.block_table.shape[0] != len(self.new_tokens):
-            raise MLAInputError(
-                f"block_table: expected shape [{len(self.new_tokens)}, max_pages], got {tuple(self.block_table.shape)}"
-            )
-        capacity = self.block_table.shape[1] * self.page_size
-        for b, (new, total) in enumerate(zip(self.new_tokens, self.cache_lens)):
-            if new < 0 or total < new:
-                raise MLAInputError(f"sequence {b}: expected 0 <= new_tokens <= cache_lens, got {new} and {total}")
-            if total > capacity:
-                raise MLAInputError(f"cache_lens[{b}]: {total} tokens do not fit {self.block_table.shape[1]} pages of {self.page_size}")
+        check_step_counts(self.new_tokens, self.cache_lens, self.block_table, self.page_size)
         if self.slots.shape != (self.num_tokens,):
             raise MLAInputError(f"slots: expected shape [{self.num_tokens}], got {tuple(self.slots.shape)}")
         if self.decode_q_len is not None and self.decode_q_len < 1:
@@ -156,7 +143,8 @@ class AttentionStep:
         first = self.new_tokens[0]
         uniform = all(n == first for n in self.new_tokens)
         has_prefix = all(total > new for new, total in zip(self.new_tokens, self.cache_lens))
-        return first if uniform and has_prefix and first > 0 else 1
+        short = first <= self.max_latent_extend_tokens  # equal long chunks are a chunked prefill, not a decode
+        return first if uniform and has_prefix and short and first > 0 else 1
 
     @functools.cached_property
     def cache_seqlens(self) -> torch.Tensor:
@@ -170,9 +158,7 @@ class AttentionStep:
         for b, (new, total) in enumerate(zip(self.new_tokens, self.cache_lens)):
             if new:
                 by_kind[self._kind_of(new, total)].append(b)
-        offsets = [0]
-        for n in self.new_tokens:
-            offsets.append(offsets[-1] + n)
+        offsets = offsets_of(self.new_tokens)
         whole = len(self.new_tokens)
         return tuple(
             self._part(kind, sequences, offsets, whole_batch=len(sequences) == whole)
@@ -197,9 +183,7 @@ class AttentionStep:
             rows = upload_ints([r for b in sequences for r in range(offsets[b], offsets[b + 1])], device, torch.int64)
             table = self.block_table[upload_ints(sequences, device, torch.int64)]
             seqlens = upload_ints(lens, device, torch.int32)
-        cu = [0]
-        for n in new:
-            cu.append(cu[-1] + n)
+        cu = offsets_of(new)
         prefill = None
         if kind == "mha_prefill":
             prefill = plan_prefill(
@@ -242,7 +226,7 @@ def draft_decode_steps(
         pages = block_table.gather(1, (positions // page_size)[:, None].clamp(max=block_table.shape[1] - 1)).squeeze(1)
         slots = (pages.long() * page_size + positions % page_size).index_select(0, live)
         steps.append(AttentionStep(
-            tuple(active), tuple(n + i + a for n, a in zip(cache_lens, active)), block_table, slots,
+            tuple(active), tuple(n + (i + 1) * a for n, a in zip(cache_lens, active)), block_table, slots,
             page_size=page_size, heads=heads, spec_mode="draft_decode",
         ))
     return tuple(steps)

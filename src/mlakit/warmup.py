@@ -21,6 +21,7 @@ from mlakit.api import mla_decode, mla_extend, mla_prefill
 from mlakit.cache import LatentStore
 from mlakit.plan import Plan, WarmupReport
 from mlakit.prefill_metadata import plan_prefill
+from mlakit.registry.catalog import get_backend
 from mlakit.step import DEFAULT_MAX_LATENT_EXTEND_TOKENS
 
 LONG_SEQUENCE = 2048
@@ -48,9 +49,10 @@ def warm_up(
         for batch in (2, *(b for b in SPLIT_PLAN_BATCH_CLASSES if b <= plan.max_batch_size)):
             world.decode(batch, q_len)
             calls.append(f"decode q_len {q_len}, batch {batch}")
-    for new_tokens in range(2, max_latent_extend_tokens + 1):
-        world.extend(new_tokens)
-        calls.append(f"latent extend of {new_tokens} tokens")
+    if get_backend(plan.decode_backend).extend is not None:  # else short extends run in MHA form
+        for new_tokens in range(2, max_latent_extend_tokens + 1):
+            world.extend(new_tokens)
+            calls.append(f"latent extend of {new_tokens} tokens")
     for chunk in (None, 512):
         world.prefill(chunk)
         calls.append("MHA prefill, one pass" if chunk is None else "MHA prefill, chunked prefix with merges")

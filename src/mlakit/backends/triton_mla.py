@@ -9,10 +9,10 @@ import torch
 from mlakit.mha_prefill import run_mha_prefill
 from mlakit.prefill_metadata import PrefillMetadata, Segments
 from mlakit.registry.catalog import register
+from mlakit.registry.records import BackendRecord, PageSizeRule
 
 if TYPE_CHECKING:
     from mlakit.kernels.triton_decode import DecodePlan
-from mlakit.registry.records import BackendRecord, PageSizeRule
 
 RECORD = BackendRecord(
     name="triton",

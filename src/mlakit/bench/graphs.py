@@ -364,9 +364,8 @@ def run_graph_bench(settings: GraphBenchSettings, device: torch.device, log: Log
     """Builds the stack, captures one graph per batch (buckets = the batches), checks the graph's
     output against the eager step's, then times eager, graph and replay for every batch.
 
-    `memory_budget` (bytes) refuses settings whose caches would not fit. Example on an H100:
-
-    >>> # run_graph_bench(GraphBenchSettings(heads=16), torch.device("cuda"), print, 0.85 * 80e9)
+    `memory_budget` (bytes) refuses settings whose caches would not fit. On an H100:
+    `run_graph_bench(GraphBenchSettings(heads=16), torch.device("cuda"), print, 0.85 * 80e9)`.
     """
     need = settings.cache_bytes()
     if memory_budget is not None and need > memory_budget:
@@ -417,7 +416,7 @@ def run_graph_bench(settings: GraphBenchSettings, device: torch.device, log: Log
 def run_and_report(settings: GraphBenchSettings, device: torch.device, json_path: Path, log: Log) -> list[GraphBatchResult]:
     """Measures the ceilings, runs the benchmark, logs the table and writes the JSON file.
 
-    >>> # run_and_report(GraphBenchSettings(), torch.device("cuda"), Path("decode_graphs_bench.json"), print)
+    On a CUDA device: `run_and_report(GraphBenchSettings(), torch.device("cuda"), Path("out.json"), print)`.
     """
     ceilings: Ceilings = measure_ceilings(device)
     log(f"ceilings: copy {ceilings.copy_gb_per_s:.0f} GB/s, bf16 matmul {ceilings.matmul_tflop_per_s:.0f} TFLOP/s")

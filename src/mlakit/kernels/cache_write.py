@@ -59,7 +59,8 @@ def write_rows(data: torch.Tensor, scale: torch.Tensor | None, slots: torch.Tens
     """Writes `rows [n, dim]` into contiguous `data [num_pages, page_size, dim]` at flat `slots [n]`
     (page * page_size + offset, -1 = skip), updating per-group fp8 `scale` in place.
 
-    >>> # write_rows(store.data, store.scale, slots, torch.cat([c_kv, k_pe], dim=1))
+    Used as `write_rows(store.data, store.scale, slots, torch.cat([c_kv, k_pe], dim=1))`
+    (`LatentStore.write_slots` does so on CUDA).
     """
     dim = data.shape[-1]
     if not data.is_contiguous():

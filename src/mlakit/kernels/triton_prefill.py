@@ -46,14 +46,14 @@ class PrefillTuning:
 
 @functools.cache
 def default_prefill_tuning(device: torch.device) -> PrefillTuning:
-    """Tiles for `device`: on Hopper and Blackwell 128x64 tiles, 8 warps, 3 stages (best of 7 tried
-    on an H100, benchmarks/NOTES.md); fewer stages or smaller tiles where shared memory is
-    smaller (A100: 164 KiB, other SM8x: 100 KiB; not measured here); small tiles under the
-    interpreter."""
+    """Tiles for `device`: on Hopper and datacenter Blackwell 128x64 tiles, 8 warps, 3 stages (best of
+    7 tried on an H100, benchmarks/NOTES.md; they need 168 KiB of shared memory); fewer stages
+    on the A100 (164 KiB) and small tiles where a block gets ~100 KiB (other SM8x, SM12x; not
+    measured here); small tiles under the interpreter."""
     if device.type != "cuda":
         return PrefillTuning(block_m=16, block_n=16, num_warps=1, num_stages=1)
     major, minor = torch.cuda.get_device_capability(device)
-    if major >= 9:
+    if major in (9, 10):
         return PrefillTuning(block_m=128, block_n=64, num_warps=8, num_stages=3)
     if (major, minor) == (8, 0):
         return PrefillTuning(block_m=128, block_n=64, num_warps=8, num_stages=2)
@@ -237,6 +237,10 @@ def triton_mha_prefill(
             raise MLAInputError(f"{name}: expected a contiguous last dim, got strides {tensor.stride()}")
     if merge and (out is None or lse is None):
         raise MLAInputError("out and lse: merge=True needs the earlier result to merge into")
+    if out is not None and (out.shape != (tokens, heads, v_dim) or out.stride(-1) != 1):
+        raise MLAInputError(f"out: expected shape {(tokens, heads, v_dim)} with a contiguous last dim, got {tuple(out.shape)}")
+    if lse is not None and (lse.shape != (tokens, heads) or lse.dtype != torch.float32 or lse.stride(1) != 1):
+        raise MLAInputError(f"lse: expected float32 {(tokens, heads)} with contiguous heads, got {lse.dtype} {tuple(lse.shape)}")
     tuning = tuning or default_prefill_tuning(q.device)
     out = q.new_empty(tokens, heads, v_dim) if out is None else out
     lse = torch.empty(tokens, heads, dtype=torch.float32, device=q.device) if lse is None else lse

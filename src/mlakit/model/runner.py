@@ -18,7 +18,8 @@ import torch
 from mlakit.cache import PagedLatentCache
 from mlakit.errors import ConfigError
 from mlakit.model.deepseek import DeepseekForCausalLM
-from mlakit.step import AttentionStep
+from mlakit.registry.catalog import get_backend
+from mlakit.step import DEFAULT_MAX_LATENT_EXTEND_TOKENS, AttentionStep
 
 
 @dataclasses.dataclass
@@ -54,8 +55,8 @@ class GenerationStats:
 class Runner:
     """Runs requests through a model and its paged cache.
 
-    >>> # runner = Runner(model, cache, decode_backend=plan.decode_backend)
-    >>> # outputs = runner.generate([Request([1, 2, 3], max_new_tokens=8)])
+    `Runner(model, cache, decode_backend=plan.decode_backend).generate([Request([1, 2, 3], max_new_tokens=8)])`
+    returns each request's new token ids (the README's "Running a model" has the whole set-up).
     """
 
     def __init__(
@@ -76,6 +77,8 @@ class Runner:
         self.prefill_backend = prefill_backend
         self.max_batch_size = max_batch_size
         self.mixed_steps = mixed_steps
+        has_extend = decode_backend == "auto" or get_backend(decode_backend).extend is not None
+        self._max_latent_extend_tokens = DEFAULT_MAX_LATENT_EXTEND_TOKENS if has_extend else 0
         self.stats = GenerationStats()
 
     @torch.no_grad()
@@ -146,6 +149,7 @@ class Runner:
         step = AttentionStep(
             tuple(new_counts), tuple(self.cache.seq_len(i) for i in indices), self.cache.block_table(indices), slots,
             page_size=self.cache.page_size, heads=self.model.config.attention.shape.num_heads,
+            max_latent_extend_tokens=self._max_latent_extend_tokens,
         )
         began = time.perf_counter()
         logits = self.model(
