@@ -50,7 +50,8 @@ class Prefill:
         meta = mlakit.plan_prefill(
             self.new, self.lens, self.batch.block_table, self.batch.kv_cache.shape[1], prefix_chunk_tokens=prefix_chunk_tokens
         )
-        expected_chunks = -(-sum(self.prefixes) // prefix_chunk_tokens) if sum(self.prefixes) > prefix_chunk_tokens else 0
+        read = sum(p for p, n in zip(self.prefixes, self.new) if n)  # a sequence without new tokens reads nothing
+        expected_chunks = -(-read // prefix_chunk_tokens) if read > prefix_chunk_tokens else 0
         assert len(meta.prefix_chunks) == expected_chunks
         out, lse = mlakit.mla_prefill(
             self.q, self.batch.kv_cache, self.weight, meta, softmax_scale=SOFTMAX_SCALE, backend=backend, kv_scale=self.batch.kv_scale
