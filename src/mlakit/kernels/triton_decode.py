@@ -46,9 +46,11 @@ def _load_kv_part(
     return values.to(OUT_DTYPE)
 
 
-# Arguments whose value changes with the batch or the block table's width: never specialized
-# on (Triton would compile one more variant when one happens to be 1 or a multiple of 16).
-@triton.jit(do_not_specialize=["row_tiles", "stride_bt_b"])
+# The block table's width changes from step to step: never specialized on (Triton would compile
+# one more variant whenever it happens to be 1 or a multiple of 16). `row_tiles` stays specialized
+# (fixed per decode shape; the warm-up launches each extend tile class): unspecialized, 16-head
+# q_len-2 decode ran up to 9% slower (benchmarks/NOTES.md, v7).
+@triton.jit(do_not_specialize=["stride_bt_b"])
 def _mla_decode_split_kernel(
     Q, KV, KV_SCALE, BLOCK_TABLE, SEQLENS, CU_SEQLENS_Q, NUM_SPLITS,
     OUT, LSE, PART_OUT, PART_LSE,
