@@ -83,6 +83,19 @@ class DecodeBuffers:
 DecodeStep = Callable[[DecodeBuffers], torch.Tensor]
 
 
+def require_capturable(backend: str) -> None:
+    """Raises ConfigError, listing the backends that can, when `backend`'s record says no CUDA graphs.
+
+    >>> require_capturable("triton")
+    """
+    if not get_backend(backend).record.cuda_graphs:
+        capturable = [r.name for r in all_records() if r.cuda_graphs]
+        raise ConfigError(
+            f"backend {backend!r} cannot be captured in a CUDA graph (its record says so); run its decode eagerly "
+            f"(cuda_graphs=False) or pick a backend that can: {', '.join(capturable)}"
+        )
+
+
 class DecodeGraphs:
     """One CUDA graph of `step` per batch bucket; `run` replays the smallest bucket that fits.
 
@@ -110,13 +123,7 @@ class DecodeGraphs:
         device: torch.device,
         buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
     ) -> None:
-        record = get_backend(backend).record
-        if not record.cuda_graphs:
-            capturable = [r.name for r in all_records() if r.cuda_graphs]
-            raise ConfigError(
-                f"backend {backend!r} cannot be captured in a CUDA graph (its record says so); run its decode eagerly "
-                f"(cuda_graphs=False) or pick a backend that can: {', '.join(capturable)}"
-            )
+        require_capturable(backend)
         if device.type != "cuda":
             raise ConfigError(f"CUDA graphs need a CUDA device, got {device}")
         if max_batch < 1 or q_len < 1 or min(buckets, default=1) < 1:

@@ -38,7 +38,7 @@ from mlakit.api import mla_decode, mla_decode_metadata
 from mlakit.bench.ceilings import Ceilings, measure_ceilings
 from mlakit.bench.decode import environment
 from mlakit.errors import ConfigError
-from mlakit.graphs import DecodeGraphs
+from mlakit.graphs import DecodeGraphs, require_capturable
 from mlakit.shape import MLAShape
 
 MAX_REL_ERROR = 1e-2
@@ -373,13 +373,7 @@ def run_graph_bench(settings: GraphBenchSettings, device: torch.device, log: Log
             f"{settings.layers} caches of {settings.max_batch} x ~{settings.context} tokens need {need / 1e9:.1f} GB, "
             f"more than the {memory_budget / 1e9:.1f} GB budget: lower --graph-context, --graph-layers or the batches"
         )
-    stack: list[StackStep] = []  # the step, once the caches exist (the graphs are set up first: a backend
-    # that cannot be captured is refused before gigabytes are allocated)
-    graphs = DecodeGraphs(
-        lambda b: stack[0](b.q, b.block_table, b.cache_seqlens), backend=settings.backend, max_batch=settings.max_batch,
-        q_len=settings.q_len, heads=settings.heads, dim=settings.dim, max_pages=settings.max_pages(),
-        dtype=torch.bfloat16, device=device, buckets=settings.batches,
-    )
+    require_capturable(settings.backend)  # before gigabytes are allocated
     log(f"allocating {settings.layers} caches x {settings.pages_per_layer()} pages x {settings.page_size} x "
         f"{settings.dim} bf16 = {need / 1e9:.1f} GB; one shared q [{settings.max_batch}, {settings.q_len}, "
         f"{settings.heads}, {settings.dim}]")
@@ -387,7 +381,11 @@ def run_graph_bench(settings: GraphBenchSettings, device: torch.device, log: Log
     # One call with the value checks (page indices in range, lengths within the table) before timing.
     attention_stack(inputs.caches[:1], settings, check_inputs=True)(*inputs.rows(settings.max_batch))
     step = attention_stack(inputs.caches, settings)
-    stack.append(step)
+    graphs = DecodeGraphs(
+        lambda b: step(b.q, b.block_table, b.cache_seqlens), backend=settings.backend, max_batch=settings.max_batch,
+        q_len=settings.q_len, heads=settings.heads, dim=settings.dim, max_pages=settings.max_pages(),
+        dtype=torch.bfloat16, device=device, buckets=settings.batches,
+    )
     log(f"capturing {settings.layers}-layer decode graphs for buckets {graphs.buckets} ({settings.backend})")
     graphs.capture(warm_inputs=(inputs.q, inputs.block_table, inputs.cache_seqlens))
     results = []
