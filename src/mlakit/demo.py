@@ -66,7 +66,7 @@ def run_model_demo(device: str, console: Console) -> int:
     """Returns the exit code: 0 when every generated token matches transformers."""
     ensure_demo_checkpoint()
     config = ServingConfig(device=device, max_batch_size=len(DEMO_PROMPTS), max_context_len=256)
-    runner = build_runner(DEMO_DIR, config, CACHE_BUDGET_BYTES, console)
+    runner = build_runner(DEMO_DIR, config, CACHE_BUDGET_BYTES, console, mixed_steps=True)
     requests = [Request(list(p), DEMO_NEW_TOKENS, arrival_step=2 * i) for i, p in enumerate(DEMO_PROMPTS)]
     began = time.perf_counter()
     outputs = runner.generate(requests)
@@ -74,7 +74,8 @@ def run_model_demo(device: str, console: Console) -> int:
     stats = runner.stats
     console.print(
         f"generated {sum(map(len, outputs))} tokens for {len(requests)} prompts (lengths {[len(p) for p in DEMO_PROMPTS]}, "
-        f"joining at steps 0/2/4/6) in {seconds:.2f} s: {stats.prefill_steps} prefill and {stats.decode_steps} decode steps, "
+        f"joining the running decodes at steps 0/2/4/6) in {seconds:.2f} s: {stats.prefill_steps} steps with a prefill "
+        f"(mixed with decodes) and {stats.decode_steps} decode steps, "
         f"{stats.decode_tokens / max(stats.decode_seconds, 1e-9):.0f} decode tokens/s"
     )
     matched = total = 0

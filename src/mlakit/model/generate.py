@@ -21,10 +21,11 @@ from mlakit.warmup import warm_up
 
 
 def build_runner(
-    model_dir: str | Path, config: ServingConfig, cache_budget_bytes: int, console: Console
+    model_dir: str | Path, config: ServingConfig, cache_budget_bytes: int, console: Console, *, mixed_steps: bool = False
 ) -> Runner:
     """Resolves `config` for the checkpoint's shape, warms its kernels up on a GPU, prints the plan,
-    loads the model and sizes the paged cache from `cache_budget_bytes`.
+    loads the model and sizes the paged cache from `cache_budget_bytes`; with `mixed_steps`, new
+    prompts join the running decodes in one step.
 
     On a CPU the weights and the cache are kept in float32 (the reference path, exact against
     transformers); on a GPU the weights are bf16 and the cache takes the plan's dtype.
@@ -50,7 +51,8 @@ def build_runner(
         f"cache: {pages} pages of {plan.page_size} tokens in {cache_dtype}"
     )
     return Runner(
-        model, cache, decode_backend=plan.decode_backend, prefill_backend=plan.prefill_backend, max_batch_size=config.max_batch_size
+        model, cache, decode_backend=plan.decode_backend, prefill_backend=plan.prefill_backend, max_batch_size=config.max_batch_size,
+        mixed_steps=mixed_steps,
     )
 
 
