@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import mlakit
 from mlakit.backends import triton_mla
@@ -553,3 +555,30 @@ def test_kernel_refuses_out_and_lse_it_cannot_write(kernel_device):
         triton_mha_prefill(q, k_nope, k_pe, v, cu, cu, out=torch.empty(3, 16, 2, device=kernel_device).transpose(1, 2), **run)
     with pytest.raises(MLAInputError, match="lse: expected float32"):
         triton_mha_prefill(q, k_nope, k_pe, v, cu, cu, lse=torch.empty(2, 3, device=kernel_device).t(), **run)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lens=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 6)), min_size=1, max_size=6),
+    chunk=st.integers(1, 50),
+    heads=st.one_of(st.none(), st.integers(1, 128)),
+)
+def test_prefix_chunks_cover_what_the_queries_read_once_in_full_chunks(lens, chunk, heads):
+    prefixes, new = [p for p, _ in lens], [n for _, n in lens]
+    totals = [p + n for p, n in lens]
+    table = torch.randperm(6 * 12).view(6, 12)[: len(lens)].int()
+    meta = plan_prefill(new, totals, table, 4, prefix_chunk_tokens=chunk, heads=heads)
+    read = [p if n else 0 for p, n in zip(prefixes, new)]
+    if sum(read) <= chunk:
+        assert meta.prefix_chunks == ()
+        return
+    seen = [0] * len(lens)
+    for i, part in enumerate(meta.prefix_chunks):
+        assert 0 < part.segments.total <= chunk
+        if i < len(meta.prefix_chunks) - 1:
+            assert part.segments.total == chunk
+        for b, (start, length) in enumerate(zip(part.starts, part.segments.lens)):
+            if length:
+                assert start == seen[b]
+            seen[b] += length
+    assert seen == read
