@@ -2,9 +2,12 @@
 random token order, against the latent-form oracle over the whole batch."""
 
 import dataclasses
+import itertools
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mlakit.errors import MLAInputError
 from mlakit.forward import mla_forward
@@ -175,3 +178,32 @@ def test_forward_names_bad_queries_and_a_decode_backend_without_latent_extend():
         mla_forward(torch.randn(2, 2, 16), torch.randn(2, 2, 16), *args, softmax_scale=0.2)
     with pytest.raises(MLAInputError, match="decode backend 'flashmla' has no latent-form extend kernel .* max_latent_extend_tokens=0"):
         mla_forward(torch.randn(3, 2, 16), torch.randn(3, 2, 16), *args, softmax_scale=0.2, decode_backend="flashmla")
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    counts=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 30)), min_size=1, max_size=7),
+    decode_q_len=st.one_of(st.none(), st.integers(1, 8)),
+    form=st.sampled_from(["auto", "latent", "mha"]),
+)
+def test_step_parts_hold_every_token_once_in_packed_order(counts, decode_q_len, form):
+    new_tokens = tuple(n for n, _ in counts)
+    cache_lens = tuple(n + p for n, p in counts)
+    table = torch.zeros(len(counts), 20, dtype=torch.int32)
+    step = AttentionStep(new_tokens, cache_lens, table, torch.zeros(sum(new_tokens), dtype=torch.int64), page_size=4,
+                         decode_q_len=decode_q_len, prefill_form=form)
+    offsets = [0, *itertools.accumulate(new_tokens)]
+    seen_sequences, seen_rows = [], []
+    for part in step.parts:
+        rows = list(range(step.num_tokens)) if part.token_rows is None else part.token_rows.tolist()
+        assert rows == [r for b in part.sequences for r in range(offsets[b], offsets[b + 1])]
+        assert part.cu_seqlens_q.tolist() == [0, *itertools.accumulate(part.new_tokens)]
+        assert part.cache_seqlens.tolist() == [cache_lens[b] for b in part.sequences]
+        if part.kind == "decode":
+            assert all(new_tokens[b] == part.q_len and cache_lens[b] > new_tokens[b] for b in part.sequences)
+        if part.kind == "mha_prefill":
+            assert part.prefill is not None and part.prefill.queries.lens == part.new_tokens
+        seen_sequences += part.sequences
+        seen_rows += rows
+    assert sorted(seen_sequences) == [b for b, n in enumerate(new_tokens) if n]
+    assert sorted(seen_rows) == list(range(step.num_tokens))
