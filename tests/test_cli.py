@@ -83,7 +83,9 @@ def test_backends_json_lists_every_registered_backend():
     assert [row["name"] for row in data["backends"]] == backend_names()
     for record in all_records():
         row = rows[record.name]
-        assert row == record.describe_capabilities() | {"usable_here": row["usable_here"], "why_not": row["why_not"]}
+        assert row == record.describe_capabilities() | {
+            "mlakit_phases": row["mlakit_phases"], "usable_here": row["usable_here"], "why_not": row["why_not"]
+        }
         assert row["usable_here"] == (not row["why_not"])
 
 
@@ -109,6 +111,15 @@ def test_backends_json_reference_usable_here_vendors_not():
     }
     assert rows["tokenspeed_mla"]["max_decode_q_len"] == 8
     assert [name for name, row in rows.items() if row["tree_drafts"]] == []
+
+
+def test_backends_mark_phases_mlakit_has_no_adapter_for():
+    rows = {row["name"]: row for row in json.loads(stdout_of(invoke("backends", "--json")))["backends"]}
+    assert rows["triton"]["mlakit_phases"] == rows["reference"]["mlakit_phases"] == ["decode", "prefill"]
+    for name in ("trtllm_mla", "flashinfer_mla", "tokenspeed_mla"):
+        assert rows[name]["phases"] == ["decode", "prefill"] and rows[name]["mlakit_phases"] == ["decode"], name
+    out = stdout_of(invoke("backends"))
+    assert "*: the kernel can do it, but mlakit has no adapter for it yet" in out
 
 
 @cpu_machine_only

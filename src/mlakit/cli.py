@@ -14,7 +14,7 @@ from mlakit.config import AUTO, KV_CACHE_DTYPES, ServingConfig
 from mlakit.device import DeviceInfo
 from mlakit.errors import ConfigError
 from mlakit.report import print_plan
-from mlakit.registry.catalog import all_records
+from mlakit.registry.catalog import all_records, missing_adapter
 from mlakit.registry.resolve import resolve
 from mlakit.shape import PRESETS, MLAShape
 
@@ -36,7 +36,8 @@ def backends(as_json: bool) -> None:
         why_not = record.hardware_problems(device) + [
             f"package {p} not installed ({record.install_hint})" for p in record.missing_packages()
         ]
-        rows.append(record.describe_capabilities() | {"usable_here": not why_not, "why_not": why_not})
+        runnable = [phase for phase in sorted(record.phases) if missing_adapter(record.name, phase) is None]
+        rows.append(record.describe_capabilities() | {"mlakit_phases": runnable, "usable_here": not why_not, "why_not": why_not})
     if as_json:
         click.echo(json.dumps({"device": device.arch, "backends": rows}, indent=2))
         return
@@ -49,7 +50,7 @@ def backends(as_json: bool) -> None:
         hardware = "/".join(row["devices"]) + ("" if majors is None else " SM" + ",".join(f"{m}x" for m in majors))
         table.add_row(
             row["name"],
-            "+".join(row["phases"]),
+            "+".join(phase if phase in row["mlakit_phases"] else f"{phase}*" for phase in row["phases"]),
             hardware,
             row["page_sizes"],
             ", ".join(row["kv_dtypes"]),
@@ -59,6 +60,8 @@ def backends(as_json: bool) -> None:
         )
     console = Console()
     console.print(table)
+    if any(row["mlakit_phases"] != row["phases"] for row in rows):
+        console.print("  *: the kernel can do it, but mlakit has no adapter for it yet (resolve() never plans it)", highlight=False)
     for row in rows:
         if row["why_not"]:
             console.print(f"  {row['name']}: not usable here: {'; '.join(row['why_not'])}", highlight=False, soft_wrap=True)
