@@ -15,9 +15,9 @@ from mlakit.errors import ConfigError, MLAInputError
 from mlakit.kv_quant import STORAGE_DTYPES
 from mlakit.prefill_metadata import PrefillMetadata
 from mlakit.reference import pages_view
-from mlakit.registry.catalog import all_records, get_backend, missing_adapter
+from mlakit.registry.catalog import all_records, get_backend, runnable_problems
 from mlakit.registry.records import BackendRecord
-from mlakit.registry.fit import Requirements, backend_problems
+from mlakit.registry.fit import Requirements
 from mlakit.shape import MLAShape
 
 # Latent widths of the published MLA models: cache dim -> kv_lora_rank.
@@ -250,11 +250,9 @@ def _backend_for(
     )
 
     def problems(record: BackendRecord) -> list[str]:
-        found = backend_problems(record, "prefill" if call == "prefill" else "decode", req)
+        found = runnable_problems(record, "prefill" if call == "prefill" else "decode", req)
         if call == "extend" and not record.latent_extend:
             found.append("has no latent-form extend kernel")
-        if call == "prefill" and (missing := missing_adapter(record.name, "prefill")):
-            found.append(missing)
         return found
 
     if backend != AUTO:

@@ -10,8 +10,8 @@ import torch
 
 from mlakit.api import mla_decode, mla_extend, mla_prefill
 from mlakit.config import AUTO
-from mlakit.mha_prefill import reference_attention_pass, run_mha_prefill
 from mlakit.errors import MLAInputError
+from mlakit.mha_prefill import reference_attention_pass, run_mha_prefill
 from mlakit.reference import reference_extend
 from mlakit.registry.catalog import get_backend
 from mlakit.step import AttentionStep, StepPart
@@ -59,7 +59,7 @@ def mla_forward(
         if part.kind == "mha_prefill":
             q = torch.cat([part_nope, part_pe], dim=-1).to(query_dtype)
             if exact:
-                part_out, _ = run_mha_prefill(q, kv_cache, kv_b_weight, part.prefill, reference_attention_pass,
+                part_out, _ = run_mha_prefill(q, kv_cache, kv_b_weight, part.prefill, attend=reference_attention_pass,
                                               softmax_scale=softmax_scale, kv_scale=kv_scale)
             else:
                 part_out, _ = mla_prefill(q, kv_cache, kv_b_weight, part.prefill, softmax_scale=softmax_scale,

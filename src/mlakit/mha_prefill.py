@@ -9,13 +9,16 @@ halves of one GEMM output) separately.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from mlakit.kv_quant import SCALE_PER_GROUP, dequantize, scale_mode
 from mlakit.prefill_metadata import PrefillMetadata, Segments
 from mlakit.reference import merge_attention_states, pages_view
+
+if TYPE_CHECKING:
+    from mlakit.registry.catalog import PrefillKernel
 
 
 class AttentionPass(Protocol):
@@ -69,14 +72,14 @@ def run_mha_prefill(
     kv_cache: torch.Tensor,
     kv_b_weight: torch.Tensor,
     meta: PrefillMetadata,
-    attend: AttentionPass,
     *,
+    attend: AttentionPass,
     softmax_scale: float,
     kv_scale: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The passes of `meta` (causal over the new tokens, non-causal over prefix chunks) on `attend`,
     each chunk merged into the running result. Returns out `[T, H, d_v]` in q's dtype and lse
-    `[T, H]` float32."""
+    `[T, H]` float32. A backend's prefill kernel is this with its `attend` bound (`mha_prefill_kernel`)."""
     heads = q.shape[1]
     nope_dim = q.shape[2] - (pages_view(kv_cache).shape[-1] - kv_b_weight.shape[1])
     v_dim = kv_b_weight.shape[0] // heads - nope_dim
@@ -90,6 +93,27 @@ def run_mha_prefill(
         attend(q, k_nope, k_pe, v, meta.queries, keys.segments, causal=causal, softmax_scale=softmax_scale,
                out=out, lse=lse, merge=index > 0)
     return out.to(q.dtype), lse
+
+
+def mha_prefill_kernel(attend: AttentionPass) -> PrefillKernel:
+    """The registry's prefill entry point (`mlakit.mla_prefill`'s shapes) running `run_mha_prefill` on `attend`.
+
+    >>> mha_prefill_kernel(reference_attention_pass).__name__
+    'prefill'
+    """
+
+    def prefill(
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        kv_b_weight: torch.Tensor,
+        meta: PrefillMetadata,
+        *,
+        softmax_scale: float,
+        kv_scale: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return run_mha_prefill(q, kv_cache, kv_b_weight, meta, attend=attend, softmax_scale=softmax_scale, kv_scale=kv_scale)
+
+    return prefill
 
 
 def reference_attention_pass(

@@ -205,8 +205,17 @@ def _key_rows(block_table: torch.Tensor, page_size: int, starts: list[int], lens
     lengths = segments.cu_seqlens[1:] - segments.cu_seqlens[:-1]
     seq = torch.repeat_interleave(torch.arange(batch, device=device), lengths, output_size=rows)
     positions = torch.arange(rows, device=device) - segments.cu_seqlens[seq] + seq_starts[seq]
-    pages = block_table[seq, positions // page_size].long()
-    return KeyRows(segments, tuple(starts), pages * page_size + positions % page_size)
+    return KeyRows(segments, tuple(starts), slots_at(block_table, seq, positions, page_size))
+
+
+def slots_at(block_table: torch.Tensor, sequences: torch.Tensor, positions: torch.Tensor, page_size: int) -> torch.Tensor:
+    """int64 flat cache slots of token `positions[i]` of sequence `sequences[i]`, read through the
+    block table on its device (positions must lie within the table's pages).
+
+    >>> slots_at(torch.tensor([[2, 0], [1, 3]]), torch.tensor([0, 1]), torch.tensor([5, 6]), page_size=4)
+    tensor([ 1, 14])
+    """
+    return block_table[sequences, positions // page_size].long() * page_size + positions % page_size
 
 
 def upload_ints(values: list[int], device: torch.device, dtype: torch.dtype) -> torch.Tensor:

@@ -31,7 +31,15 @@ import torch
 
 from mlakit.api import DecodeMetadata, mla_decode_metadata
 from mlakit.errors import MLAInputError
-from mlakit.prefill_metadata import DEFAULT_PREFIX_CHUNK_TOKENS, PrefillMetadata, check_step_counts, offsets_of, plan_prefill, upload_ints
+from mlakit.prefill_metadata import (
+    DEFAULT_PREFIX_CHUNK_TOKENS,
+    PrefillMetadata,
+    check_step_counts,
+    offsets_of,
+    plan_prefill,
+    slots_at,
+    upload_ints,
+)
 
 PartKind = Literal["decode", "latent_extend", "mha_prefill"]
 PrefillForm = Literal["auto", "latent", "mha"]
@@ -84,7 +92,7 @@ class AttentionStep:
     Device: `block_table` `[batch, max_pages]` int32, `slots` `[tokens]` int64 (the flat
     cache slot of each new token). Policy: `decode_q_len` fixes the decode query length
     (None: the uniform new-token count when every sequence has a prefix and adds the same
-    number, else 1); `prefill_form` forces the form of non-decode sequences; `heads` (per rank)
+    number, at most `max_latent_extend_tokens`, else 1); `prefill_form` forces the form of non-decode sequences; `heads` (per rank)
     lets prefix chunking keep each prefill pass's grid full (`plan_prefill`); `spec_mode` says
     which speculative-decoding step this is (checked against the counts).
 
@@ -216,15 +224,14 @@ def draft_decode_steps(
     """
     if num_steps < 1:
         raise MLAInputError(f"num_steps: expected >= 1, got {num_steps}")
-    device = block_table.device
     active = [1 if n > 0 else 0 for n in cache_lens]
-    base = upload_ints(list(cache_lens), device, torch.int64)
-    live = upload_ints([b for b, a in enumerate(active) if a], device, torch.int64)
+    check_step_counts(active, [n + num_steps * a for n, a in zip(cache_lens, active)], block_table, page_size)
+    live = [b for b, a in enumerate(active) if a]
+    sequences = upload_ints(live, block_table.device, torch.int64)
+    base = upload_ints([cache_lens[b] for b in live], block_table.device, torch.int64)
     steps = []
     for i in range(num_steps):
-        positions = base + i
-        pages = block_table.gather(1, (positions // page_size)[:, None].clamp(max=block_table.shape[1] - 1)).squeeze(1)
-        slots = (pages.long() * page_size + positions % page_size).index_select(0, live)
+        slots = slots_at(block_table, sequences, base + i, page_size)
         steps.append(AttentionStep(
             tuple(active), tuple(n + (i + 1) * a for n, a in zip(cache_lens, active)), block_table, slots,
             page_size=page_size, heads=heads, spec_mode="draft_decode",

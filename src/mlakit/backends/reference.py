@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from mlakit.mha_prefill import mha_prefill_kernel, reference_attention_pass
+from mlakit.reference import reference_decode, reference_extend
 from mlakit.registry.catalog import register
 from mlakit.registry.records import BackendRecord, PageSizeRule
-from mlakit.mha_prefill import reference_attention_pass, run_mha_prefill
-from mlakit.prefill_metadata import PrefillMetadata
-from mlakit.reference import reference_decode, reference_extend
 
 RECORD = BackendRecord(
     name="reference",
@@ -63,17 +62,6 @@ def extend(
     return out.to(q.dtype), lse
 
 
-def prefill(
-    q: torch.Tensor,
-    kv_cache: torch.Tensor,
-    kv_b_weight: torch.Tensor,
-    meta: PrefillMetadata,
-    *,
-    softmax_scale: float,
-    kv_scale: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """MHA-form prefill with float32 torch attention per segment."""
-    return run_mha_prefill(q, kv_cache, kv_b_weight, meta, reference_attention_pass, softmax_scale=softmax_scale, kv_scale=kv_scale)
-
+prefill = mha_prefill_kernel(reference_attention_pass)
 
 register(RECORD, decode, extend, prefill)

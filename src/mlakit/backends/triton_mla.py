@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from mlakit.mha_prefill import run_mha_prefill
-from mlakit.prefill_metadata import PrefillMetadata, Segments
+from mlakit.mha_prefill import mha_prefill_kernel
+from mlakit.prefill_metadata import Segments
 from mlakit.registry.catalog import register
 from mlakit.registry.records import BackendRecord, PageSizeRule
 
@@ -104,17 +104,6 @@ def _attention_pass(
     )
 
 
-def prefill(
-    q: torch.Tensor,
-    kv_cache: torch.Tensor,
-    kv_b_weight: torch.Tensor,
-    meta: PrefillMetadata,
-    *,
-    softmax_scale: float,
-    kv_scale: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gather, decompress (one GEMM per pass), the Triton varlen flash-attention kernel, lse merge."""
-    return run_mha_prefill(q, kv_cache, kv_b_weight, meta, _attention_pass, softmax_scale=softmax_scale, kv_scale=kv_scale)
-
+prefill = mha_prefill_kernel(_attention_pass)
 
 register(RECORD, decode, extend, prefill, decode_metadata)

@@ -13,7 +13,8 @@ import torch
 
 from mlakit.errors import ConfigError
 from mlakit.prefill_metadata import PrefillMetadata
-from mlakit.registry.records import BackendRecord
+from mlakit.registry.fit import Requirements, backend_problems
+from mlakit.registry.records import BackendRecord, Phase
 
 
 class DecodeKernel(Protocol):
@@ -122,6 +123,14 @@ def missing_adapter(name: str, phase: str) -> str | None:
     if phase == "prefill" and "prefill" in backend.record.phases and backend.prefill is None:
         return "states prefill, but mlakit has no adapter for its prefill kernel yet"
     return None
+
+
+def runnable_problems(record: BackendRecord, phase: Phase, req: Requirements, partner: BackendRecord | None = None) -> list[str]:
+    """`backend_problems`, plus a phase the record states but mlakit cannot run yet (`missing_adapter`)."""
+    problems = backend_problems(record, phase, req, partner)
+    if missing := missing_adapter(record.name, phase):
+        problems.append(missing)
+    return problems
 
 
 def _ensure_loaded() -> None:

@@ -22,8 +22,8 @@ from mlakit.config import AUTO, ServingConfig
 from mlakit.device import DeviceInfo
 from mlakit.errors import ConfigError
 from mlakit.plan import Plan, WorkspaceRequest
-from mlakit.registry.catalog import all_records, get_backend, missing_adapter
-from mlakit.registry.fit import Requirements, backend_problems, common_kv_dtypes, common_page_sizes
+from mlakit.registry.catalog import all_records, get_backend, missing_adapter, runnable_problems
+from mlakit.registry.fit import Requirements, common_kv_dtypes, common_page_sizes
 from mlakit.registry.records import BackendRecord, Phase, WorkspaceInputs
 from mlakit.shape import MLAShape
 
@@ -92,7 +92,7 @@ def resolve(config: ServingConfig, shape: MLAShape, device: DeviceInfo | None = 
 def _choose(phase: Phase, requested: str, req: Requirements, partner: BackendRecord | None, notes: list[str]) -> BackendRecord:
     if requested != AUTO:
         record = get_backend(requested).record
-        problems = _problems(record, phase, req, partner)
+        problems = runnable_problems(record, phase, req, partner)
         if problems:
             raise ConfigError(
                 f"{phase}_backend {requested!r} cannot serve this configuration on {req.device.arch}:\n"
@@ -109,7 +109,7 @@ def _choose_auto(phase: Phase, req: Requirements, partner: BackendRecord | None,
     skipped: list[str] = []
     other_hardware: list[str] = []
     for record in all_records():
-        problems = _problems(record, phase, req, partner)
+        problems = runnable_problems(record, phase, req, partner)
         if not problems:
             note = f"{phase} backend: {record.name} ({reason}: highest-priority backend that fits {req.device.arch})"
             if skipped:
@@ -123,7 +123,7 @@ def _choose_auto(phase: Phase, req: Requirements, partner: BackendRecord | None,
         else:
             skipped.append(f"{record.name} ({problems[0]})")
     per_backend = "\n".join(
-        f"  {r.name}:\n" + _bullets(_problems(r, phase, req, partner), indent="    ") for r in all_records()
+        f"  {r.name}:\n" + _bullets(runnable_problems(r, phase, req, partner), indent="    ") for r in all_records()
     )
     raise ConfigError(f"no registered backend can serve {phase} for this configuration on {req.device.arch}:\n{per_backend}")
 
@@ -135,12 +135,12 @@ def _choose_prefill(config: ServingConfig, decode: BackendRecord, req: Requireme
         return _choose("prefill", requested, req, decode, notes)
     if requested != AUTO and "prefill" in get_backend(requested).record.phases and not missing_adapter(requested, "prefill"):
         return _choose("prefill", requested, req, decode, notes)
-    if "prefill" in decode.phases and not _problems(decode, "prefill", req, decode):
+    if "prefill" in decode.phases and not runnable_problems(decode, "prefill", req, decode):
         notes.append(f"prefill backend: {decode.name} (same backend as decode)")
         return decode
     if decode.prefill_fallback is not None:
         fallback = get_backend(decode.prefill_fallback).record
-        problems = _problems(fallback, "prefill", req, decode)
+        problems = runnable_problems(fallback, "prefill", req, decode)
         if not problems:
             notes.append(f"prefill backend: {fallback.name} ({decode.name} is decode-only; this is its declared prefill fallback)")
             return fallback
@@ -224,7 +224,7 @@ def _workspaces(chosen: tuple[BackendRecord, ...], inputs: WorkspaceInputs) -> t
 
 
 def _alternatives(phase: Phase, req: Requirements, partner: BackendRecord | None) -> str:
-    fitting = [r.name for r in all_records() if not _problems(r, phase, req, partner)]
+    fitting = [r.name for r in all_records() if not runnable_problems(r, phase, req, partner)]
     if fitting:
         return f"backends that fit this {phase} configuration: {', '.join(fitting)}"
     return f"no registered backend fits this {phase} configuration as it stands; change the settings above"
@@ -233,10 +233,3 @@ def _alternatives(phase: Phase, req: Requirements, partner: BackendRecord | None
 def _bullets(lines: list[str], indent: str = "  ") -> str:
     return "\n".join(f"{indent}- {line}" for line in lines)
 
-
-def _problems(record: BackendRecord, phase: Phase, req: Requirements, partner: BackendRecord | None) -> list[str]:
-    """`backend_problems`, plus a phase the record states but mlakit cannot run yet."""
-    problems = backend_problems(record, phase, req, partner)
-    if missing := missing_adapter(record.name, phase):
-        problems.append(missing)
-    return problems
