@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mlakit.kernels.decode_split_plan import SplitGeometry, decode_split_counts, split_geometry
-from mlakit.kernels.triton_decode import triton_mla_decode, triton_mla_extend
+from mlakit.kernels.triton_decode import DecodeTuning, triton_mla_decode, triton_mla_extend
 from mlakit.reference import reference_extend
 from paged_inputs import assert_lse_close, make_paged_batch, naive_decode, relative_error
 
@@ -112,3 +112,8 @@ def test_triton_extend_matches_reference(prefix, new, heads, page_size, kv_dtype
     fp8 = kv_dtype == "fp8_e4m3"
     assert relative_error(out, expected_out) < (3e-2 if fp8 else 1e-2)
     assert_lse_close(lse, expected_lse, atol=3e-2 if fp8 else 1e-3)
+
+
+def test_decode_tuning_names_a_known_tier():
+    with pytest.raises(ValueError, match="tier"):
+        DecodeTuning(64, 64, 8, tier="hoper")

@@ -1,5 +1,6 @@
 """The Triton decode kernel on a GPU over the full grid, and captured in a CUDA graph."""
 
+import dataclasses
 import itertools
 
 import pytest
@@ -138,3 +139,36 @@ def test_extend_with_ragged_segments_matches_reference(heads, page_size, kv_form
     fp8 = kv_dtype == "fp8_e4m3"
     assert relative_error(out, ref_out) < (3e-2 if fp8 else 1e-2)
     assert_lse_close(lse, ref_lse, atol=3e-2 if fp8 else 1e-3)
+
+
+def _on_hopper() -> bool:
+    return torch.cuda.get_device_capability()[0] == 9
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
+@pytest.mark.parametrize(
+    "heads, q_len, page_size, latent, q_dtype",
+    [(128, 1, 64, (512, 64), torch.bfloat16), (128, 2, 1, (512, 64), torch.bfloat16), (64, 1, 16, (512, 64), torch.float16),
+     (40, 2, 128, (256, 32), torch.bfloat16), (5, 8, 32, (512, 64), torch.bfloat16), (20, 4, 64, (128, 16), torch.float16),
+     (33, 3, 64, (512, 64), torch.bfloat16)],
+)
+@pytest.mark.parametrize("num_sms", [None, 1024])
+def test_hopper_kernel_matches_reference_and_portable_kernel(heads, q_len, page_size, latent, q_dtype, num_sms):
+    from mlakit.kernels.triton_decode import _takes_hopper_kernel, plan_decode
+
+    kv_lora_rank, rope_dim = latent
+    batch = make_paged_batch(
+        [3000, 0, 1, 63, 700], heads=heads, q_len=q_len, page_size=page_size, kv_lora_rank=kv_lora_rank,
+        rope_dim=rope_dim, kv_dtype="fp16" if q_dtype == torch.float16 else "bf16", q_dtype=q_dtype, device="cuda",
+        seed=heads + page_size,
+    )
+    plan = plan_decode(batch.cache_seqlens, q_len=q_len, heads=heads, num_sms=num_sms)
+    assert _takes_hopper_kernel(batch.q, batch.kv_cache, kv_lora_rank, 0, plan.tuning)
+    _check(batch, plan=plan)
+    portable = plan_decode(batch.cache_seqlens, q_len=q_len, heads=heads, num_sms=num_sms,
+                           tuning=dataclasses.replace(plan.tuning, tier="portable"))
+    kwargs = dict(kv_lora_rank=kv_lora_rank, softmax_scale=batch.softmax_scale, kv_scale=None)
+    out, lse = triton_mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens, plan=plan, **kwargs)
+    ref_out, ref_lse = triton_mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens, plan=portable, **kwargs)
+    assert relative_error(out, ref_out) < 1e-2
+    assert_lse_close(lse, ref_lse, atol=1e-3)

@@ -37,13 +37,15 @@ def bench() -> None:
 
 def _tuned_kernel(spec: str | None) -> KernelFactory:
     """Our Triton kernel with its split plan built per batch, outside the timed call
-    (`spec` "block_m,block_n,warps,stages[,programs_per_sm[,fixed_splits]]"; None: default tuning)."""
+    (`spec` "block_m,block_n,warps,stages[,programs_per_sm[,fixed_splits]][,tier]"; None: default tuning)."""
     from mlakit.kernels.triton_decode import DecodeTuning, plan_decode, triton_mla_decode
 
     tuning = None
     if spec is not None:
-        fields = [int(x) for x in spec.split(",")]
-        tuning = DecodeTuning(*fields[:5], fixed_splits=fields[5] if len(fields) > 5 else None)
+        parts = spec.split(",")
+        tier = parts.pop() if not parts[-1].isdigit() else "auto"
+        fields = [int(x) for x in parts]
+        tuning = DecodeTuning(*fields[:5], fixed_splits=fields[5] if len(fields) > 5 else None, tier=tier)
 
     def prepare(inputs: DecodeInputs):
         _, q_len, heads, _ = inputs.q.shape
@@ -77,7 +79,7 @@ GRAPHS_JSON = Path("decode_graphs_bench.json")
 @bench.command()
 @click.option("--quick", is_flag=True, help="A subset of the grid (the anchor rows plus spot checks).")
 @click.option("--case", "case_specs", multiple=True, help="heads,batch,seqlen|ragged,q_len,kv_dtype,page_size (repeatable).")
-@click.option("--tuning", "tunings", multiple=True, help="NAME=block_m,block_n,warps,stages[,programs_per_sm[,fixed_splits]] extra Triton variants.")
+@click.option("--tuning", "tunings", multiple=True, help="NAME=block_m,block_n,warps,stages[,programs_per_sm[,fixed_splits]][,auto|portable] extra Triton variants.")
 @click.option("--no-baseline", is_flag=True, help=f"Skip the simple split-KV Triton yardstick ({SIMPLE_TRITON}).")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=Path("decode_bench.json"), show_default=True,
               help=f"Results file (with --graphs the default is {GRAPHS_JSON}).")

@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from mlakit.kernels import hopper_decode
 from mlakit.kernels.decode_split_plan import SplitGeometry, decode_split_counts, split_geometry
 from mlakit.kernels.interpreter import INTERPRET
 from mlakit.kv_quant import SCALE_GROUP, SCALE_NONE, SCALE_PER_GROUP, SCALE_PER_TENSOR, scale_mode
@@ -28,6 +29,7 @@ LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)
 INTERPRETER_SMS = 4
 COMBINE_SPLITS_PER_STEP = 16
+TIERS = frozenset({"auto", "portable"})
 
 
 @triton.jit
@@ -204,7 +206,9 @@ def _num_sms(device: torch.device) -> int:
 class DecodeTuning:
     """Launch shape of the portable kernel. `programs_per_sm` sizes the split plan (how many
     programs one SM runs at once); `fixed_splits` replaces the balanced plan with the same
-    split count for every sequence (the simple engines' scheme)."""
+    split count for every sequence (the simple engines' scheme). `tier` picks the split
+    kernel for 64-row tiles: "auto" takes the Hopper kernel (`hopper_decode`) wherever it
+    supports the call and the portable one elsewhere; "portable" forces the portable one."""
 
     block_m: int
     block_n: int
@@ -212,6 +216,11 @@ class DecodeTuning:
     num_stages: int = 2
     programs_per_sm: int = 2
     fixed_splits: int | None = None
+    tier: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.tier not in TIERS:
+            raise ValueError(f"DecodeTuning.tier: expected one of {sorted(TIERS)}, got {self.tier!r}")
 
 
 def default_tuning(rows: int) -> DecodeTuning:
@@ -378,8 +387,9 @@ def _launch(
     scale_mode, scale = _scale_operand(pages, kv_scale)
     scale_strides = (scale.stride(0), scale.stride(1)) if scale_mode == SCALE_PER_GROUP else (0, 0)
 
-    _mla_decode_split_kernel[(batch * geometry.row_tiles, geometry.max_splits)](
-        q, pages, scale, block_table, cache_seqlens, plan.cu_seqlens_q, plan.num_splits,
+    grid = (batch * geometry.row_tiles, geometry.max_splits)
+    shared_args = (
+        block_table, cache_seqlens, plan.cu_seqlens_q, plan.num_splits,
         out, lse, part_out, part_lse,
         softmax_scale * LOG2E, geometry.row_tiles,
         q.stride(0), q.stride(1),
@@ -389,13 +399,22 @@ def _launch(
         *lse_strides,
         part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1),
-        *scale_strides,
-        HEADS=heads, PAGE_SIZE=pages.shape[1], KV_LORA_RANK=kv_lora_rank, ROPE_DIM=dim - kv_lora_rank,
-        BLOCK_M=tuning.block_m, BLOCK_N=tuning.block_n, BLOCK_R=triton.next_power_of_2(kv_lora_rank),
-        BLOCK_ROPE=max(16, triton.next_power_of_2(dim - kv_lora_rank)),
-        SCALE_MODE=scale_mode, SCALE_GROUP_SIZE=SCALE_GROUP, DOT_DTYPE=_dot_dtype(q.dtype),
-        num_warps=tuning.num_warps, num_stages=_stages(tuning, scale_mode),
     )
+    if _takes_hopper_kernel(q, pages, kv_lora_rank, scale_mode, tuning):
+        hopper_decode.mla_decode_hopper_split_kernel[grid](
+            q, pages, *shared_args,
+            HEADS=heads, PAGE_SIZE=pages.shape[1], KV_LORA_RANK=kv_lora_rank, ROPE_DIM=dim - kv_lora_rank,
+            num_warps=hopper_decode.NUM_WARPS.value,
+        )
+    else:
+        _mla_decode_split_kernel[grid](
+            q, pages, scale, *shared_args, *scale_strides,
+            HEADS=heads, PAGE_SIZE=pages.shape[1], KV_LORA_RANK=kv_lora_rank, ROPE_DIM=dim - kv_lora_rank,
+            BLOCK_M=tuning.block_m, BLOCK_N=tuning.block_n, BLOCK_R=triton.next_power_of_2(kv_lora_rank),
+            BLOCK_ROPE=max(16, triton.next_power_of_2(dim - kv_lora_rank)),
+            SCALE_MODE=scale_mode, SCALE_GROUP_SIZE=SCALE_GROUP, DOT_DTYPE=_dot_dtype(q.dtype),
+            num_warps=tuning.num_warps, num_stages=_stages(tuning, scale_mode),
+        )
     if geometry.max_splits > 1:
         combine_block = min(128, triton.next_power_of_2(kv_lora_rank))
         _mla_decode_combine_kernel[(batch, max_rows, triton.cdiv(kv_lora_rank, combine_block))](
@@ -408,6 +427,23 @@ def _launch(
             BLOCK_SPLITS=COMBINE_SPLITS_PER_STEP, BLOCK_C=combine_block,
             num_warps=4,
         )
+
+
+def _takes_hopper_kernel(
+    q: torch.Tensor, pages: torch.Tensor, kv_lora_rank: int, scale_mode: int, tuning: DecodeTuning
+) -> bool:
+    """The Hopper kernel serves 64-row, 64-token tiles of 16-bit caches whose rows it can copy in
+    16-byte pieces; everything else runs on the portable kernel."""
+    return (
+        tuning.tier == "auto"
+        and (tuning.block_m, tuning.block_n) == (hopper_decode.BLOCK_M.value, hopper_decode.BLOCK_N.value)
+        and scale_mode == SCALE_NONE
+        and not INTERPRET
+        and hopper_decode.supports(q.dtype, pages.dtype, kv_lora_rank, q.shape[-1] - kv_lora_rank, q.device)
+        and all(stride % 8 == 0 for stride in (q.stride(0), q.stride(1), pages.stride(0), pages.stride(1)))
+        and q.data_ptr() % 16 == 0
+        and pages.data_ptr() % 16 == 0
+    )
 
 
 def _stages(tuning: DecodeTuning, scale_mode: int) -> int:

@@ -1,0 +1,199 @@
+"""Hopper (SM90) MLA decode split kernel in Gluon: warpgroup MMAs with the work split by warpgroup.
+
+Drop-in for the portable split kernel on 64-row tiles (same split plan, partial buffers
+and combine). One program of two warpgroups owns 64 query rows and one split of a
+sequence's KV. Per 64-token KV tile:
+
+- the latent and rope rows are gathered from the pages with `cp.async` into swizzled
+  shared memory (tokens past the split's end are zero-filled, never read), one tile ahead
+  of the math, so the next tile streams in while this one is computed;
+- S = Q . K^T with each warpgroup computing half of the tile's tokens (the portable
+  kernel's chained dots made both warpgroups compute all of S);
+- softmax in fp32 (base 2), P written to shared memory once;
+- O += P . V with each warpgroup owning half of the latent output columns, V being the
+  latent part of the same shared-memory tile.
+
+Queries and KV must share one 16-bit dtype; the latent width a multiple of 64 up to 512,
+the rope width 16, 32 or 64. The CPU interpreter does not run Gluon: the portable kernel
+serves there and everywhere else.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+
+BLOCK_M = gl.constexpr(64)
+BLOCK_N = gl.constexpr(64)
+NUM_WARPS = gl.constexpr(8)
+STAGES = gl.constexpr(2)
+MAX_KV_LORA_RANK = 512
+ROPE_DIMS = frozenset({16, 32, 64})
+LN2 = gl.constexpr(0.6931471805599453)
+
+
+def supports(q_dtype: torch.dtype, kv_dtype: torch.dtype, kv_lora_rank: int, rope_dim: int, device: torch.device) -> bool:
+    """Whether the Hopper kernel takes this call: an SM90 GPU, 16-bit queries and KV of one dtype,
+    a latent width that is a multiple of 64 up to 512 and a rope width of 16, 32 or 64."""
+    return (
+        device.type == "cuda"
+        and _capability(device)[0] == 9
+        and q_dtype in (torch.bfloat16, torch.float16)
+        and kv_dtype == q_dtype
+        and kv_lora_rank % 64 == 0
+        and 64 <= kv_lora_rank <= MAX_KV_LORA_RANK
+        and rope_dim in ROPE_DIMS
+    )
+
+
+@functools.cache
+def _capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
+@gluon.jit
+def _gather_rows(smem, KV, BLOCK_TABLE, bt_row, tok0, end, stride_kv_page, stride_kv_tok,
+                 COL_OFFSET: gl.constexpr, WIDTH: gl.constexpr, PAGE_SIZE: gl.constexpr, LAYOUT: gl.constexpr):
+    """cp.async of tokens tok0 .. tok0 + BLOCK_N of one sequence (columns COL_OFFSET .. + WIDTH)
+    into `smem`; tokens at or past `end` are zero-filled."""
+    toks = tok0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LAYOUT))
+    tok_ok = toks < end
+    page = gl.load(BLOCK_TABLE + bt_row + toks // PAGE_SIZE, mask=tok_ok, other=0).to(gl.int64)
+    row_base = page * stride_kv_page + (toks % PAGE_SIZE) * stride_kv_tok + COL_OFFSET
+    cols = gl.arange(0, WIDTH, layout=gl.SliceLayout(0, LAYOUT))
+    async_copy.async_copy_global_to_shared(smem, KV + row_base[:, None] + cols[None, :], mask=tok_ok[:, None])
+
+
+@gluon.jit(do_not_specialize=["stride_bt_b"])
+def mla_decode_hopper_split_kernel(
+    Q, KV, BLOCK_TABLE, SEQLENS, CU_SEQLENS_Q, NUM_SPLITS,
+    OUT, LSE, PART_OUT, PART_LSE,
+    scale_log2, row_tiles,
+    stride_q_tok, stride_q_head,
+    stride_kv_page, stride_kv_tok,
+    stride_bt_b,
+    stride_o_tok, stride_o_head,
+    stride_lse_cu, stride_lse_b, stride_lse_i, stride_lse_h,
+    stride_po_b, stride_po_s, stride_po_row,
+    stride_pl_b, stride_pl_s,
+    HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr,
+    KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr,
+):
+    """Arguments as the portable split kernel's (`triton_decode._mla_decode_split_kernel`), without scales."""
+    pid = gl.program_id(0)
+    split = gl.program_id(1)
+    b = pid // row_tiles
+    tile = pid % row_tiles
+    num_splits = gl.load(NUM_SPLITS + b)
+    first_token = gl.load(CU_SEQLENS_Q + b)
+    q_len = gl.load(CU_SEQLENS_Q + b + 1) - first_token
+    if split >= num_splits or tile * BLOCK_M >= q_len * HEADS:
+        return
+    seqlen = gl.load(SEQLENS + b)
+    tiles_per_split = gl.cdiv(gl.cdiv(seqlen, BLOCK_N), num_splits)
+    start = split * tiles_per_split * BLOCK_N
+    end = gl.minimum(seqlen, start + tiles_per_split * BLOCK_N)
+
+    dtype: gl.constexpr = Q.dtype.element_ty
+    load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0])
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, KV_LORA_RANK // 2, 16])
+    lat_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, KV_LORA_RANK], dtype)
+    rope_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, ROPE_DIM], dtype)
+    p_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
+
+    q_lat_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, KV_LORA_RANK], lat_smem_layout)
+    q_rope_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, ROPE_DIM], rope_smem_layout)
+    k_lat_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, KV_LORA_RANK], lat_smem_layout)
+    k_rope_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, ROPE_DIM], rope_smem_layout)
+    p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], p_smem_layout)
+
+    # Query rows: row = draft token x HEADS + head; rows past the tile's end load zeros.
+    q_rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, load_layout))
+    q_row_ok = q_rows < q_len * HEADS
+    q_base = (first_token + q_rows // HEADS).to(gl.int64) * stride_q_tok + (q_rows % HEADS) * stride_q_head
+    lat_cols = gl.arange(0, KV_LORA_RANK, layout=gl.SliceLayout(0, load_layout))
+    rope_cols = gl.arange(0, ROPE_DIM, layout=gl.SliceLayout(0, load_layout))
+    async_copy.async_copy_global_to_shared(q_lat_smem, Q + q_base[:, None] + lat_cols[None, :], mask=q_row_ok[:, None])
+    async_copy.async_copy_global_to_shared(
+        q_rope_smem, Q + q_base[:, None] + KV_LORA_RANK + rope_cols[None, :], mask=q_row_ok[:, None])
+
+    bt_row = b * stride_bt_b
+    _gather_rows(k_lat_smem.index(0), KV, BLOCK_TABLE, bt_row, start, end, stride_kv_page, stride_kv_tok,
+                 0, KV_LORA_RANK, PAGE_SIZE, load_layout)
+    _gather_rows(k_rope_smem.index(0), KV, BLOCK_TABLE, bt_row, start, end, stride_kv_page, stride_kv_tok,
+                 KV_LORA_RANK, ROPE_DIM, PAGE_SIZE, load_layout)
+    async_copy.commit_group()
+
+    rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    visible = seqlen - q_len + rows // HEADS + 1
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([BLOCK_M, KV_LORA_RANK], gl.float32, layout=o_layout)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+
+    num_tiles = gl.cdiv(end - start, BLOCK_N)
+    for t in range(num_tiles):
+        tok0 = start + t * BLOCK_N
+        stage = t % STAGES
+        # Every warpgroup is past the previous tile's P.V, so its stage and P may be overwritten.
+        gl.thread_barrier()
+        next_stage = (t + 1) % STAGES
+        _gather_rows(k_lat_smem.index(next_stage), KV, BLOCK_TABLE, bt_row, tok0 + BLOCK_N, end,
+                     stride_kv_page, stride_kv_tok, 0, KV_LORA_RANK, PAGE_SIZE, load_layout)
+        _gather_rows(k_rope_smem.index(next_stage), KV, BLOCK_TABLE, bt_row, tok0 + BLOCK_N, end,
+                     stride_kv_page, stride_kv_tok, KV_LORA_RANK, ROPE_DIM, PAGE_SIZE, load_layout)
+        async_copy.commit_group()
+        async_copy.wait_group(1)
+        fence_async_shared()
+        gl.thread_barrier()
+
+        k_lat = k_lat_smem.index(stage)
+        s = warpgroup_mma(q_lat_smem, k_lat.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma(q_rope_smem, k_rope_smem.index(stage).permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=[s])
+
+        toks = tok0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        seen = (toks[None, :] < end) & (toks[None, :] < visible[:, None])
+        s = gl.where(seen, s * scale_log2, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_safe)
+        p = gl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + gl.sum(p, 1)
+        m_i = m_new
+        p_smem.store(p.to(dtype))
+        fence_async_shared()
+        gl.thread_barrier()
+
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        acc = warpgroup_mma(p_smem, k_lat, acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+    async_copy.wait_group(0)
+
+    has_keys = l_i > 0
+    lse = gl.where(has_keys, (m_i + gl.log2(gl.where(has_keys, l_i, 1.0))) * LN2, float("-inf"))
+    inv_l = gl.convert_layout(gl.where(has_keys, 1.0 / gl.where(has_keys, l_i, 1.0), 0.0), gl.SliceLayout(1, o_layout))
+    out = acc * inv_l[:, None]
+
+    o_rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+    o_row_ok = o_rows < q_len * HEADS
+    o_cols = gl.arange(0, KV_LORA_RANK, layout=gl.SliceLayout(0, o_layout))
+    lse_rows = rows
+    lse_row_ok = lse_rows < q_len * HEADS
+    if num_splits == 1:
+        o_base = (first_token + o_rows // HEADS).to(gl.int64) * stride_o_tok + (o_rows % HEADS) * stride_o_head
+        gl.store(OUT + o_base[:, None] + o_cols[None, :], out.to(OUT.dtype.element_ty), mask=o_row_ok[:, None])
+        lse_ptr = (LSE + first_token * stride_lse_cu + b * stride_lse_b + (lse_rows // HEADS) * stride_lse_i
+                   + (lse_rows % HEADS) * stride_lse_h)
+        gl.store(lse_ptr, lse, mask=lse_row_ok)
+    else:
+        part = PART_OUT + b * stride_po_b + split * stride_po_s
+        gl.store(part + o_rows[:, None] * stride_po_row + o_cols[None, :], out, mask=o_row_ok[:, None])
+        gl.store(PART_LSE + b * stride_pl_b + split * stride_pl_s + lse_rows, lse, mask=lse_row_ok)
