@@ -24,9 +24,16 @@ import functools
 
 import torch
 from triton.experimental import gluon
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
 BLOCK_M = gl.constexpr(64)
 BLOCK_N = gl.constexpr(64)
@@ -35,6 +42,7 @@ STAGES = gl.constexpr(2)
 MAX_KV_LORA_RANK = 512
 ROPE_DIMS = frozenset({16, 32, 64})
 LN2 = gl.constexpr(0.6931471805599453)
+_GLUON_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
 def supports(q_dtype: torch.dtype, kv_dtype: torch.dtype, kv_lora_rank: int, rope_dim: int, device: torch.device) -> bool:
@@ -49,6 +57,25 @@ def supports(q_dtype: torch.dtype, kv_dtype: torch.dtype, kv_lora_rank: int, rop
         and 64 <= kv_lora_rank <= MAX_KV_LORA_RANK
         and rope_dim in ROPE_DIMS
     )
+
+
+def cache_descriptors(pages: torch.Tensor, kv_lora_rank: int) -> tuple[TensorDescriptor, TensorDescriptor]:
+    """TMA descriptors of the cache rows `[pages x page_size, dim]` in BLOCK_N-row blocks: the latent
+    columns and the rope columns (the pages must be row-contiguous: `rows_are_contiguous`)."""
+    rows = pages.reshape(-1, pages.shape[-1])
+    element = _GLUON_DTYPES[pages.dtype]
+    rope_dim = pages.shape[-1] - kv_lora_rank
+    return (
+        TensorDescriptor.from_tensor(rows, [BLOCK_N.value, kv_lora_rank],
+                                     gl.NVMMASharedLayout.get_default_for([BLOCK_N.value, kv_lora_rank], element)),
+        TensorDescriptor.from_tensor(rows, [BLOCK_N.value, rope_dim],
+                                     gl.NVMMASharedLayout.get_default_for([BLOCK_N.value, rope_dim], element)),
+    )
+
+
+def rows_are_contiguous(pages: torch.Tensor) -> bool:
+    """Whether `[num_pages, page_size, dim]` pages are one `[rows, dim]` matrix (what TMA reads)."""
+    return pages.stride(2) == 1 and pages.stride(0) == pages.shape[1] * pages.stride(1)
 
 
 @functools.cache
@@ -69,9 +96,31 @@ def _gather_rows(smem, KV, BLOCK_TABLE, bt_row, tok0, end, stride_kv_page, strid
     async_copy.async_copy_global_to_shared(smem, KV + row_base[:, None] + cols[None, :], mask=tok_ok[:, None])
 
 
+@gluon.jit
+def _tma_tile(lat_desc, rope_desc, BLOCK_TABLE, bt_row, tok0, bar, lat_dst, rope_dst, PAGE_SIZE: gl.constexpr):
+    """One TMA load of tokens tok0 .. tok0 + BLOCK_N (inside one page: PAGE_SIZE is a multiple of
+    BLOCK_N) into the stage's buffers, completing on `bar`."""
+    page = gl.load(BLOCK_TABLE + bt_row + tok0 // PAGE_SIZE)
+    row = page * PAGE_SIZE + tok0 % PAGE_SIZE
+    mbarrier.expect(bar, lat_desc.block_type.nbytes + rope_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(lat_desc, [row, 0], bar, lat_dst)
+    tma.async_copy_global_to_shared(rope_desc, [row, lat_desc.block_type.shape[1]], bar, rope_dst)
+
+
+@gluon.jit
+def _zero_rows_from(smem, first_bad, CHUNK: gl.constexpr, LAYOUT: gl.constexpr):
+    """Rows first_bad .. of `smem` set to zero, CHUNK columns at a time (TMA brings whole page rows:
+    rows past a sequence's end may hold anything, NaN included)."""
+    rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LAYOUT))
+    for c in gl.static_range(smem.shape[1] // CHUNK):
+        part = smem.slice(c * CHUNK, CHUNK, dim=1)
+        values = part.load(LAYOUT)
+        part.store(gl.where((rows < first_bad)[:, None], values, gl.zeros_like(values)))
+
+
 @gluon.jit(do_not_specialize=["stride_bt_b"])
 def mla_decode_hopper_split_kernel(
-    Q, KV, BLOCK_TABLE, SEQLENS, CU_SEQLENS_Q, NUM_SPLITS,
+    Q, KV, KV_LAT_DESC, KV_ROPE_DESC, BLOCK_TABLE, SEQLENS, CU_SEQLENS_Q, NUM_SPLITS,
     OUT, LSE, PART_OUT, PART_LSE,
     scale_log2, row_tiles,
     stride_q_tok, stride_q_head,
@@ -84,7 +133,9 @@ def mla_decode_hopper_split_kernel(
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr,
     KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr,
 ):
-    """Arguments as the portable split kernel's (`triton_decode._mla_decode_split_kernel`), without scales."""
+    """Arguments as the portable split kernel's (`triton_decode._mla_decode_split_kernel`), without
+    scales, plus TMA descriptors of the cache rows ([pages x page_size, dim], blocks of BLOCK_N rows:
+    latent columns, rope columns), used when a page holds whole tiles."""
     pid = gl.program_id(0)
     split = gl.program_id(1)
     b = pid // row_tiles
@@ -124,35 +175,54 @@ def mla_decode_hopper_split_kernel(
     async_copy.async_copy_global_to_shared(
         q_rope_smem, Q + q_base[:, None] + KV_LORA_RANK + rope_cols[None, :], mask=q_row_ok[:, None])
 
+    use_tma: gl.constexpr = PAGE_SIZE % BLOCK_N == 0
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     bt_row = b * stride_bt_b
-    _gather_rows(k_lat_smem.index(0), KV, BLOCK_TABLE, bt_row, start, end, stride_kv_page, stride_kv_tok,
-                 0, KV_LORA_RANK, PAGE_SIZE, load_layout)
-    _gather_rows(k_rope_smem.index(0), KV, BLOCK_TABLE, bt_row, start, end, stride_kv_page, stride_kv_tok,
-                 KV_LORA_RANK, ROPE_DIM, PAGE_SIZE, load_layout)
+    num_tiles = gl.cdiv(end - start, BLOCK_N)
+    if use_tma:
+        for st in gl.static_range(STAGES):
+            mbarrier.init(bars.index(st), count=1)
+        if num_tiles > 0:
+            _tma_tile(KV_LAT_DESC, KV_ROPE_DESC, BLOCK_TABLE, bt_row, start, bars.index(0),
+                      k_lat_smem.index(0), k_rope_smem.index(0), PAGE_SIZE)
+    else:
+        _gather_rows(k_lat_smem.index(0), KV, BLOCK_TABLE, bt_row, start, end, stride_kv_page, stride_kv_tok,
+                     0, KV_LORA_RANK, PAGE_SIZE, load_layout)
+        _gather_rows(k_rope_smem.index(0), KV, BLOCK_TABLE, bt_row, start, end, stride_kv_page, stride_kv_tok,
+                     KV_LORA_RANK, ROPE_DIM, PAGE_SIZE, load_layout)
     async_copy.commit_group()
 
     rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
     visible = seqlen - q_len + rows // HEADS + 1
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-    l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
+    l_parts = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
     acc = gl.zeros([BLOCK_M, KV_LORA_RANK], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
 
-    num_tiles = gl.cdiv(end - start, BLOCK_N)
     for t in range(num_tiles):
         tok0 = start + t * BLOCK_N
         stage = t % STAGES
-        # Every warpgroup is past the previous tile's P.V, so its stage and P may be overwritten.
-        gl.thread_barrier()
         next_stage = (t + 1) % STAGES
-        _gather_rows(k_lat_smem.index(next_stage), KV, BLOCK_TABLE, bt_row, tok0 + BLOCK_N, end,
-                     stride_kv_page, stride_kv_tok, 0, KV_LORA_RANK, PAGE_SIZE, load_layout)
-        _gather_rows(k_rope_smem.index(next_stage), KV, BLOCK_TABLE, bt_row, tok0 + BLOCK_N, end,
-                     stride_kv_page, stride_kv_tok, KV_LORA_RANK, ROPE_DIM, PAGE_SIZE, load_layout)
-        async_copy.commit_group()
-        async_copy.wait_group(1)
+        async_copy.wait_group(0)
+        if use_tma:
+            mbarrier.wait(bars.index(stage), (t // STAGES) & 1)
+            if tok0 + BLOCK_N > end:
+                _zero_rows_from(k_lat_smem.index(stage), end - tok0, 64, load_layout)
+                _zero_rows_from(k_rope_smem.index(stage), end - tok0, ROPE_DIM, load_layout)
         fence_async_shared()
+        # One barrier: tile t has landed for every thread, and every warpgroup is past P.V of
+        # tile t - 1, so the other stage and P may be overwritten.
         gl.thread_barrier()
+        if use_tma:
+            if t + 1 < num_tiles:
+                _tma_tile(KV_LAT_DESC, KV_ROPE_DESC, BLOCK_TABLE, bt_row, tok0 + BLOCK_N, bars.index(next_stage),
+                          k_lat_smem.index(next_stage), k_rope_smem.index(next_stage), PAGE_SIZE)
+        else:
+            _gather_rows(k_lat_smem.index(next_stage), KV, BLOCK_TABLE, bt_row, tok0 + BLOCK_N, end,
+                         stride_kv_page, stride_kv_tok, 0, KV_LORA_RANK, PAGE_SIZE, load_layout)
+            _gather_rows(k_rope_smem.index(next_stage), KV, BLOCK_TABLE, bt_row, tok0 + BLOCK_N, end,
+                         stride_kv_page, stride_kv_tok, KV_LORA_RANK, ROPE_DIM, PAGE_SIZE, load_layout)
+            async_copy.commit_group()
 
         k_lat = k_lat_smem.index(stage)
         s = warpgroup_mma(q_lat_smem, k_lat.permute((1, 0)), s_zero, use_acc=False, is_async=True)
@@ -166,7 +236,8 @@ def mla_decode_hopper_split_kernel(
         m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = gl.exp2(m_i - m_safe)
         p = gl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + gl.sum(p, 1)
+        # Row sums stay per element until the end: no second cross-warpgroup reduction per tile.
+        l_parts = l_parts * alpha[:, None] + p
         m_i = m_new
         p_smem.store(p.to(dtype))
         fence_async_shared()
@@ -177,6 +248,7 @@ def mla_decode_hopper_split_kernel(
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
     async_copy.wait_group(0)
 
+    l_i = gl.sum(l_parts, 1)
     has_keys = l_i > 0
     lse = gl.where(has_keys, (m_i + gl.log2(gl.where(has_keys, l_i, 1.0))) * LN2, float("-inf"))
     inv_l = gl.convert_layout(gl.where(has_keys, 1.0 / gl.where(has_keys, l_i, 1.0), 0.0), gl.SliceLayout(1, o_layout))

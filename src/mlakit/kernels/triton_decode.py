@@ -402,7 +402,7 @@ def _launch(
     )
     if _takes_hopper_kernel(q, pages, kv_lora_rank, scale_mode, tuning):
         hopper_decode.mla_decode_hopper_split_kernel[grid](
-            q, pages, *shared_args,
+            q, pages, *hopper_decode.cache_descriptors(pages, kv_lora_rank), *shared_args,
             HEADS=heads, PAGE_SIZE=pages.shape[1], KV_LORA_RANK=kv_lora_rank, ROPE_DIM=dim - kv_lora_rank,
             num_warps=hopper_decode.NUM_WARPS.value,
         )
@@ -440,6 +440,7 @@ def _takes_hopper_kernel(
         and scale_mode == SCALE_NONE
         and not INTERPRET
         and hopper_decode.supports(q.dtype, pages.dtype, kv_lora_rank, q.shape[-1] - kv_lora_rank, q.device)
+        and hopper_decode.rows_are_contiguous(pages)
         and all(stride % 8 == 0 for stride in (q.stride(0), q.stride(1), pages.stride(0), pages.stride(1)))
         and q.data_ptr() % 16 == 0
         and pages.data_ptr() % 16 == 0
