@@ -73,6 +73,18 @@ def cache_descriptors(pages: torch.Tensor, kv_lora_rank: int) -> tuple[TensorDes
     )
 
 
+def launch(grid: tuple[int, int], q: torch.Tensor, pages: torch.Tensor, kv_lora_rank: int, shared_args: tuple) -> None:
+    """Runs the split pass: the warp-specialized TMA kernel when pages hold whole tiles, the cp.async
+    gather kernel otherwise. `shared_args` are the portable split kernel's arguments from the block
+    table on, without the scale strides."""
+    constants = dict(HEADS=q.shape[1], PAGE_SIZE=pages.shape[1], KV_LORA_RANK=kv_lora_rank, ROPE_DIM=q.shape[-1] - kv_lora_rank)
+    if pages.shape[1] % BLOCK_N.value == 0:
+        mla_decode_hopper_ws_kernel[grid](q, pages, *cache_descriptors(pages, kv_lora_rank), *shared_args,
+                                          **constants, num_warps=4)
+    else:
+        mla_decode_hopper_split_kernel[grid](q, pages, *shared_args, **constants, num_warps=NUM_WARPS.value)
+
+
 def rows_are_contiguous(pages: torch.Tensor) -> bool:
     """Whether `[num_pages, page_size, dim]` pages are one `[rows, dim]` matrix (what TMA reads)."""
     return pages.stride(2) == 1 and pages.stride(0) == pages.shape[1] * pages.stride(1)
@@ -120,7 +132,7 @@ def _zero_rows_from(smem, first_bad, CHUNK: gl.constexpr, LAYOUT: gl.constexpr):
 
 @gluon.jit(do_not_specialize=["stride_bt_b"])
 def mla_decode_hopper_split_kernel(
-    Q, KV, KV_LAT_DESC, KV_ROPE_DESC, BLOCK_TABLE, SEQLENS, CU_SEQLENS_Q, NUM_SPLITS,
+    Q, KV, BLOCK_TABLE, SEQLENS, CU_SEQLENS_Q, NUM_SPLITS,
     OUT, LSE, PART_OUT, PART_LSE,
     scale_log2, row_tiles,
     stride_q_tok, stride_q_head,
@@ -133,9 +145,7 @@ def mla_decode_hopper_split_kernel(
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr,
     KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr,
 ):
-    """Arguments as the portable split kernel's (`triton_decode._mla_decode_split_kernel`), without
-    scales, plus TMA descriptors of the cache rows ([pages x page_size, dim], blocks of BLOCK_N rows:
-    latent columns, rope columns), used when a page holds whole tiles."""
+    """Arguments as the portable split kernel's (`triton_decode._mla_decode_split_kernel`), without scales."""
     pid = gl.program_id(0)
     split = gl.program_id(1)
     b = pid // row_tiles
@@ -175,21 +185,12 @@ def mla_decode_hopper_split_kernel(
     async_copy.async_copy_global_to_shared(
         q_rope_smem, Q + q_base[:, None] + KV_LORA_RANK + rope_cols[None, :], mask=q_row_ok[:, None])
 
-    use_tma: gl.constexpr = PAGE_SIZE % BLOCK_N == 0
-    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     bt_row = b * stride_bt_b
     num_tiles = gl.cdiv(end - start, BLOCK_N)
-    if use_tma:
-        for st in gl.static_range(STAGES):
-            mbarrier.init(bars.index(st), count=1)
-        if num_tiles > 0:
-            _tma_tile(KV_LAT_DESC, KV_ROPE_DESC, BLOCK_TABLE, bt_row, start, bars.index(0),
-                      k_lat_smem.index(0), k_rope_smem.index(0), PAGE_SIZE)
-    else:
-        _gather_rows(k_lat_smem.index(0), KV, BLOCK_TABLE, bt_row, start, end, stride_kv_page, stride_kv_tok,
-                     0, KV_LORA_RANK, PAGE_SIZE, load_layout)
-        _gather_rows(k_rope_smem.index(0), KV, BLOCK_TABLE, bt_row, start, end, stride_kv_page, stride_kv_tok,
-                     KV_LORA_RANK, ROPE_DIM, PAGE_SIZE, load_layout)
+    _gather_rows(k_lat_smem.index(0), KV, BLOCK_TABLE, bt_row, start, end, stride_kv_page, stride_kv_tok,
+                 0, KV_LORA_RANK, PAGE_SIZE, load_layout)
+    _gather_rows(k_rope_smem.index(0), KV, BLOCK_TABLE, bt_row, start, end, stride_kv_page, stride_kv_tok,
+                 KV_LORA_RANK, ROPE_DIM, PAGE_SIZE, load_layout)
     async_copy.commit_group()
 
     rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
@@ -204,25 +205,15 @@ def mla_decode_hopper_split_kernel(
         stage = t % STAGES
         next_stage = (t + 1) % STAGES
         async_copy.wait_group(0)
-        if use_tma:
-            mbarrier.wait(bars.index(stage), (t // STAGES) & 1)
-            if tok0 + BLOCK_N > end:
-                _zero_rows_from(k_lat_smem.index(stage), end - tok0, 64, load_layout)
-                _zero_rows_from(k_rope_smem.index(stage), end - tok0, ROPE_DIM, load_layout)
         fence_async_shared()
         # One barrier: tile t has landed for every thread, and every warpgroup is past P.V of
         # tile t - 1, so the other stage and P may be overwritten.
         gl.thread_barrier()
-        if use_tma:
-            if t + 1 < num_tiles:
-                _tma_tile(KV_LAT_DESC, KV_ROPE_DESC, BLOCK_TABLE, bt_row, tok0 + BLOCK_N, bars.index(next_stage),
-                          k_lat_smem.index(next_stage), k_rope_smem.index(next_stage), PAGE_SIZE)
-        else:
-            _gather_rows(k_lat_smem.index(next_stage), KV, BLOCK_TABLE, bt_row, tok0 + BLOCK_N, end,
-                         stride_kv_page, stride_kv_tok, 0, KV_LORA_RANK, PAGE_SIZE, load_layout)
-            _gather_rows(k_rope_smem.index(next_stage), KV, BLOCK_TABLE, bt_row, tok0 + BLOCK_N, end,
-                         stride_kv_page, stride_kv_tok, KV_LORA_RANK, ROPE_DIM, PAGE_SIZE, load_layout)
-            async_copy.commit_group()
+        _gather_rows(k_lat_smem.index(next_stage), KV, BLOCK_TABLE, bt_row, tok0 + BLOCK_N, end,
+                     stride_kv_page, stride_kv_tok, 0, KV_LORA_RANK, PAGE_SIZE, load_layout)
+        _gather_rows(k_rope_smem.index(next_stage), KV, BLOCK_TABLE, bt_row, tok0 + BLOCK_N, end,
+                     stride_kv_page, stride_kv_tok, KV_LORA_RANK, ROPE_DIM, PAGE_SIZE, load_layout)
+        async_copy.commit_group()
 
         k_lat = k_lat_smem.index(stage)
         s = warpgroup_mma(q_lat_smem, k_lat.permute((1, 0)), s_zero, use_acc=False, is_async=True)
@@ -269,3 +260,217 @@ def mla_decode_hopper_split_kernel(
         part = PART_OUT + b * stride_po_b + split * stride_po_s
         gl.store(part + o_rows[:, None] * stride_po_row + o_cols[None, :], out, mask=o_row_ok[:, None])
         gl.store(PART_LSE + b * stride_pl_b + split * stride_pl_s + lse_rows, lse, mask=lse_row_ok)
+
+
+@gluon.jit
+def _ws_softmax_partition(
+    q_lat_smem, q_rope_smem, k_lat_smem, k_rope_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free,
+    KV_LAT_DESC, KV_ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, b, split,
+    num_splits, scale_log2, OUT, LSE, PART_OUT, PART_LSE,
+    stride_o_tok, stride_o_head, stride_lse_cu, stride_lse_b, stride_lse_i, stride_lse_h,
+    stride_po_b, stride_po_s, stride_po_row, stride_pl_b, stride_pl_s,
+    HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr,
+):
+    """First warpgroup: S = Q . K^T over whole tiles, the softmax, P and the row scales for the other
+    warpgroup, P . V for the first half of the latent columns, and the TMA loads two tiles ahead."""
+    half: gl.constexpr = KV_LORA_RANK // 2
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, half, 16])
+    zero_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    visible = seqlen - q_len + rows // HEADS + 1
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([BLOCK_M, half], gl.float32, layout=o_layout)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    for t in range(num_tiles):
+        tok0 = start + t * BLOCK_N
+        stage = t % STAGES
+        stage_phase = (t // STAGES) & 1
+        mbarrier.wait(kv_ready.index(stage), stage_phase)
+        if tok0 + BLOCK_N > end:
+            _zero_rows_from(k_lat_smem.index(stage), end - tok0, 64, zero_layout)
+            _zero_rows_from(k_rope_smem.index(stage), end - tok0, ROPE_DIM, zero_layout)
+            fence_async_shared()
+            gl.thread_barrier()
+        k_lat = k_lat_smem.index(stage)
+        s = warpgroup_mma(q_lat_smem, k_lat.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma(q_rope_smem, k_rope_smem.index(stage).permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=[s])
+
+        toks = tok0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        seen = (toks[None, :] < end) & (toks[None, :] < visible[:, None])
+        s = gl.where(seen, s * scale_log2, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_safe)
+        p = gl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + gl.sum(p, 1)
+        m_i = m_new
+        if t > 0:
+            mbarrier.wait(p_free, (t - 1) & 1)
+        p_smem.store(p.to(p_smem.dtype))
+        alpha = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
+        row_smem.store(alpha)
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(p_ready, count=1)
+
+        acc = acc * alpha[:, None]
+        acc = warpgroup_mma(p_smem, k_lat.slice(0, half, dim=1), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+        mbarrier.arrive(kv_free.index(stage), count=1)
+        if t + STAGES < num_tiles:
+            mbarrier.wait(kv_free.index(stage), stage_phase)
+            _tma_tile(KV_LAT_DESC, KV_ROPE_DESC, BLOCK_TABLE, bt_row, tok0 + STAGES * BLOCK_N, kv_ready.index(stage),
+                      k_lat_smem.index(stage), k_rope_smem.index(stage), PAGE_SIZE)
+
+    has_keys = l_i > 0
+    lse = gl.where(has_keys, (m_i + gl.log2(gl.where(has_keys, l_i, 1.0))) * LN2, float("-inf"))
+    inv_l = gl.convert_layout(gl.where(has_keys, 1.0 / gl.where(has_keys, l_i, 1.0), 0.0), gl.SliceLayout(1, o_layout))
+    if num_tiles > 0:
+        mbarrier.wait(p_free, (num_tiles - 1) & 1)
+    row_smem.store(inv_l)
+    gl.thread_barrier()
+    mbarrier.arrive(p_ready, count=1)
+    _store_half(acc * inv_l[:, None], 0, OUT, PART_OUT, first_token, b, split, num_splits, tile, q_len,
+                stride_o_tok, stride_o_head, stride_po_b, stride_po_s, stride_po_row, HEADS, o_layout)
+    lse_ok = rows < q_len * HEADS
+    if num_splits == 1:
+        lse_ptr = (LSE + first_token * stride_lse_cu + b * stride_lse_b + (rows // HEADS) * stride_lse_i
+                   + (rows % HEADS) * stride_lse_h)
+        gl.store(lse_ptr, lse, mask=lse_ok)
+    else:
+        gl.store(PART_LSE + b * stride_pl_b + split * stride_pl_s + rows, lse, mask=lse_ok)
+
+
+@gluon.jit
+def _ws_value_partition(
+    k_lat_smem, p_smem, row_smem, kv_free, p_ready, p_free, num_tiles, first_token, b, split, num_splits, tile, q_len,
+    OUT, PART_OUT, stride_o_tok, stride_o_head, stride_po_b, stride_po_s, stride_po_row,
+    HEADS: gl.constexpr, KV_LORA_RANK: gl.constexpr,
+):
+    """Second warpgroup: P . V for the second half of the latent columns, rescaled by the first
+    warpgroup's row factors."""
+    half: gl.constexpr = KV_LORA_RANK // 2
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, half, 16])
+    acc = gl.zeros([BLOCK_M, half], gl.float32, layout=o_layout)
+    for t in range(num_tiles):
+        stage = t % STAGES
+        mbarrier.wait(p_ready, t & 1)
+        alpha = row_smem.load(gl.SliceLayout(1, o_layout))
+        acc = acc * alpha[:, None]
+        acc = warpgroup_mma(p_smem, k_lat_smem.index(stage).slice(half, half, dim=1), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+        gl.thread_barrier()
+        mbarrier.arrive(p_free, count=1)
+        mbarrier.arrive(kv_free.index(stage), count=1)
+    mbarrier.wait(p_ready, num_tiles & 1)
+    inv_l = row_smem.load(gl.SliceLayout(1, o_layout))
+    _store_half(acc * inv_l[:, None], half, OUT, PART_OUT, first_token, b, split, num_splits, tile, q_len,
+                stride_o_tok, stride_o_head, stride_po_b, stride_po_s, stride_po_row, HEADS, o_layout)
+
+
+@gluon.jit
+def _store_half(out, col0, OUT, PART_OUT, first_token, b, split, num_splits, tile, q_len,
+                stride_o_tok, stride_o_head, stride_po_b, stride_po_s, stride_po_row,
+                HEADS: gl.constexpr, LAYOUT: gl.constexpr):
+    """A warpgroup's output columns col0 .. col0 + width: to OUT when the sequence has one split, else
+    to its split's float32 partial."""
+    rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LAYOUT))
+    row_ok = (rows < q_len * HEADS)[:, None]
+    cols = col0 + gl.arange(0, out.shape[1], layout=gl.SliceLayout(0, LAYOUT))
+    if num_splits == 1:
+        base = (first_token + rows // HEADS).to(gl.int64) * stride_o_tok + (rows % HEADS) * stride_o_head
+        gl.store(OUT + base[:, None] + cols[None, :], out.to(OUT.dtype.element_ty), mask=row_ok)
+    else:
+        part = PART_OUT + b * stride_po_b + split * stride_po_s
+        gl.store(part + rows[:, None] * stride_po_row + cols[None, :], out, mask=row_ok)
+
+
+@gluon.jit(do_not_specialize=["stride_bt_b"])
+def mla_decode_hopper_ws_kernel(
+    Q, KV, KV_LAT_DESC, KV_ROPE_DESC, BLOCK_TABLE, SEQLENS, CU_SEQLENS_Q, NUM_SPLITS,
+    OUT, LSE, PART_OUT, PART_LSE,
+    scale_log2, row_tiles,
+    stride_q_tok, stride_q_head,
+    stride_kv_page, stride_kv_tok,
+    stride_bt_b,
+    stride_o_tok, stride_o_head,
+    stride_lse_cu, stride_lse_b, stride_lse_i, stride_lse_h,
+    stride_po_b, stride_po_s, stride_po_row,
+    stride_pl_b, stride_pl_s,
+    HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr,
+    KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr,
+):
+    """Warp-specialized variant for pages that hold whole tiles (TMA loads): launched with 4 warps
+    (the softmax warpgroup) plus a 4-warp worker (the value warpgroup). Arguments as
+    `mla_decode_hopper_split_kernel`."""
+    pid = gl.program_id(0)
+    split = gl.program_id(1)
+    b = pid // row_tiles
+    tile = pid % row_tiles
+    num_splits = gl.load(NUM_SPLITS + b)
+    first_token = gl.load(CU_SEQLENS_Q + b)
+    q_len = gl.load(CU_SEQLENS_Q + b + 1) - first_token
+    if split >= num_splits or tile * BLOCK_M >= q_len * HEADS:
+        return
+    seqlen = gl.load(SEQLENS + b)
+    tiles_per_split = gl.cdiv(gl.cdiv(seqlen, BLOCK_N), num_splits)
+    start = split * tiles_per_split * BLOCK_N
+    end = gl.minimum(seqlen, start + tiles_per_split * BLOCK_N)
+    # Splits past the sequence's end have no tiles (never a negative count: the barrier phases use it).
+    num_tiles = gl.maximum(gl.cdiv(end - start, BLOCK_N), 0)
+
+    dtype: gl.constexpr = Q.dtype.element_ty
+    load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    lat_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, KV_LORA_RANK], dtype)
+    rope_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, ROPE_DIM], dtype)
+    p_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
+    q_lat_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, KV_LORA_RANK], lat_smem_layout)
+    q_rope_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, ROPE_DIM], rope_smem_layout)
+    k_lat_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, KV_LORA_RANK], lat_smem_layout)
+    k_rope_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, ROPE_DIM], rope_smem_layout)
+    p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], p_smem_layout)
+    row_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    p_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for st in gl.static_range(STAGES):
+        mbarrier.init(kv_ready.index(st), count=1)
+        mbarrier.init(kv_free.index(st), count=2)
+    mbarrier.init(p_ready, count=1)
+    mbarrier.init(p_free, count=1)
+
+    q_rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, load_layout))
+    q_row_ok = q_rows < q_len * HEADS
+    q_base = (first_token + q_rows // HEADS).to(gl.int64) * stride_q_tok + (q_rows % HEADS) * stride_q_head
+    lat_cols = gl.arange(0, KV_LORA_RANK, layout=gl.SliceLayout(0, load_layout))
+    rope_cols = gl.arange(0, ROPE_DIM, layout=gl.SliceLayout(0, load_layout))
+    async_copy.async_copy_global_to_shared(q_lat_smem, Q + q_base[:, None] + lat_cols[None, :], mask=q_row_ok[:, None])
+    async_copy.async_copy_global_to_shared(
+        q_rope_smem, Q + q_base[:, None] + KV_LORA_RANK + rope_cols[None, :], mask=q_row_ok[:, None])
+    async_copy.commit_group()
+    bt_row = b * stride_bt_b
+    for st in gl.static_range(STAGES):
+        if st < num_tiles:
+            _tma_tile(KV_LAT_DESC, KV_ROPE_DESC, BLOCK_TABLE, bt_row, start + st * BLOCK_N, kv_ready.index(st),
+                      k_lat_smem.index(st), k_rope_smem.index(st), PAGE_SIZE)
+    async_copy.wait_group(0)
+    fence_async_shared()
+    gl.thread_barrier()
+
+    gl.warp_specialize([
+        (_ws_softmax_partition, (
+            q_lat_smem, q_rope_smem, k_lat_smem, k_rope_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free,
+            KV_LAT_DESC, KV_ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, b,
+            split, num_splits, scale_log2, OUT, LSE, PART_OUT, PART_LSE,
+            stride_o_tok, stride_o_head, stride_lse_cu, stride_lse_b, stride_lse_i, stride_lse_h,
+            stride_po_b, stride_po_s, stride_po_row, stride_pl_b, stride_pl_s,
+            HEADS, PAGE_SIZE, KV_LORA_RANK, ROPE_DIM)),
+        (_ws_value_partition, (
+            k_lat_smem, p_smem, row_smem, kv_free, p_ready, p_free, num_tiles, first_token, b, split, num_splits, tile,
+            q_len, OUT, PART_OUT, stride_o_tok, stride_o_head, stride_po_b, stride_po_s, stride_po_row,
+            HEADS, KV_LORA_RANK)),
+    ], [4], [232])

@@ -401,11 +401,7 @@ def _launch(
         part_lse.stride(0), part_lse.stride(1),
     )
     if _takes_hopper_kernel(q, pages, kv_lora_rank, scale_mode, tuning):
-        hopper_decode.mla_decode_hopper_split_kernel[grid](
-            q, pages, *hopper_decode.cache_descriptors(pages, kv_lora_rank), *shared_args,
-            HEADS=heads, PAGE_SIZE=pages.shape[1], KV_LORA_RANK=kv_lora_rank, ROPE_DIM=dim - kv_lora_rank,
-            num_warps=hopper_decode.NUM_WARPS.value,
-        )
+        hopper_decode.launch(grid, q, pages, kv_lora_rank, shared_args)
     else:
         _mla_decode_split_kernel[grid](
             q, pages, scale, *shared_args, *scale_strides,
