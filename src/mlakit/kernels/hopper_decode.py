@@ -96,6 +96,39 @@ def _capability(device: torch.device) -> tuple[int, int]:
 
 
 @gluon.jit
+def _program_work(NUM_SPLITS, CU_SEQLENS_Q, row_tiles):
+    """This program's sequence, row tile and split, the sequence's split count and query segment."""
+    pid = gl.program_id(0)
+    b = pid // row_tiles
+    first_token = gl.load(CU_SEQLENS_Q + b)
+    return b, pid % row_tiles, gl.program_id(1), gl.load(NUM_SPLITS + b), first_token, gl.load(CU_SEQLENS_Q + b + 1) - first_token
+
+
+@gluon.jit
+def _split_range(seqlen, split, num_splits):
+    """The split's tokens start .. end and its tile count (zero, never negative, for splits past the
+    sequence's end: the barrier phases use it)."""
+    tiles_per_split = gl.cdiv(gl.cdiv(seqlen, BLOCK_N), num_splits)
+    start = split * tiles_per_split * BLOCK_N
+    end = gl.minimum(seqlen, start + tiles_per_split * BLOCK_N)
+    return start, end, gl.maximum(gl.cdiv(end - start, BLOCK_N), 0)
+
+
+@gluon.jit
+def _load_query(q_lat_smem, q_rope_smem, Q, tile, first_token, q_len, stride_q_tok, stride_q_head,
+                HEADS: gl.constexpr, LAYOUT: gl.constexpr):
+    """cp.async of the tile's query rows (row = draft token x HEADS + head; rows past the segment zeros)."""
+    rank: gl.constexpr = q_lat_smem.shape[1]
+    q_rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LAYOUT))
+    q_row_ok = q_rows < q_len * HEADS
+    q_base = (first_token + q_rows // HEADS).to(gl.int64) * stride_q_tok + (q_rows % HEADS) * stride_q_head
+    lat_cols = gl.arange(0, rank, layout=gl.SliceLayout(0, LAYOUT))
+    rope_cols = gl.arange(0, q_rope_smem.shape[1], layout=gl.SliceLayout(0, LAYOUT))
+    async_copy.async_copy_global_to_shared(q_lat_smem, Q + q_base[:, None] + lat_cols[None, :], mask=q_row_ok[:, None])
+    async_copy.async_copy_global_to_shared(q_rope_smem, Q + q_base[:, None] + rank + rope_cols[None, :], mask=q_row_ok[:, None])
+
+
+@gluon.jit
 def _gather_rows(smem, KV, BLOCK_TABLE, bt_row, tok0, end, stride_kv_page, stride_kv_tok,
                  COL_OFFSET: gl.constexpr, WIDTH: gl.constexpr, PAGE_SIZE: gl.constexpr, LAYOUT: gl.constexpr):
     """cp.async of tokens tok0 .. tok0 + BLOCK_N of one sequence (columns COL_OFFSET .. + WIDTH)
@@ -146,19 +179,11 @@ def mla_decode_hopper_split_kernel(
     KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr,
 ):
     """Arguments as the portable split kernel's (`triton_decode._mla_decode_split_kernel`), without scales."""
-    pid = gl.program_id(0)
-    split = gl.program_id(1)
-    b = pid // row_tiles
-    tile = pid % row_tiles
-    num_splits = gl.load(NUM_SPLITS + b)
-    first_token = gl.load(CU_SEQLENS_Q + b)
-    q_len = gl.load(CU_SEQLENS_Q + b + 1) - first_token
+    b, tile, split, num_splits, first_token, q_len = _program_work(NUM_SPLITS, CU_SEQLENS_Q, row_tiles)
     if split >= num_splits or tile * BLOCK_M >= q_len * HEADS:
         return
     seqlen = gl.load(SEQLENS + b)
-    tiles_per_split = gl.cdiv(gl.cdiv(seqlen, BLOCK_N), num_splits)
-    start = split * tiles_per_split * BLOCK_N
-    end = gl.minimum(seqlen, start + tiles_per_split * BLOCK_N)
+    start, end, num_tiles = _split_range(seqlen, split, num_splits)
 
     dtype: gl.constexpr = Q.dtype.element_ty
     load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0])
@@ -175,18 +200,9 @@ def mla_decode_hopper_split_kernel(
     k_rope_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, ROPE_DIM], rope_smem_layout)
     p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], p_smem_layout)
 
-    # Query rows: row = draft token x HEADS + head; rows past the tile's end load zeros.
-    q_rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, load_layout))
-    q_row_ok = q_rows < q_len * HEADS
-    q_base = (first_token + q_rows // HEADS).to(gl.int64) * stride_q_tok + (q_rows % HEADS) * stride_q_head
-    lat_cols = gl.arange(0, KV_LORA_RANK, layout=gl.SliceLayout(0, load_layout))
-    rope_cols = gl.arange(0, ROPE_DIM, layout=gl.SliceLayout(0, load_layout))
-    async_copy.async_copy_global_to_shared(q_lat_smem, Q + q_base[:, None] + lat_cols[None, :], mask=q_row_ok[:, None])
-    async_copy.async_copy_global_to_shared(
-        q_rope_smem, Q + q_base[:, None] + KV_LORA_RANK + rope_cols[None, :], mask=q_row_ok[:, None])
+    _load_query(q_lat_smem, q_rope_smem, Q, tile, first_token, q_len, stride_q_tok, stride_q_head, HEADS, load_layout)
 
     bt_row = b * stride_bt_b
-    num_tiles = gl.cdiv(end - start, BLOCK_N)
     _gather_rows(k_lat_smem.index(0), KV, BLOCK_TABLE, bt_row, start, end, stride_kv_page, stride_kv_tok,
                  0, KV_LORA_RANK, PAGE_SIZE, load_layout)
     _gather_rows(k_rope_smem.index(0), KV, BLOCK_TABLE, bt_row, start, end, stride_kv_page, stride_kv_tok,
@@ -406,21 +422,11 @@ def mla_decode_hopper_ws_kernel(
     """Warp-specialized variant for pages that hold whole tiles (TMA loads): launched with 4 warps
     (the softmax warpgroup) plus a 4-warp worker (the value warpgroup). Arguments as
     `mla_decode_hopper_split_kernel`."""
-    pid = gl.program_id(0)
-    split = gl.program_id(1)
-    b = pid // row_tiles
-    tile = pid % row_tiles
-    num_splits = gl.load(NUM_SPLITS + b)
-    first_token = gl.load(CU_SEQLENS_Q + b)
-    q_len = gl.load(CU_SEQLENS_Q + b + 1) - first_token
+    b, tile, split, num_splits, first_token, q_len = _program_work(NUM_SPLITS, CU_SEQLENS_Q, row_tiles)
     if split >= num_splits or tile * BLOCK_M >= q_len * HEADS:
         return
     seqlen = gl.load(SEQLENS + b)
-    tiles_per_split = gl.cdiv(gl.cdiv(seqlen, BLOCK_N), num_splits)
-    start = split * tiles_per_split * BLOCK_N
-    end = gl.minimum(seqlen, start + tiles_per_split * BLOCK_N)
-    # Splits past the sequence's end have no tiles (never a negative count: the barrier phases use it).
-    num_tiles = gl.maximum(gl.cdiv(end - start, BLOCK_N), 0)
+    start, end, num_tiles = _split_range(seqlen, split, num_splits)
 
     dtype: gl.constexpr = Q.dtype.element_ty
     load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
@@ -443,14 +449,7 @@ def mla_decode_hopper_ws_kernel(
     mbarrier.init(p_ready, count=1)
     mbarrier.init(p_free, count=1)
 
-    q_rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, load_layout))
-    q_row_ok = q_rows < q_len * HEADS
-    q_base = (first_token + q_rows // HEADS).to(gl.int64) * stride_q_tok + (q_rows % HEADS) * stride_q_head
-    lat_cols = gl.arange(0, KV_LORA_RANK, layout=gl.SliceLayout(0, load_layout))
-    rope_cols = gl.arange(0, ROPE_DIM, layout=gl.SliceLayout(0, load_layout))
-    async_copy.async_copy_global_to_shared(q_lat_smem, Q + q_base[:, None] + lat_cols[None, :], mask=q_row_ok[:, None])
-    async_copy.async_copy_global_to_shared(
-        q_rope_smem, Q + q_base[:, None] + KV_LORA_RANK + rope_cols[None, :], mask=q_row_ok[:, None])
+    _load_query(q_lat_smem, q_rope_smem, Q, tile, first_token, q_len, stride_q_tok, stride_q_head, HEADS, load_layout)
     async_copy.commit_group()
     bt_row = b * stride_bt_b
     for st in gl.static_range(STAGES):
