@@ -155,6 +155,7 @@ def _on_hopper() -> bool:
 @pytest.mark.parametrize("num_sms", [None, 1024])
 def test_hopper_kernel_matches_reference_and_portable_kernel(heads, q_len, page_size, latent, q_dtype, num_sms):
     from mlakit.kernels.triton_decode import _takes_hopper_kernel, plan_decode
+    from mlakit.kv_quant import SCALE_NONE
 
     kv_lora_rank, rope_dim = latent
     batch = make_paged_batch(
@@ -163,7 +164,7 @@ def test_hopper_kernel_matches_reference_and_portable_kernel(heads, q_len, page_
         seed=heads + page_size,
     )
     plan = plan_decode(batch.cache_seqlens, q_len=q_len, heads=heads, num_sms=num_sms)
-    assert _takes_hopper_kernel(batch.q, batch.kv_cache, kv_lora_rank, 0, plan.tuning)
+    assert _takes_hopper_kernel(batch.q, batch.kv_cache, kv_lora_rank, SCALE_NONE, plan.tuning)
     _check(batch, plan=plan)
     portable = plan_decode(batch.cache_seqlens, q_len=q_len, heads=heads, num_sms=num_sms,
                            tuning=dataclasses.replace(plan.tuning, tier="portable"))

@@ -1,23 +1,23 @@
-"""Hopper (SM90) MLA decode split kernel in Gluon: warpgroup MMAs with the work split by warpgroup.
+"""Hopper (SM90) MLA decode split kernels in Gluon, with the work split by warpgroup.
 
-Drop-in for the portable split kernel on 64-row tiles (same split plan, partial buffers
+Drop-ins for the portable split kernel on 64-row tiles (same split plan, partial buffers
 and combine). One program of two warpgroups owns 64 query rows and one split of a
-sequence's KV. Per 64-token KV tile:
+sequence's KV; Q and two stages of the 64-token K tile (latent + rope) live in swizzled
+shared memory, and V is the latent part of the same tile. Two kernels:
 
-- the latent and rope rows are gathered from the pages with `cp.async` into swizzled
-  shared memory (tokens past the split's end are zero-filled, never read), one tile ahead
-  of the math, so the next tile streams in while this one is computed;
-- S = Q . K^T with each warpgroup computing half of the tile's tokens (the portable
-  kernel's chained dots made both warpgroups compute all of S);
-- softmax in fp32 (base 2), P written to shared memory once;
-- O += P . V with each warpgroup owning half of the latent output columns, V being the
-  latent part of the same shared-memory tile.
+- `mla_decode_hopper_ws_kernel`, for pages holding whole tiles (page size a multiple of
+  64): each tile is two TMA loads on an mbarrier, issued two tiles ahead; warpgroup 0
+  computes S = Q . K^T for the whole tile, the softmax, and writes P and the row rescale
+  factors to shared memory; both warpgroups then do P . V for half of the latent columns
+  each, handing off through mbarriers instead of running in lockstep;
+- `mla_decode_hopper_split_kernel`, for other page sizes: rows gathered with `cp.async`
+  one tile ahead (tokens past the split's end zero-filled), S split between the
+  warpgroups over the tile's tokens, P . V over half of the latent columns each.
 
 Queries and KV must share one 16-bit dtype; the latent width a multiple of 64 up to 512,
 the rope width 16, 32 or 64. The CPU interpreter does not run Gluon: the portable kernel
 serves there and everywhere else.
 """
-
 from __future__ import annotations
 
 import functools
@@ -129,6 +129,62 @@ def _load_query(q_lat_smem, q_rope_smem, Q, tile, first_token, q_len, stride_q_t
 
 
 @gluon.jit
+def _allocate_tiles(dtype: gl.constexpr, KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr):
+    """Shared memory of one program: Q (latent, rope), STAGES K tiles (latent, rope) and P."""
+    lat_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, KV_LORA_RANK], dtype)
+    rope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, ROPE_DIM], dtype)
+    return (
+        gl.allocate_shared_memory(dtype, [BLOCK_M, KV_LORA_RANK], lat_layout),
+        gl.allocate_shared_memory(dtype, [BLOCK_M, ROPE_DIM], rope_layout),
+        gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, KV_LORA_RANK], lat_layout),
+        gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, ROPE_DIM], rope_layout),
+        gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N],
+                                  gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)),
+    )
+
+
+@gluon.jit
+def _masked_scores(q_lat_smem, q_rope_smem, k_lat, k_rope, s_zero, tok0, end, visible, scale_log2):
+    """S = Q . K^T of one tile (layout of `s_zero`), in base-2 units, -inf where a token is past the
+    split's end or not yet visible to the row's query token."""
+    s = warpgroup_mma(q_lat_smem, k_lat.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s = warpgroup_mma(q_rope_smem, k_rope.permute((1, 0)), s, is_async=True)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=[s])
+    toks = tok0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_zero.type.layout))
+    seen = (toks[None, :] < end) & (toks[None, :] < visible[:, None])
+    return gl.where(seen, s * scale_log2, float("-inf"))
+
+
+@gluon.jit
+def _online_softmax(s, m_i):
+    """P of one tile, the factor rescaling what came before, and the new running row max."""
+    m_new = gl.maximum(m_i, gl.max(s, 1))
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    return gl.exp2(s - m_safe[:, None]), gl.exp2(m_i - m_safe), m_new
+
+
+@gluon.jit
+def _finish_rows(m_i, l_i):
+    """Natural-log lse and the output scale 1 / l per row (-inf and 0 for rows that saw no key)."""
+    has_keys = l_i > 0
+    lse = gl.where(has_keys, (m_i + gl.log2(gl.where(has_keys, l_i, 1.0))) * LN2, float("-inf"))
+    return lse, gl.where(has_keys, 1.0 / gl.where(has_keys, l_i, 1.0), 0.0)
+
+
+@gluon.jit
+def _store_lse(lse, rows, LSE, PART_LSE, first_token, b, split, num_splits, q_len,
+               stride_lse_cu, stride_lse_b, stride_lse_i, stride_lse_h, stride_pl_b, stride_pl_s, HEADS: gl.constexpr):
+    """The tile's lse: to LSE when the sequence has one split, else to its split's partial."""
+    row_ok = rows < q_len * HEADS
+    if num_splits == 1:
+        lse_ptr = (LSE + first_token * stride_lse_cu + b * stride_lse_b + (rows // HEADS) * stride_lse_i
+                   + (rows % HEADS) * stride_lse_h)
+        gl.store(lse_ptr, lse, mask=row_ok)
+    else:
+        gl.store(PART_LSE + b * stride_pl_b + split * stride_pl_s + rows, lse, mask=row_ok)
+
+
+@gluon.jit
 def _gather_rows(smem, KV, BLOCK_TABLE, bt_row, tok0, end, stride_kv_page, stride_kv_tok,
                  COL_OFFSET: gl.constexpr, WIDTH: gl.constexpr, PAGE_SIZE: gl.constexpr, LAYOUT: gl.constexpr):
     """cp.async of tokens tok0 .. tok0 + BLOCK_N of one sequence (columns COL_OFFSET .. + WIDTH)
@@ -185,20 +241,11 @@ def mla_decode_hopper_split_kernel(
     seqlen = gl.load(SEQLENS + b)
     start, end, num_tiles = _split_range(seqlen, split, num_splits)
 
-    dtype: gl.constexpr = Q.dtype.element_ty
     load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0])
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, KV_LORA_RANK // 2, 16])
-    lat_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, KV_LORA_RANK], dtype)
-    rope_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, ROPE_DIM], dtype)
-    p_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
-
-    q_lat_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, KV_LORA_RANK], lat_smem_layout)
-    q_rope_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, ROPE_DIM], rope_smem_layout)
-    k_lat_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, KV_LORA_RANK], lat_smem_layout)
-    k_rope_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, ROPE_DIM], rope_smem_layout)
-    p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], p_smem_layout)
+    q_lat_smem, q_rope_smem, k_lat_smem, k_rope_smem, p_smem = _allocate_tiles(Q.dtype.element_ty, KV_LORA_RANK, ROPE_DIM)
 
     _load_query(q_lat_smem, q_rope_smem, Q, tile, first_token, q_len, stride_q_tok, stride_q_head, HEADS, load_layout)
 
@@ -232,21 +279,12 @@ def mla_decode_hopper_split_kernel(
         async_copy.commit_group()
 
         k_lat = k_lat_smem.index(stage)
-        s = warpgroup_mma(q_lat_smem, k_lat.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s = warpgroup_mma(q_rope_smem, k_rope_smem.index(stage).permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=[s])
-
-        toks = tok0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        seen = (toks[None, :] < end) & (toks[None, :] < visible[:, None])
-        s = gl.where(seen, s * scale_log2, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 1))
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_safe)
-        p = gl.exp2(s - m_safe[:, None])
+        s = _masked_scores(q_lat_smem, q_rope_smem, k_lat, k_rope_smem.index(stage), s_zero, tok0, end, visible,
+                           scale_log2)
+        p, alpha, m_i = _online_softmax(s, m_i)
         # Row sums stay per element until the end: no second cross-warpgroup reduction per tile.
         l_parts = l_parts * alpha[:, None] + p
-        m_i = m_new
-        p_smem.store(p.to(dtype))
+        p_smem.store(p.to(p_smem.dtype))
         fence_async_shared()
         gl.thread_barrier()
 
@@ -255,27 +293,12 @@ def mla_decode_hopper_split_kernel(
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
     async_copy.wait_group(0)
 
-    l_i = gl.sum(l_parts, 1)
-    has_keys = l_i > 0
-    lse = gl.where(has_keys, (m_i + gl.log2(gl.where(has_keys, l_i, 1.0))) * LN2, float("-inf"))
-    inv_l = gl.convert_layout(gl.where(has_keys, 1.0 / gl.where(has_keys, l_i, 1.0), 0.0), gl.SliceLayout(1, o_layout))
-    out = acc * inv_l[:, None]
-
-    o_rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
-    o_row_ok = o_rows < q_len * HEADS
-    o_cols = gl.arange(0, KV_LORA_RANK, layout=gl.SliceLayout(0, o_layout))
-    lse_rows = rows
-    lse_row_ok = lse_rows < q_len * HEADS
-    if num_splits == 1:
-        o_base = (first_token + o_rows // HEADS).to(gl.int64) * stride_o_tok + (o_rows % HEADS) * stride_o_head
-        gl.store(OUT + o_base[:, None] + o_cols[None, :], out.to(OUT.dtype.element_ty), mask=o_row_ok[:, None])
-        lse_ptr = (LSE + first_token * stride_lse_cu + b * stride_lse_b + (lse_rows // HEADS) * stride_lse_i
-                   + (lse_rows % HEADS) * stride_lse_h)
-        gl.store(lse_ptr, lse, mask=lse_row_ok)
-    else:
-        part = PART_OUT + b * stride_po_b + split * stride_po_s
-        gl.store(part + o_rows[:, None] * stride_po_row + o_cols[None, :], out, mask=o_row_ok[:, None])
-        gl.store(PART_LSE + b * stride_pl_b + split * stride_pl_s + lse_rows, lse, mask=lse_row_ok)
+    lse, inv_l = _finish_rows(m_i, gl.sum(l_parts, 1))
+    _store_columns(acc * gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout))[:, None], 0, OUT, PART_OUT,
+                   first_token, b, split, num_splits, tile, q_len,
+                   stride_o_tok, stride_o_head, stride_po_b, stride_po_s, stride_po_row, HEADS, o_layout)
+    _store_lse(lse, rows, LSE, PART_LSE, first_token, b, split, num_splits, q_len,
+               stride_lse_cu, stride_lse_b, stride_lse_i, stride_lse_h, stride_pl_b, stride_pl_s, HEADS)
 
 
 @gluon.jit
@@ -310,19 +333,10 @@ def _ws_softmax_partition(
             fence_async_shared()
             gl.thread_barrier()
         k_lat = k_lat_smem.index(stage)
-        s = warpgroup_mma(q_lat_smem, k_lat.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s = warpgroup_mma(q_rope_smem, k_rope_smem.index(stage).permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=[s])
-
-        toks = tok0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        seen = (toks[None, :] < end) & (toks[None, :] < visible[:, None])
-        s = gl.where(seen, s * scale_log2, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 1))
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_safe)
-        p = gl.exp2(s - m_safe[:, None])
+        s = _masked_scores(q_lat_smem, q_rope_smem, k_lat, k_rope_smem.index(stage), s_zero, tok0, end, visible,
+                           scale_log2)
+        p, alpha, m_i = _online_softmax(s, m_i)
         l_i = l_i * alpha + gl.sum(p, 1)
-        m_i = m_new
         if t > 0:
             mbarrier.wait(p_free, (t - 1) & 1)
         p_smem.store(p.to(p_smem.dtype))
@@ -341,23 +355,17 @@ def _ws_softmax_partition(
             _tma_tile(KV_LAT_DESC, KV_ROPE_DESC, BLOCK_TABLE, bt_row, tok0 + STAGES * BLOCK_N, kv_ready.index(stage),
                       k_lat_smem.index(stage), k_rope_smem.index(stage), PAGE_SIZE)
 
-    has_keys = l_i > 0
-    lse = gl.where(has_keys, (m_i + gl.log2(gl.where(has_keys, l_i, 1.0))) * LN2, float("-inf"))
-    inv_l = gl.convert_layout(gl.where(has_keys, 1.0 / gl.where(has_keys, l_i, 1.0), 0.0), gl.SliceLayout(1, o_layout))
+    lse, inv_l = _finish_rows(m_i, l_i)
+    inv_l = gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout))
     if num_tiles > 0:
         mbarrier.wait(p_free, (num_tiles - 1) & 1)
     row_smem.store(inv_l)
     gl.thread_barrier()
     mbarrier.arrive(p_ready, count=1)
-    _store_half(acc * inv_l[:, None], 0, OUT, PART_OUT, first_token, b, split, num_splits, tile, q_len,
-                stride_o_tok, stride_o_head, stride_po_b, stride_po_s, stride_po_row, HEADS, o_layout)
-    lse_ok = rows < q_len * HEADS
-    if num_splits == 1:
-        lse_ptr = (LSE + first_token * stride_lse_cu + b * stride_lse_b + (rows // HEADS) * stride_lse_i
-                   + (rows % HEADS) * stride_lse_h)
-        gl.store(lse_ptr, lse, mask=lse_ok)
-    else:
-        gl.store(PART_LSE + b * stride_pl_b + split * stride_pl_s + rows, lse, mask=lse_ok)
+    _store_columns(acc * inv_l[:, None], 0, OUT, PART_OUT, first_token, b, split, num_splits, tile, q_len,
+                   stride_o_tok, stride_o_head, stride_po_b, stride_po_s, stride_po_row, HEADS, o_layout)
+    _store_lse(lse, rows, LSE, PART_LSE, first_token, b, split, num_splits, q_len,
+               stride_lse_cu, stride_lse_b, stride_lse_i, stride_lse_h, stride_pl_b, stride_pl_s, HEADS)
 
 
 @gluon.jit
@@ -383,15 +391,15 @@ def _ws_value_partition(
         mbarrier.arrive(kv_free.index(stage), count=1)
     mbarrier.wait(p_ready, num_tiles & 1)
     inv_l = row_smem.load(gl.SliceLayout(1, o_layout))
-    _store_half(acc * inv_l[:, None], half, OUT, PART_OUT, first_token, b, split, num_splits, tile, q_len,
-                stride_o_tok, stride_o_head, stride_po_b, stride_po_s, stride_po_row, HEADS, o_layout)
+    _store_columns(acc * inv_l[:, None], half, OUT, PART_OUT, first_token, b, split, num_splits, tile, q_len,
+                   stride_o_tok, stride_o_head, stride_po_b, stride_po_s, stride_po_row, HEADS, o_layout)
 
 
 @gluon.jit
-def _store_half(out, col0, OUT, PART_OUT, first_token, b, split, num_splits, tile, q_len,
-                stride_o_tok, stride_o_head, stride_po_b, stride_po_s, stride_po_row,
-                HEADS: gl.constexpr, LAYOUT: gl.constexpr):
-    """A warpgroup's output columns col0 .. col0 + width: to OUT when the sequence has one split, else
+def _store_columns(out, col0, OUT, PART_OUT, first_token, b, split, num_splits, tile, q_len,
+                   stride_o_tok, stride_o_head, stride_po_b, stride_po_s, stride_po_row,
+                   HEADS: gl.constexpr, LAYOUT: gl.constexpr):
+    """Output columns col0 .. col0 + width of the tile: to OUT when the sequence has one split, else
     to its split's float32 partial."""
     rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LAYOUT))
     row_ok = (rows < q_len * HEADS)[:, None]
@@ -428,16 +436,8 @@ def mla_decode_hopper_ws_kernel(
     seqlen = gl.load(SEQLENS + b)
     start, end, num_tiles = _split_range(seqlen, split, num_splits)
 
-    dtype: gl.constexpr = Q.dtype.element_ty
     load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    lat_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, KV_LORA_RANK], dtype)
-    rope_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, ROPE_DIM], dtype)
-    p_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
-    q_lat_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, KV_LORA_RANK], lat_smem_layout)
-    q_rope_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, ROPE_DIM], rope_smem_layout)
-    k_lat_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, KV_LORA_RANK], lat_smem_layout)
-    k_rope_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, ROPE_DIM], rope_smem_layout)
-    p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], p_smem_layout)
+    q_lat_smem, q_rope_smem, k_lat_smem, k_rope_smem, p_smem = _allocate_tiles(Q.dtype.element_ty, KV_LORA_RANK, ROPE_DIM)
     row_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
