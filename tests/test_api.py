@@ -121,5 +121,14 @@ def test_decode_metadata_built_once_serves_every_layer_and_must_match_the_call(k
     for _ in range(2):  # two "layers" sharing the step's metadata
         out, lse = mlakit.mla_decode(*args, metadata=metadata, **kwargs)
         assert torch.equal(out, plain) and torch.equal(lse, plain_lse)
-    with pytest.raises(mlakit.MLAInputError, match="metadata: built for backend .* batch 3, q_len 2, 5 heads; this call runs on .* batch 3, q_len 1"):
+    with pytest.raises(mlakit.MLAInputError, match="metadata: built for backend .* batch 3, q_len 2, 5 heads, a bf16 cache; "
+                                                   "this call runs on .* batch 3, q_len 1"):
         mlakit.mla_decode(batch.q[:, :1].contiguous(), *args[1:], metadata=metadata, **kwargs)
+    fp16_cache = batch.kv_cache.to(torch.float16)
+    with pytest.raises(mlakit.MLAInputError, match="metadata: built for .* a bf16 cache; this call runs on .* a fp16 cache"):
+        mlakit.mla_decode(batch.q, fp16_cache, *args[2:], metadata=metadata, **kwargs)
+    fp16_metadata = mlakit.mla_decode_metadata(batch.cache_seqlens, q_len=2, heads=5, backend=backend, kv_cache_dtype="fp16")
+    out, _ = mlakit.mla_decode(batch.q, fp16_cache, *args[2:], metadata=fp16_metadata, **kwargs)
+    assert relative_error(out, plain) < 1e-2
+    with pytest.raises(mlakit.MLAInputError, match=r"kv_cache_dtype: expected one of \['bf16', .*\], got 'int8'"):
+        mlakit.mla_decode_metadata(batch.cache_seqlens, q_len=2, heads=5, backend=backend, kv_cache_dtype="int8")

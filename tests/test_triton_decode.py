@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from mlakit.kernels.decode_split_plan import SplitGeometry, decode_split_counts, split_geometry
-from mlakit.kernels.triton_decode import DecodeTuning, triton_mla_decode, triton_mla_extend
+from mlakit.kernels import triton_decode
+from mlakit.kernels.triton_decode import CombineTiling, DecodeTuning, triton_mla_decode, triton_mla_extend
 from mlakit.reference import reference_extend
 from paged_inputs import assert_lse_close, make_paged_batch, naive_decode, relative_error
 
@@ -43,6 +44,18 @@ def test_triton_decode_matches_oracle(
     assert torch.isfinite(out.float()).all(), "NaN from unused pages or slots leaked into the output"
     assert relative_error(out, expected_out) < (3e-2 if kv_dtype == "fp8_e4m3" else 1e-2)
     assert_lse_close(lse, expected_lse, atol=3e-2 if kv_dtype == "fp8_e4m3" else 1e-3)
+
+
+@pytest.mark.parametrize("tiling", [CombineTiling(16, 1, 32), CombineTiling(1, 4, 64), CombineTiling(4, 2, 64)])
+def test_every_combine_tiling_merges_splits_exactly(tiling, kernel_device, monkeypatch):
+    batch = make_paged_batch([900, 0, 1, 333], heads=3, q_len=2, page_size=16, kv_lora_rank=64, rope_dim=16,
+                             seed=7, device=kernel_device)
+    monkeypatch.setattr(triton_decode, "combine_tiling", lambda *args: tiling)
+    out, lse = triton_mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens, kv_lora_rank=64,
+                                 softmax_scale=batch.softmax_scale, kv_scale=None, num_sms=64)
+    expected_out, expected_lse = naive_decode(batch)
+    assert relative_error(out, expected_out) < 1e-2
+    assert_lse_close(lse, expected_lse, atol=1e-3)
 
 
 def test_split_counts_follow_the_documented_formula(kernel_device):

@@ -150,7 +150,8 @@ def _on_hopper() -> bool:
     "heads, q_len, page_size, latent, q_dtype",
     [(128, 1, 64, (512, 64), torch.bfloat16), (128, 2, 1, (512, 64), torch.bfloat16), (64, 1, 16, (512, 64), torch.float16),
      (40, 2, 128, (256, 32), torch.bfloat16), (5, 8, 32, (512, 64), torch.bfloat16), (20, 4, 64, (128, 16), torch.float16),
-     (33, 3, 64, (512, 64), torch.bfloat16)],
+     (33, 3, 64, (512, 64), torch.bfloat16), (16, 1, 64, (512, 64), torch.bfloat16), (5, 1, 32, (512, 64), torch.float16),
+     (16, 2, 1, (512, 64), torch.bfloat16), (1, 1, 128, (256, 32), torch.bfloat16)],
 )
 @pytest.mark.parametrize("num_sms", [None, 1024])
 def test_hopper_kernel_matches_reference_and_portable_kernel(heads, q_len, page_size, latent, q_dtype, num_sms):

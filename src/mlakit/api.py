@@ -12,7 +12,7 @@ from mlakit.checks import check_decode_inputs, check_extend_inputs, check_prefil
 from mlakit.config import AUTO
 from mlakit.device import DeviceInfo
 from mlakit.errors import ConfigError, MLAInputError
-from mlakit.kv_quant import STORAGE_DTYPES
+from mlakit.kv_quant import STORAGE_DTYPES, storage_name
 from mlakit.prefill_metadata import PrefillMetadata
 from mlakit.reference import pages_view
 from mlakit.registry.catalog import all_records, get_backend, runnable_problems
@@ -22,7 +22,6 @@ from mlakit.shape import MLAShape
 
 # Latent widths of the published MLA models: cache dim -> kv_lora_rank.
 _KNOWN_LATENT_SPLITS = {576: 512, 288: 256}
-_DTYPE_NAMES = {dtype: name for name, dtype in STORAGE_DTYPES.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,20 +33,27 @@ class DecodeMetadata:
     batch: int
     q_len: int
     heads: int
+    kv_cache_dtype: str
     data: object
 
 
-def mla_decode_metadata(cache_seqlens: torch.Tensor, *, q_len: int, heads: int, backend: str) -> DecodeMetadata:
+def mla_decode_metadata(
+    cache_seqlens: torch.Tensor, *, q_len: int, heads: int, backend: str, kv_cache_dtype: str = "bf16"
+) -> DecodeMetadata:
     """What `backend` computes once per decode step from the lengths alone (the triton backend's
-    split plan: one small launch, no host sync), for reuse by every layer.
+    split plan: one small launch, no host sync), for reuse by every layer. `kv_cache_dtype`
+    ("bf16", "fp16" or "fp8_e4m3", as FlashMLA's `is_fp8_kvcache`) is the cache's storage
+    dtype: the kernel, hence the plan, depends on it.
 
     >>> md = mla_decode_metadata(torch.tensor([20, 3], dtype=torch.int32), q_len=1, heads=4, backend="reference")
-    >>> md.backend, md.data is None
-    ('reference', True)
+    >>> md.backend, md.kv_cache_dtype, md.data is None
+    ('reference', 'bf16', True)
     """
+    if kv_cache_dtype not in STORAGE_DTYPES:
+        raise MLAInputError(f"kv_cache_dtype: expected one of {sorted(STORAGE_DTYPES)}, got {kv_cache_dtype!r}")
     builder = get_backend(backend).decode_metadata
-    data = None if builder is None else builder(cache_seqlens, q_len=q_len, heads=heads)
-    return DecodeMetadata(backend, cache_seqlens.shape[0], q_len, heads, data)
+    data = None if builder is None else builder(cache_seqlens, q_len=q_len, heads=heads, kv_cache_dtype=kv_cache_dtype)
+    return DecodeMetadata(backend, cache_seqlens.shape[0], q_len, heads, kv_cache_dtype, data)
 
 
 def mla_decode(
@@ -100,7 +106,7 @@ def mla_decode(
         "decode",
         backend,
         str(q.device),
-        _DTYPE_NAMES[pages.dtype],
+        storage_name(pages.dtype),
         pages.shape[1],
         q.shape[1],
         q.shape[2],
@@ -112,10 +118,14 @@ def mla_decode(
     backend_entry = get_backend(name)
     extra = {}
     if metadata is not None:
-        if (metadata.backend, metadata.batch, metadata.q_len, metadata.heads) != (name, *q.shape[:3]):
+        cache_dtype = storage_name(pages.dtype)
+        if (metadata.backend, metadata.batch, metadata.q_len, metadata.heads, metadata.kv_cache_dtype) != (
+            name, *q.shape[:3], cache_dtype
+        ):
             raise MLAInputError(
                 f"metadata: built for backend {metadata.backend!r}, batch {metadata.batch}, q_len {metadata.q_len}, "
-                f"{metadata.heads} heads; this call runs on {name!r} with batch {q.shape[0]}, q_len {q.shape[1]}, {q.shape[2]} heads"
+                f"{metadata.heads} heads, a {metadata.kv_cache_dtype} cache; this call runs on {name!r} with batch "
+                f"{q.shape[0]}, q_len {q.shape[1]}, {q.shape[2]} heads, a {cache_dtype} cache"
             )
         if backend_entry.decode_metadata is not None:
             extra["metadata"] = metadata.data
@@ -165,7 +175,7 @@ def mla_extend(
                         check_values=check_inputs)
     pages = pages_view(kv_cache)
     name = _backend_for(
-        "extend", backend, str(q.device), _DTYPE_NAMES[pages.dtype], pages.shape[1], 1, q.shape[1], kv_lora_rank,
+        "extend", backend, str(q.device), storage_name(pages.dtype), pages.shape[1], 1, q.shape[1], kv_lora_rank,
         dim - kv_lora_rank, True,
     )
     scale = dim**-0.5 if softmax_scale is None else float(softmax_scale)
@@ -208,7 +218,7 @@ def mla_prefill(
     pages = pages_view(kv_cache)
     rank = kv_b_weight.shape[1]
     name = _backend_for(
-        "prefill", backend, str(q.device), _DTYPE_NAMES[pages.dtype], pages.shape[1], 1, q.shape[1], rank,
+        "prefill", backend, str(q.device), storage_name(pages.dtype), pages.shape[1], 1, q.shape[1], rank,
         pages.shape[-1] - rank, True,
     )
     kernel = get_backend(name).prefill

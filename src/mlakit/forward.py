@@ -11,6 +11,7 @@ import torch
 from mlakit.api import mla_decode, mla_extend, mla_prefill
 from mlakit.config import AUTO
 from mlakit.errors import MLAInputError
+from mlakit.kv_quant import storage_name
 from mlakit.mha_prefill import reference_attention_pass, run_mha_prefill
 from mlakit.reference import reference_extend
 from mlakit.registry.catalog import get_backend
@@ -108,10 +109,11 @@ def _latent_part(
         return out
     if part.kind == "decode":
         batch = len(part.sequences)
+        metadata = None if backend == AUTO else part.decode_metadata(backend, q_latent.shape[1], storage_name(kv_cache.dtype))
         out, _ = mla_decode(
             q_latent.view(batch, part.q_len, *q_latent.shape[1:]), kv_cache, part.block_table, part.cache_seqlens,
             softmax_scale=softmax_scale, backend=backend, kv_scale=kv_scale, kv_lora_rank=rank, return_lse=False,
-            check_inputs=check_inputs, metadata=part.decode_metadata(backend, q_latent.shape[1]) if backend != AUTO else None,
+            check_inputs=check_inputs, metadata=metadata,
         )
         return out.flatten(0, 1)
     out, _ = mla_extend(

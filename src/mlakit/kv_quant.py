@@ -21,6 +21,16 @@ STORAGE_DTYPES: dict[str, torch.dtype] = {
     "fp8_e4m3": FP8_DTYPE,
     "fp32": torch.float32,
 }
+_STORAGE_NAMES = {dtype: name for name, dtype in STORAGE_DTYPES.items()}
+
+
+def storage_name(dtype: torch.dtype) -> str:
+    """The name of a cache storage dtype (the inverse of STORAGE_DTYPES).
+
+    >>> storage_name(FP8_DTYPE)
+    'fp8_e4m3'
+    """
+    return _STORAGE_NAMES[dtype]
 
 
 def scale_mode(values: torch.Tensor, scale: torch.Tensor | None) -> int:

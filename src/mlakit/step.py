@@ -66,17 +66,19 @@ class StepPart:
     cu_seqlens_q: torch.Tensor
     q_len: int | None = None
     prefill: PrefillMetadata | None = None
-    _decode_metadata: dict[tuple[str, int], DecodeMetadata] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    _decode_metadata: dict[tuple[str, int, str], DecodeMetadata] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     @property
     def num_tokens(self) -> int:
         return sum(self.new_tokens)
 
-    def decode_metadata(self, backend: str, heads: int) -> DecodeMetadata:
+    def decode_metadata(self, backend: str, heads: int, kv_cache_dtype: str) -> DecodeMetadata:
         """The decode backend's per-step metadata for this part, built on first use and shared by every layer."""
-        key = (backend, heads)
+        key = (backend, heads, kv_cache_dtype)
         if key not in self._decode_metadata:
-            self._decode_metadata[key] = mla_decode_metadata(self.cache_seqlens, q_len=self.q_len or 1, heads=heads, backend=backend)
+            self._decode_metadata[key] = mla_decode_metadata(
+                self.cache_seqlens, q_len=self.q_len or 1, heads=heads, backend=backend, kv_cache_dtype=kv_cache_dtype
+            )
         return self._decode_metadata[key]
 
     @property

@@ -53,8 +53,9 @@ def decode(
     return out, lse
 
 
-def decode_metadata(cache_seqlens: torch.Tensor, *, q_len: int, heads: int) -> tuple[object, object]:
-    """FlashMLA's tile schedule and split counts for the step (`get_mla_metadata`)."""
+def decode_metadata(cache_seqlens: torch.Tensor, *, q_len: int, heads: int, kv_cache_dtype: str = "bf16") -> tuple[object, object]:
+    """FlashMLA's tile schedule and split counts for the step (`get_mla_metadata`; its caches are 16-bit,
+    so `kv_cache_dtype` changes nothing)."""
     from flash_mla import get_mla_metadata
 
     return get_mla_metadata(cache_seqlens, q_len * heads, 1)

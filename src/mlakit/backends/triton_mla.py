@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from mlakit.kv_quant import STORAGE_DTYPES
 from mlakit.mha_prefill import mha_prefill_kernel
 from mlakit.prefill_metadata import Segments
 from mlakit.registry.catalog import register
@@ -54,11 +55,11 @@ def decode(
     )
 
 
-def decode_metadata(cache_seqlens: torch.Tensor, *, q_len: int, heads: int) -> DecodePlan:
+def decode_metadata(cache_seqlens: torch.Tensor, *, q_len: int, heads: int, kv_cache_dtype: str) -> DecodePlan:
     """The step's split plan, computed on the GPU from the lengths."""
     from mlakit.kernels.triton_decode import plan_decode
 
-    return plan_decode(cache_seqlens, q_len=q_len, heads=heads)
+    return plan_decode(cache_seqlens, q_len=q_len, heads=heads, kv_dtype=STORAGE_DTYPES[kv_cache_dtype])
 
 
 def extend(

@@ -45,13 +45,16 @@ LN2 = gl.constexpr(0.6931471805599453)
 _GLUON_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
+def serves(device: torch.device, kv_dtype: torch.dtype) -> bool:
+    """Whether the Hopper kernel serves caches of `kv_dtype` on `device` (an SM90 GPU, a 16-bit cache)."""
+    return device.type == "cuda" and kv_dtype in _GLUON_DTYPES and _capability(device)[0] == 9
+
+
 def supports(q_dtype: torch.dtype, kv_dtype: torch.dtype, kv_lora_rank: int, rope_dim: int, device: torch.device) -> bool:
     """Whether the Hopper kernel takes this call: an SM90 GPU, 16-bit queries and KV of one dtype,
     a latent width that is a multiple of 64 up to 512 and a rope width of 16, 32 or 64."""
     return (
-        device.type == "cuda"
-        and _capability(device)[0] == 9
-        and q_dtype in (torch.bfloat16, torch.float16)
+        serves(device, kv_dtype)
         and kv_dtype == q_dtype
         and kv_lora_rank % 64 == 0
         and 64 <= kv_lora_rank <= MAX_KV_LORA_RANK

@@ -29,6 +29,7 @@ LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)
 INTERPRETER_SMS = 4
 COMBINE_SPLITS_PER_STEP = 16
+COMBINE_ROWS = 4
 TIERS = frozenset({"auto", "portable"})
 
 
@@ -153,46 +154,76 @@ def _mla_decode_combine_kernel(
     stride_pl_b, stride_pl_s,
     stride_o_tok, stride_o_head,
     stride_lse_cu, stride_lse_b, stride_lse_i, stride_lse_h,
-    HEADS: tl.constexpr, KV_LORA_RANK: tl.constexpr, BLOCK_SPLITS: tl.constexpr, BLOCK_C: tl.constexpr,
+    HEADS: tl.constexpr, KV_LORA_RANK: tl.constexpr,
+    BLOCK_SPLITS: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     b = tl.program_id(0)
-    row = tl.program_id(1)
-    col_block = tl.program_id(2)
+    row_block = tl.program_id(1)
     num_splits = tl.load(NUM_SPLITS + b)
     first_token = tl.load(CU_SEQLENS_Q + b)
     q_len = tl.load(CU_SEQLENS_Q + b + 1) - first_token
-    if num_splits <= 1 or row >= q_len * HEADS:
+    if num_splits <= 1 or row_block * BLOCK_ROWS >= q_len * HEADS:
         return
-    draft = row // HEADS
-    head = row % HEADS
-    lse_ptr = PART_LSE + b * stride_pl_b + row
-    m = float("-inf")
+    rows = row_block * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    row_ok = rows < q_len * HEADS
+    cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_ok = cols < KV_LORA_RANK
+    lse_rows = PART_LSE + b * stride_pl_b + rows
+    m = tl.full([BLOCK_ROWS], float("-inf"), dtype=tl.float32)
     for first in range(0, num_splits, BLOCK_SPLITS):
         splits = first + tl.arange(0, BLOCK_SPLITS)
-        lses = tl.load(lse_ptr + splits * stride_pl_s, mask=splits < num_splits, other=float("-inf"))
+        lses = tl.load(lse_rows[None, :] + splits[:, None] * stride_pl_s,
+                       mask=(splits < num_splits)[:, None] & row_ok[None, :], other=float("-inf"))
         m = tl.maximum(m, tl.max(lses, 0))
     m_safe = tl.where(m == float("-inf"), 0.0, m)
-    cols = col_block * BLOCK_C + tl.arange(0, BLOCK_C)
-    col_ok = cols < KV_LORA_RANK
-    total = 0.0
-    acc = tl.zeros([BLOCK_C], dtype=tl.float32)
+    part_rows = PART_OUT + b * stride_po_b + rows[:, None] * stride_po_row + cols[None, :]
+    part_ok = row_ok[:, None] & col_ok[None, :]
+    total = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_ROWS, BLOCK_C], dtype=tl.float32)
     for first in range(0, num_splits, BLOCK_SPLITS):
         splits = first + tl.arange(0, BLOCK_SPLITS)
         split_ok = splits < num_splits
-        lses = tl.load(lse_ptr + splits * stride_pl_s, mask=split_ok, other=float("-inf"))
-        weights = tl.where(split_ok, tl.exp(lses - m_safe), 0.0)
-        parts = tl.load(
-            PART_OUT + b * stride_po_b + splits[:, None] * stride_po_s + row * stride_po_row + cols[None, :],
-            mask=split_ok[:, None] & col_ok[None, :], other=0.0,
-        )
+        lses = tl.load(lse_rows[None, :] + splits[:, None] * stride_pl_s, mask=split_ok[:, None] & row_ok[None, :],
+                       other=float("-inf"))
+        weights = tl.exp(lses - m_safe[None, :])
+        parts = tl.load(part_rows[None, :, :] + splits[:, None, None] * stride_po_s,
+                        mask=split_ok[:, None, None] & part_ok[None, :, :], other=0.0)
         total += tl.sum(weights, 0)
-        acc += tl.sum(parts * weights[:, None], 0)
+        acc += tl.sum(parts * weights[:, :, None], 0)
     safe_total = tl.where(total > 0, total, 1.0)
-    out_row = OUT + (first_token + draft).to(tl.int64) * stride_o_tok + head * stride_o_head
-    tl.store(out_row + cols, (acc / safe_total).to(OUT.dtype.element_ty), mask=col_ok)
-    if col_block == 0:
+    draft = rows // HEADS
+    head = rows % HEADS
+    out_rows = OUT + (first_token + draft)[:, None].to(tl.int64) * stride_o_tok + head[:, None] * stride_o_head
+    tl.store(out_rows + cols[None, :], (acc / safe_total[:, None]).to(OUT.dtype.element_ty), mask=part_ok)
+    if tl.program_id(2) == 0:
         lse = tl.where(total > 0, m_safe + tl.log(safe_total), float("-inf"))
-        tl.store(LSE + first_token * stride_lse_cu + b * stride_lse_b + draft * stride_lse_i + head * stride_lse_h, lse)
+        lse_ptr = LSE + first_token * stride_lse_cu + b * stride_lse_b + draft * stride_lse_i + head * stride_lse_h
+        tl.store(lse_ptr, lse, mask=row_ok)
+
+
+@dataclasses.dataclass(frozen=True)
+class CombineTiling:
+    """One combine program's tile: BLOCK_SPLITS partials at a time of `rows` rows x `columns` columns."""
+
+    splits: int
+    rows: int
+    columns: int
+
+
+def combine_tiling(max_splits: int, kv_lora_rank: int) -> CombineTiling:
+    """Up to 32 splits per sequence (batches that fill the GPU alone): whole 4-row output blocks,
+    one partial at a time; more (small batches of long sequences): programs of one row and 128
+    columns that read 16 partials at once, so even batch 1 spreads its splits over every SM
+    (H100, NOTES.md v13: each form costs 1.5-2x the other's time where the other is used).
+
+    >>> combine_tiling(max_splits=132, kv_lora_rank=512)
+    CombineTiling(splits=16, rows=1, columns=128)
+    >>> combine_tiling(max_splits=9, kv_lora_rank=512)
+    CombineTiling(splits=1, rows=4, columns=512)
+    """
+    if max_splits <= 2 * COMBINE_SPLITS_PER_STEP:
+        return CombineTiling(1, COMBINE_ROWS, triton.next_power_of_2(kv_lora_rank))
+    return CombineTiling(COMBINE_SPLITS_PER_STEP, 1, min(128, triton.next_power_of_2(kv_lora_rank)))
 
 
 @functools.cache
@@ -223,13 +254,19 @@ class DecodeTuning:
             raise ValueError(f"DecodeTuning.tier: expected one of {sorted(TIERS)}, got {self.tier!r}")
 
 
-def default_tuning(rows: int) -> DecodeTuning:
+def default_tuning(rows: int, *, hopper_tier: bool = False) -> DecodeTuning:
     """Row tile sized to the rows of one sequence (query tokens x heads). 16-row tiles use
     32-token KV tiles so several programs share an SM; 32- and 64-row tiles fill one SM each
-    (measured on H100: benchmarks/NOTES.md, v4)."""
-    if rows <= 16:
+    (measured on H100: benchmarks/NOTES.md, v4). Where the Hopper kernel serves the cache
+    (`hopper_tier`), every row count takes its 64-row tile: it overlaps loads with the math,
+    so padded rows cost nothing while the KV read bounds the time (NOTES.md, v12).
+
+    >>> default_tuning(16).block_m, default_tuning(16, hopper_tier=True).block_m
+    (16, 64)
+    """
+    if rows <= 16 and not hopper_tier:
         return DecodeTuning(block_m=16, block_n=32, num_warps=4, programs_per_sm=4)
-    if rows <= 32:
+    if rows <= 32 and not hopper_tier:
         return DecodeTuning(block_m=32, block_n=64, num_warps=8, programs_per_sm=1)
     return DecodeTuning(block_m=64, block_n=64, num_warps=8, programs_per_sm=1)
 
@@ -252,17 +289,19 @@ def plan_decode(
     *,
     q_len: int,
     heads: int,
+    kv_dtype: torch.dtype = torch.bfloat16,
     num_sms: int | None = None,
     tuning: DecodeTuning | None = None,
 ) -> DecodePlan:
     """The split plan for a decode batch with `q_len` query tokens per sequence (no host sync).
 
-    `num_sms` overrides the device's SM count (tests use it to force many splits on small
-    inputs); `tuning` overrides the launch shape.
+    `kv_dtype` is the cache's storage dtype (it decides whether the Hopper kernel serves the
+    call, hence the row tile); `num_sms` overrides the device's SM count (tests use it to
+    force many splits on small inputs); `tuning` overrides the launch shape.
     """
     batch = cache_seqlens.shape[0]
     cu_seqlens_q = torch.arange(0, (batch + 1) * q_len, q_len, dtype=torch.int32, device=cache_seqlens.device)
-    return _plan(cache_seqlens, cu_seqlens_q, q_len, heads, num_sms, tuning)
+    return _plan(cache_seqlens, cu_seqlens_q, q_len, heads, kv_dtype, num_sms, tuning)
 
 
 def plan_extend(
@@ -271,11 +310,12 @@ def plan_extend(
     *,
     max_q_len: int,
     heads: int,
+    kv_dtype: torch.dtype = torch.bfloat16,
     num_sms: int | None = None,
     tuning: DecodeTuning | None = None,
 ) -> DecodePlan:
     """The split plan for ragged new-token segments (`cu_seqlens_q`, at most `max_q_len` each)."""
-    return _plan(cache_seqlens, cu_seqlens_q, max_q_len, heads, num_sms, tuning)
+    return _plan(cache_seqlens, cu_seqlens_q, max_q_len, heads, kv_dtype, num_sms, tuning)
 
 
 def _plan(
@@ -283,12 +323,13 @@ def _plan(
     cu_seqlens_q: torch.Tensor,
     max_q_len: int,
     heads: int,
+    kv_dtype: torch.dtype,
     num_sms: int | None,
     tuning: DecodeTuning | None,
 ) -> DecodePlan:
     batch = cache_seqlens.shape[0]
     rows = max(1, max_q_len * heads)
-    tuning = tuning or default_tuning(rows)
+    tuning = tuning or default_tuning(rows, hopper_tier=not INTERPRET and hopper_decode.serves(cache_seqlens.device, kv_dtype))
     row_tiles = -(-rows // tuning.block_m)
     if tuning.fixed_splits is not None:
         geometry = SplitGeometry(row_tiles=row_tiles, max_splits=tuning.fixed_splits)
@@ -321,7 +362,7 @@ def triton_mla_decode(
     sync, so the call can be captured in a CUDA graph.
     """
     batch, q_len, heads, _ = q.shape
-    plan = plan or plan_decode(cache_seqlens, q_len=q_len, heads=heads, num_sms=num_sms)
+    plan = plan or plan_decode(cache_seqlens, q_len=q_len, heads=heads, kv_dtype=kv_cache.dtype, num_sms=num_sms)
     out = torch.empty(batch, q_len, heads, kv_lora_rank, dtype=q.dtype, device=q.device)
     lse = torch.empty(batch, heads, q_len, dtype=torch.float32, device=q.device)
     lse_strides = (0, lse.stride(0), lse.stride(2), lse.stride(1))
@@ -350,7 +391,8 @@ def triton_mla_extend(
     kv_lora_rank]` and lse `[T, heads]` (natural log). No host sync.
     """
     heads = q.shape[1]
-    plan = plan or plan_extend(cache_seqlens, cu_seqlens_q, max_q_len=max_q_len, heads=heads, num_sms=num_sms)
+    plan = plan or plan_extend(cache_seqlens, cu_seqlens_q, max_q_len=max_q_len, heads=heads, kv_dtype=kv_cache.dtype,
+                               num_sms=num_sms)
     out = torch.empty(q.shape[0], heads, kv_lora_rank, dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[0], heads, dtype=torch.float32, device=q.device)
     lse_strides = (lse.stride(0), 0, lse.stride(0), lse.stride(1))
@@ -412,15 +454,15 @@ def _launch(
             num_warps=tuning.num_warps, num_stages=_stages(tuning, scale_mode),
         )
     if geometry.max_splits > 1:
-        combine_block = min(128, triton.next_power_of_2(kv_lora_rank))
-        _mla_decode_combine_kernel[(batch, max_rows, triton.cdiv(kv_lora_rank, combine_block))](
+        tiling = combine_tiling(geometry.max_splits, kv_lora_rank)
+        _mla_decode_combine_kernel[(batch, triton.cdiv(max_rows, tiling.rows), triton.cdiv(kv_lora_rank, tiling.columns))](
             part_out, part_lse, plan.num_splits, plan.cu_seqlens_q, out, lse,
             part_out.stride(0), part_out.stride(1), part_out.stride(2),
             part_lse.stride(0), part_lse.stride(1),
             out.stride(0), out.stride(1),
             *lse_strides,
             HEADS=heads, KV_LORA_RANK=kv_lora_rank,
-            BLOCK_SPLITS=COMBINE_SPLITS_PER_STEP, BLOCK_C=combine_block,
+            BLOCK_SPLITS=tiling.splits, BLOCK_ROWS=tiling.rows, BLOCK_C=tiling.columns,
             num_warps=4,
         )
 

@@ -36,7 +36,7 @@ class DecodeKernel(Protocol):
 class DecodeMetadataBuilder(Protocol):
     """Builds a backend's per-step decode metadata (e.g. a split plan) once, for every layer's call."""
 
-    def __call__(self, cache_seqlens: torch.Tensor, *, q_len: int, heads: int) -> object: ...
+    def __call__(self, cache_seqlens: torch.Tensor, *, q_len: int, heads: int, kv_cache_dtype: str) -> object: ...
 
 
 class ExtendKernel(Protocol):
