@@ -145,32 +145,52 @@ def _on_hopper() -> bool:
     return torch.cuda.get_device_capability()[0] == 9
 
 
+HOPPER_CASES = [  # heads, q_len, page_size, (kv_lora_rank, rope_dim), q_dtype
+    (128, 1, 64, (512, 64), torch.bfloat16), (128, 2, 1, (512, 64), torch.bfloat16), (64, 1, 16, (512, 64), torch.float16),
+    (40, 2, 128, (256, 32), torch.bfloat16), (5, 8, 32, (512, 64), torch.bfloat16), (20, 4, 64, (128, 16), torch.float16),
+    (33, 3, 64, (512, 64), torch.bfloat16), (16, 1, 64, (512, 64), torch.bfloat16), (5, 1, 32, (512, 64), torch.float16),
+    (16, 2, 1, (512, 64), torch.bfloat16), (1, 1, 128, (256, 32), torch.bfloat16),
+]
+HOPPER_FP8_CASES = [
+    (128, 1, 64, (512, 64), torch.bfloat16), (16, 2, 16, (512, 64), torch.bfloat16), (5, 3, 1, (512, 64), torch.float16),
+    (40, 1, 128, (256, 32), torch.bfloat16), (16, 1, 32, (128, 16), torch.float16),
+]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
 @pytest.mark.parametrize(
-    "heads, q_len, page_size, latent, q_dtype",
-    [(128, 1, 64, (512, 64), torch.bfloat16), (128, 2, 1, (512, 64), torch.bfloat16), (64, 1, 16, (512, 64), torch.float16),
-     (40, 2, 128, (256, 32), torch.bfloat16), (5, 8, 32, (512, 64), torch.bfloat16), (20, 4, 64, (128, 16), torch.float16),
-     (33, 3, 64, (512, 64), torch.bfloat16), (16, 1, 64, (512, 64), torch.bfloat16), (5, 1, 32, (512, 64), torch.float16),
-     (16, 2, 1, (512, 64), torch.bfloat16), (1, 1, 128, (256, 32), torch.bfloat16)],
+    "heads, q_len, page_size, latent, q_dtype, kv_dtype",
+    [(*case, "fp16" if case[-1] == torch.float16 else "bf16") for case in HOPPER_CASES]
+    + [(*case, "fp8_e4m3") for case in HOPPER_FP8_CASES],
 )
 @pytest.mark.parametrize("num_sms", [None, 1024])
-def test_hopper_kernel_matches_reference_and_portable_kernel(heads, q_len, page_size, latent, q_dtype, num_sms):
+def test_hopper_kernel_matches_reference_and_portable_kernel(heads, q_len, page_size, latent, q_dtype, kv_dtype, num_sms):
     from mlakit.kernels.triton_decode import _takes_hopper_kernel, plan_decode
-    from mlakit.kv_quant import SCALE_NONE
+    from mlakit.kv_quant import scale_mode
 
     kv_lora_rank, rope_dim = latent
     batch = make_paged_batch(
         [3000, 0, 1, 63, 700], heads=heads, q_len=q_len, page_size=page_size, kv_lora_rank=kv_lora_rank,
-        rope_dim=rope_dim, kv_dtype="fp16" if q_dtype == torch.float16 else "bf16", q_dtype=q_dtype, device="cuda",
-        seed=heads + page_size,
+        rope_dim=rope_dim, kv_dtype=kv_dtype, scale_layout="tensor", q_dtype=q_dtype, device="cuda", seed=heads + page_size,
     )
-    plan = plan_decode(batch.cache_seqlens, q_len=q_len, heads=heads, num_sms=num_sms)
-    assert _takes_hopper_kernel(batch.q, batch.kv_cache, kv_lora_rank, SCALE_NONE, plan.tuning)
+    plan = plan_decode(batch.cache_seqlens, q_len=q_len, heads=heads, kv_dtype=batch.kv_cache.dtype, num_sms=num_sms)
+    assert _takes_hopper_kernel(batch.q, batch.kv_cache, kv_lora_rank, scale_mode(batch.kv_cache, batch.kv_scale), plan.tuning)
     _check(batch, plan=plan)
-    portable = plan_decode(batch.cache_seqlens, q_len=q_len, heads=heads, num_sms=num_sms,
-                           tuning=dataclasses.replace(plan.tuning, tier="portable"))
-    kwargs = dict(kv_lora_rank=kv_lora_rank, softmax_scale=batch.softmax_scale, kv_scale=None)
+    portable = dataclasses.replace(plan, tuning=dataclasses.replace(plan.tuning, tier="portable"))
+    kwargs = dict(kv_lora_rank=kv_lora_rank, softmax_scale=batch.softmax_scale, kv_scale=batch.kv_scale)
     out, lse = triton_mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens, plan=plan, **kwargs)
     ref_out, ref_lse = triton_mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens, plan=portable, **kwargs)
     assert relative_error(out, ref_out) < 1e-2
     assert_lse_close(lse, ref_lse, atol=1e-3)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16])
+def test_hopper_fp8_conversion_keeps_subnormal_values(q_dtype):
+    batch = make_paged_batch([300, 77], heads=16, page_size=64, kv_lora_rank=512, rope_dim=64, kv_dtype="fp8_e4m3",
+                             q_dtype=q_dtype, device="cuda", seed=3)
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    mantissa = torch.randint(1, 8, batch.kv_cache.shape, generator=gen, device="cuda", dtype=torch.uint8)
+    sign = torch.randint(0, 2, batch.kv_cache.shape, generator=gen, device="cuda", dtype=torch.uint8) << 7
+    subnormal = dataclasses.replace(batch, kv_cache=(mantissa | sign).view(torch.float8_e4m3fn))
+    _check(subnormal)

@@ -14,9 +14,13 @@ shared memory, and V is the latent part of the same tile. Two kernels:
   one tile ahead (tokens past the split's end zero-filled), S split between the
   warpgroups over the tile's tokens, P . V over half of the latent columns each.
 
-Queries and KV must share one 16-bit dtype; the latent width a multiple of 64 up to 512,
-the rope width 16, 32 or 64. The CPU interpreter does not run Gluon: the portable kernel
-serves there and everywhere else.
+The warp-specialized kernel also reads fp8 (e4m3) caches with one per-tensor scale, any
+page size: the value warpgroup gathers the tile three ahead into registers, converts the
+one two ahead to the query's dtype and stores it into the stage it frees (the scale is
+folded into the scores and the output).
+Otherwise queries and KV share one 16-bit dtype. The latent width is a multiple of 64 up
+to 512, the rope width 16, 32 or 64. The CPU interpreter does not run Gluon: the portable
+kernel serves there and everywhere else.
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from mlakit.kv_quant import FP8_DTYPE, SCALE_PER_TENSOR
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -46,16 +51,22 @@ _GLUON_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
 def serves(device: torch.device, kv_dtype: torch.dtype) -> bool:
-    """Whether the Hopper kernel serves caches of `kv_dtype` on `device` (an SM90 GPU, a 16-bit cache)."""
-    return device.type == "cuda" and kv_dtype in _GLUON_DTYPES and _capability(device)[0] == 9
+    """Whether the Hopper kernel serves caches of `kv_dtype` on `device` (an SM90 GPU; bf16, fp16 or fp8)."""
+    return device.type == "cuda" and kv_dtype in (*_GLUON_DTYPES, FP8_DTYPE) and _capability(device)[0] == 9
 
 
-def supports(q_dtype: torch.dtype, kv_dtype: torch.dtype, kv_lora_rank: int, rope_dim: int, device: torch.device) -> bool:
-    """Whether the Hopper kernel takes this call: an SM90 GPU, 16-bit queries and KV of one dtype,
-    a latent width that is a multiple of 64 up to 512 and a rope width of 16, 32 or 64."""
+def supports(q_dtype: torch.dtype, pages: torch.Tensor, scale_mode: int, kv_lora_rank: int, rope_dim: int) -> bool:
+    """Whether the Hopper kernel takes this call: an SM90 GPU; 16-bit queries and pages of the same
+    dtype, or fp8 pages with one per-tensor scale; a latent width that is a multiple of 64 up to
+    512 and a rope width of 16, 32 or 64."""
+    if pages.dtype == FP8_DTYPE:
+        cache_ok = scale_mode == SCALE_PER_TENSOR
+    else:
+        cache_ok = pages.dtype == q_dtype
     return (
-        serves(device, kv_dtype)
-        and kv_dtype == q_dtype
+        serves(pages.device, pages.dtype)
+        and q_dtype in _GLUON_DTYPES
+        and cache_ok
         and kv_lora_rank % 64 == 0
         and 64 <= kv_lora_rank <= MAX_KV_LORA_RANK
         and rope_dim in ROPE_DIMS
@@ -76,14 +87,19 @@ def cache_descriptors(pages: torch.Tensor, kv_lora_rank: int) -> tuple[TensorDes
     )
 
 
-def launch(grid: tuple[int, int], q: torch.Tensor, pages: torch.Tensor, kv_lora_rank: int, shared_args: tuple) -> None:
-    """Runs the split pass: the warp-specialized TMA kernel when pages hold whole tiles, the cp.async
-    gather kernel otherwise. `shared_args` are the portable split kernel's arguments from the block
+def launch(grid: tuple[int, int], q: torch.Tensor, pages: torch.Tensor, kv_scale: torch.Tensor | None, kv_lora_rank: int,
+           shared_args: tuple) -> None:
+    """Runs the split pass (a call `supports` accepts): the warp-specialized kernel for fp8 caches (with
+    the one-element `kv_scale`) and for pages holding whole tiles (TMA loads), the cp.async gather
+    kernel otherwise. `shared_args` are the portable split kernel's arguments from the block
     table on, without the scale strides."""
     constants = dict(HEADS=q.shape[1], PAGE_SIZE=pages.shape[1], KV_LORA_RANK=kv_lora_rank, ROPE_DIM=q.shape[-1] - kv_lora_rank)
-    if pages.shape[1] % BLOCK_N.value == 0:
-        mla_decode_hopper_ws_kernel[grid](q, pages, *cache_descriptors(pages, kv_lora_rank), *shared_args,
-                                          **constants, num_warps=4)
+    if pages.dtype == FP8_DTYPE:
+        mla_decode_hopper_ws_kernel[grid](q, pages, kv_scale, None, None, *shared_args, **constants, KV_FP8=True,
+                                          num_warps=4)
+    elif pages.shape[1] % BLOCK_N.value == 0:
+        mla_decode_hopper_ws_kernel[grid](q, pages, pages, *cache_descriptors(pages, kv_lora_rank), *shared_args,
+                                          **constants, KV_FP8=False, num_warps=4)
     else:
         mla_decode_hopper_split_kernel[grid](q, pages, *shared_args, **constants, num_warps=NUM_WARPS.value)
 
@@ -212,6 +228,76 @@ def _tma_tile(lat_desc, rope_desc, BLOCK_TABLE, bt_row, tok0, bar, lat_dst, rope
 
 
 @gluon.jit
+def _load_fp8_tile(KV, BLOCK_TABLE, bt_row, tok0, end, stride_kv_page, stride_kv_tok, PAGE_SIZE: gl.constexpr,
+                   KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr):
+    """Registers holding tokens tok0 .. tok0 + BLOCK_N of an fp8 cache (any page size) as int32 words of
+    four values, latent and rope columns in 16-byte pieces; zeros at or past `end`, where nothing is read.
+    (Words, not fp8 tensors: those hold one value per register.)"""
+    lat_layout: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
+    rope_layout: gl.constexpr = gl.BlockedLayout([1, 4], [32 * 16 // ROPE_DIM, ROPE_DIM // 16], [4, 1], [1, 0])
+    return (
+        _gather_fp8_words(KV, BLOCK_TABLE, bt_row, tok0, end, stride_kv_page, stride_kv_tok, 0, KV_LORA_RANK,
+                          PAGE_SIZE, lat_layout),
+        _gather_fp8_words(KV, BLOCK_TABLE, bt_row, tok0, end, stride_kv_page, stride_kv_tok, KV_LORA_RANK, ROPE_DIM,
+                          PAGE_SIZE, rope_layout),
+    )
+
+
+@gluon.jit
+def _gather_fp8_words(KV, BLOCK_TABLE, bt_row, tok0, end, stride_kv_page, stride_kv_tok, COL0: gl.constexpr,
+                      WIDTH: gl.constexpr, PAGE_SIZE: gl.constexpr, LAYOUT: gl.constexpr):
+    """Columns COL0 .. COL0 + WIDTH of tokens tok0 .. tok0 + BLOCK_N as `[BLOCK_N, WIDTH // 4]` int32 words,
+    each row from its own page."""
+    toks = tok0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LAYOUT))
+    tok_ok = toks < end
+    page = gl.load(BLOCK_TABLE + bt_row + toks // PAGE_SIZE, mask=tok_ok, other=0).to(gl.int64)
+    rows = (KV + page * stride_kv_page + (toks % PAGE_SIZE) * stride_kv_tok + COL0).to(gl.pointer_type(gl.int32),
+                                                                                       bitcast=True)
+    words = gl.arange(0, WIDTH // 4, layout=gl.SliceLayout(0, LAYOUT))
+    return gl.load(rows[:, None] + words[None, :], mask=tok_ok[:, None], other=0)
+
+
+def _e4m3_pair_to_bf16_ptx(out: str, byte_selector: str) -> str:
+    """PTX: two e4m3 bytes of $2 (picked by `byte_selector`) as a bf16 pair in `out`. The byte s.eeee.mmm
+    placed by prmt and shifted by 4 is the bf16 s.0000eeee.mmm0000; times 2^120 (0x7B80, in k) it moves
+    the exponent bias from 127 to 7: exact for every finite value, subnormals included."""
+    return (f"prmt.b32 t, $2, 0, {byte_selector};\nshr.b32 u, t, 4;\nand.b32 u, u, 0x07F007F0;\n"
+            f"and.b32 t, t, 0x80008000;\nor.b32 t, t, u;\nmul.rn.bf16x2 {out}, t, k;\n")
+
+
+# One int32 word of four e4m3 values in, two 16-bit pairs out.
+_E4M3_TO_BF16_PAIRS = gl.constexpr("{\n.reg .b32 t, u, k;\nmov.b32 k, 0x7B807B80;\n" + _e4m3_pair_to_bf16_ptx("$0", "0x1404")
+                                   + _e4m3_pair_to_bf16_ptx("$1", "0x3424") + "}")
+_E4M3_TO_F16_PAIRS = gl.constexpr("""{
+.reg .b16 lo, hi;
+mov.b32 {lo, hi}, $2;
+cvt.rn.f16x2.e4m3x2 $0, lo;
+cvt.rn.f16x2.e4m3x2 $1, hi;
+}""")
+
+
+@gluon.jit
+def _store_converted(lat, rope, lat_dst, rope_dst, ready):
+    """A loaded fp8 tile (int32 words) converted to the stage's dtype and stored into it; `ready` signalled."""
+    _store_words_converted(lat, lat_dst)
+    _store_words_converted(rope, rope_dst)
+    fence_async_shared()
+    gl.thread_barrier()
+    mbarrier.arrive(ready, count=1)
+
+
+@gluon.jit
+def _store_words_converted(words, dst):
+    """fp8 words `[rows, n]` as 16-bit pairs `[rows, 2n]` into the 16-bit `[rows, 4n]` buffer `dst`."""
+    asm: gl.constexpr = _E4M3_TO_BF16_PAIRS if dst.dtype == gl.bfloat16 else _E4M3_TO_F16_PAIRS
+    low, high = gl.inline_asm_elementwise(asm, "=r,=r,r", [words], dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
+    pairs = gl.reshape(gl.join(low, high), [words.shape[0], 2 * words.shape[1]])
+    pair_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=dst.layout.swizzle_byte_width,
+                                                     element_bitwidth=32, rank=2)
+    dst._reinterpret(gl.int32, [words.shape[0], 2 * words.shape[1]], pair_layout).store(pairs)
+
+
+@gluon.jit
 def _zero_rows_from(smem, first_bad, CHUNK: gl.constexpr, LAYOUT: gl.constexpr):
     """Rows first_bad .. of `smem` set to zero, CHUNK columns at a time (TMA brings whole page rows:
     rows past a sequence's end may hold anything, NaN included)."""
@@ -310,11 +396,13 @@ def _ws_softmax_partition(
     KV_LAT_DESC, KV_ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, b, split,
     num_splits, scale_log2, OUT, LSE, PART_OUT, PART_LSE,
     stride_o_tok, stride_o_head, stride_lse_cu, stride_lse_b, stride_lse_i, stride_lse_h,
-    stride_po_b, stride_po_s, stride_po_row, stride_pl_b, stride_pl_s,
+    stride_po_b, stride_po_s, stride_po_row, stride_pl_b, stride_pl_s, kv_scale,
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr,
+    KV_FP8: gl.constexpr,
 ):
     """First warpgroup: S = Q . K^T over whole tiles, the softmax, P and the row scales for the other
-    warpgroup, P . V for the first half of the latent columns, and the TMA loads two tiles ahead."""
+    warpgroup, P . V for the first half of the latent columns, and (16-bit caches) the TMA loads two
+    tiles ahead. `kv_scale` multiplies the cache (scores and output)."""
     half: gl.constexpr = KV_LORA_RANK // 2
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, half, 16])
@@ -330,14 +418,15 @@ def _ws_softmax_partition(
         stage = t % STAGES
         stage_phase = (t // STAGES) & 1
         mbarrier.wait(kv_ready.index(stage), stage_phase)
-        if tok0 + BLOCK_N > end:
-            _zero_rows_from(k_lat_smem.index(stage), end - tok0, 64, zero_layout)
-            _zero_rows_from(k_rope_smem.index(stage), end - tok0, ROPE_DIM, zero_layout)
-            fence_async_shared()
-            gl.thread_barrier()
+        if not KV_FP8:
+            if tok0 + BLOCK_N > end:
+                _zero_rows_from(k_lat_smem.index(stage), end - tok0, 64, zero_layout)
+                _zero_rows_from(k_rope_smem.index(stage), end - tok0, ROPE_DIM, zero_layout)
+                fence_async_shared()
+                gl.thread_barrier()
         k_lat = k_lat_smem.index(stage)
         s = _masked_scores(q_lat_smem, q_rope_smem, k_lat, k_rope_smem.index(stage), s_zero, tok0, end, visible,
-                           scale_log2)
+                           scale_log2 * kv_scale)
         p, alpha, m_i = _online_softmax(s, m_i)
         l_i = l_i * alpha + gl.sum(p, 1)
         if t > 0:
@@ -353,13 +442,14 @@ def _ws_softmax_partition(
         acc = warpgroup_mma(p_smem, k_lat.slice(0, half, dim=1), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
         mbarrier.arrive(kv_free.index(stage), count=1)
-        if t + STAGES < num_tiles:
-            mbarrier.wait(kv_free.index(stage), stage_phase)
-            _tma_tile(KV_LAT_DESC, KV_ROPE_DESC, BLOCK_TABLE, bt_row, tok0 + STAGES * BLOCK_N, kv_ready.index(stage),
-                      k_lat_smem.index(stage), k_rope_smem.index(stage), PAGE_SIZE)
+        if not KV_FP8:
+            if t + STAGES < num_tiles:
+                mbarrier.wait(kv_free.index(stage), stage_phase)
+                _tma_tile(KV_LAT_DESC, KV_ROPE_DESC, BLOCK_TABLE, bt_row, tok0 + STAGES * BLOCK_N,
+                          kv_ready.index(stage), k_lat_smem.index(stage), k_rope_smem.index(stage), PAGE_SIZE)
 
     lse, inv_l = _finish_rows(m_i, l_i)
-    inv_l = gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout))
+    inv_l = gl.convert_layout(inv_l * kv_scale, gl.SliceLayout(1, o_layout))
     if num_tiles > 0:
         mbarrier.wait(p_free, (num_tiles - 1) & 1)
     row_smem.store(inv_l)
@@ -373,15 +463,21 @@ def _ws_softmax_partition(
 
 @gluon.jit
 def _ws_value_partition(
-    k_lat_smem, p_smem, row_smem, kv_free, p_ready, p_free, num_tiles, first_token, b, split, num_splits, tile, q_len,
+    k_lat_smem, k_rope_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free, num_tiles, first_token, b, split,
+    num_splits, tile, q_len, KV, BLOCK_TABLE, bt_row, start, end, stride_kv_page, stride_kv_tok,
     OUT, PART_OUT, stride_o_tok, stride_o_head, stride_po_b, stride_po_s, stride_po_row,
-    HEADS: gl.constexpr, KV_LORA_RANK: gl.constexpr,
+    HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr,
+    KV_FP8: gl.constexpr,
 ):
     """Second warpgroup: P . V for the second half of the latent columns, rescaled by the first
-    warpgroup's row factors."""
+    warpgroup's row factors; for fp8 caches also the tile loads: tile t + 2 is converted into the
+    stage tile t frees while tile t + 3 is already on its way into registers."""
     half: gl.constexpr = KV_LORA_RANK // 2
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, half, 16])
     acc = gl.zeros([BLOCK_M, half], gl.float32, layout=o_layout)
+    if KV_FP8:
+        lat, rope = _load_fp8_tile(KV, BLOCK_TABLE, bt_row, start + STAGES * BLOCK_N, end, stride_kv_page, stride_kv_tok,
+                                   PAGE_SIZE, KV_LORA_RANK, ROPE_DIM)
     for t in range(num_tiles):
         stage = t % STAGES
         mbarrier.wait(p_ready, t & 1)
@@ -392,6 +488,12 @@ def _ws_value_partition(
         gl.thread_barrier()
         mbarrier.arrive(p_free, count=1)
         mbarrier.arrive(kv_free.index(stage), count=1)
+        if KV_FP8:
+            if t + STAGES < num_tiles:
+                mbarrier.wait(kv_free.index(stage), (t // STAGES) & 1)
+                _store_converted(lat, rope, k_lat_smem.index(stage), k_rope_smem.index(stage), kv_ready.index(stage))
+                lat, rope = _load_fp8_tile(KV, BLOCK_TABLE, bt_row, start + (t + STAGES + 1) * BLOCK_N, end,
+                                           stride_kv_page, stride_kv_tok, PAGE_SIZE, KV_LORA_RANK, ROPE_DIM)
     mbarrier.wait(p_ready, num_tiles & 1)
     inv_l = row_smem.load(gl.SliceLayout(1, o_layout))
     _store_columns(acc * inv_l[:, None], half, OUT, PART_OUT, first_token, b, split, num_splits, tile, q_len,
@@ -417,7 +519,7 @@ def _store_columns(out, col0, OUT, PART_OUT, first_token, b, split, num_splits, 
 
 @gluon.jit(do_not_specialize=["stride_bt_b"])
 def mla_decode_hopper_ws_kernel(
-    Q, KV, KV_LAT_DESC, KV_ROPE_DESC, BLOCK_TABLE, SEQLENS, CU_SEQLENS_Q, NUM_SPLITS,
+    Q, KV, KV_SCALE, KV_LAT_DESC, KV_ROPE_DESC, BLOCK_TABLE, SEQLENS, CU_SEQLENS_Q, NUM_SPLITS,
     OUT, LSE, PART_OUT, PART_LSE,
     scale_log2, row_tiles,
     stride_q_tok, stride_q_head,
@@ -428,11 +530,11 @@ def mla_decode_hopper_ws_kernel(
     stride_po_b, stride_po_s, stride_po_row,
     stride_pl_b, stride_pl_s,
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr,
-    KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr,
+    KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr, KV_FP8: gl.constexpr,
 ):
-    """Warp-specialized variant for pages that hold whole tiles (TMA loads): launched with 4 warps
-    (the softmax warpgroup) plus a 4-warp worker (the value warpgroup). Arguments as
-    `mla_decode_hopper_split_kernel`."""
+    """Warp-specialized variant for pages that hold whole tiles: launched with 4 warps (the softmax
+    warpgroup) plus a 4-warp worker (the value warpgroup). Arguments as `mla_decode_hopper_split_kernel`,
+    plus the cache's TMA descriptors (16-bit caches) or its one-element scale KV_SCALE (KV_FP8)."""
     b, tile, split, num_splits, first_token, q_len = _program_work(NUM_SPLITS, CU_SEQLENS_Q, row_tiles)
     if split >= num_splits or tile * BLOCK_M >= q_len * HEADS:
         return
@@ -455,10 +557,18 @@ def mla_decode_hopper_ws_kernel(
     _load_query(q_lat_smem, q_rope_smem, Q, tile, first_token, q_len, stride_q_tok, stride_q_head, HEADS, load_layout)
     async_copy.commit_group()
     bt_row = b * stride_bt_b
-    for st in gl.static_range(STAGES):
-        if st < num_tiles:
-            _tma_tile(KV_LAT_DESC, KV_ROPE_DESC, BLOCK_TABLE, bt_row, start + st * BLOCK_N, kv_ready.index(st),
-                      k_lat_smem.index(st), k_rope_smem.index(st), PAGE_SIZE)
+    if KV_FP8:
+        kv_scale = gl.load(KV_SCALE)
+        for st in gl.static_range(STAGES):
+            lat, rope = _load_fp8_tile(KV, BLOCK_TABLE, bt_row, start + st * BLOCK_N, end, stride_kv_page,
+                                       stride_kv_tok, PAGE_SIZE, KV_LORA_RANK, ROPE_DIM)
+            _store_converted(lat, rope, k_lat_smem.index(st), k_rope_smem.index(st), kv_ready.index(st))
+    else:
+        kv_scale = 1.0
+        for st in gl.static_range(STAGES):
+            if st < num_tiles:
+                _tma_tile(KV_LAT_DESC, KV_ROPE_DESC, BLOCK_TABLE, bt_row, start + st * BLOCK_N, kv_ready.index(st),
+                          k_lat_smem.index(st), k_rope_smem.index(st), PAGE_SIZE)
     async_copy.wait_group(0)
     fence_async_shared()
     gl.thread_barrier()
@@ -469,10 +579,11 @@ def mla_decode_hopper_ws_kernel(
             KV_LAT_DESC, KV_ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, b,
             split, num_splits, scale_log2, OUT, LSE, PART_OUT, PART_LSE,
             stride_o_tok, stride_o_head, stride_lse_cu, stride_lse_b, stride_lse_i, stride_lse_h,
-            stride_po_b, stride_po_s, stride_po_row, stride_pl_b, stride_pl_s,
-            HEADS, PAGE_SIZE, KV_LORA_RANK, ROPE_DIM)),
+            stride_po_b, stride_po_s, stride_po_row, stride_pl_b, stride_pl_s, kv_scale,
+            HEADS, PAGE_SIZE, KV_LORA_RANK, ROPE_DIM, KV_FP8)),
         (_ws_value_partition, (
-            k_lat_smem, p_smem, row_smem, kv_free, p_ready, p_free, num_tiles, first_token, b, split, num_splits, tile,
-            q_len, OUT, PART_OUT, stride_o_tok, stride_o_head, stride_po_b, stride_po_s, stride_po_row,
-            HEADS, KV_LORA_RANK)),
+            k_lat_smem, k_rope_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free, num_tiles, first_token, b,
+            split, num_splits, tile, q_len, KV, BLOCK_TABLE, bt_row, start, end, stride_kv_page, stride_kv_tok,
+            OUT, PART_OUT, stride_o_tok, stride_o_head, stride_po_b, stride_po_s, stride_po_row,
+            HEADS, PAGE_SIZE, KV_LORA_RANK, ROPE_DIM, KV_FP8)),
     ], [4], [232])

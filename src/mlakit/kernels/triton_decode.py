@@ -443,7 +443,7 @@ def _launch(
         part_lse.stride(0), part_lse.stride(1),
     )
     if _takes_hopper_kernel(q, pages, kv_lora_rank, scale_mode, tuning):
-        hopper_decode.launch(grid, q, pages, kv_lora_rank, shared_args)
+        hopper_decode.launch(grid, q, pages, kv_scale, kv_lora_rank, shared_args)
     else:
         _mla_decode_split_kernel[grid](
             q, pages, scale, *shared_args, *scale_strides,
@@ -470,16 +470,15 @@ def _launch(
 def _takes_hopper_kernel(
     q: torch.Tensor, pages: torch.Tensor, kv_lora_rank: int, scale_mode: int, tuning: DecodeTuning
 ) -> bool:
-    """The Hopper kernel serves 64-row, 64-token tiles of 16-bit caches whose rows it can copy in
-    16-byte pieces; everything else runs on the portable kernel."""
+    """The Hopper kernel serves 64-row, 64-token tiles of the caches `hopper_decode.supports` names
+    whose rows it can copy in 16-byte pieces; everything else runs on the portable kernel."""
     return (
         tuning.tier == "auto"
         and (tuning.block_m, tuning.block_n) == (hopper_decode.BLOCK_M.value, hopper_decode.BLOCK_N.value)
-        and scale_mode == SCALE_NONE
         and not INTERPRET
-        and hopper_decode.supports(q.dtype, pages.dtype, kv_lora_rank, q.shape[-1] - kv_lora_rank, q.device)
+        and hopper_decode.supports(q.dtype, pages, scale_mode, kv_lora_rank, q.shape[-1] - kv_lora_rank)
         and hopper_decode.rows_are_contiguous(pages)
-        and all(stride % 8 == 0 for stride in (q.stride(0), q.stride(1), pages.stride(0), pages.stride(1)))
+        and all(stride * t.element_size() % 16 == 0 for t in (q, pages) for stride in t.stride()[:2])
         and q.data_ptr() % 16 == 0
         and pages.data_ptr() % 16 == 0
     )
