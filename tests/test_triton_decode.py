@@ -59,15 +59,20 @@ def test_every_combine_tiling_merges_splits_exactly(tiling, kernel_device, monke
 
 
 def test_split_counts_follow_the_documented_formula(kernel_device):
-    lengths = torch.tensor([4096, 64, 0], dtype=torch.int32, device=kernel_device)
     one_token_each = torch.arange(4, dtype=torch.int32, device=kernel_device)
+    even = torch.tensor([4096, 4096, 0], dtype=torch.int32, device=kernel_device)
+    counts = functools.partial(decode_split_counts, even, one_token_each, 64, block_m=64, block_n=64)
+    assert counts(SplitGeometry(1, 16), num_sms=4).tolist() == [4, 4, 1]  # 128 tiles / 8 programs: 16 per split
+    assert counts(SplitGeometry(1, 3), num_sms=4).tolist() == [3, 3, 1]
+    assert counts(SplitGeometry(1, 64), num_sms=64, min_tokens_per_split=64 * 32).tolist() == [2, 2, 1]
+    # Ragged (the busiest sequence has 64 of 65 tiles): the work is spread over twice the programs.
+    lengths = torch.tensor([4096, 64, 0], dtype=torch.int32, device=kernel_device)
     counts = functools.partial(decode_split_counts, lengths, one_token_each, 64, block_m=64, block_n=64)
-    assert counts(SplitGeometry(1, 8), num_sms=4).tolist() == [7, 1, 1]
-    assert counts(SplitGeometry(1, 4), num_sms=4).tolist() == [4, 1, 1]
-    assert counts(SplitGeometry(1, 64), num_sms=64, min_tokens_per_split=64 * 16).tolist() == [4, 1, 1]
+    assert counts(SplitGeometry(1, 16), num_sms=4).tolist() == [13, 1, 1]  # 65 tiles / 16 programs: 5 per split
+    assert counts(SplitGeometry(1, 8), num_sms=4).tolist() == [8, 1, 1]
     # Sequence 0 with 3 query tokens (3 row tiles) counts three times the work: fewer tiles per split elsewhere.
     ragged_queries = torch.tensor([0, 3, 4, 5], dtype=torch.int32, device=kernel_device)
-    assert decode_split_counts(lengths, ragged_queries, 64, SplitGeometry(3, 64), 64, 64, num_sms=4).tolist() == [3, 1, 1]
+    assert decode_split_counts(lengths, ragged_queries, 64, SplitGeometry(3, 64), 64, 64, num_sms=4).tolist() == [5, 1, 1]
 
 
 def test_split_plan_balances_ragged_lengths_and_bounds_splits(kernel_device):
@@ -83,7 +88,7 @@ def test_split_plan_balances_ragged_lengths_and_bounds_splits(kernel_device):
     busy = per_split[lengths > 0]
     assert busy.max() <= 2 * busy.min() + 1, "splits of long and short sequences should hold similar tile counts"
     big_batch = split_geometry(batch=128, rows=128, block_m=64, num_sms=132)
-    assert big_batch.max_splits == 3
+    assert big_batch.max_splits == 4
 
 
 def test_forcing_many_splits_gives_the_same_result(kernel_device):

@@ -13,8 +13,13 @@ import torch
 import triton
 import triton.language as tl
 
-OVERSUBSCRIPTION = 2
+OVERSUBSCRIPTION = 3
 MAX_SPLITS = 512
+# A batch is ragged when its busiest sequence has more than RAGGED_NUM / RAGGED_DEN of the mean work:
+# its splits then aim at RAGGED_PROGRAMS x the programs the GPU runs at once (NOTES.md, v15).
+RAGGED_NUM = tl.constexpr(5)
+RAGGED_DEN = tl.constexpr(4)
+RAGGED_PROGRAMS = tl.constexpr(2)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,9 +35,9 @@ def split_geometry(batch: int, rows: int, block_m: int, num_sms: int, programs_p
     (a long sequence in a ragged batch may take more than its even share), capped at MAX_SPLITS.
 
     >>> split_geometry(batch=1, rows=128, block_m=64, num_sms=132)
-    SplitGeometry(row_tiles=2, max_splits=264)
+    SplitGeometry(row_tiles=2, max_splits=396)
     >>> split_geometry(batch=128, rows=128, block_m=64, num_sms=132)
-    SplitGeometry(row_tiles=2, max_splits=3)
+    SplitGeometry(row_tiles=2, max_splits=4)
     """
     row_tiles = -(-rows // block_m)
     target = OVERSUBSCRIPTION * programs_per_sm * num_sms
@@ -49,8 +54,11 @@ def _split_counts_kernel(
     in_batch = offsets < batch
     tiles = tl.cdiv(tl.load(SEQLENS + offsets, mask=in_batch, other=0), BLOCK_N)
     q_lens = tl.load(CU_SEQLENS_Q + offsets + 1, mask=in_batch, other=0) - tl.load(CU_SEQLENS_Q + offsets, mask=in_batch, other=0)
-    work = tl.sum(tiles * tl.cdiv(q_lens * HEADS, BLOCK_M), 0)
-    tiles_per_split = tl.maximum(tl.cdiv(work, programs), min_tiles)
+    seq_work = tiles * tl.cdiv(q_lens * HEADS, BLOCK_M)
+    work = tl.sum(seq_work, 0)
+    busy = tl.sum((seq_work > 0).to(tl.int32), 0)
+    ragged = tl.max(seq_work, 0) * busy * RAGGED_DEN > work * RAGGED_NUM
+    tiles_per_split = tl.maximum(tl.cdiv(work, tl.where(ragged, RAGGED_PROGRAMS * programs, programs)), min_tiles)
     splits = (tiles + tiles_per_split // 2) // tiles_per_split
     splits = tl.minimum(tl.maximum(splits, 1), max_splits)
     tl.store(NUM_SPLITS + offsets, splits, mask=in_batch)
@@ -70,15 +78,19 @@ def decode_split_counts(
     """int32 `[batch]` splits per sequence, from one kernel launch and no host sync.
 
     A sequence's work is its KV tiles times its row tiles (its query tokens x `heads` rows
-    over `block_m`); each split holds about the same number of KV tiles (the batch's work
-    over programs_per_sm x SMs programs), so ragged batches are balanced; a sequence's
-    split count is rounded to the nearest whole number. A split holds at least
+    over `block_m`); each split holds about the same number of KV tiles: the batch's work
+    over the programs_per_sm x SMs programs that run at once, or over twice as many when
+    the batch is ragged (its busiest sequence has more than 1.25x the mean work of the
+    non-empty ones), so that the long sequences' splits do not run alone at the end. A
+    sequence's split count is rounded to the nearest whole number. A split holds at least
     `min_tokens_per_split` tokens, so its partial output (rows x kv_lora_rank floats,
     written and read again by the combine) stays small next to the KV it reads.
 
-    Example (on a CUDA tensor, or on CPU under TRITON_INTERPRET=1): lengths [4096, 64, 0],
+    Example (on a CUDA tensor, or on CPU under TRITON_INTERPRET=1): lengths [4096, 4096, 0],
     one query token per sequence, 64 heads in 64-row tiles, 4 SMs x 2 programs, 64-token
-    tiles and a ceiling of 8 give `[7, 1, 1]`: 65 tiles over 8 programs is 9 tiles per split.
+    tiles and a ceiling of 16 give `[4, 4, 1]`: 128 tiles over 8 programs is 16 tiles per
+    split; lengths [4096, 64, 0] are ragged and give `[13, 1, 1]`: 65 tiles over 16
+    programs is 5 tiles per split.
     """
     batch = cache_seqlens.shape[0]
     num_splits = torch.empty(batch, dtype=torch.int32, device=cache_seqlens.device)

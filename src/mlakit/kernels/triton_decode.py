@@ -181,15 +181,12 @@ def _mla_decode_combine_kernel(
     total = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
     acc = tl.zeros([BLOCK_ROWS, BLOCK_C], dtype=tl.float32)
     for first in range(0, num_splits, BLOCK_SPLITS):
-        splits = first + tl.arange(0, BLOCK_SPLITS)
-        split_ok = splits < num_splits
-        lses = tl.load(lse_rows[None, :] + splits[:, None] * stride_pl_s, mask=split_ok[:, None] & row_ok[None, :],
-                       other=float("-inf"))
-        weights = tl.exp(lses - m_safe[None, :])
-        parts = tl.load(part_rows[None, :, :] + splits[:, None, None] * stride_po_s,
-                        mask=split_ok[:, None, None] & part_ok[None, :, :], other=0.0)
-        total += tl.sum(weights, 0)
-        acc += tl.sum(parts * weights[:, :, None], 0)
+        for step in tl.static_range(BLOCK_SPLITS):  # BLOCK_SPLITS independent loads in flight
+            split = first + step
+            lse = tl.load(lse_rows + split * stride_pl_s, mask=row_ok & (split < num_splits), other=float("-inf"))
+            weight = tl.exp(lse - m_safe)
+            total += weight
+            acc += tl.load(part_rows + split * stride_po_s, mask=part_ok & (split < num_splits), other=0.0) * weight[:, None]
     safe_total = tl.where(total > 0, total, 1.0)
     draft = rows // HEADS
     head = rows % HEADS
