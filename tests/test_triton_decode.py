@@ -1,5 +1,6 @@
 """The portable Triton decode kernel against the float64 oracle (CPU interpreter, small shapes)."""
 
+import dataclasses
 import functools
 
 import pytest
@@ -7,7 +8,14 @@ import torch
 
 from mlakit.kernels.decode_split_plan import SplitGeometry, decode_split_counts, split_geometry
 from mlakit.kernels import triton_decode
-from mlakit.kernels.triton_decode import CombineTiling, DecodeTuning, triton_mla_decode, triton_mla_extend
+from mlakit.kernels.triton_decode import (
+    CombineTiling,
+    DecodeTuning,
+    default_tuning,
+    plan_decode,
+    triton_mla_decode,
+    triton_mla_extend,
+)
 from mlakit.reference import reference_extend
 from paged_inputs import assert_lse_close, make_paged_batch, naive_decode, relative_error
 
@@ -56,6 +64,40 @@ def test_every_combine_tiling_merges_splits_exactly(tiling, kernel_device, monke
     expected_out, expected_lse = naive_decode(batch)
     assert relative_error(out, expected_out) < 1e-2
     assert_lse_close(lse, expected_lse, atol=1e-3)
+
+
+class _BlockRecorder:
+    """Stands in for the portable split kernel and records the row tile of each launch."""
+
+    def __init__(self, kernel):
+        self.kernel, self.block_m = kernel, []
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+
+        def run(*args, **kwargs):
+            self.block_m.append(kwargs["BLOCK_M"])
+            return launch(*args, **kwargs)
+
+        return run
+
+
+@pytest.mark.parametrize("hopper_default, launched_block_m", [(True, 16), (False, 64)])
+def test_a_hopper_tile_plan_the_hopper_kernel_refuses_runs_the_portable_tile(
+    hopper_default, launched_block_m, kernel_device, monkeypatch
+):
+    batch = make_paged_batch([300, 0, 57], heads=4, page_size=16, kv_dtype="fp8_e4m3", scale_layout="group", seed=9,
+                             device=kernel_device)
+    hopper_tile = plan_decode(batch.cache_seqlens, q_len=1, heads=4, num_sms=8, tuning=default_tuning(4, hopper_tier=True))
+    plan = dataclasses.replace(hopper_tile, hopper_default=hopper_default)
+    recorder = _BlockRecorder(triton_decode._mla_decode_split_kernel)
+    monkeypatch.setattr(triton_decode, "_mla_decode_split_kernel", recorder)
+    out, lse = triton_mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens, kv_lora_rank=64,
+                                 softmax_scale=batch.softmax_scale, kv_scale=batch.kv_scale, plan=plan)
+    assert recorder.block_m == [launched_block_m]
+    expected_out, expected_lse = naive_decode(batch)
+    assert relative_error(out, expected_out) < 3e-2
+    assert_lse_close(lse, expected_lse, atol=3e-2)
 
 
 def test_split_counts_follow_the_documented_formula(kernel_device):

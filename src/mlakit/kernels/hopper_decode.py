@@ -31,7 +31,6 @@ from triton.experimental import gluon
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from mlakit.kv_quant import FP8_DTYPE, SCALE_PER_TENSOR
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -39,6 +38,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+
+from mlakit.kv_quant import FP8_DTYPE, SCALE_PER_TENSOR
 
 BLOCK_M = gl.constexpr(64)
 BLOCK_N = gl.constexpr(64)

@@ -272,13 +272,17 @@ def default_tuning(rows: int, *, hopper_tier: bool = False) -> DecodeTuning:
 class DecodePlan:
     """How one launch is split: launch shape, split ceiling, and on the device the query
     offsets and per-sequence split counts. Build it once per step (`plan_decode`,
-    `plan_extend`); every layer reuses it."""
+    `plan_extend`); every layer reuses it. `hopper_default`: the tuning is the Hopper tier's
+    tile, chosen because device and cache dtype suit that tier; a call its kernel does not take
+    after all (per-group fp8 scales, odd strides) runs the portable kernel with the portable
+    default tile over the same split counts."""
 
     tuning: DecodeTuning
     geometry: SplitGeometry
     cu_seqlens_q: torch.Tensor
     num_splits: torch.Tensor
     max_q_len: int
+    hopper_default: bool = False
 
 
 def plan_decode(
@@ -326,7 +330,8 @@ def _plan(
 ) -> DecodePlan:
     batch = cache_seqlens.shape[0]
     rows = max(1, max_q_len * heads)
-    tuning = tuning or default_tuning(rows, hopper_tier=not INTERPRET and hopper_decode.serves(cache_seqlens.device, kv_dtype))
+    hopper_default = tuning is None and not INTERPRET and hopper_decode.serves(cache_seqlens.device, kv_dtype)
+    tuning = tuning or default_tuning(rows, hopper_tier=hopper_default)
     row_tiles = -(-rows // tuning.block_m)
     if tuning.fixed_splits is not None:
         geometry = SplitGeometry(row_tiles=row_tiles, max_splits=tuning.fixed_splits)
@@ -338,7 +343,7 @@ def _plan(
         cache_seqlens, cu_seqlens_q, heads, geometry, tuning.block_m, tuning.block_n, sms, tuning.programs_per_sm,
         min_tokens_per_split=4 * tuning.block_m,
     )
-    return DecodePlan(tuning, geometry, cu_seqlens_q, num_splits, max_q_len)
+    return DecodePlan(tuning, geometry, cu_seqlens_q, num_splits, max_q_len, hopper_default)
 
 
 def triton_mla_decode(
@@ -417,13 +422,17 @@ def _launch(
     batch = cache_seqlens.shape[0]
     heads, dim = q.shape[1], q.shape[2]
     max_rows = plan.max_q_len * heads
+    scale_mode, scale = _scale_operand(pages, kv_scale)
     tuning, geometry = plan.tuning, plan.geometry
+    takes_hopper = _takes_hopper_kernel(q, pages, kv_lora_rank, scale_mode, tuning)
+    if plan.hopper_default and not takes_hopper:
+        tuning = default_tuning(max_rows)
+        geometry = dataclasses.replace(geometry, row_tiles=-(-max_rows // tuning.block_m))
     # Rows padded to 16 keep every partial stride a multiple of 16 whatever the batch, so the
     # kernels specialize the same way for every step (one compiled variant, see warm-up).
     part_out = torch.empty(batch, geometry.max_splits if geometry.max_splits > 1 else 0, -(-max_rows // 16) * 16,
                            kv_lora_rank, dtype=torch.float32, device=q.device)
     part_lse = torch.empty(part_out.shape[:3], dtype=torch.float32, device=q.device)
-    scale_mode, scale = _scale_operand(pages, kv_scale)
     scale_strides = (scale.stride(0), scale.stride(1)) if scale_mode == SCALE_PER_GROUP else (0, 0)
 
     grid = (batch * geometry.row_tiles, geometry.max_splits)
@@ -439,7 +448,7 @@ def _launch(
         part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1),
     )
-    if _takes_hopper_kernel(q, pages, kv_lora_rank, scale_mode, tuning):
+    if takes_hopper:
         hopper_decode.launch(grid, q, pages, kv_scale, kv_lora_rank, shared_args)
     else:
         _mla_decode_split_kernel[grid](
