@@ -187,10 +187,15 @@ def test_hopper_kernel_matches_reference_and_portable_kernel(heads, q_len, page_
 @pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
 @pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16])
 def test_hopper_fp8_conversion_keeps_subnormal_values(q_dtype):
+    from mlakit.kernels.triton_decode import _takes_hopper_kernel, plan_decode
+    from mlakit.kv_quant import SCALE_PER_TENSOR
+
     batch = make_paged_batch([300, 77], heads=16, page_size=64, kv_lora_rank=512, rope_dim=64, kv_dtype="fp8_e4m3",
                              q_dtype=q_dtype, device="cuda", seed=3)
     gen = torch.Generator(device="cuda").manual_seed(4)
     mantissa = torch.randint(1, 8, batch.kv_cache.shape, generator=gen, device="cuda", dtype=torch.uint8)
     sign = torch.randint(0, 2, batch.kv_cache.shape, generator=gen, device="cuda", dtype=torch.uint8) << 7
     subnormal = dataclasses.replace(batch, kv_cache=(mantissa | sign).view(torch.float8_e4m3fn))
-    _check(subnormal)
+    plan = plan_decode(subnormal.cache_seqlens, q_len=1, heads=16, kv_dtype=subnormal.kv_cache.dtype)
+    assert _takes_hopper_kernel(subnormal.q, subnormal.kv_cache, 512, SCALE_PER_TENSOR, plan.tuning)
+    _check(subnormal, plan=plan)

@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from mlakit.api import mla_decode, mla_decode_metadata
+from mlakit.kv_quant import storage_name
 from mlakit.bench.ceilings import Ceilings, measure_ceilings
 from mlakit.bench.decode import environment
 from mlakit.errors import ConfigError
@@ -314,7 +315,8 @@ def attention_stack(caches: Sequence[torch.Tensor], settings: GraphBenchSettings
 
     def step(q: torch.Tensor, table: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         out = q
-        metadata = mla_decode_metadata(lengths, q_len=q.shape[1], heads=q.shape[2], backend=settings.backend)
+        metadata = mla_decode_metadata(lengths, q_len=q.shape[1], heads=q.shape[2], backend=settings.backend,
+                                       kv_cache_dtype=storage_name(caches[0].dtype))
         for cache in caches:
             out, _ = mla_decode(q, cache, table, lengths, softmax_scale=settings.softmax_scale, backend=settings.backend,
                                 kv_lora_rank=settings.kv_lora_rank, return_lse=False, check_inputs=check_inputs,

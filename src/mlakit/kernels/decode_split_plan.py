@@ -57,7 +57,7 @@ def _split_counts_kernel(
     seq_work = tiles * tl.cdiv(q_lens * HEADS, BLOCK_M)
     work = tl.sum(seq_work, 0)
     busy = tl.sum((seq_work > 0).to(tl.int32), 0)
-    ragged = tl.max(seq_work, 0) * busy * RAGGED_DEN > work * RAGGED_NUM
+    ragged = tl.max(seq_work, 0).to(tl.int64) * busy * RAGGED_DEN > work.to(tl.int64) * RAGGED_NUM
     tiles_per_split = tl.maximum(tl.cdiv(work, tl.where(ragged, RAGGED_PROGRAMS * programs, programs)), min_tiles)
     splits = (tiles + tiles_per_split // 2) // tiles_per_split
     splits = tl.minimum(tl.maximum(splits, 1), max_splits)

@@ -5,8 +5,9 @@ and combine). One program of two warpgroups owns 64 query rows and one split of 
 sequence's KV; Q and two stages of the 64-token K tile (latent + rope) live in swizzled
 shared memory, and V is the latent part of the same tile. Two kernels:
 
-- `mla_decode_hopper_ws_kernel`, for pages holding whole tiles (page size a multiple of
-  64): each tile is two TMA loads on an mbarrier, issued two tiles ahead; warpgroup 0
+- `mla_decode_hopper_ws_kernel`, for 16-bit pages holding whole tiles (page size a multiple
+  of 64) and for fp8 pages of any size: each 16-bit tile is two TMA loads on an mbarrier,
+  issued two tiles ahead (fp8 tiles: see below); warpgroup 0
   computes S = Q . K^T for the whole tile, the softmax, and writes P and the row rescale
   factors to shared memory; both warpgroups then do P . V for half of the latent columns
   each, handing off through mbarriers instead of running in lockstep;
@@ -261,7 +262,8 @@ def _gather_fp8_words(KV, BLOCK_TABLE, bt_row, tok0, end, stride_kv_page, stride
 def _e4m3_pair_to_bf16_ptx(out: str, byte_selector: str) -> str:
     """PTX: two e4m3 bytes of $2 (picked by `byte_selector`) as a bf16 pair in `out`. The byte s.eeee.mmm
     placed by prmt and shifted by 4 is the bf16 s.0000eeee.mmm0000; times 2^120 (0x7B80, in k) it moves
-    the exponent bias from 127 to 7: exact for every finite value, subnormals included."""
+    the exponent bias from 127 to 7: exact for every finite value, subnormals included (the NaN
+    byte s.1111.111, which no quantizer writes, comes out as +-480)."""
     return (f"prmt.b32 t, $2, 0, {byte_selector};\nshr.b32 u, t, 4;\nand.b32 u, u, 0x07F007F0;\n"
             f"and.b32 t, t, 0x80008000;\nor.b32 t, t, u;\nmul.rn.bf16x2 {out}, t, k;\n")
 
@@ -533,8 +535,8 @@ def mla_decode_hopper_ws_kernel(
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr,
     KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr, KV_FP8: gl.constexpr,
 ):
-    """Warp-specialized variant for pages that hold whole tiles: launched with 4 warps (the softmax
-    warpgroup) plus a 4-warp worker (the value warpgroup). Arguments as `mla_decode_hopper_split_kernel`,
+    """Warp-specialized variant for 16-bit pages that hold whole tiles and for fp8 pages of any size:
+    launched with 4 warps (the softmax warpgroup) plus a 4-warp worker (the value warpgroup). Arguments as `mla_decode_hopper_split_kernel`,
     plus the cache's TMA descriptors (16-bit caches) or its one-element scale KV_SCALE (KV_FP8)."""
     b, tile, split, num_splits, first_token, q_len = _program_work(NUM_SPLITS, CU_SEQLENS_Q, row_tiles)
     if split >= num_splits or tile * BLOCK_M >= q_len * HEADS:

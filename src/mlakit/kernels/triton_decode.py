@@ -275,7 +275,7 @@ class DecodePlan:
     `plan_extend`); every layer reuses it. `hopper_default`: the tuning is the Hopper tier's
     tile, chosen because device and cache dtype suit that tier; a call its kernel does not take
     after all (per-group fp8 scales, odd strides) runs the portable kernel with the portable
-    default tile over the same split counts."""
+    default tile over the same split counts (unless the tuning's tier was set to "portable")."""
 
     tuning: DecodeTuning
     geometry: SplitGeometry
@@ -425,9 +425,9 @@ def _launch(
     scale_mode, scale = _scale_operand(pages, kv_scale)
     tuning, geometry = plan.tuning, plan.geometry
     takes_hopper = _takes_hopper_kernel(q, pages, kv_lora_rank, scale_mode, tuning)
-    if plan.hopper_default and not takes_hopper:
-        tuning = default_tuning(max_rows)
-        geometry = dataclasses.replace(geometry, row_tiles=-(-max_rows // tuning.block_m))
+    if plan.hopper_default and tuning.tier == "auto" and not takes_hopper:
+        tuning = default_tuning(max(1, max_rows))
+        geometry = dataclasses.replace(geometry, row_tiles=-(-max(1, max_rows) // tuning.block_m))
     # Rows padded to 16 keep every partial stride a multiple of 16 whatever the batch, so the
     # kernels specialize the same way for every step (one compiled variant, see warm-up).
     part_out = torch.empty(batch, geometry.max_splits if geometry.max_splits > 1 else 0, -(-max_rows // 16) * 16,
