@@ -6,8 +6,8 @@ import functools
 import pytest
 import torch
 
-from mlakit.kernels.decode_split_plan import SplitGeometry, decode_split_counts, split_geometry
 from mlakit.kernels import triton_decode
+from mlakit.kernels.decode_split_plan import SplitGeometry, decode_split_counts, split_geometry
 from mlakit.kernels.triton_decode import (
     CombineTiling,
     DecodeTuning,

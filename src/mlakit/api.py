@@ -102,11 +102,12 @@ def mla_decode(
     kv_lora_rank = _latent_rank(dim, kv_lora_rank)
     check_decode_inputs(q, kv_cache, block_table, cache_seqlens, kv_scale, kv_lora_rank, check_values=check_inputs)
     pages = pages_view(kv_cache)
+    cache_dtype = storage_name(pages.dtype)
     name = _backend_for(
         "decode",
         backend,
         str(q.device),
-        storage_name(pages.dtype),
+        cache_dtype,
         pages.shape[1],
         q.shape[1],
         q.shape[2],
@@ -118,7 +119,6 @@ def mla_decode(
     backend_entry = get_backend(name)
     extra = {}
     if metadata is not None:
-        cache_dtype = storage_name(pages.dtype)
         if (metadata.backend, metadata.batch, metadata.q_len, metadata.heads, metadata.kv_cache_dtype) != (
             name, *q.shape[:3], cache_dtype
         ):

@@ -426,8 +426,9 @@ def _launch(
     tuning, geometry = plan.tuning, plan.geometry
     takes_hopper = _takes_hopper_kernel(q, pages, kv_lora_rank, scale_mode, tuning)
     if plan.hopper_default and tuning.tier == "auto" and not takes_hopper:
-        tuning = default_tuning(max(1, max_rows))
-        geometry = dataclasses.replace(geometry, row_tiles=-(-max(1, max_rows) // tuning.block_m))
+        rows = max(1, max_rows)
+        tuning = default_tuning(rows)
+        geometry = dataclasses.replace(geometry, row_tiles=-(-rows // tuning.block_m))
     # Rows padded to 16 keep every partial stride a multiple of 16 whatever the batch, so the
     # kernels specialize the same way for every step (one compiled variant, see warm-up).
     part_out = torch.empty(batch, geometry.max_splits if geometry.max_splits > 1 else 0, -(-max_rows // 16) * 16,
