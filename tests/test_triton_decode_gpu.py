@@ -185,6 +185,20 @@ def test_hopper_kernel_matches_reference_and_portable_kernel(heads, q_len, page_
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
+@pytest.mark.parametrize("kv_lora_rank, kv_dtype", [(448, "bf16"), (192, "fp8_e4m3"), (320, "bf16")])
+def test_latent_widths_the_hopper_kernel_cannot_tile_run_on_the_portable_kernel(kv_lora_rank, kv_dtype):
+    from mlakit.kernels.triton_decode import _takes_hopper_kernel, plan_decode
+    from mlakit.kv_quant import scale_mode
+
+    batch = make_paged_batch([700, 0, 65], heads=16, q_len=2, page_size=64, kv_lora_rank=kv_lora_rank, rope_dim=64,
+                             kv_dtype=kv_dtype, scale_layout="tensor", device="cuda", seed=kv_lora_rank)
+    plan = plan_decode(batch.cache_seqlens, q_len=2, heads=16, kv_dtype=batch.kv_cache.dtype)
+    assert not _takes_hopper_kernel(batch.q, batch.kv_cache, kv_lora_rank, scale_mode(batch.kv_cache, batch.kv_scale),
+                                    plan.tuning)
+    _check(batch, plan=plan)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
 @pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16])
 def test_hopper_fp8_conversion_keeps_subnormal_values(q_dtype):
     from mlakit.kernels.triton_decode import _takes_hopper_kernel, plan_decode

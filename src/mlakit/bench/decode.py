@@ -135,7 +135,7 @@ def run_cases(
     log: Callable[[str], None],
 ) -> list[dict[str, object]]:
     """Checks then times every kernel on every case; one result row per (case, kernel)."""
-    anchors = _anchor_times()
+    anchors, anchor_ragged_tokens = _anchor_times()
     rows = []
     for case in cases:
         inputs = make_inputs(case, device)
@@ -157,8 +157,11 @@ def run_cases(
             }
             anchor = anchors.get((case.heads, case.batch, case.seqlen))
             if anchor and case.q_len in (1, 2) and case.kv_dtype == "bf16":
-                row["flashmla_us_anchor"] = anchor[f"flashmla_q{case.q_len}_us"]
-                row["x_flashmla_anchor"] = time_us / anchor[f"flashmla_q{case.q_len}_us"]
+                # The anchors' ragged batch drew other lengths from the same distribution: scaled to our tokens.
+                token_scale = sum(case.lengths()) / anchor_ragged_tokens if case.seqlen is None else 1.0
+                flashmla_us = anchor[f"flashmla_q{case.q_len}_us"] * token_scale
+                row["flashmla_us_anchor"] = flashmla_us
+                row["x_flashmla_anchor"] = time_us / flashmla_us
             rows.append(row)
             log(_format_row(row))
         del inputs
@@ -166,11 +169,13 @@ def run_cases(
     return rows
 
 
-def _anchor_times() -> dict[tuple[int, int, int | None], dict[str, float]]:
+def _anchor_times() -> tuple[dict[tuple[int, int, int | None], dict[str, float]], int]:
+    """Anchor rows by (heads, batch, seqlen), and the token count of the anchors' ragged batch."""
     if not ANCHORS.is_file():
-        return {}
+        return {}, 1
     data = json.loads(ANCHORS.read_text())
-    return {(c["heads"], c["batch"], None if c["seqlen"] == "ragged" else c["seqlen"]): c for c in data["cases"]}
+    cases = {(c["heads"], c["batch"], None if c["seqlen"] == "ragged" else c["seqlen"]): c for c in data["cases"]}
+    return cases, data["ragged"]["total_tokens"]
 
 
 def _format_row(row: dict[str, object]) -> str:

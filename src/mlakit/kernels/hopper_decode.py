@@ -3,25 +3,30 @@
 Drop-ins for the portable split kernel on 64-row tiles (same split plan, partial buffers
 and combine). One program of two warpgroups owns 64 query rows and one split of a
 sequence's KV; Q and two stages of the 64-token K tile (latent + rope) live in swizzled
-shared memory, and V is the latent part of the same tile. Two kernels:
+shared memory, and V is the latent part of the same tile. Three kernels:
 
-- `mla_decode_hopper_ws_kernel`, for 16-bit pages holding whole tiles (page size a multiple
-  of 64) and for fp8 pages of any size: each 16-bit tile is two TMA loads on an mbarrier,
-  issued two tiles ahead (fp8 tiles: see below); warpgroup 0
-  computes S = Q . K^T for the whole tile, the softmax, and writes P and the row rescale
-  factors to shared memory; both warpgroups then do P . V for half of the latent columns
-  each, handing off through mbarriers instead of running in lockstep;
-- `mla_decode_hopper_split_kernel`, for other page sizes: rows gathered with `cp.async`
+- `mla_decode_hopper_seesaw_kernel`, for 16-bit pages holding whole tiles (page size a
+  multiple of 64): the two warpgroups take turns over pairs of tiles. Warpgroup 0 computes S
+  and the softmax of the even tiles, warpgroup 1 those of the odd tiles (while warpgroup 0's
+  softmax runs), against one running max handed over through shared memory; each owns half of
+  the output columns, multiplies its own P from registers and the other's from shared memory.
+  Tiles arrive as 64-column TMA chunks on their own barriers (S starts on the first one), and
+  each chunk is reloaded as soon as its last reader is done with it. P goes into the tile's
+  rope columns, which S no longer needs;
+- `mla_decode_hopper_fp8_kernel`, for fp8 (e4m3) pages of any size with one per-tensor scale:
+  warpgroup 0 computes S for the whole tile, the softmax, and writes P and the row rescale
+  factors to shared memory; both warpgroups then do P . V for half of the latent columns each.
+  The value warpgroup gathers the tile three ahead into registers, converts the one two ahead
+  to the query's dtype and stores it into the stage it frees (the scale is folded into the
+  scores and the output);
+- `mla_decode_hopper_split_kernel`, for other 16-bit pages: rows gathered with `cp.async`
   one tile ahead (tokens past the split's end zero-filled), S split between the
   warpgroups over the tile's tokens, P . V over half of the latent columns each.
 
-The warp-specialized kernel also reads fp8 (e4m3) caches with one per-tensor scale, any
-page size: the value warpgroup gathers the tile three ahead into registers, converts the
-one two ahead to the query's dtype and stores it into the stage it frees (the scale is
-folded into the scores and the output).
-Otherwise queries and KV share one 16-bit dtype. The latent width is a multiple of 64 up
-to 512, the rope width 16, 32 or 64. The CPU interpreter does not run Gluon: the portable
-kernel serves there and everywhere else.
+Otherwise queries and KV share one 16-bit dtype. The latent width is 64, 128, 256 or 512
+(the seesaw kernel needs two chunks: 64 goes to the cp.async kernel), the rope width 16,
+32 or 64. The CPU interpreter does not run Gluon: the portable kernel serves there and
+everywhere else.
 """
 from __future__ import annotations
 
@@ -46,7 +51,8 @@ BLOCK_M = gl.constexpr(64)
 BLOCK_N = gl.constexpr(64)
 NUM_WARPS = gl.constexpr(8)
 STAGES = gl.constexpr(2)
-MAX_KV_LORA_RANK = 512
+TMA_CHUNK = gl.constexpr(64)
+KV_LORA_RANKS = frozenset({64, 128, 256, 512})
 ROPE_DIMS = frozenset({16, 32, 64})
 LN2 = gl.constexpr(0.6931471805599453)
 _GLUON_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
@@ -59,8 +65,8 @@ def serves(device: torch.device, kv_dtype: torch.dtype) -> bool:
 
 def supports(q_dtype: torch.dtype, pages: torch.Tensor, scale_mode: int, kv_lora_rank: int, rope_dim: int) -> bool:
     """Whether the Hopper kernel takes this call: an SM90 GPU; 16-bit queries and pages of the same
-    dtype, or fp8 pages with one per-tensor scale; a latent width that is a multiple of 64 up to
-    512 and a rope width of 16, 32 or 64."""
+    dtype, or fp8 pages with one per-tensor scale; a latent width of 64, 128, 256 or 512 (half of it
+    is one value warpgroup's power-of-two tile) and a rope width of 16, 32 or 64."""
     if pages.dtype == FP8_DTYPE:
         cache_ok = scale_mode == SCALE_PER_TENSOR
     else:
@@ -69,21 +75,20 @@ def supports(q_dtype: torch.dtype, pages: torch.Tensor, scale_mode: int, kv_lora
         serves(pages.device, pages.dtype)
         and q_dtype in _GLUON_DTYPES
         and cache_ok
-        and kv_lora_rank % 64 == 0
-        and 64 <= kv_lora_rank <= MAX_KV_LORA_RANK
+        and kv_lora_rank in KV_LORA_RANKS
         and rope_dim in ROPE_DIMS
     )
 
 
-def cache_descriptors(pages: torch.Tensor, kv_lora_rank: int) -> tuple[TensorDescriptor, TensorDescriptor]:
-    """TMA descriptors of the cache rows `[pages x page_size, dim]` in BLOCK_N-row blocks: the latent
-    columns and the rope columns (the pages must be row-contiguous: `rows_are_contiguous`)."""
+def chunk_descriptors(pages: torch.Tensor, kv_lora_rank: int) -> tuple[TensorDescriptor, TensorDescriptor]:
+    """TMA descriptors of the cache rows `[pages x page_size, dim]` in `[BLOCK_N, TMA_CHUNK]` latent chunks
+    and `[BLOCK_N, rope_dim]` rope blocks (row-contiguous pages: `rows_are_contiguous`)."""
     rows = pages.reshape(-1, pages.shape[-1])
     element = _GLUON_DTYPES[pages.dtype]
     rope_dim = pages.shape[-1] - kv_lora_rank
     return (
-        TensorDescriptor.from_tensor(rows, [BLOCK_N.value, kv_lora_rank],
-                                     gl.NVMMASharedLayout.get_default_for([BLOCK_N.value, kv_lora_rank], element)),
+        TensorDescriptor.from_tensor(rows, [BLOCK_N.value, TMA_CHUNK.value],
+                                     gl.NVMMASharedLayout.get_default_for([BLOCK_N.value, TMA_CHUNK.value], element)),
         TensorDescriptor.from_tensor(rows, [BLOCK_N.value, rope_dim],
                                      gl.NVMMASharedLayout.get_default_for([BLOCK_N.value, rope_dim], element)),
     )
@@ -91,17 +96,16 @@ def cache_descriptors(pages: torch.Tensor, kv_lora_rank: int) -> tuple[TensorDes
 
 def launch(grid: tuple[int, int], q: torch.Tensor, pages: torch.Tensor, kv_scale: torch.Tensor | None, kv_lora_rank: int,
            shared_args: tuple) -> None:
-    """Runs the split pass (a call `supports` accepts): the warp-specialized kernel for fp8 caches (with
-    the one-element `kv_scale`) and for pages holding whole tiles (TMA loads), the cp.async gather
-    kernel otherwise. `shared_args` are the portable split kernel's arguments from the block
-    table on, without the scale strides."""
+    """Runs the split pass (a call `supports` accepts): the fp8 kernel for fp8 caches (with the
+    one-element `kv_scale`), the seesaw kernel for 16-bit pages holding whole tiles (TMA loads), the
+    cp.async gather kernel otherwise. `shared_args` are the portable split kernel's arguments from
+    the block table on, without the scale strides."""
     constants = dict(HEADS=q.shape[1], PAGE_SIZE=pages.shape[1], KV_LORA_RANK=kv_lora_rank, ROPE_DIM=q.shape[-1] - kv_lora_rank)
     if pages.dtype == FP8_DTYPE:
-        mla_decode_hopper_ws_kernel[grid](q, pages, kv_scale, None, None, *shared_args, **constants, KV_FP8=True,
-                                          num_warps=4)
-    elif pages.shape[1] % BLOCK_N.value == 0:
-        mla_decode_hopper_ws_kernel[grid](q, pages, pages, *cache_descriptors(pages, kv_lora_rank), *shared_args,
-                                          **constants, KV_FP8=False, num_warps=4)
+        mla_decode_hopper_fp8_kernel[grid](q, pages, kv_scale, *shared_args, **constants, num_warps=4)
+    elif pages.shape[1] % BLOCK_N.value == 0 and kv_lora_rank >= 2 * TMA_CHUNK.value:
+        mla_decode_hopper_seesaw_kernel[grid](q, *chunk_descriptors(pages, kv_lora_rank), *shared_args, **constants,
+                                              num_warps=4)
     else:
         mla_decode_hopper_split_kernel[grid](q, pages, *shared_args, **constants, num_warps=NUM_WARPS.value)
 
@@ -219,14 +223,9 @@ def _gather_rows(smem, KV, BLOCK_TABLE, bt_row, tok0, end, stride_kv_page, strid
 
 
 @gluon.jit
-def _tma_tile(lat_desc, rope_desc, BLOCK_TABLE, bt_row, tok0, bar, lat_dst, rope_dst, PAGE_SIZE: gl.constexpr):
-    """One TMA load of tokens tok0 .. tok0 + BLOCK_N (inside one page: PAGE_SIZE is a multiple of
-    BLOCK_N) into the stage's buffers, completing on `bar`."""
-    page = gl.load(BLOCK_TABLE + bt_row + tok0 // PAGE_SIZE)
-    row = page * PAGE_SIZE + tok0 % PAGE_SIZE
-    mbarrier.expect(bar, lat_desc.block_type.nbytes + rope_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(lat_desc, [row, 0], bar, lat_dst)
-    tma.async_copy_global_to_shared(rope_desc, [row, lat_desc.block_type.shape[1]], bar, rope_dst)
+def _cache_row(BLOCK_TABLE, bt_row, tok0, PAGE_SIZE: gl.constexpr):
+    """Row of the `[pages x page_size, dim]` cache matrix holding token tok0 of the sequence."""
+    return gl.load(BLOCK_TABLE + bt_row + tok0 // PAGE_SIZE) * PAGE_SIZE + tok0 % PAGE_SIZE
 
 
 @gluon.jit
@@ -394,22 +393,19 @@ def mla_decode_hopper_split_kernel(
 
 
 @gluon.jit
-def _ws_softmax_partition(
+def _fp8_softmax_partition(
     q_lat_smem, q_rope_smem, k_lat_smem, k_rope_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free,
-    KV_LAT_DESC, KV_ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, b, split,
-    num_splits, scale_log2, OUT, LSE, PART_OUT, PART_LSE,
-    stride_o_tok, stride_o_head, stride_lse_cu, stride_lse_b, stride_lse_i, stride_lse_h,
+    start, end, num_tiles, seqlen, q_len, tile, first_token, b, split, num_splits, scale_log2, OUT, LSE, PART_OUT,
+    PART_LSE, stride_o_tok, stride_o_head, stride_lse_cu, stride_lse_b, stride_lse_i, stride_lse_h,
     stride_po_b, stride_po_s, stride_po_row, stride_pl_b, stride_pl_s, kv_scale,
-    HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr,
-    KV_FP8: gl.constexpr,
+    HEADS: gl.constexpr, KV_LORA_RANK: gl.constexpr,
 ):
     """First warpgroup: S = Q . K^T over whole tiles, the softmax, P and the row scales for the other
-    warpgroup, P . V for the first half of the latent columns, and (16-bit caches) the TMA loads two
-    tiles ahead. `kv_scale` multiplies the cache (scores and output)."""
+    warpgroup, and P . V for the first half of the latent columns. `kv_scale` multiplies the cache
+    (scores and output)."""
     half: gl.constexpr = KV_LORA_RANK // 2
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, half, 16])
-    zero_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
     visible = seqlen - q_len + rows // HEADS + 1
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
@@ -419,14 +415,7 @@ def _ws_softmax_partition(
     for t in range(num_tiles):
         tok0 = start + t * BLOCK_N
         stage = t % STAGES
-        stage_phase = (t // STAGES) & 1
-        mbarrier.wait(kv_ready.index(stage), stage_phase)
-        if not KV_FP8:
-            if tok0 + BLOCK_N > end:
-                _zero_rows_from(k_lat_smem.index(stage), end - tok0, 64, zero_layout)
-                _zero_rows_from(k_rope_smem.index(stage), end - tok0, ROPE_DIM, zero_layout)
-                fence_async_shared()
-                gl.thread_barrier()
+        mbarrier.wait(kv_ready.index(stage), (t // STAGES) & 1)
         k_lat = k_lat_smem.index(stage)
         s = _masked_scores(q_lat_smem, q_rope_smem, k_lat, k_rope_smem.index(stage), s_zero, tok0, end, visible,
                            scale_log2 * kv_scale)
@@ -445,11 +434,6 @@ def _ws_softmax_partition(
         acc = warpgroup_mma(p_smem, k_lat.slice(0, half, dim=1), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
         mbarrier.arrive(kv_free.index(stage), count=1)
-        if not KV_FP8:
-            if t + STAGES < num_tiles:
-                mbarrier.wait(kv_free.index(stage), stage_phase)
-                _tma_tile(KV_LAT_DESC, KV_ROPE_DESC, BLOCK_TABLE, bt_row, tok0 + STAGES * BLOCK_N,
-                          kv_ready.index(stage), k_lat_smem.index(stage), k_rope_smem.index(stage), PAGE_SIZE)
 
     lse, inv_l = _finish_rows(m_i, l_i)
     inv_l = gl.convert_layout(inv_l * kv_scale, gl.SliceLayout(1, o_layout))
@@ -465,22 +449,20 @@ def _ws_softmax_partition(
 
 
 @gluon.jit
-def _ws_value_partition(
+def _fp8_value_partition(
     k_lat_smem, k_rope_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free, num_tiles, first_token, b, split,
     num_splits, tile, q_len, KV, BLOCK_TABLE, bt_row, start, end, stride_kv_page, stride_kv_tok,
     OUT, PART_OUT, stride_o_tok, stride_o_head, stride_po_b, stride_po_s, stride_po_row,
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr,
-    KV_FP8: gl.constexpr,
 ):
     """Second warpgroup: P . V for the second half of the latent columns, rescaled by the first
-    warpgroup's row factors; for fp8 caches also the tile loads: tile t + 2 is converted into the
-    stage tile t frees while tile t + 3 is already on its way into registers."""
+    warpgroup's row factors, and the tile loads: tile t + 2 is converted into the stage tile t frees
+    while tile t + 3 is already on its way into registers."""
     half: gl.constexpr = KV_LORA_RANK // 2
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, half, 16])
     acc = gl.zeros([BLOCK_M, half], gl.float32, layout=o_layout)
-    if KV_FP8:
-        lat, rope = _load_fp8_tile(KV, BLOCK_TABLE, bt_row, start + STAGES * BLOCK_N, end, stride_kv_page, stride_kv_tok,
-                                   PAGE_SIZE, KV_LORA_RANK, ROPE_DIM)
+    lat, rope = _load_fp8_tile(KV, BLOCK_TABLE, bt_row, start + STAGES * BLOCK_N, end, stride_kv_page, stride_kv_tok,
+                               PAGE_SIZE, KV_LORA_RANK, ROPE_DIM)
     for t in range(num_tiles):
         stage = t % STAGES
         mbarrier.wait(p_ready, t & 1)
@@ -491,12 +473,11 @@ def _ws_value_partition(
         gl.thread_barrier()
         mbarrier.arrive(p_free, count=1)
         mbarrier.arrive(kv_free.index(stage), count=1)
-        if KV_FP8:
-            if t + STAGES < num_tiles:
-                mbarrier.wait(kv_free.index(stage), (t // STAGES) & 1)
-                _store_converted(lat, rope, k_lat_smem.index(stage), k_rope_smem.index(stage), kv_ready.index(stage))
-                lat, rope = _load_fp8_tile(KV, BLOCK_TABLE, bt_row, start + (t + STAGES + 1) * BLOCK_N, end,
-                                           stride_kv_page, stride_kv_tok, PAGE_SIZE, KV_LORA_RANK, ROPE_DIM)
+        if t + STAGES < num_tiles:
+            mbarrier.wait(kv_free.index(stage), (t // STAGES) & 1)
+            _store_converted(lat, rope, k_lat_smem.index(stage), k_rope_smem.index(stage), kv_ready.index(stage))
+            lat, rope = _load_fp8_tile(KV, BLOCK_TABLE, bt_row, start + (t + STAGES + 1) * BLOCK_N, end,
+                                       stride_kv_page, stride_kv_tok, PAGE_SIZE, KV_LORA_RANK, ROPE_DIM)
     mbarrier.wait(p_ready, num_tiles & 1)
     inv_l = row_smem.load(gl.SliceLayout(1, o_layout))
     _store_columns(acc * inv_l[:, None], half, OUT, PART_OUT, first_token, b, split, num_splits, tile, q_len,
@@ -521,8 +502,8 @@ def _store_columns(out, col0, OUT, PART_OUT, first_token, b, split, num_splits, 
 
 
 @gluon.jit(do_not_specialize=["stride_bt_b"])
-def mla_decode_hopper_ws_kernel(
-    Q, KV, KV_SCALE, KV_LAT_DESC, KV_ROPE_DESC, BLOCK_TABLE, SEQLENS, CU_SEQLENS_Q, NUM_SPLITS,
+def mla_decode_hopper_fp8_kernel(
+    Q, KV, KV_SCALE, BLOCK_TABLE, SEQLENS, CU_SEQLENS_Q, NUM_SPLITS,
     OUT, LSE, PART_OUT, PART_LSE,
     scale_log2, row_tiles,
     stride_q_tok, stride_q_head,
@@ -533,11 +514,11 @@ def mla_decode_hopper_ws_kernel(
     stride_po_b, stride_po_s, stride_po_row,
     stride_pl_b, stride_pl_s,
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr,
-    KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr, KV_FP8: gl.constexpr,
+    KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr,
 ):
-    """Warp-specialized variant for 16-bit pages that hold whole tiles and for fp8 pages of any size:
-    launched with 4 warps (the softmax warpgroup) plus a 4-warp worker (the value warpgroup). Arguments as `mla_decode_hopper_split_kernel`,
-    plus the cache's TMA descriptors (16-bit caches) or its one-element scale KV_SCALE (KV_FP8)."""
+    """Warp-specialized kernel for fp8 (e4m3) pages of any size with one per-tensor scale: launched with
+    4 warps (the softmax warpgroup) plus a 4-warp worker (the value warpgroup, which also gathers and
+    converts the tiles). Arguments as `mla_decode_hopper_split_kernel`'s, plus the one-element scale KV_SCALE."""
     b, tile, split, num_splits, first_token, q_len = _program_work(NUM_SPLITS, CU_SEQLENS_Q, row_tiles)
     if split >= num_splits or tile * BLOCK_M >= q_len * HEADS:
         return
@@ -560,33 +541,340 @@ def mla_decode_hopper_ws_kernel(
     _load_query(q_lat_smem, q_rope_smem, Q, tile, first_token, q_len, stride_q_tok, stride_q_head, HEADS, load_layout)
     async_copy.commit_group()
     bt_row = b * stride_bt_b
-    if KV_FP8:
-        kv_scale = gl.load(KV_SCALE)
-        for st in gl.static_range(STAGES):
-            lat, rope = _load_fp8_tile(KV, BLOCK_TABLE, bt_row, start + st * BLOCK_N, end, stride_kv_page,
-                                       stride_kv_tok, PAGE_SIZE, KV_LORA_RANK, ROPE_DIM)
-            _store_converted(lat, rope, k_lat_smem.index(st), k_rope_smem.index(st), kv_ready.index(st))
-    else:
-        kv_scale = 1.0
-        for st in gl.static_range(STAGES):
-            if st < num_tiles:
-                _tma_tile(KV_LAT_DESC, KV_ROPE_DESC, BLOCK_TABLE, bt_row, start + st * BLOCK_N, kv_ready.index(st),
-                          k_lat_smem.index(st), k_rope_smem.index(st), PAGE_SIZE)
+    kv_scale = gl.load(KV_SCALE)
+    for st in gl.static_range(STAGES):
+        lat, rope = _load_fp8_tile(KV, BLOCK_TABLE, bt_row, start + st * BLOCK_N, end, stride_kv_page,
+                                   stride_kv_tok, PAGE_SIZE, KV_LORA_RANK, ROPE_DIM)
+        _store_converted(lat, rope, k_lat_smem.index(st), k_rope_smem.index(st), kv_ready.index(st))
     async_copy.wait_group(0)
     fence_async_shared()
     gl.thread_barrier()
 
     gl.warp_specialize([
-        (_ws_softmax_partition, (
+        (_fp8_softmax_partition, (
             q_lat_smem, q_rope_smem, k_lat_smem, k_rope_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free,
-            KV_LAT_DESC, KV_ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, b,
-            split, num_splits, scale_log2, OUT, LSE, PART_OUT, PART_LSE,
-            stride_o_tok, stride_o_head, stride_lse_cu, stride_lse_b, stride_lse_i, stride_lse_h,
-            stride_po_b, stride_po_s, stride_po_row, stride_pl_b, stride_pl_s, kv_scale,
-            HEADS, PAGE_SIZE, KV_LORA_RANK, ROPE_DIM, KV_FP8)),
-        (_ws_value_partition, (
+            start, end, num_tiles, seqlen, q_len, tile, first_token, b, split, num_splits, scale_log2, OUT, LSE,
+            PART_OUT, PART_LSE, stride_o_tok, stride_o_head, stride_lse_cu, stride_lse_b, stride_lse_i, stride_lse_h,
+            stride_po_b, stride_po_s, stride_po_row, stride_pl_b, stride_pl_s, kv_scale, HEADS, KV_LORA_RANK)),
+        (_fp8_value_partition, (
             k_lat_smem, k_rope_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free, num_tiles, first_token, b,
             split, num_splits, tile, q_len, KV, BLOCK_TABLE, bt_row, start, end, stride_kv_page, stride_kv_tok,
             OUT, PART_OUT, stride_o_tok, stride_o_head, stride_po_b, stride_po_s, stride_po_row,
-            HEADS, PAGE_SIZE, KV_LORA_RANK, ROPE_DIM, KV_FP8)),
+            HEADS, PAGE_SIZE, KV_LORA_RANK, ROPE_DIM)),
     ], [4], [232])
+
+
+
+@gluon.jit
+def _rope_view(slot, ROPE_DIM: gl.constexpr):
+    """A stage's `[BLOCK_N, BLOCK_N]` slot seen as K's rope columns `[BLOCK_N, ROPE_DIM]` (what TMA fills
+    and S reads; the slot holds P once S is done with them)."""
+    layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, ROPE_DIM], slot.dtype)
+    return slot._reinterpret(slot.dtype, [BLOCK_N, ROPE_DIM], layout)
+
+
+@gluon.jit
+def _load_chunks(chunk_desc, rope_desc, row, chunk_ready, stage: gl.constexpr, k_lat, slot,
+                 FIRST: gl.constexpr, COUNT: gl.constexpr, WITH_ROPE: gl.constexpr, pred):
+    """TMA loads of cache rows row .. row + BLOCK_N into the stage: latent chunks FIRST .. FIRST + COUNT
+    (TMA_CHUNK columns each) and, WITH_ROPE, the rope columns into the stage's slot; each chunk
+    completes on its own barrier. Nothing is issued where `pred` is false."""
+    chunks: gl.constexpr = k_lat.shape[1] // TMA_CHUNK + 1
+    for c in gl.static_range(FIRST, FIRST + COUNT):
+        bar = chunk_ready.index(stage * chunks + c)
+        mbarrier.expect(bar, chunk_desc.block_type.nbytes, pred=pred)
+        tma.async_copy_global_to_shared(chunk_desc, [row, c * TMA_CHUNK], bar, k_lat.slice(c * TMA_CHUNK, TMA_CHUNK, dim=1),
+                                        pred=pred)
+    if WITH_ROPE:
+        bar = chunk_ready.index(stage * chunks + chunks - 1)
+        mbarrier.expect(bar, rope_desc.block_type.nbytes, pred=pred)
+        tma.async_copy_global_to_shared(rope_desc, [row, k_lat.shape[1]], bar, _rope_view(slot, rope_desc.block_type.shape[1]),
+                                        pred=pred)
+
+
+@gluon.jit
+def _wait_chunks(chunk_ready, stage: gl.constexpr, phase, chunks: gl.constexpr):
+    for c in gl.static_range(chunks):
+        mbarrier.wait(chunk_ready.index(stage * chunks + c), phase)
+
+
+@gluon.jit
+def _chunked_scores(q_lat_smem, q_rope_smem, k_lat, slot, chunk_ready, stage: gl.constexpr, phase, s_zero,
+                    RIGHT_HALF_FIRST: gl.constexpr):
+    """S = Q . K^T of the stage's tile, each latent chunk's MMA issued as soon as the chunk has landed
+    (the right half's chunks first where RIGHT_HALF_FIRST: they are the ones reloaded first)."""
+    lat_chunks: gl.constexpr = k_lat.shape[1] // TMA_CHUNK
+    first: gl.constexpr = lat_chunks // 2 if RIGHT_HALF_FIRST else 0
+    s = s_zero
+    for c in gl.static_range(first, lat_chunks):
+        s = _score_chunk(q_lat_smem, k_lat, chunk_ready, stage, phase, s, c, c > first)
+    for c in gl.static_range(first):
+        s = _score_chunk(q_lat_smem, k_lat, chunk_ready, stage, phase, s, c, True)
+    mbarrier.wait(chunk_ready.index(stage * (lat_chunks + 1) + lat_chunks), phase)
+    s = warpgroup_mma(q_rope_smem, _rope_view(slot, q_rope_smem.shape[1]).permute((1, 0)), s, is_async=True)
+    return warpgroup_mma_wait(num_outstanding=0, deps=[s])
+
+
+@gluon.jit
+def _score_chunk(q_lat_smem, k_lat, chunk_ready, stage: gl.constexpr, phase, s, c: gl.constexpr, use_acc: gl.constexpr):
+    """S += Q . K^T over latent chunk c, issued once the chunk has landed."""
+    mbarrier.wait(chunk_ready.index(stage * (k_lat.shape[1] // TMA_CHUNK + 1) + c), phase)
+    return warpgroup_mma(q_lat_smem.slice(c * TMA_CHUNK, TMA_CHUNK, dim=1),
+                         k_lat.slice(c * TMA_CHUNK, TMA_CHUNK, dim=1).permute((1, 0)), s, use_acc=use_acc, is_async=True)
+
+
+@gluon.jit
+def _zero_tail(k_lat, chunk_ready, stage: gl.constexpr, phase, first_bad):
+    """Rows first_bad .. of the stage's latent tile zeroed once all its chunks have landed (TMA brings whole
+    page rows: rows past a sequence's end may hold anything, NaN included)."""
+    _wait_chunks(chunk_ready, stage, phase, k_lat.shape[1] // TMA_CHUNK + 1)
+    _zero_rows_from(k_lat, first_bad, 64, gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
+    fence_async_shared()
+    gl.thread_barrier()
+
+
+@gluon.jit
+def _masked(s, tok0, end, visible, scale_log2):
+    """Scores in base-2 units, -inf where a token is past the split's end or not yet visible to the row."""
+    toks = tok0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s.type.layout))
+    return gl.where((toks[None, :] < end) & (toks[None, :] < visible[:, None]), s * scale_log2, float("-inf"))
+
+
+@gluon.jit
+def _row_vector(values, LAYOUT: gl.constexpr):
+    return gl.convert_layout(values, gl.SliceLayout(1, LAYOUT))
+
+
+@gluon.jit
+def _seesaw_even_partition(
+    q_lat_smem, q_rope_smem, k_lat_smem, slots, chunk_ready, even_ready, odd_ready, p_even_ready, final_ready,
+    m_even, scale_even, m_odd, scale_odd, sum_odd, final_rows,
+    CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, b, split,
+    num_splits, scale_log2, OUT, LSE, PART_OUT, PART_LSE,
+    stride_o_tok, stride_o_head, stride_lse_cu, stride_lse_b, stride_lse_i, stride_lse_h,
+    stride_po_b, stride_po_s, stride_po_row, stride_pl_b, stride_pl_s,
+    HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr,
+):
+    """Warpgroup 0: S and the softmax of the even tiles (stage 0), output columns of the left half.
+    Per pair of tiles: P0 from the running max of the pair before; O_L = O_L x scale0 + P0 . V0_L (P0 from
+    registers); then, with the odd tile's max from warpgroup 1, P0 rescaled to it for warpgroup 1 and
+    O_L = O_L x scale1 + P1 . V1_L. Each stage's chunks are reloaded as soon as their last reader is done."""
+    half: gl.constexpr = KV_LORA_RANK // 2
+    lat_chunks: gl.constexpr = KV_LORA_RANK // TMA_CHUNK
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, half, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    dtype: gl.constexpr = slots.dtype
+    rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    visible = seqlen - q_len + rows // HEADS + 1
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([BLOCK_M, half], gl.float32, layout=o_layout)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    k0 = k_lat_smem.index(0)
+    k1 = k_lat_smem.index(1)
+    for pair in range(gl.cdiv(num_tiles, 2)):
+        phase = pair & 1
+        t0 = 2 * pair
+        tok0 = start + t0 * BLOCK_N
+        has_odd = t0 + 1 < num_tiles
+        next_even = _cache_row(BLOCK_TABLE, bt_row, start + gl.minimum(t0 + 2, num_tiles - 1) * BLOCK_N, PAGE_SIZE)
+        next_odd = _cache_row(BLOCK_TABLE, bt_row, start + gl.minimum(t0 + 3, num_tiles - 1) * BLOCK_N, PAGE_SIZE)
+        if tok0 + BLOCK_N > end:
+            _zero_tail(k0, chunk_ready, 0, phase, end - tok0)
+        s = _chunked_scores(q_lat_smem, q_rope_smem, k0, slots.index(0), chunk_ready, 0, phase, s_zero, False)
+        p0, scale0, m_i = _online_softmax(_masked(s, tok0, end, visible, scale_log2), m_i)
+        m_even.store(m_i)
+        scale_even.store(scale0)
+        gl.thread_barrier()
+        mbarrier.arrive(even_ready, count=1)
+
+        acc = acc * _row_vector(scale0, o_layout)[:, None]
+        acc = warpgroup_mma(gl.convert_layout(p0.to(dtype), p_layout), k0.slice(0, half, dim=1), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+        gl.thread_barrier()
+        _load_chunks(CHUNK_DESC, ROPE_DESC, next_even, chunk_ready, 0, k0, slots.index(0), 0, lat_chunks // 2, False,
+                     t0 + 2 < num_tiles)
+
+        if has_odd:
+            mbarrier.wait(odd_ready, phase)
+            scale1 = scale_odd.load(gl.SliceLayout(1, s_layout))
+            odd_sum = sum_odd.load(gl.SliceLayout(1, s_layout))
+            m_i = m_odd.load(gl.SliceLayout(1, s_layout))
+        else:
+            scale1 = gl.full([BLOCK_M], 1.0, gl.float32, layout=gl.SliceLayout(1, s_layout))
+            odd_sum = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
+        slots.index(0).store((p0 * scale1[:, None]).to(dtype))
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(p_even_ready, count=1)
+        l_i = (l_i * scale0 + gl.sum(p0, 1)) * scale1 + odd_sum
+
+        if has_odd:
+            acc = acc * _row_vector(scale1, o_layout)[:, None]
+            acc = warpgroup_mma(slots.index(1), k1.slice(0, half, dim=1), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+            gl.thread_barrier()
+            _load_chunks(CHUNK_DESC, ROPE_DESC, next_odd, chunk_ready, 1, k1, slots.index(1), 0, lat_chunks // 2, True,
+                         t0 + 3 < num_tiles)
+
+    lse, inv_l = _finish_rows(m_i, l_i)
+    final_rows.store(inv_l)
+    gl.thread_barrier()
+    mbarrier.arrive(final_ready, count=1)
+    _store_columns(acc * _row_vector(inv_l, o_layout)[:, None], 0, OUT, PART_OUT, first_token, b, split, num_splits,
+                   tile, q_len, stride_o_tok, stride_o_head, stride_po_b, stride_po_s, stride_po_row, HEADS, o_layout)
+    _store_lse(lse, rows, LSE, PART_LSE, first_token, b, split, num_splits, q_len,
+               stride_lse_cu, stride_lse_b, stride_lse_i, stride_lse_h, stride_pl_b, stride_pl_s, HEADS)
+
+
+@gluon.jit
+def _seesaw_odd_partition(
+    q_lat_smem, q_rope_smem, k_lat_smem, slots, chunk_ready, even_ready, odd_ready, p_even_ready, final_ready,
+    m_even, scale_even, m_odd, scale_odd, sum_odd, final_rows,
+    CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, b, split,
+    num_splits, scale_log2, OUT, PART_OUT, stride_o_tok, stride_o_head, stride_po_b, stride_po_s, stride_po_row,
+    HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr,
+):
+    """Warpgroup 1: S and the softmax of the odd tiles (stage 1, computed while warpgroup 0 does its
+    softmax), output columns of the right half: O_R = O_R x scale0 x scale1 + P1 . V1_R (P1 from
+    registers), then + P0' . V0_R with warpgroup 0's rescaled P0."""
+    half: gl.constexpr = KV_LORA_RANK // 2
+    lat_chunks: gl.constexpr = KV_LORA_RANK // TMA_CHUNK
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, half, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    dtype: gl.constexpr = slots.dtype
+    rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    visible = seqlen - q_len + rows // HEADS + 1
+    acc = gl.zeros([BLOCK_M, half], gl.float32, layout=o_layout)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    k0 = k_lat_smem.index(0)
+    k1 = k_lat_smem.index(1)
+    for pair in range(gl.cdiv(num_tiles, 2)):
+        phase = pair & 1
+        t1 = 2 * pair + 1
+        tok1 = start + t1 * BLOCK_N
+        has_odd = t1 < num_tiles
+        next_even = _cache_row(BLOCK_TABLE, bt_row, start + gl.minimum(t1 + 1, num_tiles - 1) * BLOCK_N, PAGE_SIZE)
+        next_odd = _cache_row(BLOCK_TABLE, bt_row, start + gl.minimum(t1 + 2, num_tiles - 1) * BLOCK_N, PAGE_SIZE)
+        if has_odd:
+            if tok1 + BLOCK_N > end:
+                _zero_tail(k1, chunk_ready, 1, phase, end - tok1)
+            s = _chunked_scores(q_lat_smem, q_rope_smem, k1, slots.index(1), chunk_ready, 1, phase, s_zero, True)
+            s = _masked(s, tok1, end, visible, scale_log2)
+        else:
+            s = s_zero
+        mbarrier.wait(even_ready, phase)
+        m0 = m_even.load(gl.SliceLayout(1, s_layout))
+        scale0 = scale_even.load(gl.SliceLayout(1, s_layout))
+        if has_odd:
+            p1, scale1, m1 = _online_softmax(s, m0)
+            slots.index(1).store(p1.to(dtype))
+            m_odd.store(m1)
+            scale_odd.store(scale1)
+            sum_odd.store(gl.sum(p1, 1))
+            fence_async_shared()
+            gl.thread_barrier()
+            mbarrier.arrive(odd_ready, count=1)
+            acc = acc * _row_vector(scale0 * scale1, o_layout)[:, None]
+            acc = warpgroup_mma(gl.convert_layout(p1.to(dtype), p_layout), k1.slice(half, half, dim=1), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+            gl.thread_barrier()
+            _load_chunks(CHUNK_DESC, ROPE_DESC, next_odd, chunk_ready, 1, k1, slots.index(1), lat_chunks // 2,
+                         lat_chunks // 2, False, t1 + 2 < num_tiles)
+        else:
+            acc = acc * _row_vector(scale0, o_layout)[:, None]
+        mbarrier.wait(p_even_ready, phase)
+        acc = warpgroup_mma(slots.index(0), k0.slice(half, half, dim=1), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+        gl.thread_barrier()
+        _load_chunks(CHUNK_DESC, ROPE_DESC, next_even, chunk_ready, 0, k0, slots.index(0), lat_chunks // 2,
+                     lat_chunks // 2, True, t1 + 1 < num_tiles)
+    mbarrier.wait(final_ready, 0)
+    inv_l = final_rows.load(gl.SliceLayout(1, o_layout))
+    _store_columns(acc * inv_l[:, None], half, OUT, PART_OUT, first_token, b, split, num_splits, tile, q_len,
+                   stride_o_tok, stride_o_head, stride_po_b, stride_po_s, stride_po_row, HEADS, o_layout)
+
+
+@gluon.jit(do_not_specialize=["stride_bt_b"])
+def mla_decode_hopper_seesaw_kernel(
+    Q, CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, SEQLENS, CU_SEQLENS_Q, NUM_SPLITS,
+    OUT, LSE, PART_OUT, PART_LSE,
+    scale_log2, row_tiles,
+    stride_q_tok, stride_q_head,
+    stride_kv_page, stride_kv_tok,
+    stride_bt_b,
+    stride_o_tok, stride_o_head,
+    stride_lse_cu, stride_lse_b, stride_lse_i, stride_lse_h,
+    stride_po_b, stride_po_s, stride_po_row,
+    stride_pl_b, stride_pl_s,
+    HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr,
+    KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr,
+):
+    """Two warpgroups taking turns over tile pairs ("seesaw"), for 16-bit pages that hold whole tiles:
+    even tiles in stage 0 (warpgroup 0's S and softmax), odd tiles in stage 1 (warpgroup 1's), each
+    warpgroup owning half of the output columns and using the other's P through shared memory, so one
+    warpgroup's softmax runs while the other's MMAs do. Tiles arrive as latent chunks on their own
+    barriers. Arguments as `mla_decode_hopper_split_kernel`'s, with the cache's chunk TMA descriptors."""
+    b, tile, split, num_splits, first_token, q_len = _program_work(NUM_SPLITS, CU_SEQLENS_Q, row_tiles)
+    if split >= num_splits or tile * BLOCK_M >= q_len * HEADS:
+        return
+    seqlen = gl.load(SEQLENS + b)
+    start, end, num_tiles = _split_range(seqlen, split, num_splits)
+
+    dtype: gl.constexpr = Q.dtype.element_ty
+    lat_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, KV_LORA_RANK], dtype)
+    q_lat_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, KV_LORA_RANK], lat_layout)
+    q_rope_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, ROPE_DIM],
+                                            gl.NVMMASharedLayout.get_default_for([BLOCK_M, ROPE_DIM], dtype))
+    k_lat_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, KV_LORA_RANK], lat_layout)
+    slots = gl.allocate_shared_memory(dtype, [2, BLOCK_M, BLOCK_N],
+                                      gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype))
+    row_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    m_even = gl.allocate_shared_memory(gl.float32, [BLOCK_M], row_layout)
+    scale_even = gl.allocate_shared_memory(gl.float32, [BLOCK_M], row_layout)
+    m_odd = gl.allocate_shared_memory(gl.float32, [BLOCK_M], row_layout)
+    scale_odd = gl.allocate_shared_memory(gl.float32, [BLOCK_M], row_layout)
+    sum_odd = gl.allocate_shared_memory(gl.float32, [BLOCK_M], row_layout)
+    final_rows = gl.allocate_shared_memory(gl.float32, [BLOCK_M], row_layout)
+    chunks: gl.constexpr = KV_LORA_RANK // TMA_CHUNK + 1
+    chunk_ready = gl.allocate_shared_memory(gl.int64, [2 * chunks, 1], mbarrier.MBarrierLayout())
+    even_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    odd_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    p_even_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    final_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for c in gl.static_range(2 * chunks):
+        mbarrier.init(chunk_ready.index(c), count=1)
+    mbarrier.init(even_ready, count=1)
+    mbarrier.init(odd_ready, count=1)
+    mbarrier.init(p_even_ready, count=1)
+    mbarrier.init(final_ready, count=1)
+
+    load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    _load_query(q_lat_smem, q_rope_smem, Q, tile, first_token, q_len, stride_q_tok, stride_q_head, HEADS, load_layout)
+    async_copy.commit_group()
+    bt_row = b * stride_bt_b
+    for st in gl.static_range(2):
+        if st < num_tiles:
+            _load_chunks(CHUNK_DESC, ROPE_DESC, _cache_row(BLOCK_TABLE, bt_row, start + st * BLOCK_N, PAGE_SIZE), chunk_ready,
+                         st, k_lat_smem.index(st), slots.index(st), 0, chunks - 1, True, True)
+    async_copy.wait_group(0)
+    fence_async_shared()
+    gl.thread_barrier()
+
+    gl.warp_specialize([
+        (_seesaw_even_partition, (
+            q_lat_smem, q_rope_smem, k_lat_smem, slots, chunk_ready, even_ready, odd_ready, p_even_ready, final_ready,
+            m_even, scale_even, m_odd, scale_odd, sum_odd, final_rows,
+            CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, b, split,
+            num_splits, scale_log2, OUT, LSE, PART_OUT, PART_LSE,
+            stride_o_tok, stride_o_head, stride_lse_cu, stride_lse_b, stride_lse_i, stride_lse_h,
+            stride_po_b, stride_po_s, stride_po_row, stride_pl_b, stride_pl_s, HEADS, PAGE_SIZE, KV_LORA_RANK)),
+        (_seesaw_odd_partition, (
+            q_lat_smem, q_rope_smem, k_lat_smem, slots, chunk_ready, even_ready, odd_ready, p_even_ready, final_ready,
+            m_even, scale_even, m_odd, scale_odd, sum_odd, final_rows,
+            CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, b, split,
+            num_splits, scale_log2, OUT, PART_OUT, stride_o_tok, stride_o_head, stride_po_b, stride_po_s, stride_po_row,
+            HEADS, PAGE_SIZE, KV_LORA_RANK)),
+    ], [4], [248])
