@@ -103,25 +103,28 @@ def test_a_hopper_tile_plan_the_hopper_kernel_refuses_runs_the_portable_tile(
 def test_split_counts_follow_the_documented_formula(kernel_device):
     one_token_each = torch.arange(4, dtype=torch.int32, device=kernel_device)
     even = torch.tensor([4096, 4096, 0], dtype=torch.int32, device=kernel_device)
-    counts = functools.partial(decode_split_counts, even, one_token_each, 64, block_m=64, block_n=64)
-    assert counts(SplitGeometry(1, 16), num_sms=4).tolist() == [4, 4, 1]  # 128 tiles / 8 programs: 16 per split
-    assert counts(SplitGeometry(1, 3), num_sms=4).tolist() == [3, 3, 1]
-    assert counts(SplitGeometry(1, 64), num_sms=64, min_tokens_per_split=64 * 32).tolist() == [2, 2, 1]
+    def counts(*args, **kwargs):
+        return decode_split_counts(*args, **kwargs).counts.tolist()
+
+    split = functools.partial(counts, even, one_token_each, 64, block_m=64, block_n=64)
+    assert split(SplitGeometry(1, 16), num_sms=4) == [4, 4, 1]  # 128 tiles / 8 programs: 16 per split
+    assert split(SplitGeometry(1, 3), num_sms=4) == [3, 3, 1]
+    assert split(SplitGeometry(1, 64), num_sms=64, min_tokens_per_split=64 * 32) == [2, 2, 1]
     # Ragged (the busiest sequence has 64 of 65 tiles): the work is spread over twice the programs.
     lengths = torch.tensor([4096, 64, 0], dtype=torch.int32, device=kernel_device)
-    counts = functools.partial(decode_split_counts, lengths, one_token_each, 64, block_m=64, block_n=64)
-    assert counts(SplitGeometry(1, 16), num_sms=4).tolist() == [13, 1, 1]  # 65 tiles / 16 programs: 5 per split
-    assert counts(SplitGeometry(1, 8), num_sms=4).tolist() == [8, 1, 1]
+    split = functools.partial(counts, lengths, one_token_each, 64, block_m=64, block_n=64)
+    assert split(SplitGeometry(1, 16), num_sms=4) == [13, 1, 1]  # 65 tiles / 16 programs: 5 per split
+    assert split(SplitGeometry(1, 8), num_sms=4) == [8, 1, 1]
     # Sequence 0 with 3 query tokens (3 row tiles) counts three times the work: fewer tiles per split elsewhere.
     ragged_queries = torch.tensor([0, 3, 4, 5], dtype=torch.int32, device=kernel_device)
-    assert decode_split_counts(lengths, ragged_queries, 64, SplitGeometry(3, 64), 64, 64, num_sms=4).tolist() == [5, 1, 1]
+    assert counts(lengths, ragged_queries, 64, SplitGeometry(3, 64), 64, 64, num_sms=4) == [5, 1, 1]
 
 
 def test_split_plan_balances_ragged_lengths_and_bounds_splits(kernel_device):
     lengths = torch.tensor([16384, 256, 0, 4096], dtype=torch.int32, device=kernel_device)
     geometry = split_geometry(batch=4, rows=128, block_m=64, num_sms=132)
     one_token_each = torch.arange(5, dtype=torch.int32, device=kernel_device)
-    splits = decode_split_counts(lengths, one_token_each, 128, geometry, block_m=64, block_n=64, num_sms=132)
+    splits, _ = decode_split_counts(lengths, one_token_each, 128, geometry, block_m=64, block_n=64, num_sms=132)
     assert splits.dtype == torch.int32 and splits.tolist()[2] == 1
     assert (splits >= 1).all() and (splits <= geometry.max_splits).all()
     splits, lengths = splits.cpu(), lengths.cpu()
@@ -131,6 +134,31 @@ def test_split_plan_balances_ragged_lengths_and_bounds_splits(kernel_device):
     assert busy.max() <= 2 * busy.min() + 1, "splits of long and short sequences should hold similar tile counts"
     big_batch = split_geometry(batch=128, rows=128, block_m=64, num_sms=132)
     assert big_batch.max_splits == 4
+
+
+def test_launch_order_puts_the_longest_splits_first(kernel_device):
+    gen = torch.Generator().manual_seed(7)
+    lengths = torch.randint(0, 9000, (37,), generator=gen, dtype=torch.int32)
+    lengths[[3, 20]] = 0
+    q_lens = torch.randint(0, 3, (37,), generator=gen, dtype=torch.int32)
+    cu_seqlens_q = torch.cat([torch.zeros(1, dtype=torch.int32), q_lens.cumsum(0).to(torch.int32)])
+    geometry = split_geometry(batch=37, rows=2 * 16, block_m=16, num_sms=8)
+    splits, order = decode_split_counts(lengths.to(kernel_device), cu_seqlens_q.to(kernel_device), 16, geometry,
+                                        block_m=16, block_n=64, num_sms=8)
+    splits, order = splits.cpu(), order.cpu()
+    assert sorted(order.tolist()) == list(range(37))
+    tiles = (lengths + 63) // 64
+    busy = (tiles > 0) & (q_lens > 0)
+    per_split = torch.where(busy, (tiles + splits - 1) // splits, 0)[order.long()]
+    assert (per_split[:-1] >= per_split[1:]).all(), "longest splits first"
+    for size in per_split.unique().tolist():  # ties keep batch order
+        same = order[per_split == size]
+        assert (same[:-1] < same[1:]).all()
+
+
+def test_plan_refuses_more_sequences_than_the_grid_holds():
+    with pytest.raises(ValueError, match="cache_seqlens: at most 65535 sequences"):
+        plan_decode(torch.ones(65536, dtype=torch.int32), q_len=1, heads=16)
 
 
 def test_forcing_many_splits_gives_the_same_result(kernel_device):

@@ -7,7 +7,8 @@ The calls go through the same public entry points a serving step uses (`mla_deco
 dtype, heads per rank and latent widths, so they compile exactly the variants those steps
 will ask for: decode at the plan's query length and at 1 (draft steps), with and without
 the split combine, for every batch-size class of the split plan up to the plan's max
-batch; each latent-extend tile shape; the causal, chunk and merge passes of the MHA prefill.
+batch; each latent-extend tile shape, and the extend at the most rows a step holds (the
+other combine tiling); the causal, chunk and merge passes of the MHA prefill.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ def warm_up(
         for new_tokens in range(2, max_latent_extend_tokens + 1):
             world.extend(new_tokens)
             calls.append(f"latent extend of {new_tokens} tokens")
+        # The most rows one step can hold: the fewest splits per sequence, hence the other combine tiling.
+        world.extend(max_latent_extend_tokens, sequences=plan.max_batch_size)
+        calls.append(f"latent extend of {max_latent_extend_tokens} tokens x {plan.max_batch_size} sequences")
     for chunk in (None, 512):
         world.prefill(chunk)
         calls.append("MHA prefill, one pass" if chunk is None else "MHA prefill, chunked prefix with merges")
@@ -91,10 +95,12 @@ class _DummyWorld:
                    backend=self.plan.decode_backend, kv_scale=self.store.scale, kv_lora_rank=self.rank,
                    return_lse=False, check_inputs=False)
 
-    def extend(self, new_tokens: int) -> None:
-        q = torch.randn(new_tokens, self.heads, self.dim, device=self.device, dtype=self.q_dtype)
-        offsets = torch.tensor([0, new_tokens], dtype=torch.int32, device=self.device)
-        mla_extend(q, self.store.data, self.table[:1], self.lengths[:1], offsets, max_q_len=new_tokens,
+    def extend(self, new_tokens: int, sequences: int = 1) -> None:
+        """`new_tokens` new tokens at the end of each of `sequences` copies of the long sequence."""
+        q = torch.randn(sequences * new_tokens, self.heads, self.dim, device=self.device, dtype=self.q_dtype)
+        offsets = torch.arange(0, (sequences + 1) * new_tokens, new_tokens, dtype=torch.int32, device=self.device)
+        long = torch.zeros(sequences, dtype=torch.long, device=self.device)
+        mla_extend(q, self.store.data, self.table[long], self.lengths[long], offsets, max_q_len=new_tokens,
                    softmax_scale=self.scale, backend=self.plan.decode_backend, kv_scale=self.store.scale,
                    kv_lora_rank=self.rank, check_inputs=False)
 

@@ -8,6 +8,7 @@ in a CUDA graph, replayed with other lengths, and built once per step for all la
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import torch
 import triton
@@ -45,9 +46,16 @@ def split_geometry(batch: int, rows: int, block_m: int, num_sms: int, programs_p
     return SplitGeometry(row_tiles, max_splits)
 
 
+class SequenceSplits(NamedTuple):
+    """Per-sequence split counts, and the sequences in launch order (longest splits first)."""
+
+    counts: torch.Tensor
+    order: torch.Tensor
+
+
 @triton.jit(do_not_specialize=["batch", "programs", "min_tiles", "max_splits"])
 def _split_counts_kernel(
-    SEQLENS, CU_SEQLENS_Q, NUM_SPLITS, batch, programs, min_tiles, max_splits,
+    SEQLENS, CU_SEQLENS_Q, NUM_SPLITS, ORDER, batch, programs, min_tiles, max_splits,
     HEADS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
 ):
     offsets = tl.arange(0, BLOCK_B)
@@ -62,6 +70,12 @@ def _split_counts_kernel(
     splits = (tiles + tiles_per_split // 2) // tiles_per_split
     splits = tl.minimum(tl.maximum(splits, 1), max_splits)
     tl.store(NUM_SPLITS + offsets, splits, mask=in_batch)
+    # Longest-processing-time order: sequences by tiles per split, descending (ties in batch order,
+    # sequences without rows last), so the short splits fill in behind the long ones.
+    split_tiles = tl.where(seq_work > 0, tl.cdiv(tiles, splits), 0).to(tl.int64)
+    key = tl.where(in_batch, split_tiles * 4294967296 + (BLOCK_B - 1 - offsets), -1)
+    order = BLOCK_B - 1 - (tl.sort(key, descending=True) & 4294967295)
+    tl.store(ORDER + offsets, order.to(tl.int32), mask=in_batch)
 
 
 def decode_split_counts(
@@ -74,8 +88,9 @@ def decode_split_counts(
     num_sms: int,
     programs_per_sm: int = 2,
     min_tokens_per_split: int = 1,
-) -> torch.Tensor:
-    """int32 `[batch]` splits per sequence, from one kernel launch and no host sync.
+) -> SequenceSplits:
+    """int32 `[batch]` splits per sequence and the sequences' launch order, from one kernel launch
+    and no host sync.
 
     A sequence's work is its KV tiles times its row tiles (its query tokens x `heads` rows
     over `block_m`); each split holds about the same number of KV tiles: the batch's work
@@ -84,19 +99,23 @@ def decode_split_counts(
     non-empty ones), so that the long sequences' splits do not run alone at the end. A
     sequence's split count is rounded to the nearest whole number. A split holds at least
     `min_tokens_per_split` tokens, so its partial output (rows x kv_lora_rank floats,
-    written and read again by the combine) stays small next to the KV it reads.
+    written and read again by the combine) stays small next to the KV it reads. The order lists
+    the sequences by tiles per split, longest first, so that the split kernel's programs start
+    longest first (simulated on the ragged benchmark batch at 128 heads: a makespan of 1.30x the
+    even share in batch order, 1.16x in this order; benchmarks/NOTES.md, v21).
 
     Example (on a CUDA tensor, or on CPU under TRITON_INTERPRET=1): lengths [4096, 4096, 0],
     one query token per sequence, 64 heads in 64-row tiles, 4 SMs x 2 programs, 64-token
-    tiles and a ceiling of 16 give `[4, 4, 1]`: 128 tiles over 8 programs is 16 tiles per
-    split; lengths [4096, 64, 0] are ragged and give `[13, 1, 1]`: 65 tiles over 16
-    programs is 5 tiles per split.
+    tiles and a ceiling of 16 give `[4, 4, 1]` in order `[0, 1, 2]`: 128 tiles over 8 programs
+    is 16 tiles per split; lengths [4096, 64, 0] are ragged and give `[13, 1, 1]`: 65 tiles over
+    16 programs is 5 tiles per split.
     """
     batch = cache_seqlens.shape[0]
     num_splits = torch.empty(batch, dtype=torch.int32, device=cache_seqlens.device)
+    order = torch.empty(batch, dtype=torch.int32, device=cache_seqlens.device)
     _split_counts_kernel[(1,)](
-        cache_seqlens, cu_seqlens_q, num_splits, batch, programs_per_sm * num_sms,
+        cache_seqlens, cu_seqlens_q, num_splits, order, batch, programs_per_sm * num_sms,
         max(1, -(-min_tokens_per_split // block_n)), geometry.max_splits,
         HEADS=heads, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_B=max(16, triton.next_power_of_2(batch)),
     )
-    return num_splits
+    return SequenceSplits(num_splits, order)

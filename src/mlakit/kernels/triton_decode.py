@@ -55,7 +55,7 @@ def _load_kv_part(
 # q_len-2 decode ran up to 9% slower (benchmarks/NOTES.md, v7).
 @triton.jit(do_not_specialize=["stride_bt_b"])
 def _mla_decode_split_kernel(
-    Q, KV, KV_SCALE, BLOCK_TABLE, SEQLENS, CU_SEQLENS_Q, NUM_SPLITS,
+    Q, KV, KV_SCALE, BLOCK_TABLE, SEQLENS, CU_SEQLENS_Q, NUM_SPLITS, ORDER,
     OUT, LSE, PART_OUT, PART_LSE,
     scale_log2, row_tiles,
     stride_q_tok, stride_q_head,
@@ -71,10 +71,9 @@ def _mla_decode_split_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_ROPE: tl.constexpr,
     SCALE_MODE: tl.constexpr, SCALE_GROUP_SIZE: tl.constexpr, DOT_DTYPE: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    split = tl.program_id(1)
-    b = pid // row_tiles
-    tile = pid % row_tiles
+    b = tl.load(ORDER + tl.program_id(1))
+    split = tl.program_id(0) // row_tiles
+    tile = tl.program_id(0) % row_tiles
     num_splits = tl.load(NUM_SPLITS + b)
     first_token = tl.load(CU_SEQLENS_Q + b)
     q_len = tl.load(CU_SEQLENS_Q + b + 1) - first_token
@@ -223,6 +222,9 @@ def combine_tiling(max_splits: int, kv_lora_rank: int) -> CombineTiling:
     return CombineTiling(COMBINE_SPLITS_PER_STEP, 1, min(128, triton.next_power_of_2(kv_lora_rank)))
 
 
+MAX_BATCH = 65535
+
+
 @functools.cache
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
@@ -281,6 +283,7 @@ class DecodePlan:
     geometry: SplitGeometry
     cu_seqlens_q: torch.Tensor
     num_splits: torch.Tensor
+    order: torch.Tensor
     max_q_len: int
     hopper_default: bool = False
 
@@ -329,6 +332,9 @@ def _plan(
     tuning: DecodeTuning | None,
 ) -> DecodePlan:
     batch = cache_seqlens.shape[0]
+    if batch > MAX_BATCH:
+        raise ValueError(f"cache_seqlens: at most {MAX_BATCH} sequences per call (the launch grid's second "
+                         f"dimension), got {batch}")
     rows = max(1, max_q_len * heads)
     hopper_default = tuning is None and not INTERPRET and hopper_decode.serves(cache_seqlens.device, kv_dtype)
     tuning = tuning or default_tuning(rows, hopper_tier=hopper_default)
@@ -336,14 +342,15 @@ def _plan(
     if tuning.fixed_splits is not None:
         geometry = SplitGeometry(row_tiles=row_tiles, max_splits=tuning.fixed_splits)
         num_splits = torch.full((batch,), tuning.fixed_splits, dtype=torch.int32, device=cache_seqlens.device)
-        return DecodePlan(tuning, geometry, cu_seqlens_q, num_splits, max_q_len)
+        order = torch.arange(batch, dtype=torch.int32, device=cache_seqlens.device)
+        return DecodePlan(tuning, geometry, cu_seqlens_q, num_splits, order, max_q_len)
     sms = num_sms or _num_sms(cache_seqlens.device)
     geometry = split_geometry(batch, rows, tuning.block_m, sms, tuning.programs_per_sm)
-    num_splits = decode_split_counts(
+    num_splits, order = decode_split_counts(
         cache_seqlens, cu_seqlens_q, heads, geometry, tuning.block_m, tuning.block_n, sms, tuning.programs_per_sm,
         min_tokens_per_split=4 * tuning.block_m,
     )
-    return DecodePlan(tuning, geometry, cu_seqlens_q, num_splits, max_q_len, hopper_default)
+    return DecodePlan(tuning, geometry, cu_seqlens_q, num_splits, order, max_q_len, hopper_default)
 
 
 def triton_mla_decode(
@@ -436,9 +443,10 @@ def _launch(
     part_lse = torch.empty(part_out.shape[:3], dtype=torch.float32, device=q.device)
     scale_strides = (scale.stride(0), scale.stride(1)) if scale_mode == SCALE_PER_GROUP else (0, 0)
 
-    grid = (batch * geometry.row_tiles, geometry.max_splits)
+    # Programs by sequence in the plan's order (longest splits first), row tiles of a split adjacent.
+    grid = (geometry.max_splits * geometry.row_tiles, batch)
     shared_args = (
-        block_table, cache_seqlens, plan.cu_seqlens_q, plan.num_splits,
+        block_table, cache_seqlens, plan.cu_seqlens_q, plan.num_splits, plan.order,
         out, lse, part_out, part_lse,
         softmax_scale * LOG2E, geometry.row_tiles,
         q.stride(0), q.stride(1),
