@@ -152,6 +152,7 @@ def test_cli_graphs_passes_the_settings_and_defaults_its_own_json_file(monkeypat
     "args, message",
     [
         (["--graphs", "--quick"], "--graphs replaces the kernel grid; drop --quick"),
+        (["--graphs", "--heads", "16"], "--graphs replaces the kernel grid; drop --heads"),
         (["--graphs", "--case", "128,1,4096,1,bf16,64", "--no-baseline"], "drop --case, --no-baseline"),
         (["--graph-heads", "16"], "--graph-heads only apply with --graphs"),
         (["--graphs", "--graph-batches", "1,x"], "invalid literal"),

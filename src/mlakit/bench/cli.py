@@ -71,13 +71,15 @@ def _backend_kernel(name: str) -> KernelFactory:
     return prepare
 
 
-GRID_OPTIONS = ("quick", "case_specs", "tunings", "no_baseline", "plot_path")
+GRID_OPTIONS = ("quick", "grid_heads", "case_specs", "tunings", "no_baseline", "plot_path")
 GRAPH_OPTIONS = ("graph_heads", "graph_context", "graph_q_len", "graph_backend", "graph_layers", "graph_batches", "graph_steps")
 GRAPHS_JSON = Path("decode_graphs_bench.json")
 
 
 @bench.command()
 @click.option("--quick", is_flag=True, help="A subset of the grid (the anchor rows plus spot checks).")
+@click.option("--heads", "grid_heads", type=int, multiple=True,
+              help="Only the grid's cases with these head counts (repeatable; splits a long run into parts).")
 @click.option("--case", "case_specs", multiple=True, help="heads,batch,seqlen|ragged,q_len,kv_dtype,page_size (repeatable).")
 @click.option("--tuning", "tunings", multiple=True, help="NAME=block_m,block_n,warps,stages[,programs_per_sm[,fixed_splits]][,auto|portable] extra Triton variants.")
 @click.option("--no-baseline", is_flag=True, help=f"Skip the simple split-KV Triton yardstick ({SIMPLE_TRITON}).")
@@ -99,6 +101,7 @@ GRAPHS_JSON = Path("decode_graphs_bench.json")
 def decode(
     ctx: click.Context,
     quick: bool,
+    grid_heads: tuple[int, ...],
     case_specs: tuple[str, ...],
     tunings: tuple[str, ...],
     no_baseline: bool,
@@ -146,6 +149,8 @@ def decode(
     if not no_baseline:
         kernels["simple"] = _tuned_kernel(SIMPLE_TRITON)
     cases = [_parse_case(s) for s in case_specs] or default_cases(quick)
+    if grid_heads:
+        cases = [case for case in cases if case.heads in grid_heads]
     ceilings = measure_ceilings(device)
     click.echo(f"ceilings: copy {ceilings.copy_gb_per_s:.0f} GB/s, bf16 matmul {ceilings.matmul_tflop_per_s:.0f} TFLOP/s")
     rows = run_cases(cases, kernels, device, ceilings, click.echo)
@@ -155,7 +160,7 @@ def decode(
 
 
 def _option_flag(name: str) -> str:
-    return {"case_specs": "case", "tunings": "tuning", "plot_path": "plot"}.get(name, name).replace("_", "-")
+    return {"case_specs": "case", "tunings": "tuning", "plot_path": "plot", "grid_heads": "heads"}.get(name, name).replace("_", "-")
 
 
 def _graph_settings(heads: int, context: int, q_len: int, backend: str, layers: int, batches: str, steps: int) -> GraphBenchSettings:
