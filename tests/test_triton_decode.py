@@ -136,17 +136,20 @@ def test_split_plan_balances_ragged_lengths_and_bounds_splits(kernel_device):
     assert big_batch.max_splits == 4
 
 
-def test_launch_order_puts_the_longest_splits_first(kernel_device):
+def test_work_entries_put_the_longest_splits_first(kernel_device):
     gen = torch.Generator().manual_seed(7)
     lengths = torch.randint(0, 9000, (37,), generator=gen, dtype=torch.int32)
     lengths[[3, 20]] = 0
     q_lens = torch.randint(0, 3, (37,), generator=gen, dtype=torch.int32)
     cu_seqlens_q = torch.cat([torch.zeros(1, dtype=torch.int32), q_lens.cumsum(0).to(torch.int32)])
     geometry = split_geometry(batch=37, rows=2 * 16, block_m=16, num_sms=8)
-    splits, order = decode_split_counts(lengths.to(kernel_device), cu_seqlens_q.to(kernel_device), 16, geometry,
-                                        block_m=16, block_n=64, num_sms=8)
-    splits, order = splits.cpu(), order.cpu()
+    splits, work = decode_split_counts(lengths.to(kernel_device), cu_seqlens_q.to(kernel_device), 16, geometry,
+                                       block_m=16, block_n=64, num_sms=8)
+    splits, work = splits.cpu(), work.cpu()
+    order = work[:, 0]
     assert sorted(order.tolist()) == list(range(37))
+    assert torch.equal(work[:, 1], splits[order.long()])
+    assert torch.equal(work[:, 2], cu_seqlens_q[order.long()]) and torch.equal(work[:, 3], q_lens[order.long()])
     tiles = (lengths + 63) // 64
     busy = (tiles > 0) & (q_lens > 0)
     per_split = torch.where(busy, (tiles + splits - 1) // splits, 0)[order.long()]

@@ -46,16 +46,20 @@ def split_geometry(batch: int, rows: int, block_m: int, num_sms: int, programs_p
     return SplitGeometry(row_tiles, max_splits)
 
 
+WORK_FIELDS = tl.constexpr(4)  # a launch position's sequence, its split count, first query token and query tokens
+
+
 class SequenceSplits(NamedTuple):
-    """Per-sequence split counts, and the sequences in launch order (longest splits first)."""
+    """Per-sequence split counts, and per launch position (longest splits first) the work entry
+    `[sequence, splits, first query token, query tokens]` (int32 `[batch, WORK_FIELDS]`)."""
 
     counts: torch.Tensor
-    order: torch.Tensor
+    work: torch.Tensor
 
 
 @triton.jit(do_not_specialize=["batch", "programs", "min_tiles", "max_splits"])
 def _split_counts_kernel(
-    SEQLENS, CU_SEQLENS_Q, NUM_SPLITS, ORDER, batch, programs, min_tiles, max_splits,
+    SEQLENS, CU_SEQLENS_Q, NUM_SPLITS, WORK, batch, programs, min_tiles, max_splits,
     HEADS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
 ):
     offsets = tl.arange(0, BLOCK_B)
@@ -74,8 +78,15 @@ def _split_counts_kernel(
     # sequences without rows last), so the short splits fill in behind the long ones.
     split_tiles = tl.where(seq_work > 0, tl.cdiv(tiles, splits), 0).to(tl.int64)
     key = tl.where(in_batch, split_tiles * 4294967296 + (BLOCK_B - 1 - offsets), -1)
-    order = BLOCK_B - 1 - (tl.sort(key, descending=True) & 4294967295)
-    tl.store(ORDER + offsets, order.to(tl.int32), mask=in_batch)
+    order = (BLOCK_B - 1 - (tl.sort(key, descending=True) & 4294967295)).to(tl.int32)
+    # One entry per launch position, so a split program finds its sequence's plan in one load.
+    tl.debug_barrier()  # NUM_SPLITS, stored above by other threads, is gathered below
+    entry = WORK + offsets * WORK_FIELDS
+    first_token = tl.load(CU_SEQLENS_Q + order, mask=in_batch, other=0)
+    tl.store(entry, order, mask=in_batch)
+    tl.store(entry + 1, tl.load(NUM_SPLITS + order, mask=in_batch, other=0), mask=in_batch)
+    tl.store(entry + 2, first_token, mask=in_batch)
+    tl.store(entry + 3, tl.load(CU_SEQLENS_Q + order + 1, mask=in_batch, other=0) - first_token, mask=in_batch)
 
 
 def decode_split_counts(
@@ -89,8 +100,8 @@ def decode_split_counts(
     programs_per_sm: int = 2,
     min_tokens_per_split: int = 1,
 ) -> SequenceSplits:
-    """int32 `[batch]` splits per sequence and the sequences' launch order, from one kernel launch
-    and no host sync.
+    """int32 `[batch]` splits per sequence and the launch positions' work entries (`SequenceSplits`),
+    from one kernel launch and no host sync.
 
     A sequence's work is its KV tiles times its row tiles (its query tokens x `heads` rows
     over `block_m`); each split holds about the same number of KV tiles: the batch's work
@@ -106,16 +117,16 @@ def decode_split_counts(
 
     Example (on a CUDA tensor, or on CPU under TRITON_INTERPRET=1): lengths [4096, 4096, 0],
     one query token per sequence, 64 heads in 64-row tiles, 4 SMs x 2 programs, 64-token
-    tiles and a ceiling of 16 give `[4, 4, 1]` in order `[0, 1, 2]`: 128 tiles over 8 programs
+    tiles and a ceiling of 16 give `[4, 4, 1]`, sequences in order `[0, 1, 2]`: 128 tiles over 8 programs
     is 16 tiles per split; lengths [4096, 64, 0] are ragged and give `[13, 1, 1]`: 65 tiles over
     16 programs is 5 tiles per split.
     """
     batch = cache_seqlens.shape[0]
     num_splits = torch.empty(batch, dtype=torch.int32, device=cache_seqlens.device)
-    order = torch.empty(batch, dtype=torch.int32, device=cache_seqlens.device)
+    work = torch.empty(batch, WORK_FIELDS, dtype=torch.int32, device=cache_seqlens.device)
     _split_counts_kernel[(1,)](
-        cache_seqlens, cu_seqlens_q, num_splits, order, batch, programs_per_sm * num_sms,
+        cache_seqlens, cu_seqlens_q, num_splits, work, batch, programs_per_sm * num_sms,
         max(1, -(-min_tokens_per_split // block_n)), geometry.max_splits,
         HEADS=heads, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_B=max(16, triton.next_power_of_2(batch)),
     )
-    return SequenceSplits(num_splits, order)
+    return SequenceSplits(num_splits, work)

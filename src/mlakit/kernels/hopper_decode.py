@@ -45,6 +45,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from mlakit.kernels.decode_split_plan import WORK_FIELDS
 from mlakit.kv_quant import FP8_DTYPE, SCALE_PER_TENSOR
 
 BLOCK_M = gl.constexpr(64)
@@ -121,13 +122,13 @@ def _capability(device: torch.device) -> tuple[int, int]:
 
 
 @gluon.jit
-def _program_work(NUM_SPLITS, ORDER, CU_SEQLENS_Q, row_tiles):
-    """This program's sequence (in the plan's order), row tile and split, the sequence's split count
-    and query segment."""
-    b = gl.load(ORDER + gl.program_id(1))
-    first_token = gl.load(CU_SEQLENS_Q + b)
-    return (b, gl.program_id(0) % row_tiles, gl.program_id(0) // row_tiles, gl.load(NUM_SPLITS + b), first_token,
-            gl.load(CU_SEQLENS_Q + b + 1) - first_token)
+def _program_work(WORK, SEQLENS, row_tiles):
+    """This program's sequence (from the plan's work entry of its launch position), row tile and split,
+    the sequence's split count, query segment and cached length."""
+    entry = WORK + gl.program_id(1) * WORK_FIELDS
+    b = gl.load(entry)
+    return (b, gl.program_id(0) % row_tiles, gl.program_id(0) // row_tiles, gl.load(entry + 1), gl.load(entry + 2),
+            gl.load(entry + 3), gl.load(SEQLENS + b))
 
 
 @gluon.jit
@@ -313,7 +314,7 @@ def _zero_rows_from(smem, first_bad, CHUNK: gl.constexpr, LAYOUT: gl.constexpr):
 
 @gluon.jit(do_not_specialize=["stride_bt_b"])
 def mla_decode_hopper_split_kernel(
-    Q, KV, BLOCK_TABLE, SEQLENS, CU_SEQLENS_Q, NUM_SPLITS, ORDER,
+    Q, KV, BLOCK_TABLE, SEQLENS, WORK,
     OUT, LSE, PART_OUT, PART_LSE,
     scale_log2, row_tiles,
     stride_q_tok, stride_q_head,
@@ -327,10 +328,9 @@ def mla_decode_hopper_split_kernel(
     KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr,
 ):
     """Arguments as the portable split kernel's (`triton_decode._mla_decode_split_kernel`), without scales."""
-    b, tile, split, num_splits, first_token, q_len = _program_work(NUM_SPLITS, ORDER, CU_SEQLENS_Q, row_tiles)
+    b, tile, split, num_splits, first_token, q_len, seqlen = _program_work(WORK, SEQLENS, row_tiles)
     if split >= num_splits or tile * BLOCK_M >= q_len * HEADS:
         return
-    seqlen = gl.load(SEQLENS + b)
     start, end, num_tiles = _split_range(seqlen, split, num_splits)
 
     load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0])
@@ -504,7 +504,7 @@ def _store_columns(out, col0, OUT, PART_OUT, first_token, b, split, num_splits, 
 
 @gluon.jit(do_not_specialize=["stride_bt_b"])
 def mla_decode_hopper_fp8_kernel(
-    Q, KV, KV_SCALE, BLOCK_TABLE, SEQLENS, CU_SEQLENS_Q, NUM_SPLITS, ORDER,
+    Q, KV, KV_SCALE, BLOCK_TABLE, SEQLENS, WORK,
     OUT, LSE, PART_OUT, PART_LSE,
     scale_log2, row_tiles,
     stride_q_tok, stride_q_head,
@@ -520,10 +520,9 @@ def mla_decode_hopper_fp8_kernel(
     """Warp-specialized kernel for fp8 (e4m3) pages of any size with one per-tensor scale: launched with
     4 warps (the softmax warpgroup) plus a 4-warp worker (the value warpgroup, which also gathers and
     converts the tiles). Arguments as `mla_decode_hopper_split_kernel`'s, plus the one-element scale KV_SCALE."""
-    b, tile, split, num_splits, first_token, q_len = _program_work(NUM_SPLITS, ORDER, CU_SEQLENS_Q, row_tiles)
+    b, tile, split, num_splits, first_token, q_len, seqlen = _program_work(WORK, SEQLENS, row_tiles)
     if split >= num_splits or tile * BLOCK_M >= q_len * HEADS:
         return
-    seqlen = gl.load(SEQLENS + b)
     start, end, num_tiles = _split_range(seqlen, split, num_splits)
 
     load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
@@ -800,7 +799,7 @@ def _seesaw_odd_partition(
 
 @gluon.jit(do_not_specialize=["stride_bt_b"])
 def mla_decode_hopper_seesaw_kernel(
-    Q, CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, SEQLENS, CU_SEQLENS_Q, NUM_SPLITS, ORDER,
+    Q, CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, SEQLENS, WORK,
     OUT, LSE, PART_OUT, PART_LSE,
     scale_log2, row_tiles,
     stride_q_tok, stride_q_head,
@@ -818,10 +817,9 @@ def mla_decode_hopper_seesaw_kernel(
     warpgroup owning half of the output columns and using the other's P through shared memory, so one
     warpgroup's softmax runs while the other's MMAs do. Tiles arrive as latent chunks on their own
     barriers. Arguments as `mla_decode_hopper_split_kernel`'s, with the cache's chunk TMA descriptors."""
-    b, tile, split, num_splits, first_token, q_len = _program_work(NUM_SPLITS, ORDER, CU_SEQLENS_Q, row_tiles)
+    b, tile, split, num_splits, first_token, q_len, seqlen = _program_work(WORK, SEQLENS, row_tiles)
     if split >= num_splits or tile * BLOCK_M >= q_len * HEADS:
         return
-    seqlen = gl.load(SEQLENS + b)
     start, end, num_tiles = _split_range(seqlen, split, num_splits)
 
     dtype: gl.constexpr = Q.dtype.element_ty

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from mlakit.kernels import hopper_decode
-from mlakit.kernels.decode_split_plan import SplitGeometry, decode_split_counts, split_geometry
+from mlakit.kernels.decode_split_plan import WORK_FIELDS, SplitGeometry, decode_split_counts, split_geometry
 from mlakit.kernels.interpreter import INTERPRET
 from mlakit.kv_quant import SCALE_GROUP, SCALE_NONE, SCALE_PER_GROUP, SCALE_PER_TENSOR, scale_mode
 from mlakit.reference import pages_view
@@ -55,7 +55,7 @@ def _load_kv_part(
 # q_len-2 decode ran up to 9% slower (benchmarks/NOTES.md, v7).
 @triton.jit(do_not_specialize=["stride_bt_b"])
 def _mla_decode_split_kernel(
-    Q, KV, KV_SCALE, BLOCK_TABLE, SEQLENS, CU_SEQLENS_Q, NUM_SPLITS, ORDER,
+    Q, KV, KV_SCALE, BLOCK_TABLE, SEQLENS, WORK,
     OUT, LSE, PART_OUT, PART_LSE,
     scale_log2, row_tiles,
     stride_q_tok, stride_q_head,
@@ -71,15 +71,16 @@ def _mla_decode_split_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_ROPE: tl.constexpr,
     SCALE_MODE: tl.constexpr, SCALE_GROUP_SIZE: tl.constexpr, DOT_DTYPE: tl.constexpr,
 ):
-    b = tl.load(ORDER + tl.program_id(1))
+    entry = WORK + tl.program_id(1) * WORK_FIELDS
+    b = tl.load(entry)
+    num_splits = tl.load(entry + 1)
+    first_token = tl.load(entry + 2)
+    q_len = tl.load(entry + 3)
+    seqlen = tl.load(SEQLENS + b)
     split = tl.program_id(0) // row_tiles
     tile = tl.program_id(0) % row_tiles
-    num_splits = tl.load(NUM_SPLITS + b)
-    first_token = tl.load(CU_SEQLENS_Q + b)
-    q_len = tl.load(CU_SEQLENS_Q + b + 1) - first_token
     if split >= num_splits or tile * BLOCK_M >= q_len * HEADS:
         return
-    seqlen = tl.load(SEQLENS + b)
     tiles_per_split = tl.cdiv(tl.cdiv(seqlen, BLOCK_N), num_splits)
     start = split * tiles_per_split * BLOCK_N
     end = tl.minimum(seqlen, start + tiles_per_split * BLOCK_N)
@@ -283,7 +284,7 @@ class DecodePlan:
     geometry: SplitGeometry
     cu_seqlens_q: torch.Tensor
     num_splits: torch.Tensor
-    order: torch.Tensor
+    work: torch.Tensor
     max_q_len: int
     hopper_default: bool = False
 
@@ -342,15 +343,16 @@ def _plan(
     if tuning.fixed_splits is not None:
         geometry = SplitGeometry(row_tiles=row_tiles, max_splits=tuning.fixed_splits)
         num_splits = torch.full((batch,), tuning.fixed_splits, dtype=torch.int32, device=cache_seqlens.device)
-        order = torch.arange(batch, dtype=torch.int32, device=cache_seqlens.device)
-        return DecodePlan(tuning, geometry, cu_seqlens_q, num_splits, order, max_q_len)
+        work = torch.stack([torch.arange(batch, dtype=torch.int32, device=cache_seqlens.device), num_splits,
+                            cu_seqlens_q[:-1], cu_seqlens_q[1:] - cu_seqlens_q[:-1]], dim=1)
+        return DecodePlan(tuning, geometry, cu_seqlens_q, num_splits, work, max_q_len)
     sms = num_sms or _num_sms(cache_seqlens.device)
     geometry = split_geometry(batch, rows, tuning.block_m, sms, tuning.programs_per_sm)
-    num_splits, order = decode_split_counts(
+    num_splits, work = decode_split_counts(
         cache_seqlens, cu_seqlens_q, heads, geometry, tuning.block_m, tuning.block_n, sms, tuning.programs_per_sm,
         min_tokens_per_split=4 * tuning.block_m,
     )
-    return DecodePlan(tuning, geometry, cu_seqlens_q, num_splits, order, max_q_len, hopper_default)
+    return DecodePlan(tuning, geometry, cu_seqlens_q, num_splits, work, max_q_len, hopper_default)
 
 
 def triton_mla_decode(
@@ -446,7 +448,7 @@ def _launch(
     # Programs by sequence in the plan's order (longest splits first), row tiles of a split adjacent.
     grid = (geometry.max_splits * geometry.row_tiles, batch)
     shared_args = (
-        block_table, cache_seqlens, plan.cu_seqlens_q, plan.num_splits, plan.order,
+        block_table, cache_seqlens, plan.work,
         out, lse, part_out, part_lse,
         softmax_scale * LOG2E, geometry.row_tiles,
         q.stride(0), q.stride(1),
