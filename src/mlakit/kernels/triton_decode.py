@@ -224,6 +224,9 @@ def combine_tiling(max_splits: int, kv_lora_rank: int) -> CombineTiling:
 
 
 MAX_BATCH = 65535
+# A split reads at least this many KV tiles: short ones spread a small batch over more SMs, but each
+# writes a partial (rows x kv_lora_rank floats) the combine reads again (H100: NOTES.md, v26).
+MIN_TILES_PER_SPLIT = 2
 
 
 @functools.cache
@@ -350,7 +353,7 @@ def _plan(
     geometry = split_geometry(batch, rows, tuning.block_m, sms, tuning.programs_per_sm)
     num_splits, work = decode_split_counts(
         cache_seqlens, cu_seqlens_q, heads, geometry, tuning.block_m, tuning.block_n, sms, tuning.programs_per_sm,
-        min_tokens_per_split=4 * tuning.block_m,
+        min_tokens_per_split=MIN_TILES_PER_SPLIT * tuning.block_n,
     )
     return DecodePlan(tuning, geometry, cu_seqlens_q, num_splits, work, max_q_len, hopper_default)
 
