@@ -110,8 +110,8 @@ def decode_split_counts(
     non-empty ones), so that the long sequences' splits do not run alone at the end. A
     sequence's split count is rounded to the nearest whole number. A split holds at least
     `min_tokens_per_split` tokens, so its partial output (rows x kv_lora_rank floats,
-    written and read again by the combine) stays small next to the KV it reads. The order lists
-    the sequences by tiles per split, longest first, so that the split kernel's programs start
+    written and read again by the combine) stays small next to the KV it reads. The work entries
+    list the sequences by tiles per split, longest first, so that the split kernel's programs start
     longest first (simulated on the ragged benchmark batch at 128 heads: a makespan of 1.30x the
     even share in batch order, 1.16x in this order; benchmarks/NOTES.md, v21).
 

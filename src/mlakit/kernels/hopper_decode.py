@@ -171,15 +171,19 @@ def _allocate_tiles(dtype: gl.constexpr, KV_LORA_RANK: gl.constexpr, ROPE_DIM: g
 
 
 @gluon.jit
+def _masked(s, tok0, end, visible, scale_log2):
+    """Scores in base-2 units, -inf where a token is past the split's end or not yet visible to the row."""
+    toks = tok0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s.type.layout))
+    return gl.where((toks[None, :] < end) & (toks[None, :] < visible[:, None]), s * scale_log2, float("-inf"))
+
+
+@gluon.jit
 def _masked_scores(q_lat_smem, q_rope_smem, k_lat, k_rope, s_zero, tok0, end, visible, scale_log2):
     """S = Q . K^T of one tile (layout of `s_zero`), in base-2 units, -inf where a token is past the
     split's end or not yet visible to the row's query token."""
     s = warpgroup_mma(q_lat_smem, k_lat.permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma(q_rope_smem, k_rope.permute((1, 0)), s, is_async=True)
-    s = warpgroup_mma_wait(num_outstanding=0, deps=[s])
-    toks = tok0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_zero.type.layout))
-    seen = (toks[None, :] < end) & (toks[None, :] < visible[:, None])
-    return gl.where(seen, s * scale_log2, float("-inf"))
+    return _masked(warpgroup_mma_wait(num_outstanding=0, deps=[s]), tok0, end, visible, scale_log2)
 
 
 @gluon.jit
@@ -631,13 +635,6 @@ def _zero_tail(k_lat, chunk_ready, stage: gl.constexpr, phase, first_bad):
     _zero_rows_from(k_lat, first_bad, 64, gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
     fence_async_shared()
     gl.thread_barrier()
-
-
-@gluon.jit
-def _masked(s, tok0, end, visible, scale_log2):
-    """Scores in base-2 units, -inf where a token is past the split's end or not yet visible to the row."""
-    toks = tok0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s.type.layout))
-    return gl.where((toks[None, :] < end) & (toks[None, :] < visible[:, None]), s * scale_log2, float("-inf"))
 
 
 @gluon.jit
