@@ -131,6 +131,18 @@ def _program_work(WORK, SEQLENS, row_tiles):
             gl.load(entry + 3), gl.load(SEQLENS + b))
 
 
+@gluon.constexpr_function
+def _score_layout():
+    """Register layout of one warpgroup's S tile `[BLOCK_M, BLOCK_N]` (a wgmma accumulator)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N.value, 16])
+
+
+@gluon.constexpr_function
+def _half_output_layout(kv_lora_rank):
+    """Register layout of one warpgroup's half of the output `[BLOCK_M, kv_lora_rank / 2]`."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, kv_lora_rank // 2, 16])
+
+
 @gluon.jit
 def _split_range(seqlen, split, num_splits):
     """The split's tokens start .. end and its tile count (zero, never negative, for splits past the
@@ -142,12 +154,13 @@ def _split_range(seqlen, split, num_splits):
 
 
 @gluon.jit
-def _load_query(q_lat_smem, q_rope_smem, Q, tile, first_token, q_len, stride_q_tok, stride_q_head,
+def _load_query(q_lat_smem, q_rope_smem, Q, tile, first_token, q_len, Q_STRIDES,
                 HEADS: gl.constexpr, LAYOUT: gl.constexpr):
     """cp.async of the tile's query rows (row = draft token x HEADS + head; rows past the segment zeros)."""
     rank: gl.constexpr = q_lat_smem.shape[1]
     q_rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LAYOUT))
     q_row_ok = q_rows < q_len * HEADS
+    stride_q_tok, stride_q_head = Q_STRIDES
     q_base = (first_token + q_rows // HEADS).to(gl.int64) * stride_q_tok + (q_rows % HEADS) * stride_q_head
     lat_cols = gl.arange(0, rank, layout=gl.SliceLayout(0, LAYOUT))
     rope_cols = gl.arange(0, q_rope_smem.shape[1], layout=gl.SliceLayout(0, LAYOUT))
@@ -204,26 +217,27 @@ def _finish_rows(m_i, l_i):
 
 @gluon.jit
 def _store_lse(lse, rows, LSE, PART_LSE, first_token, b, split, num_splits, q_len,
-               stride_lse_cu, stride_lse_b, stride_lse_i, stride_lse_h, stride_pl_b, stride_pl_s, HEADS: gl.constexpr):
+               LSE_STRIDES, PART_STRIDES, HEADS: gl.constexpr):
     """The tile's lse: to LSE when the sequence has one split, else to its split's partial."""
     row_ok = rows < q_len * HEADS
     if num_splits == 1:
+        stride_lse_cu, stride_lse_b, stride_lse_i, stride_lse_h = LSE_STRIDES
         lse_ptr = (LSE + first_token * stride_lse_cu + b * stride_lse_b + (rows // HEADS) * stride_lse_i
                    + (rows % HEADS) * stride_lse_h)
         gl.store(lse_ptr, lse, mask=row_ok)
     else:
-        gl.store(PART_LSE + b * stride_pl_b + split * stride_pl_s + rows, lse, mask=row_ok)
+        gl.store(PART_LSE + b * PART_STRIDES[3] + split * PART_STRIDES[4] + rows, lse, mask=row_ok)
 
 
 @gluon.jit
-def _gather_rows(smem, KV, BLOCK_TABLE, bt_row, tok0, end, stride_kv_page, stride_kv_tok,
+def _gather_rows(smem, KV, BLOCK_TABLE, bt_row, tok0, end, KV_STRIDES,
                  COL_OFFSET: gl.constexpr, WIDTH: gl.constexpr, PAGE_SIZE: gl.constexpr, LAYOUT: gl.constexpr):
     """cp.async of tokens tok0 .. tok0 + BLOCK_N of one sequence (columns COL_OFFSET .. + WIDTH)
     into `smem`; tokens at or past `end` are zero-filled."""
     toks = tok0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LAYOUT))
     tok_ok = toks < end
     page = gl.load(BLOCK_TABLE + bt_row + toks // PAGE_SIZE, mask=tok_ok, other=0).to(gl.int64)
-    row_base = page * stride_kv_page + (toks % PAGE_SIZE) * stride_kv_tok + COL_OFFSET
+    row_base = page * KV_STRIDES[0] + (toks % PAGE_SIZE) * KV_STRIDES[1] + COL_OFFSET
     cols = gl.arange(0, WIDTH, layout=gl.SliceLayout(0, LAYOUT))
     async_copy.async_copy_global_to_shared(smem, KV + row_base[:, None] + cols[None, :], mask=tok_ok[:, None])
 
@@ -235,7 +249,7 @@ def _cache_row(BLOCK_TABLE, bt_row, tok0, PAGE_SIZE: gl.constexpr):
 
 
 @gluon.jit
-def _load_fp8_tile(KV, BLOCK_TABLE, bt_row, tok0, end, stride_kv_page, stride_kv_tok, PAGE_SIZE: gl.constexpr,
+def _load_fp8_tile(KV, BLOCK_TABLE, bt_row, tok0, end, KV_STRIDES, PAGE_SIZE: gl.constexpr,
                    KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr):
     """Registers holding tokens tok0 .. tok0 + BLOCK_N of an fp8 cache (any page size) as int32 words of
     four values, latent and rope columns in 16-byte pieces; zeros at or past `end`, where nothing is read.
@@ -243,22 +257,22 @@ def _load_fp8_tile(KV, BLOCK_TABLE, bt_row, tok0, end, stride_kv_page, stride_kv
     lat_layout: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
     rope_layout: gl.constexpr = gl.BlockedLayout([1, 4], [32 * 16 // ROPE_DIM, ROPE_DIM // 16], [4, 1], [1, 0])
     return (
-        _gather_fp8_words(KV, BLOCK_TABLE, bt_row, tok0, end, stride_kv_page, stride_kv_tok, 0, KV_LORA_RANK,
+        _gather_fp8_words(KV, BLOCK_TABLE, bt_row, tok0, end, KV_STRIDES, 0, KV_LORA_RANK,
                           PAGE_SIZE, lat_layout),
-        _gather_fp8_words(KV, BLOCK_TABLE, bt_row, tok0, end, stride_kv_page, stride_kv_tok, KV_LORA_RANK, ROPE_DIM,
+        _gather_fp8_words(KV, BLOCK_TABLE, bt_row, tok0, end, KV_STRIDES, KV_LORA_RANK, ROPE_DIM,
                           PAGE_SIZE, rope_layout),
     )
 
 
 @gluon.jit
-def _gather_fp8_words(KV, BLOCK_TABLE, bt_row, tok0, end, stride_kv_page, stride_kv_tok, COL0: gl.constexpr,
+def _gather_fp8_words(KV, BLOCK_TABLE, bt_row, tok0, end, KV_STRIDES, COL0: gl.constexpr,
                       WIDTH: gl.constexpr, PAGE_SIZE: gl.constexpr, LAYOUT: gl.constexpr):
     """Columns COL0 .. COL0 + WIDTH of tokens tok0 .. tok0 + BLOCK_N as `[BLOCK_N, WIDTH // 4]` int32 words,
     each row from its own page."""
     toks = tok0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LAYOUT))
     tok_ok = toks < end
     page = gl.load(BLOCK_TABLE + bt_row + toks // PAGE_SIZE, mask=tok_ok, other=0).to(gl.int64)
-    rows = (KV + page * stride_kv_page + (toks % PAGE_SIZE) * stride_kv_tok + COL0).to(gl.pointer_type(gl.int32),
+    rows = (KV + page * KV_STRIDES[0] + (toks % PAGE_SIZE) * KV_STRIDES[1] + COL0).to(gl.pointer_type(gl.int32),
                                                                                        bitcast=True)
     words = gl.arange(0, WIDTH // 4, layout=gl.SliceLayout(0, LAYOUT))
     return gl.load(rows[:, None] + words[None, :], mask=tok_ok[:, None], other=0)
@@ -321,13 +335,7 @@ def mla_decode_hopper_split_kernel(
     Q, KV, BLOCK_TABLE, SEQLENS, WORK,
     OUT, LSE, PART_OUT, PART_LSE,
     scale_log2, row_tiles,
-    stride_q_tok, stride_q_head,
-    stride_kv_page, stride_kv_tok,
-    stride_bt_b,
-    stride_o_tok, stride_o_head,
-    stride_lse_cu, stride_lse_b, stride_lse_i, stride_lse_h,
-    stride_po_b, stride_po_s, stride_po_row,
-    stride_pl_b, stride_pl_s,
+    Q_STRIDES, KV_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr,
     KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr,
 ):
@@ -343,12 +351,12 @@ def mla_decode_hopper_split_kernel(
         version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, KV_LORA_RANK // 2, 16])
     q_lat_smem, q_rope_smem, k_lat_smem, k_rope_smem, p_smem = _allocate_tiles(Q.dtype.element_ty, KV_LORA_RANK, ROPE_DIM)
 
-    _load_query(q_lat_smem, q_rope_smem, Q, tile, first_token, q_len, stride_q_tok, stride_q_head, HEADS, load_layout)
+    _load_query(q_lat_smem, q_rope_smem, Q, tile, first_token, q_len, Q_STRIDES, HEADS, load_layout)
 
     bt_row = b * stride_bt_b
-    _gather_rows(k_lat_smem.index(0), KV, BLOCK_TABLE, bt_row, start, end, stride_kv_page, stride_kv_tok,
+    _gather_rows(k_lat_smem.index(0), KV, BLOCK_TABLE, bt_row, start, end, KV_STRIDES,
                  0, KV_LORA_RANK, PAGE_SIZE, load_layout)
-    _gather_rows(k_rope_smem.index(0), KV, BLOCK_TABLE, bt_row, start, end, stride_kv_page, stride_kv_tok,
+    _gather_rows(k_rope_smem.index(0), KV, BLOCK_TABLE, bt_row, start, end, KV_STRIDES,
                  KV_LORA_RANK, ROPE_DIM, PAGE_SIZE, load_layout)
     async_copy.commit_group()
 
@@ -369,9 +377,9 @@ def mla_decode_hopper_split_kernel(
         # tile t - 1, so the other stage and P may be overwritten.
         gl.thread_barrier()
         _gather_rows(k_lat_smem.index(next_stage), KV, BLOCK_TABLE, bt_row, tok0 + BLOCK_N, end,
-                     stride_kv_page, stride_kv_tok, 0, KV_LORA_RANK, PAGE_SIZE, load_layout)
+                     KV_STRIDES, 0, KV_LORA_RANK, PAGE_SIZE, load_layout)
         _gather_rows(k_rope_smem.index(next_stage), KV, BLOCK_TABLE, bt_row, tok0 + BLOCK_N, end,
-                     stride_kv_page, stride_kv_tok, KV_LORA_RANK, ROPE_DIM, PAGE_SIZE, load_layout)
+                     KV_STRIDES, KV_LORA_RANK, ROPE_DIM, PAGE_SIZE, load_layout)
         async_copy.commit_group()
 
         k_lat = k_lat_smem.index(stage)
@@ -392,25 +400,25 @@ def mla_decode_hopper_split_kernel(
     lse, inv_l = _finish_rows(m_i, gl.sum(l_parts, 1))
     _store_columns(acc * gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout))[:, None], 0, OUT, PART_OUT,
                    first_token, b, split, num_splits, tile, q_len,
-                   stride_o_tok, stride_o_head, stride_po_b, stride_po_s, stride_po_row, HEADS, o_layout)
+                   OUT_STRIDES, PART_STRIDES, HEADS, o_layout)
     _store_lse(lse, rows, LSE, PART_LSE, first_token, b, split, num_splits, q_len,
-               stride_lse_cu, stride_lse_b, stride_lse_i, stride_lse_h, stride_pl_b, stride_pl_s, HEADS)
+               LSE_STRIDES, PART_STRIDES, HEADS)
 
 
 @gluon.jit
 def _fp8_softmax_partition(
     q_lat_smem, q_rope_smem, k_lat_smem, k_rope_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free,
     start, end, num_tiles, seqlen, q_len, tile, first_token, b, split, num_splits, scale_log2, OUT, LSE, PART_OUT,
-    PART_LSE, stride_o_tok, stride_o_head, stride_lse_cu, stride_lse_b, stride_lse_i, stride_lse_h,
-    stride_po_b, stride_po_s, stride_po_row, stride_pl_b, stride_pl_s, kv_scale,
+    PART_LSE, OUT_STRIDES, LSE_STRIDES,
+    PART_STRIDES, kv_scale,
     HEADS: gl.constexpr, KV_LORA_RANK: gl.constexpr,
 ):
     """First warpgroup: S = Q . K^T over whole tiles, the softmax, P and the row scales for the other
     warpgroup, and P . V for the first half of the latent columns. `kv_scale` multiplies the cache
     (scores and output)."""
     half: gl.constexpr = KV_LORA_RANK // 2
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, half, 16])
+    s_layout: gl.constexpr = _score_layout()
+    o_layout: gl.constexpr = _half_output_layout(KV_LORA_RANK)
     rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
     visible = seqlen - q_len + rows // HEADS + 1
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
@@ -448,25 +456,25 @@ def _fp8_softmax_partition(
     gl.thread_barrier()
     mbarrier.arrive(p_ready, count=1)
     _store_columns(acc * inv_l[:, None], 0, OUT, PART_OUT, first_token, b, split, num_splits, tile, q_len,
-                   stride_o_tok, stride_o_head, stride_po_b, stride_po_s, stride_po_row, HEADS, o_layout)
+                   OUT_STRIDES, PART_STRIDES, HEADS, o_layout)
     _store_lse(lse, rows, LSE, PART_LSE, first_token, b, split, num_splits, q_len,
-               stride_lse_cu, stride_lse_b, stride_lse_i, stride_lse_h, stride_pl_b, stride_pl_s, HEADS)
+               LSE_STRIDES, PART_STRIDES, HEADS)
 
 
 @gluon.jit
 def _fp8_value_partition(
     k_lat_smem, k_rope_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free, num_tiles, first_token, b, split,
-    num_splits, tile, q_len, KV, BLOCK_TABLE, bt_row, start, end, stride_kv_page, stride_kv_tok,
-    OUT, PART_OUT, stride_o_tok, stride_o_head, stride_po_b, stride_po_s, stride_po_row,
+    num_splits, tile, q_len, KV, BLOCK_TABLE, bt_row, start, end, KV_STRIDES,
+    OUT, PART_OUT, OUT_STRIDES, PART_STRIDES,
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr,
 ):
     """Second warpgroup: P . V for the second half of the latent columns, rescaled by the first
     warpgroup's row factors, and the tile loads: tile t + 2 is converted into the stage tile t frees
     while tile t + 3 is already on its way into registers."""
     half: gl.constexpr = KV_LORA_RANK // 2
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, half, 16])
+    o_layout: gl.constexpr = _half_output_layout(KV_LORA_RANK)
     acc = gl.zeros([BLOCK_M, half], gl.float32, layout=o_layout)
-    lat, rope = _load_fp8_tile(KV, BLOCK_TABLE, bt_row, start + STAGES * BLOCK_N, end, stride_kv_page, stride_kv_tok,
+    lat, rope = _load_fp8_tile(KV, BLOCK_TABLE, bt_row, start + STAGES * BLOCK_N, end, KV_STRIDES,
                                PAGE_SIZE, KV_LORA_RANK, ROPE_DIM)
     for t in range(num_tiles):
         stage = t % STAGES
@@ -482,16 +490,16 @@ def _fp8_value_partition(
             mbarrier.wait(kv_free.index(stage), (t // STAGES) & 1)
             _store_converted(lat, rope, k_lat_smem.index(stage), k_rope_smem.index(stage), kv_ready.index(stage))
             lat, rope = _load_fp8_tile(KV, BLOCK_TABLE, bt_row, start + (t + STAGES + 1) * BLOCK_N, end,
-                                       stride_kv_page, stride_kv_tok, PAGE_SIZE, KV_LORA_RANK, ROPE_DIM)
+                                       KV_STRIDES, PAGE_SIZE, KV_LORA_RANK, ROPE_DIM)
     mbarrier.wait(p_ready, num_tiles & 1)
     inv_l = row_smem.load(gl.SliceLayout(1, o_layout))
     _store_columns(acc * inv_l[:, None], half, OUT, PART_OUT, first_token, b, split, num_splits, tile, q_len,
-                   stride_o_tok, stride_o_head, stride_po_b, stride_po_s, stride_po_row, HEADS, o_layout)
+                   OUT_STRIDES, PART_STRIDES, HEADS, o_layout)
 
 
 @gluon.jit
 def _store_columns(out, col0, OUT, PART_OUT, first_token, b, split, num_splits, tile, q_len,
-                   stride_o_tok, stride_o_head, stride_po_b, stride_po_s, stride_po_row,
+                   OUT_STRIDES, PART_STRIDES,
                    HEADS: gl.constexpr, LAYOUT: gl.constexpr):
     """Output columns col0 .. col0 + width of the tile: to OUT when the sequence has one split, else
     to its split's float32 partial."""
@@ -499,11 +507,11 @@ def _store_columns(out, col0, OUT, PART_OUT, first_token, b, split, num_splits, 
     row_ok = (rows < q_len * HEADS)[:, None]
     cols = col0 + gl.arange(0, out.shape[1], layout=gl.SliceLayout(0, LAYOUT))
     if num_splits == 1:
-        base = (first_token + rows // HEADS).to(gl.int64) * stride_o_tok + (rows % HEADS) * stride_o_head
+        base = (first_token + rows // HEADS).to(gl.int64) * OUT_STRIDES[0] + (rows % HEADS) * OUT_STRIDES[1]
         gl.store(OUT + base[:, None] + cols[None, :], out.to(OUT.dtype.element_ty), mask=row_ok)
     else:
-        part = PART_OUT + b * stride_po_b + split * stride_po_s
-        gl.store(part + rows[:, None] * stride_po_row + cols[None, :], out, mask=row_ok)
+        part = PART_OUT + b * PART_STRIDES[0] + split * PART_STRIDES[1]
+        gl.store(part + rows[:, None] * PART_STRIDES[2] + cols[None, :], out, mask=row_ok)
 
 
 @gluon.jit(do_not_specialize=["stride_bt_b"])
@@ -511,13 +519,7 @@ def mla_decode_hopper_fp8_kernel(
     Q, KV, KV_SCALE, BLOCK_TABLE, SEQLENS, WORK,
     OUT, LSE, PART_OUT, PART_LSE,
     scale_log2, row_tiles,
-    stride_q_tok, stride_q_head,
-    stride_kv_page, stride_kv_tok,
-    stride_bt_b,
-    stride_o_tok, stride_o_head,
-    stride_lse_cu, stride_lse_b, stride_lse_i, stride_lse_h,
-    stride_po_b, stride_po_s, stride_po_row,
-    stride_pl_b, stride_pl_s,
+    Q_STRIDES, KV_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr,
     KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr,
 ):
@@ -542,13 +544,12 @@ def mla_decode_hopper_fp8_kernel(
     mbarrier.init(p_ready, count=1)
     mbarrier.init(p_free, count=1)
 
-    _load_query(q_lat_smem, q_rope_smem, Q, tile, first_token, q_len, stride_q_tok, stride_q_head, HEADS, load_layout)
+    _load_query(q_lat_smem, q_rope_smem, Q, tile, first_token, q_len, Q_STRIDES, HEADS, load_layout)
     async_copy.commit_group()
     bt_row = b * stride_bt_b
     kv_scale = gl.load(KV_SCALE)
     for st in gl.static_range(STAGES):
-        lat, rope = _load_fp8_tile(KV, BLOCK_TABLE, bt_row, start + st * BLOCK_N, end, stride_kv_page,
-                                   stride_kv_tok, PAGE_SIZE, KV_LORA_RANK, ROPE_DIM)
+        lat, rope = _load_fp8_tile(KV, BLOCK_TABLE, bt_row, start + st * BLOCK_N, end, KV_STRIDES, PAGE_SIZE, KV_LORA_RANK, ROPE_DIM)
         _store_converted(lat, rope, k_lat_smem.index(st), k_rope_smem.index(st), kv_ready.index(st))
     async_copy.wait_group(0)
     fence_async_shared()
@@ -558,12 +559,12 @@ def mla_decode_hopper_fp8_kernel(
         (_fp8_softmax_partition, (
             q_lat_smem, q_rope_smem, k_lat_smem, k_rope_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free,
             start, end, num_tiles, seqlen, q_len, tile, first_token, b, split, num_splits, scale_log2, OUT, LSE,
-            PART_OUT, PART_LSE, stride_o_tok, stride_o_head, stride_lse_cu, stride_lse_b, stride_lse_i, stride_lse_h,
-            stride_po_b, stride_po_s, stride_po_row, stride_pl_b, stride_pl_s, kv_scale, HEADS, KV_LORA_RANK)),
+            PART_OUT, PART_LSE, OUT_STRIDES, LSE_STRIDES,
+            PART_STRIDES, kv_scale, HEADS, KV_LORA_RANK)),
         (_fp8_value_partition, (
             k_lat_smem, k_rope_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free, num_tiles, first_token, b,
-            split, num_splits, tile, q_len, KV, BLOCK_TABLE, bt_row, start, end, stride_kv_page, stride_kv_tok,
-            OUT, PART_OUT, stride_o_tok, stride_o_head, stride_po_b, stride_po_s, stride_po_row,
+            split, num_splits, tile, q_len, KV, BLOCK_TABLE, bt_row, start, end, KV_STRIDES,
+            OUT, PART_OUT, OUT_STRIDES, PART_STRIDES,
             HEADS, PAGE_SIZE, KV_LORA_RANK, ROPE_DIM)),
     ], [4], [232])
 
@@ -648,8 +649,8 @@ def _seesaw_even_partition(
     m_even, scale_even, m_odd, scale_odd, sum_odd, final_rows,
     CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, b, split,
     num_splits, scale_log2, OUT, LSE, PART_OUT, PART_LSE,
-    stride_o_tok, stride_o_head, stride_lse_cu, stride_lse_b, stride_lse_i, stride_lse_h,
-    stride_po_b, stride_po_s, stride_po_row, stride_pl_b, stride_pl_s,
+    OUT_STRIDES, LSE_STRIDES,
+    PART_STRIDES,
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr,
 ):
     """Warpgroup 0: S and the softmax of the even tiles (stage 0), output columns of the left half.
@@ -658,8 +659,8 @@ def _seesaw_even_partition(
     O_L = O_L x scale1 + P1 . V1_L. Each stage's chunks are reloaded as soon as their last reader is done."""
     half: gl.constexpr = KV_LORA_RANK // 2
     lat_chunks: gl.constexpr = KV_LORA_RANK // TMA_CHUNK
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, half, 16])
+    s_layout: gl.constexpr = _score_layout()
+    o_layout: gl.constexpr = _half_output_layout(KV_LORA_RANK)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     dtype: gl.constexpr = slots.dtype
     rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
@@ -720,9 +721,9 @@ def _seesaw_even_partition(
     gl.thread_barrier()
     mbarrier.arrive(final_ready, count=1)
     _store_columns(acc * _row_vector(inv_l, o_layout)[:, None], 0, OUT, PART_OUT, first_token, b, split, num_splits,
-                   tile, q_len, stride_o_tok, stride_o_head, stride_po_b, stride_po_s, stride_po_row, HEADS, o_layout)
+                   tile, q_len, OUT_STRIDES, PART_STRIDES, HEADS, o_layout)
     _store_lse(lse, rows, LSE, PART_LSE, first_token, b, split, num_splits, q_len,
-               stride_lse_cu, stride_lse_b, stride_lse_i, stride_lse_h, stride_pl_b, stride_pl_s, HEADS)
+               LSE_STRIDES, PART_STRIDES, HEADS)
 
 
 @gluon.jit
@@ -730,7 +731,7 @@ def _seesaw_odd_partition(
     q_lat_smem, q_rope_smem, k_lat_smem, slots, chunk_ready, even_ready, odd_ready, p_even_ready, final_ready,
     m_even, scale_even, m_odd, scale_odd, sum_odd, final_rows,
     CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, b, split,
-    num_splits, scale_log2, OUT, PART_OUT, stride_o_tok, stride_o_head, stride_po_b, stride_po_s, stride_po_row,
+    num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES,
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr,
 ):
     """Warpgroup 1: S and the softmax of the odd tiles (stage 1, computed while warpgroup 0 does its
@@ -738,8 +739,8 @@ def _seesaw_odd_partition(
     registers), then + P0' . V0_R with warpgroup 0's rescaled P0."""
     half: gl.constexpr = KV_LORA_RANK // 2
     lat_chunks: gl.constexpr = KV_LORA_RANK // TMA_CHUNK
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, half, 16])
+    s_layout: gl.constexpr = _score_layout()
+    o_layout: gl.constexpr = _half_output_layout(KV_LORA_RANK)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     dtype: gl.constexpr = slots.dtype
     rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
@@ -791,7 +792,7 @@ def _seesaw_odd_partition(
     mbarrier.wait(final_ready, 0)
     inv_l = final_rows.load(gl.SliceLayout(1, o_layout))
     _store_columns(acc * inv_l[:, None], half, OUT, PART_OUT, first_token, b, split, num_splits, tile, q_len,
-                   stride_o_tok, stride_o_head, stride_po_b, stride_po_s, stride_po_row, HEADS, o_layout)
+                   OUT_STRIDES, PART_STRIDES, HEADS, o_layout)
 
 
 @gluon.jit(do_not_specialize=["stride_bt_b"])
@@ -799,13 +800,7 @@ def mla_decode_hopper_seesaw_kernel(
     Q, CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, SEQLENS, WORK,
     OUT, LSE, PART_OUT, PART_LSE,
     scale_log2, row_tiles,
-    stride_q_tok, stride_q_head,
-    stride_kv_page, stride_kv_tok,
-    stride_bt_b,
-    stride_o_tok, stride_o_head,
-    stride_lse_cu, stride_lse_b, stride_lse_i, stride_lse_h,
-    stride_po_b, stride_po_s, stride_po_row,
-    stride_pl_b, stride_pl_s,
+    Q_STRIDES, KV_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr,
     KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr,
 ):
@@ -848,7 +843,7 @@ def mla_decode_hopper_seesaw_kernel(
     mbarrier.init(final_ready, count=1)
 
     load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    _load_query(q_lat_smem, q_rope_smem, Q, tile, first_token, q_len, stride_q_tok, stride_q_head, HEADS, load_layout)
+    _load_query(q_lat_smem, q_rope_smem, Q, tile, first_token, q_len, Q_STRIDES, HEADS, load_layout)
     async_copy.commit_group()
     bt_row = b * stride_bt_b
     for st in gl.static_range(2):
@@ -865,12 +860,12 @@ def mla_decode_hopper_seesaw_kernel(
             m_even, scale_even, m_odd, scale_odd, sum_odd, final_rows,
             CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, b, split,
             num_splits, scale_log2, OUT, LSE, PART_OUT, PART_LSE,
-            stride_o_tok, stride_o_head, stride_lse_cu, stride_lse_b, stride_lse_i, stride_lse_h,
-            stride_po_b, stride_po_s, stride_po_row, stride_pl_b, stride_pl_s, HEADS, PAGE_SIZE, KV_LORA_RANK)),
+            OUT_STRIDES, LSE_STRIDES,
+            PART_STRIDES, HEADS, PAGE_SIZE, KV_LORA_RANK)),
         (_seesaw_odd_partition, (
             q_lat_smem, q_rope_smem, k_lat_smem, slots, chunk_ready, even_ready, odd_ready, p_even_ready, final_ready,
             m_even, scale_even, m_odd, scale_odd, sum_odd, final_rows,
             CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, b, split,
-            num_splits, scale_log2, OUT, PART_OUT, stride_o_tok, stride_o_head, stride_po_b, stride_po_s, stride_po_row,
+            num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES,
             HEADS, PAGE_SIZE, KV_LORA_RANK)),
     ], [4], [248])

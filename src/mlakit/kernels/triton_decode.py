@@ -58,14 +58,7 @@ def _mla_decode_split_kernel(
     Q, KV, KV_SCALE, BLOCK_TABLE, SEQLENS, WORK,
     OUT, LSE, PART_OUT, PART_LSE,
     scale_log2, row_tiles,
-    stride_q_tok, stride_q_head,
-    stride_kv_page, stride_kv_tok,
-    stride_bt_b,
-    stride_o_tok, stride_o_head,
-    stride_lse_cu, stride_lse_b, stride_lse_i, stride_lse_h,
-    stride_po_b, stride_po_s, stride_po_row,
-    stride_pl_b, stride_pl_s,
-    stride_sc_page, stride_sc_tok,
+    Q_STRIDES, KV_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES, SCALE_STRIDES,
     HEADS: tl.constexpr, PAGE_SIZE: tl.constexpr,
     KV_LORA_RANK: tl.constexpr, ROPE_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_ROPE: tl.constexpr,
@@ -94,7 +87,7 @@ def _mla_decode_split_kernel(
     cols_p = tl.arange(0, BLOCK_ROPE)
     r_ok = cols_r < KV_LORA_RANK
     p_ok = cols_p < ROPE_DIM
-    q_rows = Q + (first_token + draft)[:, None].to(tl.int64) * stride_q_tok + head[:, None] * stride_q_head
+    q_rows = Q + (first_token + draft)[:, None].to(tl.int64) * Q_STRIDES[0] + head[:, None] * Q_STRIDES[1]
     q_lat = tl.load(q_rows + cols_r[None, :], mask=row_ok[:, None] & r_ok[None, :], other=0.0)
     q_pe = tl.load(q_rows + KV_LORA_RANK + cols_p[None, :], mask=row_ok[:, None] & p_ok[None, :], other=0.0)
     if INTERPRET:
@@ -115,8 +108,8 @@ def _mla_decode_split_kernel(
         tok_ok = toks < end
         page = tl.load(BLOCK_TABLE + b * stride_bt_b + toks // PAGE_SIZE, mask=tok_ok, other=0).to(tl.int64)
         offset = toks % PAGE_SIZE
-        row_base = page * stride_kv_page + offset * stride_kv_tok
-        scale_base = page * stride_sc_page + offset * stride_sc_tok
+        row_base = page * KV_STRIDES[0] + offset * KV_STRIDES[1]
+        scale_base = page * SCALE_STRIDES[0] + offset * SCALE_STRIDES[1]
         k_lat = _load_kv_part(KV, KV_SCALE, row_base, scale_base, cols_r, r_ok, tok_ok, 0,
                               SCALE_MODE, SCALE_GROUP_SIZE, DOT_DTYPE)
         k_pe = _load_kv_part(KV, KV_SCALE, row_base, scale_base, cols_p, p_ok, tok_ok, KV_LORA_RANK,
@@ -137,23 +130,32 @@ def _mla_decode_split_kernel(
     lse = tl.where(has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) * LN2, float("-inf"))
     out_mask = row_ok[:, None] & r_ok[None, :]
     if num_splits == 1:
-        out_rows = OUT + (first_token + draft)[:, None].to(tl.int64) * stride_o_tok + head[:, None] * stride_o_head
-        tl.store(out_rows + cols_r[None, :], out.to(OUT.dtype.element_ty), mask=out_mask)
-        lse_ptr = LSE + first_token * stride_lse_cu + b * stride_lse_b + draft * stride_lse_i + head * stride_lse_h
-        tl.store(lse_ptr, lse, mask=row_ok)
+        tl.store(_output_rows(OUT, OUT_STRIDES, first_token, draft, head) + cols_r[None, :], out.to(OUT.dtype.element_ty),
+                 mask=out_mask)
+        tl.store(_lse_pointers(LSE, LSE_STRIDES, first_token, b, draft, head), lse, mask=row_ok)
     else:
-        tl.store(PART_OUT + b * stride_po_b + split * stride_po_s + rows[:, None] * stride_po_row + cols_r[None, :],
+        part_po_b, part_po_s, part_po_row, part_pl_b, part_pl_s = PART_STRIDES
+        tl.store(PART_OUT + b * part_po_b + split * part_po_s + rows[:, None] * part_po_row + cols_r[None, :],
                  out, mask=out_mask)
-        tl.store(PART_LSE + b * stride_pl_b + split * stride_pl_s + rows, lse, mask=row_ok)
+        tl.store(PART_LSE + b * part_pl_b + split * part_pl_s + rows, lse, mask=row_ok)
+
+
+@triton.jit
+def _output_rows(OUT, OUT_STRIDES, first_token, draft, head):
+    """Pointers to the output rows `[rows, 1]` of draft tokens `draft` and heads `head` of a sequence."""
+    return OUT + (first_token + draft)[:, None].to(tl.int64) * OUT_STRIDES[0] + head[:, None] * OUT_STRIDES[1]
+
+
+@triton.jit
+def _lse_pointers(LSE, LSE_STRIDES, first_token, b, draft, head):
+    """Pointers to the lse of draft tokens `draft` and heads `head` of sequence b (its first token first_token)."""
+    stride_cu, stride_b, stride_draft, stride_head = LSE_STRIDES
+    return LSE + first_token * stride_cu + b * stride_b + draft * stride_draft + head * stride_head
 
 
 @triton.jit
 def _mla_decode_combine_kernel(
-    PART_OUT, PART_LSE, NUM_SPLITS, CU_SEQLENS_Q, OUT, LSE,
-    stride_po_b, stride_po_s, stride_po_row,
-    stride_pl_b, stride_pl_s,
-    stride_o_tok, stride_o_head,
-    stride_lse_cu, stride_lse_b, stride_lse_i, stride_lse_h,
+    PART_OUT, PART_LSE, NUM_SPLITS, CU_SEQLENS_Q, OUT, LSE, PART_STRIDES, OUT_STRIDES, LSE_STRIDES,
     HEADS: tl.constexpr, KV_LORA_RANK: tl.constexpr,
     BLOCK_SPLITS: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
@@ -168,6 +170,7 @@ def _mla_decode_combine_kernel(
     row_ok = rows < q_len * HEADS
     cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
     col_ok = cols < KV_LORA_RANK
+    stride_po_b, stride_po_s, stride_po_row, stride_pl_b, stride_pl_s = PART_STRIDES
     lse_rows = PART_LSE + b * stride_pl_b + rows
     m = tl.full([BLOCK_ROWS], float("-inf"), dtype=tl.float32)
     for first in range(0, num_splits, BLOCK_SPLITS):
@@ -190,12 +193,11 @@ def _mla_decode_combine_kernel(
     safe_total = tl.where(total > 0, total, 1.0)
     draft = rows // HEADS
     head = rows % HEADS
-    out_rows = OUT + (first_token + draft)[:, None].to(tl.int64) * stride_o_tok + head[:, None] * stride_o_head
+    out_rows = _output_rows(OUT, OUT_STRIDES, first_token, draft, head)
     tl.store(out_rows + cols[None, :], (acc / safe_total[:, None]).to(OUT.dtype.element_ty), mask=part_ok)
     if tl.program_id(2) == 0:
         lse = tl.where(total > 0, m_safe + tl.log(safe_total), float("-inf"))
-        lse_ptr = LSE + first_token * stride_lse_cu + b * stride_lse_b + draft * stride_lse_i + head * stride_lse_h
-        tl.store(lse_ptr, lse, mask=row_ok)
+        tl.store(_lse_pointers(LSE, LSE_STRIDES, first_token, b, draft, head), lse, mask=row_ok)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -448,6 +450,8 @@ def _launch(
                            kv_lora_rank, dtype=torch.float32, device=q.device)
     part_lse = torch.empty(part_out.shape[:3], dtype=torch.float32, device=q.device)
     scale_strides = (scale.stride(0), scale.stride(1)) if scale_mode == SCALE_PER_GROUP else (0, 0)
+    part_strides = (part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1))
+    out_strides = (out.stride(0), out.stride(1))
 
     # Programs by sequence in the plan's order (longest splits first), row tiles of a split adjacent.
     grid = (geometry.max_splits * geometry.row_tiles, batch)
@@ -455,19 +459,14 @@ def _launch(
         block_table, cache_seqlens, plan.work,
         out, lse, part_out, part_lse,
         softmax_scale * LOG2E, geometry.row_tiles,
-        q.stride(0), q.stride(1),
-        pages.stride(0), pages.stride(1),
-        block_table.stride(0),
-        out.stride(0), out.stride(1),
-        *lse_strides,
-        part_out.stride(0), part_out.stride(1), part_out.stride(2),
-        part_lse.stride(0), part_lse.stride(1),
+        (q.stride(0), q.stride(1)), (pages.stride(0), pages.stride(1)), block_table.stride(0),
+        out_strides, lse_strides, part_strides,
     )
     if takes_hopper:
         hopper_decode.launch(grid, q, pages, kv_scale, kv_lora_rank, shared_args)
     else:
         _mla_decode_split_kernel[grid](
-            q, pages, scale, *shared_args, *scale_strides,
+            q, pages, scale, *shared_args, scale_strides,
             HEADS=heads, PAGE_SIZE=pages.shape[1], KV_LORA_RANK=kv_lora_rank, ROPE_DIM=dim - kv_lora_rank,
             BLOCK_M=tuning.block_m, BLOCK_N=tuning.block_n, BLOCK_R=triton.next_power_of_2(kv_lora_rank),
             BLOCK_ROPE=max(16, triton.next_power_of_2(dim - kv_lora_rank)),
@@ -477,11 +476,7 @@ def _launch(
     if geometry.max_splits > 1:
         tiling = combine_tiling(geometry.max_splits, kv_lora_rank)
         _mla_decode_combine_kernel[(batch, triton.cdiv(max_rows, tiling.rows), triton.cdiv(kv_lora_rank, tiling.columns))](
-            part_out, part_lse, plan.num_splits, plan.cu_seqlens_q, out, lse,
-            part_out.stride(0), part_out.stride(1), part_out.stride(2),
-            part_lse.stride(0), part_lse.stride(1),
-            out.stride(0), out.stride(1),
-            *lse_strides,
+            part_out, part_lse, plan.num_splits, plan.cu_seqlens_q, out, lse, part_strides, out_strides, lse_strides,
             HEADS=heads, KV_LORA_RANK=kv_lora_rank,
             BLOCK_SPLITS=tiling.splits, BLOCK_ROWS=tiling.rows, BLOCK_C=tiling.columns,
             num_warps=4,
