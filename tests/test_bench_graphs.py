@@ -271,3 +271,23 @@ def test_a_backend_that_cannot_be_captured_is_refused_before_allocating():
     settings = GraphBenchSettings(layers=2, heads=2, batches=(1,), context=32, backend="intel_xpu")
     with pytest.raises(ConfigError, match="cannot be captured"):
         graphs_bench.run_graph_bench(settings, torch.device("cpu"), print)
+
+
+def test_cli_grid_heads_keeps_only_those_head_counts(monkeypatch, tmp_path):
+    from mlakit.bench import cli as bench_cli
+    from mlakit.device import DeviceInfo
+
+    timed = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(DeviceInfo, "detect", classmethod(lambda cls, device="auto": DeviceInfo.from_arch("sm90")))
+    monkeypatch.setattr(bench_cli, "measure_ceilings", lambda device: Ceilings(100.0, 10.0))
+    monkeypatch.setattr(bench_cli, "run_cases", lambda cases, kernels, device, ceilings, log: timed.extend(cases) or [])
+    monkeypatch.setattr(bench_cli, "write_results", lambda path, env, rows: None)
+    monkeypatch.setattr(bench_cli, "plot_results", lambda path, rows: None)
+    monkeypatch.setattr(bench_cli, "environment", lambda device, ceilings: {})
+    result = CliRunner().invoke(bench, ["decode", "--heads", "64", "--heads", "16", "--no-baseline",
+                                        "--json", str(tmp_path / "x.json"), "--plot", str(tmp_path / "x.png")])
+    assert result.exit_code == 0, result.output
+    assert timed and {case.heads for case in timed} == {64, 16}
+    full = [case for case in bench_cli.default_cases(False) if case.heads in (64, 16)]
+    assert timed == full
