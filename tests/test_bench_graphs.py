@@ -291,3 +291,14 @@ def test_cli_grid_heads_keeps_only_those_head_counts(monkeypatch, tmp_path):
     assert timed and {case.heads for case in timed} == {64, 16}
     full = [case for case in bench_cli.default_cases(False) if case.heads in (64, 16)]
     assert timed == full
+
+
+def test_cli_grid_heads_that_match_no_case_are_a_usage_error(monkeypatch):
+    from mlakit.bench import cli as bench_cli
+    from mlakit.device import DeviceInfo
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(DeviceInfo, "detect", classmethod(lambda cls, device="auto": DeviceInfo.from_arch("sm90")))
+    monkeypatch.setattr(bench_cli, "measure_ceilings", lambda device: pytest.fail("no device work before the check"))
+    result = CliRunner().invoke(bench, ["decode", "--heads", "7", "--no-baseline"])
+    assert result.exit_code == 2 and "the grid has no case with 7 heads" in result.output

@@ -159,6 +159,24 @@ def test_work_entries_put_the_longest_splits_first(kernel_device):
         assert (same[:-1] < same[1:]).all()
 
 
+def test_every_split_holds_tiles_and_large_batches_keep_batch_order(kernel_device):
+    gen = torch.Generator().manual_seed(11)
+    for batch, num_sms in ((3, 132), (40, 132), (2000, 8)):
+        lengths = torch.randint(0, 20000, (batch,), generator=gen, dtype=torch.int32)
+        lengths[0] = 16384
+        one_token_each = torch.arange(batch + 1, dtype=torch.int32)
+        geometry = split_geometry(batch=batch, rows=128, block_m=64, num_sms=num_sms)
+        splits, work = decode_split_counts(lengths.to(kernel_device), one_token_each.to(kernel_device), 128, geometry,
+                                           block_m=64, block_n=64, num_sms=num_sms, min_tokens_per_split=128)
+        splits, work = splits.cpu(), work.cpu()
+        tiles = (lengths + 63) // 64
+        per_split = (tiles + splits - 1) // splits
+        assert ((splits - 1) * per_split < tiles)[tiles > 0].all(), "the kernels' last split would be empty"
+        assert torch.equal(work[:, 1], splits[work[:, 0].long()])
+        if batch > 1024:
+            assert torch.equal(work[:, 0], torch.arange(batch, dtype=torch.int32))
+
+
 def test_plan_refuses_more_sequences_than_the_grid_holds():
     with pytest.raises(ValueError, match="cache_seqlens: at most 65535 sequences"):
         plan_decode(torch.ones(65536, dtype=torch.int32), q_len=1, heads=16)

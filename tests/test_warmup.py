@@ -29,6 +29,14 @@ def test_warm_up_reports_its_calls_in_the_plan_on_cpu():
                            DeviceInfo.from_arch("cpu")))
     assert plan.warmup is not None and plan.warmup.seconds > 0
     assert "decode q_len 3, batch 16" in plan.warmup.calls and "decode q_len 1, batch 16" in plan.warmup.calls
+    extends = [call for call in plan.warmup.calls if call.startswith("latent extend") and "sequences" in call]
+    assert extends == [f"latent extend of 16 tokens x {n} sequences" for n in (2, 4, 8, 16)]
+
+
+def test_warm_up_without_latent_extends_runs_none():
+    plan = warm_up(resolve(ServingConfig(max_batch_size=4), MLAShape.preset("deepseek-v2-lite"), DeviceInfo.from_arch("cpu")),
+                   max_latent_extend_tokens=0)
+    assert not any(call.startswith("latent extend") for call in plan.warmup.calls)
     assert "MHA prefill, chunked prefix with merges" in plan.warmup.calls
     assert plan.to_dict()["warmup"]["calls"] == list(plan.warmup.calls)
 

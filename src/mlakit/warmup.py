@@ -7,8 +7,9 @@ The calls go through the same public entry points a serving step uses (`mla_deco
 dtype, heads per rank and latent widths, so they compile exactly the variants those steps
 will ask for: decode at the plan's query length and at 1 (draft steps), with and without
 the split combine, for every batch-size class of the split plan up to the plan's max
-batch; each latent-extend tile shape, and the extend at the most rows a step holds (the
-other combine tiling); the causal, chunk and merge passes of the MHA prefill.
+batch; each latent-extend tile shape, and the longest extend at power-of-two sequence counts
+up to the max batch (the combine's other tiling); the causal, chunk and merge passes of the
+MHA prefill.
 """
 
 from __future__ import annotations
@@ -54,15 +55,28 @@ def warm_up(
         for new_tokens in range(2, max_latent_extend_tokens + 1):
             world.extend(new_tokens)
             calls.append(f"latent extend of {new_tokens} tokens")
-        # The most rows one step can hold: the fewest splits per sequence, hence the other combine tiling.
-        world.extend(max_latent_extend_tokens, sequences=plan.max_batch_size)
-        calls.append(f"latent extend of {max_latent_extend_tokens} tokens x {plan.max_batch_size} sequences")
+        # Steps with more extend rows get fewer splits per sequence, hence the combine's other tiling:
+        # the longest extend at every power-of-two sequence count up to the max batch meets each.
+        if max_latent_extend_tokens >= 2:
+            for sequences in _powers_of_two_up_to(plan.max_batch_size):
+                world.extend(max_latent_extend_tokens, sequences=sequences)
+                calls.append(f"latent extend of {max_latent_extend_tokens} tokens x {sequences} sequences")
     for chunk in (None, 512):
         world.prefill(chunk)
         calls.append("MHA prefill, one pass" if chunk is None else "MHA prefill, chunked prefix with merges")
     if world.device.type == "cuda":
         torch.cuda.synchronize(world.device)
     return dataclasses.replace(plan, warmup=WarmupReport(round(time.perf_counter() - began, 3), tuple(calls)))
+
+
+def _powers_of_two_up_to(limit: int) -> list[int]:
+    """2, 4, 8, ... up to `limit`, and `limit` itself.
+
+    >>> _powers_of_two_up_to(20)
+    [2, 4, 8, 16, 20]
+    """
+    counts = [2 ** k for k in range(1, max(1, limit).bit_length()) if 2 ** k < limit]
+    return counts + [limit] if limit >= 2 else counts
 
 
 class _DummyWorld:

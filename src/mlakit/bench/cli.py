@@ -79,7 +79,8 @@ GRAPHS_JSON = Path("decode_graphs_bench.json")
 @bench.command()
 @click.option("--quick", is_flag=True, help="A subset of the grid (the anchor rows plus spot checks).")
 @click.option("--heads", "grid_heads", type=int, multiple=True,
-              help="Only the grid's cases with these head counts (repeatable; splits a long run into parts).")
+              help="Only the grid's cases with these head counts (repeatable; splits a long run into parts; "
+                   "--case entries are kept as given).")
 @click.option("--case", "case_specs", multiple=True, help="heads,batch,seqlen|ragged,q_len,kv_dtype,page_size (repeatable).")
 @click.option("--tuning", "tunings", multiple=True, help="NAME=block_m,block_n,warps,stages[,programs_per_sm[,fixed_splits]][,auto|portable] extra Triton variants.")
 @click.option("--no-baseline", is_flag=True, help=f"Skip the simple split-KV Triton yardstick ({SIMPLE_TRITON}).")
@@ -148,9 +149,11 @@ def decode(
         kernels[name] = _tuned_kernel(fields)
     if not no_baseline:
         kernels["simple"] = _tuned_kernel(SIMPLE_TRITON)
-    cases = [_parse_case(s) for s in case_specs] or default_cases(quick)
-    if grid_heads:
-        cases = [case for case in cases if case.heads in grid_heads]
+    cases = [_parse_case(s) for s in case_specs] or [
+        case for case in default_cases(quick) if not grid_heads or case.heads in grid_heads
+    ]
+    if not cases:
+        raise click.UsageError(f"--heads: the grid has no case with {', '.join(map(str, grid_heads))} heads")
     ceilings = measure_ceilings(device)
     click.echo(f"ceilings: copy {ceilings.copy_gb_per_s:.0f} GB/s, bf16 matmul {ceilings.matmul_tflop_per_s:.0f} TFLOP/s")
     rows = run_cases(cases, kernels, device, ceilings, click.echo)

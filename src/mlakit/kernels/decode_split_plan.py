@@ -21,6 +21,9 @@ MAX_SPLITS = 512
 RAGGED_NUM = tl.constexpr(5)
 RAGGED_DEN = tl.constexpr(4)
 RAGGED_PROGRAMS = tl.constexpr(2)
+# Larger batches keep batch order: the in-program sort takes 8 bytes of shared memory per sequence
+# and its compile time grows fast (seconds at 4096); batches that large get one split per sequence.
+MAX_SORTED_BATCH = tl.constexpr(1024)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,12 +76,17 @@ def _split_counts_kernel(
     tiles_per_split = tl.maximum(tl.cdiv(work, tl.where(ragged, RAGGED_PROGRAMS * programs, programs)), min_tiles)
     splits = (tiles + tiles_per_split // 2) // tiles_per_split
     splits = tl.minimum(tl.maximum(splits, 1), max_splits)
+    # The kernels give each split cdiv(tiles, splits) tiles: as many splits as that fills, none empty.
+    splits = tl.maximum(tl.cdiv(tiles, tl.maximum(tl.cdiv(tiles, splits), 1)), 1)
     tl.store(NUM_SPLITS + offsets, splits, mask=in_batch)
-    # Longest-processing-time order: sequences by tiles per split, descending (ties in batch order,
-    # sequences without rows last), so the short splits fill in behind the long ones.
-    split_tiles = tl.where(seq_work > 0, tl.cdiv(tiles, splits), 0).to(tl.int64)
-    key = tl.where(in_batch, split_tiles * 4294967296 + (BLOCK_B - 1 - offsets), -1)
-    order = (BLOCK_B - 1 - (tl.sort(key, descending=True) & 4294967295)).to(tl.int32)
+    if BLOCK_B <= MAX_SORTED_BATCH:
+        # Longest-processing-time order: sequences by tiles per split, descending (ties in batch order,
+        # sequences without rows last), so the short splits fill in behind the long ones.
+        split_tiles = tl.where(seq_work > 0, tl.cdiv(tiles, splits), 0).to(tl.int64)
+        key = tl.where(in_batch, split_tiles * 4294967296 + (BLOCK_B - 1 - offsets), -1)
+        order = (BLOCK_B - 1 - (tl.sort(key, descending=True) & 4294967295)).to(tl.int32)
+    else:
+        order = offsets
     # One entry per launch position, so a split program finds its sequence's plan in one load.
     tl.debug_barrier()  # NUM_SPLITS, stored above by other threads, is gathered below
     entry = WORK + offsets * WORK_FIELDS
@@ -110,8 +118,10 @@ def decode_split_counts(
     non-empty ones), so that the long sequences' splits do not run alone at the end. A
     sequence's split count is rounded to the nearest whole number. A split holds at least
     `min_tokens_per_split` tokens, so its partial output (rows x kv_lora_rank floats,
-    written and read again by the combine) stays small next to the KV it reads. The work entries
-    list the sequences by tiles per split, longest first, so that the split kernel's programs start
+    written and read again by the combine) stays small next to the KV it reads; the count is then
+    lowered to the splits that `cdiv(tiles, splits)` tiles each actually fill (no empty split). The
+    work entries list the sequences by tiles per split, longest first (batches up to
+    MAX_SORTED_BATCH; larger ones in batch order), so that the split kernel's programs start
     longest first (simulated on the ragged benchmark batch at 128 heads: a makespan of 1.30x the
     even share in batch order, 1.16x in this order; benchmarks/NOTES.md, v21).
 

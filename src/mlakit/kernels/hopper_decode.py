@@ -10,7 +10,8 @@ shared memory, and V is the latent part of the same tile. Three kernels:
   and the softmax of the even tiles, warpgroup 1 those of the odd tiles (while warpgroup 0's
   softmax runs), against one running max handed over through shared memory; each owns half of
   the output columns, multiplies its own P from registers and the other's from shared memory.
-  Tiles arrive as 64-column TMA chunks on their own barriers (S starts on the first one), and
+  Tiles arrive as 64-column TMA chunks on their own barriers (S starts on the first one; a
+  split's partial last tile waits for all of them, to zero its rows past the end), and
   each chunk is reloaded as soon as its last reader is done with it. P goes into the tile's
   rope columns, which S no longer needs;
 - `mla_decode_hopper_fp8_kernel`, for fp8 (e4m3) pages of any size with one per-tensor scale:
@@ -66,8 +67,8 @@ def serves(device: torch.device, kv_dtype: torch.dtype) -> bool:
 
 def supports(q_dtype: torch.dtype, pages: torch.Tensor, scale_mode: int, kv_lora_rank: int, rope_dim: int) -> bool:
     """Whether the Hopper kernel takes this call: an SM90 GPU; 16-bit queries and pages of the same
-    dtype, or fp8 pages with one per-tensor scale; a latent width of 64, 128, 256 or 512 (half of it
-    is one value warpgroup's power-of-two tile) and a rope width of 16, 32 or 64."""
+    dtype, or fp8 pages with one per-tensor scale; a latent width of 64, 128, 256 or 512 (each
+    warpgroup's half of the output is a power-of-two tile) and a rope width of 16, 32 or 64."""
     if pages.dtype == FP8_DTYPE:
         cache_ok = scale_mode == SCALE_PER_TENSOR
     else:
@@ -98,8 +99,8 @@ def chunk_descriptors(pages: torch.Tensor, kv_lora_rank: int) -> tuple[TensorDes
 def launch(grid: tuple[int, int], q: torch.Tensor, pages: torch.Tensor, kv_scale: torch.Tensor | None, kv_lora_rank: int,
            shared_args: tuple) -> None:
     """Runs the split pass (a call `supports` accepts): the fp8 kernel for fp8 caches (with the
-    one-element `kv_scale`), the seesaw kernel for 16-bit pages holding whole tiles (TMA loads), the
-    cp.async gather kernel otherwise. `shared_args` are the portable split kernel's arguments from
+    one-element `kv_scale`), the seesaw kernel for 16-bit pages holding whole tiles (TMA loads) and
+    latent widths of at least 128, the cp.async gather kernel otherwise. `shared_args` are the portable split kernel's arguments from
     the block table on, without the scale strides."""
     constants = dict(HEADS=q.shape[1], PAGE_SIZE=pages.shape[1], KV_LORA_RANK=kv_lora_rank, ROPE_DIM=q.shape[-1] - kv_lora_rank)
     if pages.dtype == FP8_DTYPE:
@@ -633,7 +634,7 @@ def _zero_tail(k_lat, chunk_ready, stage: gl.constexpr, phase, first_bad):
     """Rows first_bad .. of the stage's latent tile zeroed once all its chunks have landed (TMA brings whole
     page rows: rows past a sequence's end may hold anything, NaN included)."""
     _wait_chunks(chunk_ready, stage, phase, k_lat.shape[1] // TMA_CHUNK + 1)
-    _zero_rows_from(k_lat, first_bad, 64, gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
+    _zero_rows_from(k_lat, first_bad, TMA_CHUNK, gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
     fence_async_shared()
     gl.thread_barrier()
 
@@ -654,7 +655,7 @@ def _seesaw_even_partition(
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr,
 ):
     """Warpgroup 0: S and the softmax of the even tiles (stage 0), output columns of the left half.
-    Per pair of tiles: P0 from the running max of the pair before; O_L = O_L x scale0 + P0 . V0_L (P0 from
+    Per pair of tiles: P0 against the running max updated with the even tile; O_L = O_L x scale0 + P0 . V0_L (P0 from
     registers); then, with the odd tile's max from warpgroup 1, P0 rescaled to it for warpgroup 1 and
     O_L = O_L x scale1 + P1 . V1_L. Each stage's chunks are reloaded as soon as their last reader is done."""
     half: gl.constexpr = KV_LORA_RANK // 2

@@ -280,7 +280,8 @@ def default_tuning(rows: int, *, hopper_tier: bool = False) -> DecodeTuning:
 class DecodePlan:
     """How one launch is split: launch shape, split ceiling, and on the device the query
     offsets, per-sequence split counts and the work entries of the launch positions (sequences
-    in launch order, longest splits first: `decode_split_counts`). Build it once per step (`plan_decode`,
+    in launch order, longest splits first: `decode_split_counts`; fixed-split plans keep batch
+    order). Build it once per step (`plan_decode`,
     `plan_extend`); every layer reuses it. `hopper_default`: the tuning is the Hopper tier's
     tile, chosen because device and cache dtype suit that tier; a call its kernel does not take
     after all (per-group fp8 scales, odd strides) runs the portable kernel with the portable
