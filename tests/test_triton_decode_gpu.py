@@ -149,11 +149,11 @@ HOPPER_CASES = [  # heads, q_len, page_size, (kv_lora_rank, rope_dim), q_dtype
     (128, 1, 64, (512, 64), torch.bfloat16), (128, 2, 1, (512, 64), torch.bfloat16), (64, 1, 16, (512, 64), torch.float16),
     (40, 2, 128, (256, 32), torch.bfloat16), (5, 8, 32, (512, 64), torch.bfloat16), (20, 4, 64, (128, 16), torch.float16),
     (33, 3, 64, (512, 64), torch.bfloat16), (16, 1, 64, (512, 64), torch.bfloat16), (5, 1, 32, (512, 64), torch.float16),
-    (16, 2, 1, (512, 64), torch.bfloat16), (1, 1, 128, (256, 32), torch.bfloat16),
+    (16, 2, 1, (512, 64), torch.bfloat16), (1, 1, 128, (256, 32), torch.bfloat16), (12, 2, 64, (64, 16), torch.bfloat16),
 ]
 HOPPER_FP8_CASES = [
     (128, 1, 64, (512, 64), torch.bfloat16), (16, 2, 16, (512, 64), torch.bfloat16), (5, 3, 1, (512, 64), torch.float16),
-    (40, 1, 128, (256, 32), torch.bfloat16), (16, 1, 32, (128, 16), torch.float16),
+    (40, 1, 128, (256, 32), torch.bfloat16), (16, 1, 32, (128, 16), torch.float16), (12, 2, 64, (64, 16), torch.bfloat16),
 ]
 
 
