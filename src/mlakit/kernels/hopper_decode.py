@@ -54,6 +54,8 @@ BLOCK_N = gl.constexpr(64)
 NUM_WARPS = gl.constexpr(8)
 STAGES = gl.constexpr(2)
 TMA_CHUNK = gl.constexpr(64)
+# One warpgroup's rows in 16-byte pieces (query loads, zeroing the rows past a sequence's end).
+WARPGROUP_ROWS = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
 KV_LORA_RANKS = frozenset({64, 128, 256, 512})
 ROPE_DIMS = frozenset({16, 32, 64})
 LN2 = gl.constexpr(0.6931471805599453)
@@ -100,8 +102,8 @@ def launch(grid: tuple[int, int], q: torch.Tensor, pages: torch.Tensor, kv_scale
            shared_args: tuple) -> None:
     """Runs the split pass (a call `supports` accepts): the fp8 kernel for fp8 caches (with the
     one-element `kv_scale`), the seesaw kernel for 16-bit pages holding whole tiles (TMA loads) and
-    latent widths of at least 128, the cp.async gather kernel otherwise. `shared_args` are the portable split kernel's arguments from
-    the block table on, without the scale strides."""
+    latent widths of at least 128, the cp.async gather kernel otherwise. `shared_args` are the
+    portable split kernel's arguments from the block table on, without the scale strides."""
     constants = dict(HEADS=q.shape[1], PAGE_SIZE=pages.shape[1], KV_LORA_RANK=kv_lora_rank, ROPE_DIM=q.shape[-1] - kv_lora_rank)
     if pages.dtype == FP8_DTYPE:
         mla_decode_hopper_fp8_kernel[grid](q, pages, kv_scale, *shared_args, **constants, num_warps=4)
@@ -198,6 +200,12 @@ def _masked_scores(q_lat_smem, q_rope_smem, k_lat, k_rope, s_zero, tok0, end, vi
     s = warpgroup_mma(q_lat_smem, k_lat.permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma(q_rope_smem, k_rope.permute((1, 0)), s, is_async=True)
     return _masked(warpgroup_mma_wait(num_outstanding=0, deps=[s]), tok0, end, visible, scale_log2)
+
+
+@gluon.jit
+def _row_vector(values, LAYOUT: gl.constexpr):
+    """Per-row values (one per query row) in the row layout of `LAYOUT`, e.g. an output accumulator's."""
+    return gl.convert_layout(values, gl.SliceLayout(1, LAYOUT))
 
 
 @gluon.jit
@@ -393,13 +401,13 @@ def mla_decode_hopper_split_kernel(
         fence_async_shared()
         gl.thread_barrier()
 
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        acc = acc * _row_vector(alpha, o_layout)[:, None]
         acc = warpgroup_mma(p_smem, k_lat, acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
     async_copy.wait_group(0)
 
     lse, inv_l = _finish_rows(m_i, gl.sum(l_parts, 1))
-    _store_columns(acc * gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout))[:, None], 0, OUT, PART_OUT,
+    _store_columns(acc * _row_vector(inv_l, o_layout)[:, None], 0, OUT, PART_OUT,
                    first_token, b, split, num_splits, tile, q_len,
                    OUT_STRIDES, PART_STRIDES, HEADS, o_layout)
     _store_lse(lse, rows, LSE, PART_LSE, first_token, b, split, num_splits, q_len,
@@ -410,8 +418,7 @@ def mla_decode_hopper_split_kernel(
 def _fp8_softmax_partition(
     q_lat_smem, q_rope_smem, k_lat_smem, k_rope_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free,
     start, end, num_tiles, seqlen, q_len, tile, first_token, b, split, num_splits, scale_log2, OUT, LSE, PART_OUT,
-    PART_LSE, OUT_STRIDES, LSE_STRIDES,
-    PART_STRIDES, kv_scale,
+    PART_LSE, OUT_STRIDES, LSE_STRIDES, PART_STRIDES, kv_scale,
     HEADS: gl.constexpr, KV_LORA_RANK: gl.constexpr,
 ):
     """First warpgroup: S = Q . K^T over whole tiles, the softmax, P and the row scales for the other
@@ -438,7 +445,7 @@ def _fp8_softmax_partition(
         if t > 0:
             mbarrier.wait(p_free, (t - 1) & 1)
         p_smem.store(p.to(p_smem.dtype))
-        alpha = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
+        alpha = _row_vector(alpha, o_layout)
         row_smem.store(alpha)
         fence_async_shared()
         gl.thread_barrier()
@@ -450,7 +457,7 @@ def _fp8_softmax_partition(
         mbarrier.arrive(kv_free.index(stage), count=1)
 
     lse, inv_l = _finish_rows(m_i, l_i)
-    inv_l = gl.convert_layout(inv_l * kv_scale, gl.SliceLayout(1, o_layout))
+    inv_l = _row_vector(inv_l * kv_scale, o_layout)
     if num_tiles > 0:
         mbarrier.wait(p_free, (num_tiles - 1) & 1)
     row_smem.store(inv_l)
@@ -532,7 +539,6 @@ def mla_decode_hopper_fp8_kernel(
         return
     start, end, num_tiles = _split_range(seqlen, split, num_splits)
 
-    load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     q_lat_smem, q_rope_smem, k_lat_smem, k_rope_smem, p_smem = _allocate_tiles(Q.dtype.element_ty, KV_LORA_RANK, ROPE_DIM)
     row_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -545,12 +551,13 @@ def mla_decode_hopper_fp8_kernel(
     mbarrier.init(p_ready, count=1)
     mbarrier.init(p_free, count=1)
 
-    _load_query(q_lat_smem, q_rope_smem, Q, tile, first_token, q_len, Q_STRIDES, HEADS, load_layout)
+    _load_query(q_lat_smem, q_rope_smem, Q, tile, first_token, q_len, Q_STRIDES, HEADS, WARPGROUP_ROWS)
     async_copy.commit_group()
     bt_row = b * stride_bt_b
     kv_scale = gl.load(KV_SCALE)
     for st in gl.static_range(STAGES):
-        lat, rope = _load_fp8_tile(KV, BLOCK_TABLE, bt_row, start + st * BLOCK_N, end, KV_STRIDES, PAGE_SIZE, KV_LORA_RANK, ROPE_DIM)
+        lat, rope = _load_fp8_tile(KV, BLOCK_TABLE, bt_row, start + st * BLOCK_N, end, KV_STRIDES, PAGE_SIZE,
+                                   KV_LORA_RANK, ROPE_DIM)
         _store_converted(lat, rope, k_lat_smem.index(st), k_rope_smem.index(st), kv_ready.index(st))
     async_copy.wait_group(0)
     fence_async_shared()
@@ -560,15 +567,13 @@ def mla_decode_hopper_fp8_kernel(
         (_fp8_softmax_partition, (
             q_lat_smem, q_rope_smem, k_lat_smem, k_rope_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free,
             start, end, num_tiles, seqlen, q_len, tile, first_token, b, split, num_splits, scale_log2, OUT, LSE,
-            PART_OUT, PART_LSE, OUT_STRIDES, LSE_STRIDES,
-            PART_STRIDES, kv_scale, HEADS, KV_LORA_RANK)),
+            PART_OUT, PART_LSE, OUT_STRIDES, LSE_STRIDES, PART_STRIDES, kv_scale, HEADS, KV_LORA_RANK)),
         (_fp8_value_partition, (
             k_lat_smem, k_rope_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free, num_tiles, first_token, b,
             split, num_splits, tile, q_len, KV, BLOCK_TABLE, bt_row, start, end, KV_STRIDES,
             OUT, PART_OUT, OUT_STRIDES, PART_STRIDES,
             HEADS, PAGE_SIZE, KV_LORA_RANK, ROPE_DIM)),
     ], [4], [232])
-
 
 
 @gluon.jit
@@ -580,28 +585,34 @@ def _rope_view(slot, ROPE_DIM: gl.constexpr):
 
 
 @gluon.jit
+def _chunk_barrier(chunk_ready, k_lat, stage: gl.constexpr, c: gl.constexpr):
+    """The barrier of chunk c of the stage (latent chunks 0 .., then the rope as the last one)."""
+    return chunk_ready.index(stage * (k_lat.shape[1] // TMA_CHUNK + 1) + c)
+
+
+@gluon.jit
 def _load_chunks(chunk_desc, rope_desc, row, chunk_ready, stage: gl.constexpr, k_lat, slot,
                  FIRST: gl.constexpr, COUNT: gl.constexpr, WITH_ROPE: gl.constexpr, pred):
     """TMA loads of cache rows row .. row + BLOCK_N into the stage: latent chunks FIRST .. FIRST + COUNT
     (TMA_CHUNK columns each) and, WITH_ROPE, the rope columns into the stage's slot; each chunk
     completes on its own barrier. Nothing is issued where `pred` is false."""
-    chunks: gl.constexpr = k_lat.shape[1] // TMA_CHUNK + 1
     for c in gl.static_range(FIRST, FIRST + COUNT):
-        bar = chunk_ready.index(stage * chunks + c)
+        bar = _chunk_barrier(chunk_ready, k_lat, stage, c)
         mbarrier.expect(bar, chunk_desc.block_type.nbytes, pred=pred)
         tma.async_copy_global_to_shared(chunk_desc, [row, c * TMA_CHUNK], bar, k_lat.slice(c * TMA_CHUNK, TMA_CHUNK, dim=1),
                                         pred=pred)
     if WITH_ROPE:
-        bar = chunk_ready.index(stage * chunks + chunks - 1)
+        bar = _chunk_barrier(chunk_ready, k_lat, stage, k_lat.shape[1] // TMA_CHUNK)
         mbarrier.expect(bar, rope_desc.block_type.nbytes, pred=pred)
         tma.async_copy_global_to_shared(rope_desc, [row, k_lat.shape[1]], bar, _rope_view(slot, rope_desc.block_type.shape[1]),
                                         pred=pred)
 
 
 @gluon.jit
-def _wait_chunks(chunk_ready, stage: gl.constexpr, phase, chunks: gl.constexpr):
-    for c in gl.static_range(chunks):
-        mbarrier.wait(chunk_ready.index(stage * chunks + c), phase)
+def _wait_chunks(chunk_ready, k_lat, stage: gl.constexpr, phase):
+    """Waits for every chunk of the stage's tile, the rope included."""
+    for c in gl.static_range(k_lat.shape[1] // TMA_CHUNK + 1):
+        mbarrier.wait(_chunk_barrier(chunk_ready, k_lat, stage, c), phase)
 
 
 @gluon.jit
@@ -616,7 +627,7 @@ def _chunked_scores(q_lat_smem, q_rope_smem, k_lat, slot, chunk_ready, stage: gl
         s = _score_chunk(q_lat_smem, k_lat, chunk_ready, stage, phase, s, c, c > first)
     for c in gl.static_range(first):
         s = _score_chunk(q_lat_smem, k_lat, chunk_ready, stage, phase, s, c, True)
-    mbarrier.wait(chunk_ready.index(stage * (lat_chunks + 1) + lat_chunks), phase)
+    mbarrier.wait(_chunk_barrier(chunk_ready, k_lat, stage, lat_chunks), phase)
     s = warpgroup_mma(q_rope_smem, _rope_view(slot, q_rope_smem.shape[1]).permute((1, 0)), s, is_async=True)
     return warpgroup_mma_wait(num_outstanding=0, deps=[s])
 
@@ -624,7 +635,7 @@ def _chunked_scores(q_lat_smem, q_rope_smem, k_lat, slot, chunk_ready, stage: gl
 @gluon.jit
 def _score_chunk(q_lat_smem, k_lat, chunk_ready, stage: gl.constexpr, phase, s, c: gl.constexpr, use_acc: gl.constexpr):
     """S += Q . K^T over latent chunk c, issued once the chunk has landed."""
-    mbarrier.wait(chunk_ready.index(stage * (k_lat.shape[1] // TMA_CHUNK + 1) + c), phase)
+    mbarrier.wait(_chunk_barrier(chunk_ready, k_lat, stage, c), phase)
     return warpgroup_mma(q_lat_smem.slice(c * TMA_CHUNK, TMA_CHUNK, dim=1),
                          k_lat.slice(c * TMA_CHUNK, TMA_CHUNK, dim=1).permute((1, 0)), s, use_acc=use_acc, is_async=True)
 
@@ -633,15 +644,10 @@ def _score_chunk(q_lat_smem, k_lat, chunk_ready, stage: gl.constexpr, phase, s, 
 def _zero_tail(k_lat, chunk_ready, stage: gl.constexpr, phase, first_bad):
     """Rows first_bad .. of the stage's latent tile zeroed once all its chunks have landed (TMA brings whole
     page rows: rows past a sequence's end may hold anything, NaN included)."""
-    _wait_chunks(chunk_ready, stage, phase, k_lat.shape[1] // TMA_CHUNK + 1)
-    _zero_rows_from(k_lat, first_bad, TMA_CHUNK, gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
+    _wait_chunks(chunk_ready, k_lat, stage, phase)
+    _zero_rows_from(k_lat, first_bad, TMA_CHUNK, WARPGROUP_ROWS)
     fence_async_shared()
     gl.thread_barrier()
-
-
-@gluon.jit
-def _row_vector(values, LAYOUT: gl.constexpr):
-    return gl.convert_layout(values, gl.SliceLayout(1, LAYOUT))
 
 
 @gluon.jit
@@ -649,14 +655,12 @@ def _seesaw_even_partition(
     q_lat_smem, q_rope_smem, k_lat_smem, slots, chunk_ready, even_ready, odd_ready, p_even_ready, final_ready,
     m_even, scale_even, m_odd, scale_odd, sum_odd, final_rows,
     CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, b, split,
-    num_splits, scale_log2, OUT, LSE, PART_OUT, PART_LSE,
-    OUT_STRIDES, LSE_STRIDES,
-    PART_STRIDES,
+    num_splits, scale_log2, OUT, LSE, PART_OUT, PART_LSE, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr,
 ):
     """Warpgroup 0: S and the softmax of the even tiles (stage 0), output columns of the left half.
-    Per pair of tiles: P0 against the running max updated with the even tile; O_L = O_L x scale0 + P0 . V0_L (P0 from
-    registers); then, with the odd tile's max from warpgroup 1, P0 rescaled to it for warpgroup 1 and
+    Per pair of tiles: P0 against the running max updated with the even tile; O_L = O_L x scale0 +
+    P0 . V0_L (P0 from registers); then, with the odd tile's max from warpgroup 1, P0 rescaled to it for warpgroup 1 and
     O_L = O_L x scale1 + P1 . V1_L. Each stage's chunks are reloaded as soon as their last reader is done."""
     half: gl.constexpr = KV_LORA_RANK // 2
     lat_chunks: gl.constexpr = KV_LORA_RANK // TMA_CHUNK
@@ -843,8 +847,7 @@ def mla_decode_hopper_seesaw_kernel(
     mbarrier.init(p_even_ready, count=1)
     mbarrier.init(final_ready, count=1)
 
-    load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    _load_query(q_lat_smem, q_rope_smem, Q, tile, first_token, q_len, Q_STRIDES, HEADS, load_layout)
+    _load_query(q_lat_smem, q_rope_smem, Q, tile, first_token, q_len, Q_STRIDES, HEADS, WARPGROUP_ROWS)
     async_copy.commit_group()
     bt_row = b * stride_bt_b
     for st in gl.static_range(2):
