@@ -38,6 +38,14 @@ def _check(batch, **kwargs):
     assert_lse_close(lse, ref_lse, atol=3e-2 if fp8 else 1e-3)
 
 
+def _split_kernel(batch, plan):
+    from mlakit.kernels.triton_decode import split_kernel_for
+    from mlakit.kv_quant import scale_mode
+
+    q = batch.q.reshape(-1, *batch.q.shape[2:])
+    return split_kernel_for(q, batch.kv_cache, batch.kv_lora_rank, scale_mode(batch.kv_cache, batch.kv_scale), plan)[0]
+
+
 @pytest.mark.parametrize("heads, q_len", [(h, q) for h in HEADS for q in (1, 2, 4, 8) if h * q <= 1024])
 @pytest.mark.parametrize("kv_lora_rank, rope_dim", LATENTS)
 def test_heads_and_draft_lengths(heads, q_len, kv_lora_rank, rope_dim):
@@ -165,8 +173,7 @@ HOPPER_FP8_CASES = [
 )
 @pytest.mark.parametrize("num_sms", [None, 1024])
 def test_hopper_kernel_matches_reference_and_portable_kernel(heads, q_len, page_size, latent, q_dtype, kv_dtype, num_sms):
-    from mlakit.kernels.triton_decode import _takes_hopper_kernel, plan_decode
-    from mlakit.kv_quant import scale_mode
+    from mlakit.kernels.triton_decode import plan_decode
 
     kv_lora_rank, rope_dim = latent
     batch = make_paged_batch(
@@ -174,7 +181,8 @@ def test_hopper_kernel_matches_reference_and_portable_kernel(heads, q_len, page_
         rope_dim=rope_dim, kv_dtype=kv_dtype, scale_layout="tensor", q_dtype=q_dtype, device="cuda", seed=heads + page_size,
     )
     plan = plan_decode(batch.cache_seqlens, q_len=q_len, heads=heads, kv_dtype=batch.kv_cache.dtype, num_sms=num_sms)
-    assert _takes_hopper_kernel(batch.q, batch.kv_cache, kv_lora_rank, scale_mode(batch.kv_cache, batch.kv_scale), plan.tuning)
+    narrow = kv_dtype == "fp8_e4m3" and heads * q_len <= 32 and (page_size in (16, 32) or page_size % 64 == 0)
+    assert _split_kernel(batch, plan) == ("narrow" if narrow else "hopper")
     _check(batch, plan=plan)
     portable = dataclasses.replace(plan, tuning=dataclasses.replace(plan.tuning, tier="portable"))
     kwargs = dict(kv_lora_rank=kv_lora_rank, softmax_scale=batch.softmax_scale, kv_scale=batch.kv_scale)
@@ -187,29 +195,49 @@ def test_hopper_kernel_matches_reference_and_portable_kernel(heads, q_len, page_
 @pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
 @pytest.mark.parametrize("kv_lora_rank, kv_dtype", [(448, "bf16"), (192, "fp8_e4m3"), (320, "bf16")])
 def test_latent_widths_the_hopper_kernel_cannot_tile_run_on_the_portable_kernel(kv_lora_rank, kv_dtype):
-    from mlakit.kernels.triton_decode import _takes_hopper_kernel, plan_decode
-    from mlakit.kv_quant import scale_mode
+    from mlakit.kernels.triton_decode import plan_decode
 
     batch = make_paged_batch([700, 0, 65], heads=16, q_len=2, page_size=64, kv_lora_rank=kv_lora_rank, rope_dim=64,
                              kv_dtype=kv_dtype, scale_layout="tensor", device="cuda", seed=kv_lora_rank)
     plan = plan_decode(batch.cache_seqlens, q_len=2, heads=16, kv_dtype=batch.kv_cache.dtype)
-    assert not _takes_hopper_kernel(batch.q, batch.kv_cache, kv_lora_rank, scale_mode(batch.kv_cache, batch.kv_scale),
-                                    plan.tuning)
+    assert _split_kernel(batch, plan) == "portable"
     _check(batch, plan=plan)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
 @pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16])
-def test_hopper_fp8_conversion_keeps_subnormal_values(q_dtype):
-    from mlakit.kernels.triton_decode import _takes_hopper_kernel, plan_decode
-    from mlakit.kv_quant import SCALE_PER_TENSOR
+@pytest.mark.parametrize("heads, kernel", [(16, "narrow"), (128, "hopper")])
+def test_hopper_fp8_conversion_keeps_subnormal_values(q_dtype, heads, kernel):
+    from mlakit.kernels.triton_decode import plan_decode
 
-    batch = make_paged_batch([300, 77], heads=16, page_size=64, kv_lora_rank=512, rope_dim=64, kv_dtype="fp8_e4m3",
+    batch = make_paged_batch([300, 77], heads=heads, page_size=64, kv_lora_rank=512, rope_dim=64, kv_dtype="fp8_e4m3",
                              q_dtype=q_dtype, device="cuda", seed=3)
     gen = torch.Generator(device="cuda").manual_seed(4)
     mantissa = torch.randint(1, 8, batch.kv_cache.shape, generator=gen, device="cuda", dtype=torch.uint8)
     sign = torch.randint(0, 2, batch.kv_cache.shape, generator=gen, device="cuda", dtype=torch.uint8) << 7
     subnormal = dataclasses.replace(batch, kv_cache=(mantissa | sign).view(torch.float8_e4m3fn))
-    plan = plan_decode(subnormal.cache_seqlens, q_len=1, heads=16, kv_dtype=subnormal.kv_cache.dtype)
-    assert _takes_hopper_kernel(subnormal.q, subnormal.kv_cache, 512, SCALE_PER_TENSOR, plan.tuning)
+    plan = plan_decode(subnormal.cache_seqlens, q_len=1, heads=heads, kv_dtype=subnormal.kv_cache.dtype)
+    assert _split_kernel(subnormal, plan) == kernel
     _check(subnormal, plan=plan)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("q_len", [1, 2])
+def test_narrow_fp8_kernel_keeps_query_rows_of_any_magnitude(q_dtype, q_len):
+    """The narrow kernel runs its MMAs in fp16 with each query row scaled by a power of two: rows
+    far outside fp16's range (and an all-zero row) must come out as the reference's."""
+    from mlakit.kernels.triton_decode import plan_decode
+
+    batch = make_paged_batch([900, 5, 64], heads=16, q_len=q_len, page_size=32, kv_lora_rank=512, rope_dim=64,
+                             kv_dtype="fp8_e4m3", q_dtype=q_dtype, device="cuda", seed=11 + q_len)
+    exponents = torch.tensor([-17.0, -8.0, 0.0, 6.0, 12.0, 17.0, 1.0, -1.0] * 2, device="cuda")
+    if q_dtype == torch.float16:
+        exponents = exponents.clamp(-3, 3)
+    magnitudes = torch.pow(2.0, exponents)
+    magnitudes[3] = 0.0
+    scaled = (batch.q.float() * magnitudes[None, None, :, None]).to(q_dtype)
+    batch = dataclasses.replace(batch, q=scaled, softmax_scale=batch.softmax_scale * 2.0 ** -8)
+    plan = plan_decode(batch.cache_seqlens, q_len=q_len, heads=16, kv_dtype=batch.kv_cache.dtype)
+    assert _split_kernel(batch, plan) == "narrow"
+    _check(batch, plan=plan)

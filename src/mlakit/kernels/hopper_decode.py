@@ -209,11 +209,18 @@ def _row_vector(values, LAYOUT: gl.constexpr):
 
 
 @gluon.jit
-def _online_softmax(s, m_i):
-    """P of one tile, the factor rescaling what came before, and the new running row max."""
-    m_new = gl.maximum(m_i, gl.max(s, 1))
+def _no_keys_yet(ROWS: gl.constexpr, LAYOUT: gl.constexpr):
+    """Running max (-inf) and sum (0) of ROWS rows before their first key, in layout LAYOUT."""
+    return gl.full([ROWS], float("-inf"), gl.float32, layout=LAYOUT), gl.zeros([ROWS], gl.float32, layout=LAYOUT)
+
+
+@gluon.jit
+def _online_softmax(s, m_i, AXIS: gl.constexpr = 1):
+    """P of one tile, the factor rescaling what came before, and the new running row max (rows'
+    scores along AXIS of `s`: 1 for S, 0 for S^T)."""
+    m_new = gl.maximum(m_i, gl.max(s, AXIS))
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-    return gl.exp2(s - m_safe[:, None]), gl.exp2(m_i - m_safe), m_new
+    return gl.exp2(s - gl.expand_dims(m_safe, AXIS)), gl.exp2(m_i - m_safe), m_new
 
 
 @gluon.jit
@@ -429,8 +436,7 @@ def _fp8_softmax_partition(
     o_layout: gl.constexpr = _half_output_layout(KV_LORA_RANK)
     rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
     visible = seqlen - q_len + rows // HEADS + 1
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-    l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
+    m_i, l_i = _no_keys_yet(BLOCK_M, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([BLOCK_M, half], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
     for t in range(num_tiles):
@@ -509,17 +515,25 @@ def _fp8_value_partition(
 def _store_columns(out, col0, OUT, PART_OUT, first_token, b, split, num_splits, tile, q_len,
                    OUT_STRIDES, PART_STRIDES,
                    HEADS: gl.constexpr, LAYOUT: gl.constexpr):
-    """Output columns col0 .. col0 + width of the tile: to OUT when the sequence has one split, else
-    to its split's float32 partial."""
+    """Output columns col0 .. col0 + width of the tile (`_store_output`)."""
     rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LAYOUT))
-    row_ok = (rows < q_len * HEADS)[:, None]
     cols = col0 + gl.arange(0, out.shape[1], layout=gl.SliceLayout(0, LAYOUT))
+    _store_output(out, rows[:, None], cols[None, :], OUT, PART_OUT, first_token, b, split, num_splits, q_len,
+                  OUT_STRIDES, PART_STRIDES, HEADS)
+
+
+@gluon.jit
+def _store_output(out, rows, cols, OUT, PART_OUT, first_token, b, split, num_splits, q_len,
+                  OUT_STRIDES, PART_STRIDES, HEADS: gl.constexpr):
+    """`out` is query row `rows`, latent column `cols` (both broadcast to its shape): to OUT when the
+    sequence has one split, else to its split's float32 partial; rows past the segment are skipped."""
+    row_ok = rows < q_len * HEADS
     if num_splits == 1:
         base = (first_token + rows // HEADS).to(gl.int64) * OUT_STRIDES[0] + (rows % HEADS) * OUT_STRIDES[1]
-        gl.store(OUT + base[:, None] + cols[None, :], out.to(OUT.dtype.element_ty), mask=row_ok)
+        gl.store(OUT + base + cols, out.to(OUT.dtype.element_ty), mask=row_ok)
     else:
         part = PART_OUT + b * PART_STRIDES[0] + split * PART_STRIDES[1]
-        gl.store(part + rows[:, None] * PART_STRIDES[2] + cols[None, :], out, mask=row_ok)
+        gl.store(part + rows * PART_STRIDES[2] + cols, out, mask=row_ok)
 
 
 @gluon.jit(do_not_specialize=["stride_bt_b"])
@@ -670,8 +684,7 @@ def _seesaw_even_partition(
     dtype: gl.constexpr = slots.dtype
     rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
     visible = seqlen - q_len + rows // HEADS + 1
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-    l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
+    m_i, l_i = _no_keys_yet(BLOCK_M, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([BLOCK_M, half], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
     k0 = k_lat_smem.index(0)

@@ -19,10 +19,10 @@ import torch
 import triton
 import triton.language as tl
 
-from mlakit.kernels import hopper_decode
+from mlakit.kernels import hopper_decode, hopper_narrow_decode
 from mlakit.kernels.decode_split_plan import WORK_FIELDS, SplitGeometry, decode_split_counts, split_geometry
 from mlakit.kernels.interpreter import INTERPRET
-from mlakit.kv_quant import SCALE_GROUP, SCALE_NONE, SCALE_PER_GROUP, SCALE_PER_TENSOR, scale_mode
+from mlakit.kv_quant import FP8_DTYPE, SCALE_GROUP, SCALE_NONE, SCALE_PER_GROUP, SCALE_PER_TENSOR, scale_mode
 from mlakit.reference import pages_view
 
 LOG2E = 1.4426950408889634
@@ -259,16 +259,24 @@ class DecodeTuning:
             raise ValueError(f"DecodeTuning.tier: expected one of {sorted(TIERS)}, got {self.tier!r}")
 
 
-def default_tuning(rows: int, *, hopper_tier: bool = False) -> DecodeTuning:
+def default_tuning(rows: int, *, hopper_tier: bool = False, kv_dtype: torch.dtype | None = None) -> DecodeTuning:
     """Row tile sized to the rows of one sequence (query tokens x heads). 16-row tiles use
     32-token KV tiles so several programs share an SM; 32- and 64-row tiles fill one SM each
-    (measured on H100: benchmarks/NOTES.md, v4). Where the Hopper kernel serves the cache
-    (`hopper_tier`), every row count takes its 64-row tile: it overlaps loads with the math,
-    so padded rows cost nothing while the KV read bounds the time (NOTES.md, v12).
+    (measured on H100: benchmarks/NOTES.md, v4). Where the Hopper kernels serve the cache
+    (`hopper_tier`), every row count takes their 64-row tile: it overlaps loads with the math,
+    so padded rows cost nothing while the KV read bounds a 16-bit cache's time (NOTES.md, v12);
+    fp8 caches with at most 32 rows take the narrow kernel's 16- or 32-row tiles, two programs
+    per SM (`hopper_narrow_decode`, NOTES.md v27).
 
     >>> default_tuning(16).block_m, default_tuning(16, hopper_tier=True).block_m
     (16, 64)
+    >>> default_tuning(16, hopper_tier=True, kv_dtype=torch.float8_e4m3fn).block_m
+    16
     """
+    if hopper_tier and kv_dtype == FP8_DTYPE and rows <= hopper_narrow_decode.ROW_TILES[-1]:
+        tile = hopper_narrow_decode.row_tile(rows)
+        return DecodeTuning(block_m=tile, block_n=hopper_decode.BLOCK_N.value, num_warps=hopper_narrow_decode.warps(tile),
+                            programs_per_sm=hopper_narrow_decode.PROGRAMS_PER_SM[tile])
     if rows <= 16 and not hopper_tier:
         return DecodeTuning(block_m=16, block_n=32, num_warps=4, programs_per_sm=4)
     if rows <= 32 and not hopper_tier:
@@ -345,7 +353,7 @@ def _plan(
                          f"dimension), got {batch}")
     rows = max(1, max_q_len * heads)
     hopper_default = tuning is None and not INTERPRET and hopper_decode.serves(cache_seqlens.device, kv_dtype)
-    tuning = tuning or default_tuning(rows, hopper_tier=hopper_default)
+    tuning = tuning or default_tuning(rows, hopper_tier=hopper_default, kv_dtype=kv_dtype)
     row_tiles = -(-rows // tuning.block_m)
     if tuning.fixed_splits is not None:
         geometry = SplitGeometry(row_tiles=row_tiles, max_splits=tuning.fixed_splits)
@@ -439,12 +447,7 @@ def _launch(
     heads, dim = q.shape[1], q.shape[2]
     max_rows = plan.max_q_len * heads
     scale_mode, scale = _scale_operand(pages, kv_scale)
-    tuning, geometry = plan.tuning, plan.geometry
-    takes_hopper = _takes_hopper_kernel(q, pages, kv_lora_rank, scale_mode, tuning)
-    if plan.hopper_default and tuning.tier == "auto" and not takes_hopper:
-        rows = max(1, max_rows)
-        tuning = default_tuning(rows)
-        geometry = dataclasses.replace(geometry, row_tiles=-(-rows // tuning.block_m))
+    kernel, tuning, geometry = split_kernel_for(q, pages, kv_lora_rank, scale_mode, plan)
     # Rows padded to 16 keep every partial stride a multiple of 16 whatever the batch, so the
     # kernels specialize the same way for every step (one compiled variant, see warm-up).
     part_out = torch.empty(batch, geometry.max_splits if geometry.max_splits > 1 else 0, -(-max_rows // 16) * 16,
@@ -463,7 +466,9 @@ def _launch(
         (q.stride(0), q.stride(1)), (pages.stride(0), pages.stride(1)), block_table.stride(0),
         out_strides, lse_strides, part_strides,
     )
-    if takes_hopper:
+    if kernel == "narrow":
+        hopper_narrow_decode.launch(grid, q, pages, kv_scale, kv_lora_rank, tuning.block_m, shared_args)
+    elif kernel == "hopper":
         hopper_decode.launch(grid, q, pages, kv_scale, kv_lora_rank, shared_args)
     else:
         _mla_decode_split_kernel[grid](
@@ -484,16 +489,45 @@ def _launch(
         )
 
 
-def _takes_hopper_kernel(
-    q: torch.Tensor, pages: torch.Tensor, kv_lora_rank: int, scale_mode: int, tuning: DecodeTuning
+def split_kernel_for(
+    q: torch.Tensor, pages: torch.Tensor, kv_lora_rank: int, scale_mode: int, plan: DecodePlan
+) -> tuple[str, DecodeTuning, SplitGeometry]:
+    """Which split kernel runs `plan` on this call ("narrow", "hopper" or "portable") and with
+    which tile. The plan's tile decides; where the plan took the Hopper tier's default tile but
+    that tier's kernel refuses the call (a page size the narrow kernel cannot box, per-group fp8
+    scales, odd strides), the 64-row Hopper kernel, else the portable kernel's default tile runs
+    over the same split counts."""
+    tuning, geometry = plan.tuning, plan.geometry
+    for kernel in ("narrow", "hopper"):
+        if _takes_kernel(kernel, q, pages, kv_lora_rank, scale_mode, tuning):
+            return kernel, tuning, geometry
+    if not plan.hopper_default or tuning.tier != "auto":
+        return "portable", tuning, geometry
+    rows = max(1, plan.max_q_len * q.shape[1])
+    hopper_tile = default_tuning(rows, hopper_tier=True)
+    kernel = "hopper" if _takes_kernel("hopper", q, pages, kv_lora_rank, scale_mode, hopper_tile) else "portable"
+    tuning = hopper_tile if kernel == "hopper" else default_tuning(rows)
+    return kernel, tuning, dataclasses.replace(geometry, row_tiles=-(-rows // tuning.block_m))
+
+
+def _takes_kernel(
+    kernel: str, q: torch.Tensor, pages: torch.Tensor, kv_lora_rank: int, scale_mode: int, tuning: DecodeTuning
 ) -> bool:
-    """The Hopper kernel serves 64-row, 64-token tiles of the caches `hopper_decode.supports` names
-    whose rows it can copy in 16-byte pieces; everything else runs on the portable kernel."""
+    """Whether a Hopper kernel serves this tile and call: "hopper" 64-row tiles of the caches
+    `hopper_decode.supports` names, "narrow" 16- and 32-row tiles of those `hopper_narrow_decode.supports`
+    names (a warpgroup per 16 rows), each over 64-token KV tiles and rows it can copy in 16-byte pieces."""
+    tier = hopper_narrow_decode if kernel == "narrow" else hopper_decode
+    if kernel == "narrow":
+        tile_fits = (tuning.block_m in hopper_narrow_decode.ROW_TILES
+                     and tuning.num_warps == hopper_narrow_decode.warps(tuning.block_m))
+    else:
+        tile_fits = tuning.block_m == hopper_decode.BLOCK_M.value
     return (
         tuning.tier == "auto"
-        and (tuning.block_m, tuning.block_n) == (hopper_decode.BLOCK_M.value, hopper_decode.BLOCK_N.value)
+        and tile_fits
+        and tuning.block_n == hopper_decode.BLOCK_N.value
         and not INTERPRET
-        and hopper_decode.supports(q.dtype, pages, scale_mode, kv_lora_rank, q.shape[-1] - kv_lora_rank)
+        and tier.supports(q.dtype, pages, scale_mode, kv_lora_rank, q.shape[-1] - kv_lora_rank)
         and hopper_decode.rows_are_contiguous(pages)
         and all(stride * t.element_size() % 16 == 0 for t in (q, pages) for stride in t.stride()[:2])
         and q.data_ptr() % 16 == 0

@@ -1,0 +1,340 @@
+"""Hopper (SM90) MLA decode for fp8 caches and few query rows, in Gluon: the problem transposed.
+
+With 16 or 32 query rows (16 heads, one or two draft tokens), the 64-row tiles of
+`hopper_decode` pad the MMAs fourfold and its fp8 kernel converts every tile into a 16-bit
+shared-memory copy. Here the KV tokens are the MMA's M dimension and the query rows its N:
+S^T = K . Q^T and O^T = V^T . P^T, one warpgroup per program, two programs per SM. K and V are
+register operands loaded straight from the fp8 tile that TMA brought (16-byte loads, e4m3 ->
+fp16 exactly in registers), so the tile crosses shared memory once per use and is never
+written back converted. The MMAs run in fp16: each query row is scaled by a power of two into
+fp16's range (exact for bf16 queries), undone in the scores' scale.
+
+Two relabellings make the register loads 16 bytes wide: the reduction columns of each K chunk
+are permuted, and Q's columns are stored permuted the same way (the dot product does not care);
+the latent rows of O^T are permuted so that each thread's rows are adjacent cache columns, and
+undone by the output store's addressing.
+"""
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from mlakit.kernels.hopper_decode import (
+    BLOCK_N,
+    KV_LORA_RANKS,
+    ROPE_DIMS,
+    _finish_rows,
+    _no_keys_yet,
+    _online_softmax,
+    _program_work,
+    _split_range,
+    _store_lse,
+    _store_output,
+    serves,
+)
+from mlakit.kv_quant import FP8_DTYPE, SCALE_PER_TENSOR
+
+ROW_TILES = (16, 32)
+WARPGROUP_ROWS = gl.constexpr(16)
+# A 16-row program takes one warpgroup and two fp8 stages (two programs per SM); a 32-row program
+# two warpgroups (one per 16 rows, sharing each tile) and four stages (one program per SM).
+PROGRAMS_PER_SM = {16: 2, 32: 1}
+STAGES = {16: 2, 32: 4}
+LATENT_CHUNK = gl.constexpr(128)
+PV_TOKENS = gl.constexpr(16)
+# Largest power-of-two exponent a query row's absolute maximum is raised to (fp16 holds < 2^16).
+QUERY_EXPONENT = gl.constexpr(14)
+
+
+def row_tile(rows: int) -> int:
+    """Query rows per program for a sequence's `rows` (query tokens x heads), at most 32.
+
+    >>> row_tile(5), row_tile(16), row_tile(20)
+    (16, 16, 32)
+    """
+    if rows > ROW_TILES[-1]:
+        raise ValueError(f"rows: the narrow kernel takes at most {ROW_TILES[-1]} query rows, got {rows}")
+    return next(tile for tile in ROW_TILES if rows <= tile)
+
+
+def warps(rows_per_tile: int) -> int:
+    """Warps of a program over `rows_per_tile` rows (a warpgroup per 16)."""
+    return 4 * rows_per_tile // WARPGROUP_ROWS.value
+
+
+def supports(q_dtype: torch.dtype, pages: torch.Tensor, scale_mode: int, kv_lora_rank: int, rope_dim: int) -> bool:
+    """Whether the narrow kernel takes this call: an SM90 GPU, fp8 pages with one per-tensor scale
+    whose page size is 16, 32 or a multiple of 64 (whole TMA boxes per 64-token tile), 16-bit
+    queries, a latent width of 64, 128, 256 or 512 and a rope width of 16, 32 or 64."""
+    page_size = pages.shape[1]
+    return (
+        pages.dtype == FP8_DTYPE
+        and serves(pages.device, pages.dtype)
+        and scale_mode == SCALE_PER_TENSOR
+        and q_dtype in (torch.bfloat16, torch.float16)
+        and (page_size in (16, 32) or page_size % BLOCK_N.value == 0)
+        and kv_lora_rank in KV_LORA_RANKS
+        and rope_dim in ROPE_DIMS
+    )
+
+
+def launch(grid: tuple[int, int], q: torch.Tensor, pages: torch.Tensor, kv_scale: torch.Tensor, kv_lora_rank: int,
+           rows_per_tile: int, shared_args: tuple) -> None:
+    """Runs the split pass (a call `supports` accepts) over `rows_per_tile`-row tiles; `shared_args`
+    as for `hopper_decode.launch`."""
+    rows = pages.reshape(-1, pages.shape[-1])
+    box_rows = min(pages.shape[1], BLOCK_N.value)
+    latent_width = min(kv_lora_rank, LATENT_CHUNK.value)
+    rope_dim = pages.shape[-1] - kv_lora_rank
+    latent_desc, rope_desc = (
+        TensorDescriptor.from_tensor(rows, [box_rows, width],
+                                     gl.NVMMASharedLayout.get_default_for([box_rows, width], gl.float8e4nv))
+        for width in (latent_width, rope_dim)
+    )
+    mla_decode_hopper_narrow_fp8_kernel[grid](
+        q, latent_desc, rope_desc, kv_scale, *shared_args,
+        HEADS=q.shape[1], ROWS=rows_per_tile, PAGE_SIZE=pages.shape[1], KV_LORA_RANK=kv_lora_rank, ROPE_DIM=rope_dim,
+        STAGES=STAGES[rows_per_tile], num_warps=warps(rows_per_tile),
+    )
+
+
+@gluon.constexpr_function
+def _transposed_layout(rows):
+    """Register layout of S^T `[BLOCK_N, rows]` and O^T `[kv_lora_rank, rows]` (wgmma accumulators,
+    N = rows): one warpgroup per 16 rows."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, rows // WARPGROUP_ROWS.value],
+                                     instr_shape=[16, WARPGROUP_ROWS.value, 16])
+
+
+@gluon.constexpr_function
+def _warp_bases(rows, first, second):
+    """A warpgroup's warps at `first` and `second`; further warpgroups (other query rows) hold the same."""
+    return [first, second] + [[0, 0]] * ((rows // WARPGROUP_ROWS.value).bit_length() - 1)
+
+
+@gluon.constexpr_function
+def _key_chunk_layout(width, rows):
+    """`[BLOCK_N, width]` cache columns as `_relabel_columns` turns them into the wgmma A operand:
+    each thread holds two token rows of width / 4 adjacent columns."""
+    column_bits = (width // 4).bit_length() - 1
+    return gl.DistributedLinearLayout(
+        reg_bases=[[0, 1 << i] for i in range(column_bits)] + [[8, 0]],
+        lane_bases=[[0, width // 4], [0, width // 2], [1, 0], [2, 0], [4, 0]],
+        warp_bases=_warp_bases(rows, [16, 0], [32, 0]), block_bases=[], shape=[BLOCK_N.value, width])
+
+
+@gluon.constexpr_function
+def _value_layout(kv_lora_rank, rows):
+    """`[PV_TOKENS, kv_lora_rank]` cache rows as `_relabel_latent` turns them into the wgmma A operand
+    of O^T: each thread holds kv_lora_rank / 32 adjacent columns of 16 tokens."""
+    column_bits = (kv_lora_rank // 32).bit_length() - 1
+    return gl.DistributedLinearLayout(
+        reg_bases=[[0, 1 << i] for i in range(column_bits)] + [[1, 0], [8, 0]],
+        lane_bases=[[2, 0], [4, 0], [0, kv_lora_rank // 32], [0, kv_lora_rank // 16], [0, kv_lora_rank // 8]],
+        warp_bases=_warp_bases(rows, [0, kv_lora_rank // 4], [0, kv_lora_rank // 2]), block_bases=[],
+        shape=[PV_TOKENS.value, kv_lora_rank])
+
+
+@gluon.jit
+def _relabel_columns(x, WIDTH: gl.constexpr):
+    """Columns of each WIDTH-wide chunk of `x [rows, n]` reordered so that a thread's adjacent columns
+    (`_key_chunk_layout`) land where the wgmma A operand keeps its reduction index: column
+    32q + 4kb + 2h + j of a 128-wide chunk becomes 16kb + 8h + 2q + j."""
+    rows: gl.constexpr = x.shape[0]
+    chunks: gl.constexpr = x.shape[1] // WIDTH
+    x = gl.reshape(x, [rows, chunks, 4, WIDTH // 16, 2, 2])
+    x = gl.permute(x, [0, 1, 3, 4, 2, 5])
+    return gl.reshape(x, [rows, chunks * WIDTH])
+
+
+@gluon.jit
+def _relabel_latent(v):
+    """`v [PV_TOKENS, R]` as the A operand `[R, PV_TOKENS]` of O^T, its rows in `_latent_column` order."""
+    rank: gl.constexpr = v.shape[1]
+    v = gl.reshape(v, [PV_TOKENS, 4, 8, rank // 64, 2])
+    v = gl.permute(v, [3, 1, 4, 2, 0])
+    return gl.reshape(v, [rank, PV_TOKENS])
+
+
+@gluon.jit
+def _latent_column(mrow, KV_LORA_RANK: gl.constexpr):
+    """Cache column held by row `mrow` of O^T (the inverse of `_relabel_latent`)."""
+    return (((mrow // 8) % 2) + 2 * (mrow // 64) + (KV_LORA_RANK // 32) * (mrow % 8)
+            + (KV_LORA_RANK // 4) * ((mrow // 16) % 4))
+
+
+@gluon.jit
+def _load_query(q_lat_smem, q_rope_smem, Q, tile, first_token, q_len, Q_STRIDES,
+                HEADS: gl.constexpr, LATENT_WIDTH: gl.constexpr):
+    """The tile's query rows scaled per row by a power of two (largest magnitude in [2^14, 2^15)),
+    in fp16 with columns relabelled as the K chunks are; returns the per-row factor undoing it."""
+    rows: gl.constexpr = q_lat_smem.shape[0]
+    rank: gl.constexpr = q_lat_smem.shape[1]
+    rope_dim: gl.constexpr = q_rope_smem.shape[1]
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [rows // 4, 1], [1, 0])
+    q_rows = tile * rows + gl.arange(0, rows, layout=gl.SliceLayout(1, layout))
+    row_ok = (q_rows < q_len * HEADS)[:, None]
+    base = (first_token + q_rows // HEADS).to(gl.int64) * Q_STRIDES[0] + (q_rows % HEADS) * Q_STRIDES[1]
+    lat_cols = gl.arange(0, rank, layout=gl.SliceLayout(0, layout))
+    rope_cols = rank + gl.arange(0, rope_dim, layout=gl.SliceLayout(0, layout))
+    lat = gl.load(Q + base[:, None] + lat_cols[None, :], mask=row_ok, other=0.0).to(gl.float32)
+    rope = gl.load(Q + base[:, None] + rope_cols[None, :], mask=row_ok, other=0.0).to(gl.float32)
+    amax = gl.maximum(gl.max(gl.abs(lat), 1), gl.max(gl.abs(rope), 1))
+    biased = (amax.to(gl.int32, bitcast=True) >> 23) & 0xFF
+    # 2^(QUERY_EXPONENT - floor(log2 amax)) built from its exponent bits, kept inside fp32's normal range.
+    factor_bits = gl.minimum(gl.maximum(127 + QUERY_EXPONENT + 127 - biased, 14), 240) << 23
+    factor = factor_bits.to(gl.float32, bitcast=True)
+    q_lat_smem.store(_relabel_columns((lat * factor[:, None]).to(gl.float16), LATENT_WIDTH))
+    q_rope_smem.store(_relabel_columns((rope * factor[:, None]).to(gl.float16), rope_dim))
+    return 1.0 / factor
+
+
+@gluon.jit
+def _load_tile(latent_desc, rope_desc, BLOCK_TABLE, bt_row, tok0, end, ready, k_lat, k_rope, pred,
+               PAGE_SIZE: gl.constexpr):
+    """TMA loads of the 64-token tile at tok0 (whole boxes; a box past the split's end reads the page
+    of its last token instead, whose rows past the end are never used) into `k_lat`, `k_rope`."""
+    box_rows: gl.constexpr = latent_desc.block_type.shape[0]
+    width: gl.constexpr = latent_desc.block_type.shape[1]
+    mbarrier.expect(ready, BLOCK_N * (k_lat.shape[1] + k_rope.shape[1]), pred=pred)
+    for box in gl.static_range(BLOCK_N // box_rows):
+        tok = gl.minimum(tok0 + box * box_rows, end - 1)
+        row = gl.load(BLOCK_TABLE + bt_row + tok // PAGE_SIZE, mask=pred, other=0) * PAGE_SIZE + tok % PAGE_SIZE
+        for c in gl.static_range(k_lat.shape[1] // width):
+            tma.async_copy_global_to_shared(latent_desc, [row, c * width], ready,
+                                            k_lat.slice(box * box_rows, box_rows, dim=0).slice(c * width, width, dim=1),
+                                            pred=pred)
+        tma.async_copy_global_to_shared(rope_desc, [row, k_lat.shape[1]], ready,
+                                        k_rope.slice(box * box_rows, box_rows, dim=0), pred=pred)
+
+
+@gluon.jit
+def _key_operand(chunk, A_LAYOUT: gl.constexpr, ROWS: gl.constexpr):
+    """One fp8 K chunk `[BLOCK_N, width]` from shared memory as the fp16 A operand of S^T."""
+    width: gl.constexpr = chunk.shape[1]
+    k = chunk.load(_key_chunk_layout(width, ROWS)).to(gl.float16)
+    return gl.convert_layout(_relabel_columns(k, width), A_LAYOUT)
+
+
+@gluon.jit
+def _transposed_scores(k_lat, k_rope, q_lat_smem, q_rope_smem, s_zero, LATENT_WIDTH: gl.constexpr):
+    """S^T = K . Q^T `[BLOCK_N, rows]` of one tile, chunk by chunk: a chunk loads while the previous
+    one's MMA runs (at most two in flight, each holding its register operand)."""
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_zero.type.layout, k_width=2)
+    rows: gl.constexpr = s_zero.shape[1]
+    s = s_zero
+    for c in gl.static_range(k_lat.shape[1] // LATENT_WIDTH):
+        a = _key_operand(k_lat.slice(c * LATENT_WIDTH, LATENT_WIDTH, dim=1), a_layout, rows)
+        s = warpgroup_mma(a, q_lat_smem.slice(c * LATENT_WIDTH, LATENT_WIDTH, dim=1).permute((1, 0)), s,
+                          use_acc=c > 0, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=1, deps=[s])
+    a = _key_operand(k_rope, a_layout, rows)
+    s = warpgroup_mma(a, q_rope_smem.permute((1, 0)), s, is_async=True)
+    return warpgroup_mma_wait(num_outstanding=0, deps=[s])
+
+
+@gluon.jit
+def _accumulate_values(acc, k_lat, p_smem, valid, MASKED: gl.constexpr):
+    """acc += V^T . P^T over the tile, PV_TOKENS tokens per MMA; MASKED: tokens at or past `valid`
+    (tile-relative) are zeroed first (TMA brought whole page rows: they may hold NaN)."""
+    rank: gl.constexpr = k_lat.shape[1]
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc.type.layout, k_width=2)
+    v_layout: gl.constexpr = _value_layout(rank, acc.shape[1])
+    for step in gl.static_range(BLOCK_N // PV_TOKENS):
+        v = k_lat.slice(step * PV_TOKENS, PV_TOKENS, dim=0).load(v_layout).to(gl.float16)
+        if MASKED:
+            toks = step * PV_TOKENS + gl.arange(0, PV_TOKENS, layout=gl.SliceLayout(1, v_layout))
+            v = gl.where((toks < valid)[:, None], v, gl.zeros_like(v))
+        a = gl.convert_layout(_relabel_latent(v), a_layout)
+        acc = warpgroup_mma(a, p_smem.slice(step * PV_TOKENS, PV_TOKENS, dim=0), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=[acc])
+    return warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+
+
+@gluon.jit(do_not_specialize=["stride_bt_b"])
+def mla_decode_hopper_narrow_fp8_kernel(
+    Q, LATENT_DESC, ROPE_DESC, KV_SCALE, BLOCK_TABLE, SEQLENS, WORK,
+    OUT, LSE, PART_OUT, PART_LSE,
+    scale_log2, row_tiles,
+    Q_STRIDES, KV_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
+    HEADS: gl.constexpr, ROWS: gl.constexpr, PAGE_SIZE: gl.constexpr,
+    KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr, STAGES: gl.constexpr,
+):
+    """One program per (sequence, ROWS-row tile, split), a warpgroup per 16 rows, STAGES tiles in flight,
+    over an fp8 (e4m3) cache with the one-element per-tensor scale KV_SCALE, read through the TMA
+    descriptors of `launch`. Other arguments as
+    `hopper_decode.mla_decode_hopper_split_kernel`'s (KV_STRIDES unused: the descriptors hold them)."""
+    b, tile, split, num_splits, first_token, q_len, seqlen = _program_work(WORK, SEQLENS, row_tiles)
+    if split >= num_splits or tile * ROWS >= q_len * HEADS:
+        return
+    start, end, num_tiles = _split_range(seqlen, split, num_splits)
+    latent_width: gl.constexpr = LATENT_DESC.block_type.shape[1]
+    layout: gl.constexpr = _transposed_layout(ROWS)
+
+    fp8_lat_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, latent_width], gl.float8e4nv)
+    fp8_rope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, ROPE_DIM], gl.float8e4nv)
+    k_lat_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, KV_LORA_RANK], fp8_lat_layout)
+    k_rope_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, ROPE_DIM], fp8_rope_layout)
+    q_lat_smem = gl.allocate_shared_memory(gl.float16, [ROWS, KV_LORA_RANK],
+                                           gl.NVMMASharedLayout.get_default_for([ROWS, KV_LORA_RANK], gl.float16))
+    q_rope_smem = gl.allocate_shared_memory(gl.float16, [ROWS, ROPE_DIM],
+                                            gl.NVMMASharedLayout.get_default_for([ROWS, ROPE_DIM], gl.float16))
+    p_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_N, ROWS],
+                                       gl.NVMMASharedLayout.get_default_for([BLOCK_N, ROWS], gl.float16))
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for st in gl.static_range(STAGES):
+        mbarrier.init(ready.index(st), count=1)
+
+    bt_row = b * stride_bt_b
+    for st in gl.static_range(STAGES):
+        _load_tile(LATENT_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, start + st * BLOCK_N, end, ready.index(st),
+                   k_lat_smem.index(st), k_rope_smem.index(st), st < num_tiles, PAGE_SIZE)
+    kv_scale = gl.load(KV_SCALE)
+    unscale = _load_query(q_lat_smem, q_rope_smem, Q, tile, first_token, q_len, Q_STRIDES, HEADS, latent_width)
+    fence_async_shared()
+    gl.thread_barrier()
+
+    rows = tile * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(0, layout))
+    visible = seqlen - q_len + rows // HEADS + 1
+    row_scale = gl.convert_layout(unscale, gl.SliceLayout(0, layout)) * (scale_log2 * kv_scale)
+    m_i, l_i = _no_keys_yet(ROWS, gl.SliceLayout(0, layout))
+    acc = gl.zeros([KV_LORA_RANK, ROWS], gl.float32, layout=layout)
+    s_zero = gl.zeros([BLOCK_N, ROWS], gl.float32, layout=layout)
+    for t in range(num_tiles):
+        tok0 = start + t * BLOCK_N
+        stage = t % STAGES
+        mbarrier.wait(ready.index(stage), (t // STAGES) & 1)
+        k_lat = k_lat_smem.index(stage)
+        s = _transposed_scores(k_lat, k_rope_smem.index(stage), q_lat_smem, q_rope_smem, s_zero, latent_width)
+        toks = tok0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
+        s = gl.where((toks[:, None] < end) & (toks[:, None] < visible[None, :]), s * row_scale[None, :],
+                     float("-inf"))
+        p, alpha, m_i = _online_softmax(s, m_i, 0)
+        l_i = l_i * alpha + gl.sum(p, 0)
+        acc = acc * alpha[None, :]
+        p_smem.store(p.to(gl.float16))
+        fence_async_shared()
+        gl.thread_barrier()
+        if tok0 + BLOCK_N <= end:
+            acc = _accumulate_values(acc, k_lat, p_smem, BLOCK_N, False)
+        else:
+            acc = _accumulate_values(acc, k_lat, p_smem, end - tok0, True)
+        fence_async_shared()
+        gl.thread_barrier()
+        _load_tile(LATENT_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, tok0 + STAGES * BLOCK_N, end, ready.index(stage),
+                   k_lat, k_rope_smem.index(stage), t + STAGES < num_tiles, PAGE_SIZE)
+
+    lse, inv_l = _finish_rows(m_i, l_i)
+    mrows = gl.arange(0, KV_LORA_RANK, layout=gl.SliceLayout(1, layout))
+    _store_output(acc * (inv_l * kv_scale)[None, :], rows[None, :], _latent_column(mrows, KV_LORA_RANK)[:, None],
+                  OUT, PART_OUT, first_token, b, split, num_splits, q_len, OUT_STRIDES, PART_STRIDES, HEADS)
+    _store_lse(lse, rows, LSE, PART_LSE, first_token, b, split, num_splits, q_len, LSE_STRIDES, PART_STRIDES, HEADS)
