@@ -1,9 +1,10 @@
 """Hopper (SM90) MLA decode for fp8 caches and few query rows, in Gluon: the problem transposed.
 
-With 16 or 32 query rows (16 heads, one or two draft tokens), the 64-row tiles of
-`hopper_decode` pad the MMAs fourfold and its fp8 kernel converts every tile into a 16-bit
-shared-memory copy. Here the KV tokens are the MMA's M dimension and the query rows its N:
-S^T = K . Q^T and O^T = V^T . P^T, one warpgroup per program, two programs per SM. K and V are
+With up to 32 query rows (16 heads, one or two draft tokens), the 64-row tiles of
+`hopper_decode` pad the MMAs and its fp8 kernel converts every tile into a 16-bit
+shared-memory copy. Here the KV tokens are the MMA's M dimension and 16 query rows its N:
+S^T = K . Q^T and O^T = V^T . P^T, one warpgroup per program, two programs per SM (a
+sequence of 17-32 rows takes two programs side by side, the second reading its tiles from L2). K and V are
 register operands loaded straight from the fp8 tile that TMA brought (16-byte loads, e4m3 ->
 fp16 exactly in registers), so the tile crosses shared memory once per use and is never
 written back converted. The MMAs run in fp16: each query row is scaled by a power of two into
@@ -12,7 +13,7 @@ fp16's range (exact for bf16 queries), undone in the scores' scale.
 Two relabellings make the register loads 16 bytes wide: the reduction columns of each K chunk
 are permuted, and Q's columns are stored permuted the same way (the dot product does not care);
 the latent rows of O^T are permuted so that each thread's rows are adjacent cache columns, and
-undone by the output store's addressing.
+put back in order before the output store (a register relabelling too).
 """
 from __future__ import annotations
 
@@ -43,32 +44,17 @@ from mlakit.kernels.hopper_decode import (
 )
 from mlakit.kv_quant import FP8_DTYPE, SCALE_PER_TENSOR
 
-ROW_TILES = (16, 32)
-WARPGROUP_ROWS = gl.constexpr(16)
-# A 16-row program takes one warpgroup and two fp8 stages (two programs per SM); a 32-row program
-# two warpgroups (one per 16 rows, sharing each tile) and four stages (one program per SM).
-PROGRAMS_PER_SM = {16: 2, 32: 1}
-STAGES = {16: 2, 32: 4}
+ROWS = gl.constexpr(16)
+# Sequences with more query rows than this take the 64-row kernels (measured: two 16-row tiles beat one
+# 32-row tile of two warpgroups at 32 rows, four lost to the 64-row kernel at 64; NOTES.md v27).
+MAX_ROWS = 32
+STAGES = gl.constexpr(2)
+PROGRAMS_PER_SM = 2
+NUM_WARPS = 4
 LATENT_CHUNK = gl.constexpr(128)
 PV_TOKENS = gl.constexpr(16)
 # Largest power-of-two exponent a query row's absolute maximum is raised to (fp16 holds < 2^16).
 QUERY_EXPONENT = gl.constexpr(14)
-
-
-def row_tile(rows: int) -> int:
-    """Query rows per program for a sequence's `rows` (query tokens x heads), at most 32.
-
-    >>> row_tile(5), row_tile(16), row_tile(20)
-    (16, 16, 32)
-    """
-    if rows > ROW_TILES[-1]:
-        raise ValueError(f"rows: the narrow kernel takes at most {ROW_TILES[-1]} query rows, got {rows}")
-    return next(tile for tile in ROW_TILES if rows <= tile)
-
-
-def warps(rows_per_tile: int) -> int:
-    """Warps of a program over `rows_per_tile` rows (a warpgroup per 16)."""
-    return 4 * rows_per_tile // WARPGROUP_ROWS.value
 
 
 def supports(q_dtype: torch.dtype, pages: torch.Tensor, scale_mode: int, kv_lora_rank: int, rope_dim: int) -> bool:
@@ -88,9 +74,9 @@ def supports(q_dtype: torch.dtype, pages: torch.Tensor, scale_mode: int, kv_lora
 
 
 def launch(grid: tuple[int, int], q: torch.Tensor, pages: torch.Tensor, kv_scale: torch.Tensor, kv_lora_rank: int,
-           rows_per_tile: int, shared_args: tuple) -> None:
-    """Runs the split pass (a call `supports` accepts) over `rows_per_tile`-row tiles; `shared_args`
-    as for `hopper_decode.launch`."""
+           shared_args: tuple) -> None:
+    """Runs the split pass (a call `supports` accepts) over 16-row tiles; `shared_args` as for
+    `hopper_decode.launch`."""
     rows = pages.reshape(-1, pages.shape[-1])
     box_rows = min(pages.shape[1], BLOCK_N.value)
     latent_width = min(kv_lora_rank, LATENT_CHUNK.value)
@@ -102,46 +88,49 @@ def launch(grid: tuple[int, int], q: torch.Tensor, pages: torch.Tensor, kv_scale
     )
     mla_decode_hopper_narrow_fp8_kernel[grid](
         q, latent_desc, rope_desc, kv_scale, *shared_args,
-        HEADS=q.shape[1], ROWS=rows_per_tile, PAGE_SIZE=pages.shape[1], KV_LORA_RANK=kv_lora_rank, ROPE_DIM=rope_dim,
-        STAGES=STAGES[rows_per_tile], num_warps=warps(rows_per_tile),
+        HEADS=q.shape[1], PAGE_SIZE=pages.shape[1], KV_LORA_RANK=kv_lora_rank, ROPE_DIM=rope_dim,
+        num_warps=NUM_WARPS,
     )
 
 
 @gluon.constexpr_function
-def _transposed_layout(rows):
-    """Register layout of S^T `[BLOCK_N, rows]` and O^T `[kv_lora_rank, rows]` (wgmma accumulators,
-    N = rows): one warpgroup per 16 rows."""
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, rows // WARPGROUP_ROWS.value],
-                                     instr_shape=[16, WARPGROUP_ROWS.value, 16])
+def _transposed_layout():
+    """Register layout of S^T `[BLOCK_N, ROWS]` and O^T `[kv_lora_rank, ROWS]` (wgmma accumulators, N = ROWS)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, ROWS.value, 16])
 
 
 @gluon.constexpr_function
-def _warp_bases(rows, first, second):
-    """A warpgroup's warps at `first` and `second`; further warpgroups (other query rows) hold the same."""
-    return [first, second] + [[0, 0]] * ((rows // WARPGROUP_ROWS.value).bit_length() - 1)
-
-
-@gluon.constexpr_function
-def _key_chunk_layout(width, rows):
+def _key_chunk_layout(width):
     """`[BLOCK_N, width]` cache columns as `_relabel_columns` turns them into the wgmma A operand:
     each thread holds two token rows of width / 4 adjacent columns."""
     column_bits = (width // 4).bit_length() - 1
     return gl.DistributedLinearLayout(
         reg_bases=[[0, 1 << i] for i in range(column_bits)] + [[8, 0]],
         lane_bases=[[0, width // 4], [0, width // 2], [1, 0], [2, 0], [4, 0]],
-        warp_bases=_warp_bases(rows, [16, 0], [32, 0]), block_bases=[], shape=[BLOCK_N.value, width])
+        warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[BLOCK_N.value, width])
 
 
 @gluon.constexpr_function
-def _value_layout(kv_lora_rank, rows):
+def _value_layout(kv_lora_rank):
     """`[PV_TOKENS, kv_lora_rank]` cache rows as `_relabel_latent` turns them into the wgmma A operand
     of O^T: each thread holds kv_lora_rank / 32 adjacent columns of 16 tokens."""
     column_bits = (kv_lora_rank // 32).bit_length() - 1
     return gl.DistributedLinearLayout(
         reg_bases=[[0, 1 << i] for i in range(column_bits)] + [[1, 0], [8, 0]],
         lane_bases=[[2, 0], [4, 0], [0, kv_lora_rank // 32], [0, kv_lora_rank // 16], [0, kv_lora_rank // 8]],
-        warp_bases=_warp_bases(rows, [0, kv_lora_rank // 4], [0, kv_lora_rank // 2]), block_bases=[],
+        warp_bases=[[0, kv_lora_rank // 4], [0, kv_lora_rank // 2]], block_bases=[],
         shape=[PV_TOKENS.value, kv_lora_rank])
+
+
+@gluon.constexpr_function
+def _output_layout(kv_lora_rank):
+    """`[ROWS, kv_lora_rank]` outputs as `_output_rows` leaves them, with each thread's adjacent columns
+    first among its registers, so that the stores are 16-byte vectors."""
+    column_bits = (kv_lora_rank // 64).bit_length()
+    return gl.DistributedLinearLayout(
+        reg_bases=[[0, 1 << i] for i in range(column_bits)] + [[1, 0], [8, 0]],
+        lane_bases=[[2, 0], [4, 0], [0, kv_lora_rank // 32], [0, kv_lora_rank // 16], [0, kv_lora_rank // 8]],
+        warp_bases=[[0, kv_lora_rank // 4], [0, kv_lora_rank // 2]], block_bases=[], shape=[ROWS.value, kv_lora_rank])
 
 
 @gluon.jit
@@ -158,7 +147,8 @@ def _relabel_columns(x, WIDTH: gl.constexpr):
 
 @gluon.jit
 def _relabel_latent(v):
-    """`v [PV_TOKENS, R]` as the A operand `[R, PV_TOKENS]` of O^T, its rows in `_latent_column` order."""
+    """`v [PV_TOKENS, R]` as the A operand `[R, PV_TOKENS]` of O^T: row g + 8h + 16w + 64rep holds cache
+    column h + 2rep + (R / 32)g + (R / 4)w, so each thread's rows are adjacent columns."""
     rank: gl.constexpr = v.shape[1]
     v = gl.reshape(v, [PV_TOKENS, 4, 8, rank // 64, 2])
     v = gl.permute(v, [3, 1, 4, 2, 0])
@@ -166,10 +156,14 @@ def _relabel_latent(v):
 
 
 @gluon.jit
-def _latent_column(mrow, KV_LORA_RANK: gl.constexpr):
-    """Cache column held by row `mrow` of O^T (the inverse of `_relabel_latent`)."""
-    return (((mrow // 8) % 2) + 2 * (mrow // 64) + (KV_LORA_RANK // 32) * (mrow % 8)
-            + (KV_LORA_RANK // 4) * ((mrow // 16) % 4))
+def _output_rows(acc):
+    """O^T `[R, rows]` (latent rows in `_relabel_latent` order) as O `[rows, R]` in cache column order, each
+    thread's columns adjacent (so the store is vectorized): `_relabel_latent` undone, a register relabelling."""
+    rank: gl.constexpr = acc.shape[0]
+    rows: gl.constexpr = acc.shape[1]
+    acc = gl.reshape(acc, [rank // 64, 4, 2, 8, rows])
+    acc = gl.permute(acc, [1, 3, 0, 2, 4])
+    return gl.convert_layout(gl.permute(gl.reshape(acc, [rank, rows]), [1, 0]), _output_layout(rank))
 
 
 @gluon.jit
@@ -180,7 +174,7 @@ def _load_query(q_lat_smem, q_rope_smem, Q, tile, first_token, q_len, Q_STRIDES,
     rows: gl.constexpr = q_lat_smem.shape[0]
     rank: gl.constexpr = q_lat_smem.shape[1]
     rope_dim: gl.constexpr = q_rope_smem.shape[1]
-    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [rows // 4, 1], [1, 0])
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     q_rows = tile * rows + gl.arange(0, rows, layout=gl.SliceLayout(1, layout))
     row_ok = (q_rows < q_len * HEADS)[:, None]
     base = (first_token + q_rows // HEADS).to(gl.int64) * Q_STRIDES[0] + (q_rows % HEADS) * Q_STRIDES[1]
@@ -218,10 +212,10 @@ def _load_tile(latent_desc, rope_desc, BLOCK_TABLE, bt_row, tok0, end, ready, k_
 
 
 @gluon.jit
-def _key_operand(chunk, A_LAYOUT: gl.constexpr, ROWS: gl.constexpr):
+def _key_operand(chunk, A_LAYOUT: gl.constexpr):
     """One fp8 K chunk `[BLOCK_N, width]` from shared memory as the fp16 A operand of S^T."""
     width: gl.constexpr = chunk.shape[1]
-    k = chunk.load(_key_chunk_layout(width, ROWS)).to(gl.float16)
+    k = chunk.load(_key_chunk_layout(width)).to(gl.float16)
     return gl.convert_layout(_relabel_columns(k, width), A_LAYOUT)
 
 
@@ -230,14 +224,13 @@ def _transposed_scores(k_lat, k_rope, q_lat_smem, q_rope_smem, s_zero, LATENT_WI
     """S^T = K . Q^T `[BLOCK_N, rows]` of one tile, chunk by chunk: a chunk loads while the previous
     one's MMA runs (at most two in flight, each holding its register operand)."""
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_zero.type.layout, k_width=2)
-    rows: gl.constexpr = s_zero.shape[1]
     s = s_zero
     for c in gl.static_range(k_lat.shape[1] // LATENT_WIDTH):
-        a = _key_operand(k_lat.slice(c * LATENT_WIDTH, LATENT_WIDTH, dim=1), a_layout, rows)
+        a = _key_operand(k_lat.slice(c * LATENT_WIDTH, LATENT_WIDTH, dim=1), a_layout)
         s = warpgroup_mma(a, q_lat_smem.slice(c * LATENT_WIDTH, LATENT_WIDTH, dim=1).permute((1, 0)), s,
                           use_acc=c > 0, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=1, deps=[s])
-    a = _key_operand(k_rope, a_layout, rows)
+    a = _key_operand(k_rope, a_layout)
     s = warpgroup_mma(a, q_rope_smem.permute((1, 0)), s, is_async=True)
     return warpgroup_mma_wait(num_outstanding=0, deps=[s])
 
@@ -248,7 +241,7 @@ def _accumulate_values(acc, k_lat, p_smem, valid, MASKED: gl.constexpr):
     (tile-relative) are zeroed first (TMA brought whole page rows: they may hold NaN)."""
     rank: gl.constexpr = k_lat.shape[1]
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc.type.layout, k_width=2)
-    v_layout: gl.constexpr = _value_layout(rank, acc.shape[1])
+    v_layout: gl.constexpr = _value_layout(rank)
     for step in gl.static_range(BLOCK_N // PV_TOKENS):
         v = k_lat.slice(step * PV_TOKENS, PV_TOKENS, dim=0).load(v_layout).to(gl.float16)
         if MASKED:
@@ -266,11 +259,9 @@ def mla_decode_hopper_narrow_fp8_kernel(
     OUT, LSE, PART_OUT, PART_LSE,
     scale_log2, row_tiles,
     Q_STRIDES, KV_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
-    HEADS: gl.constexpr, ROWS: gl.constexpr, PAGE_SIZE: gl.constexpr,
-    KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr, STAGES: gl.constexpr,
+    HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr,
 ):
-    """One program per (sequence, ROWS-row tile, split), a warpgroup per 16 rows, STAGES tiles in flight,
-    over an fp8 (e4m3) cache with the one-element per-tensor scale KV_SCALE, read through the TMA
+    """One warpgroup per (sequence, 16-row tile, split), STAGES tiles in flight, over an fp8 (e4m3) cache with the one-element per-tensor scale KV_SCALE, read through the TMA
     descriptors of `launch`. Other arguments as
     `hopper_decode.mla_decode_hopper_split_kernel`'s (KV_STRIDES unused: the descriptors hold them)."""
     b, tile, split, num_splits, first_token, q_len, seqlen = _program_work(WORK, SEQLENS, row_tiles)
@@ -278,7 +269,7 @@ def mla_decode_hopper_narrow_fp8_kernel(
         return
     start, end, num_tiles = _split_range(seqlen, split, num_splits)
     latent_width: gl.constexpr = LATENT_DESC.block_type.shape[1]
-    layout: gl.constexpr = _transposed_layout(ROWS)
+    layout: gl.constexpr = _transposed_layout()
 
     fp8_lat_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, latent_width], gl.float8e4nv)
     fp8_rope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, ROPE_DIM], gl.float8e4nv)
@@ -334,7 +325,9 @@ def mla_decode_hopper_narrow_fp8_kernel(
                    k_lat, k_rope_smem.index(stage), t + STAGES < num_tiles, PAGE_SIZE)
 
     lse, inv_l = _finish_rows(m_i, l_i)
-    mrows = gl.arange(0, KV_LORA_RANK, layout=gl.SliceLayout(1, layout))
-    _store_output(acc * (inv_l * kv_scale)[None, :], rows[None, :], _latent_column(mrows, KV_LORA_RANK)[:, None],
-                  OUT, PART_OUT, first_token, b, split, num_splits, q_len, OUT_STRIDES, PART_STRIDES, HEADS)
+    out = _output_rows(acc * (inv_l * kv_scale)[None, :])
+    out_rows = tile * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, out.type.layout))
+    cols = gl.arange(0, KV_LORA_RANK, layout=gl.SliceLayout(0, out.type.layout))
+    _store_output(out, out_rows[:, None], cols[None, :], OUT, PART_OUT, first_token, b, split, num_splits, q_len,
+                  OUT_STRIDES, PART_STRIDES, HEADS)
     _store_lse(lse, rows, LSE, PART_LSE, first_token, b, split, num_splits, q_len, LSE_STRIDES, PART_STRIDES, HEADS)

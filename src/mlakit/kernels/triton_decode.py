@@ -265,18 +265,17 @@ def default_tuning(rows: int, *, hopper_tier: bool = False, kv_dtype: torch.dtyp
     (measured on H100: benchmarks/NOTES.md, v4). Where the Hopper kernels serve the cache
     (`hopper_tier`), every row count takes their 64-row tile: it overlaps loads with the math,
     so padded rows cost nothing while the KV read bounds a 16-bit cache's time (NOTES.md, v12);
-    fp8 caches with at most 32 rows take the narrow kernel's 16- or 32-row tiles, two programs
-    per SM (`hopper_narrow_decode`, NOTES.md v27).
+    fp8 caches with at most 32 rows take the narrow kernel's 16-row tiles, two programs per SM
+    (`hopper_narrow_decode`, NOTES.md v27).
 
     >>> default_tuning(16).block_m, default_tuning(16, hopper_tier=True).block_m
     (16, 64)
     >>> default_tuning(16, hopper_tier=True, kv_dtype=torch.float8_e4m3fn).block_m
     16
     """
-    if hopper_tier and kv_dtype == FP8_DTYPE and rows <= hopper_narrow_decode.ROW_TILES[-1]:
-        tile = hopper_narrow_decode.row_tile(rows)
-        return DecodeTuning(block_m=tile, block_n=hopper_decode.BLOCK_N.value, num_warps=hopper_narrow_decode.warps(tile),
-                            programs_per_sm=hopper_narrow_decode.PROGRAMS_PER_SM[tile])
+    if hopper_tier and kv_dtype == FP8_DTYPE and rows <= hopper_narrow_decode.MAX_ROWS:
+        return DecodeTuning(block_m=hopper_narrow_decode.ROWS.value, block_n=hopper_decode.BLOCK_N.value,
+                            num_warps=hopper_narrow_decode.NUM_WARPS, programs_per_sm=hopper_narrow_decode.PROGRAMS_PER_SM)
     if rows <= 16 and not hopper_tier:
         return DecodeTuning(block_m=16, block_n=32, num_warps=4, programs_per_sm=4)
     if rows <= 32 and not hopper_tier:
@@ -467,7 +466,7 @@ def _launch(
         out_strides, lse_strides, part_strides,
     )
     if kernel == "narrow":
-        hopper_narrow_decode.launch(grid, q, pages, kv_scale, kv_lora_rank, tuning.block_m, shared_args)
+        hopper_narrow_decode.launch(grid, q, pages, kv_scale, kv_lora_rank, shared_args)
     elif kernel == "hopper":
         hopper_decode.launch(grid, q, pages, kv_scale, kv_lora_rank, shared_args)
     else:
@@ -514,12 +513,11 @@ def _takes_kernel(
     kernel: str, q: torch.Tensor, pages: torch.Tensor, kv_lora_rank: int, scale_mode: int, tuning: DecodeTuning
 ) -> bool:
     """Whether a Hopper kernel serves this tile and call: "hopper" 64-row tiles of the caches
-    `hopper_decode.supports` names, "narrow" 16- and 32-row tiles of those `hopper_narrow_decode.supports`
-    names (a warpgroup per 16 rows), each over 64-token KV tiles and rows it can copy in 16-byte pieces."""
+    `hopper_decode.supports` names, "narrow" 16-row tiles (four warps) of those `hopper_narrow_decode.supports`
+    names, each over 64-token KV tiles and rows it can copy in 16-byte pieces."""
     tier = hopper_narrow_decode if kernel == "narrow" else hopper_decode
     if kernel == "narrow":
-        tile_fits = (tuning.block_m in hopper_narrow_decode.ROW_TILES
-                     and tuning.num_warps == hopper_narrow_decode.warps(tuning.block_m))
+        tile_fits = (tuning.block_m, tuning.num_warps) == (hopper_narrow_decode.ROWS.value, hopper_narrow_decode.NUM_WARPS)
     else:
         tile_fits = tuning.block_m == hopper_decode.BLOCK_M.value
     return (
