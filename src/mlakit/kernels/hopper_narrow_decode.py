@@ -40,6 +40,7 @@ from mlakit.kernels.hopper_decode import (
     _split_range,
     _store_lse,
     _store_output,
+    _zero_rows_from,
     serves,
 )
 from mlakit.kv_quant import FP8_DTYPE, SCALE_PER_TENSOR
@@ -55,6 +56,8 @@ LATENT_CHUNK = gl.constexpr(128)
 PV_TOKENS = gl.constexpr(16)
 # Largest power-of-two exponent a query row's absolute maximum is raised to (fp16 holds < 2^16).
 QUERY_EXPONENT = gl.constexpr(14)
+# A tail tile's rows past the end, zeroed 16 bytes per thread.
+ZEROING_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0]))
 
 
 def supports(q_dtype: torch.dtype, pages: torch.Tensor, scale_mode: int, kv_lora_rank: int, rope_dim: int) -> bool:
@@ -236,17 +239,13 @@ def _transposed_scores(k_lat, k_rope, q_lat_smem, q_rope_smem, s_zero, LATENT_WI
 
 
 @gluon.jit
-def _accumulate_values(acc, k_lat, p_smem, valid, MASKED: gl.constexpr):
-    """acc += V^T . P^T over the tile, PV_TOKENS tokens per MMA; MASKED: tokens at or past `valid`
-    (tile-relative) are zeroed first (TMA brought whole page rows: they may hold NaN)."""
+def _accumulate_values(acc, k_lat, p_smem):
+    """acc += V^T . P^T over the tile, PV_TOKENS tokens per MMA."""
     rank: gl.constexpr = k_lat.shape[1]
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc.type.layout, k_width=2)
     v_layout: gl.constexpr = _value_layout(rank)
     for step in gl.static_range(BLOCK_N // PV_TOKENS):
         v = k_lat.slice(step * PV_TOKENS, PV_TOKENS, dim=0).load(v_layout).to(gl.float16)
-        if MASKED:
-            toks = step * PV_TOKENS + gl.arange(0, PV_TOKENS, layout=gl.SliceLayout(1, v_layout))
-            v = gl.where((toks < valid)[:, None], v, gl.zeros_like(v))
         a = gl.convert_layout(_relabel_latent(v), a_layout)
         acc = warpgroup_mma(a, p_smem.slice(step * PV_TOKENS, PV_TOKENS, dim=0), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=1, deps=[acc])
@@ -305,6 +304,10 @@ def mla_decode_hopper_narrow_fp8_kernel(
         stage = t % STAGES
         mbarrier.wait(ready.index(stage), (t // STAGES) & 1)
         k_lat = k_lat_smem.index(stage)
+        if tok0 + BLOCK_N > end:
+            # TMA brought whole page rows: those past the end may hold anything, NaN included.
+            _zero_rows_from(k_lat, end - tok0, latent_width, ZEROING_LAYOUT)
+            gl.thread_barrier()
         s = _transposed_scores(k_lat, k_rope_smem.index(stage), q_lat_smem, q_rope_smem, s_zero, latent_width)
         toks = tok0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
         s = gl.where((toks[:, None] < end) & (toks[:, None] < visible[None, :]), s * row_scale[None, :],
@@ -315,10 +318,7 @@ def mla_decode_hopper_narrow_fp8_kernel(
         p_smem.store(p.to(gl.float16))
         fence_async_shared()
         gl.thread_barrier()
-        if tok0 + BLOCK_N <= end:
-            acc = _accumulate_values(acc, k_lat, p_smem, BLOCK_N, False)
-        else:
-            acc = _accumulate_values(acc, k_lat, p_smem, end - tok0, True)
+        acc = _accumulate_values(acc, k_lat, p_smem)
         fence_async_shared()
         gl.thread_barrier()
         _load_tile(LATENT_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, tok0 + STAGES * BLOCK_N, end, ready.index(stage),
