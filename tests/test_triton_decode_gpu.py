@@ -153,6 +153,28 @@ def _on_hopper() -> bool:
     return torch.cuda.get_device_capability()[0] == 9
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
+@pytest.mark.parametrize("page_size", [16, 64])
+def test_short_ragged_extend_segments_on_the_narrow_fp8_kernel(page_size):
+    """Segments of 1, 2 and 0 new tokens at 16 heads: at most 32 rows each, so the narrow kernel runs
+    them (two 16-row programs for the 2-token segment, first tokens offset by the packing)."""
+    from mlakit.kernels.triton_decode import plan_extend, triton_mla_extend
+
+    prefix, new = [700, 65, 0, 130], [1, 2, 0, 2]
+    batch = make_paged_batch([p + n for p, n in zip(prefix, new)], heads=16, page_size=page_size, kv_lora_rank=512,
+                             rope_dim=64, kv_dtype="fp8_e4m3", device="cuda", seed=page_size)
+    q = torch.randn(sum(new), 16, 576, device="cuda").to(torch.bfloat16)
+    cu = torch.tensor([0, 1, 3, 3, 5], dtype=torch.int32, device="cuda")
+    plan = plan_extend(batch.cache_seqlens, cu, max_q_len=2, heads=16, kv_dtype=batch.kv_cache.dtype)
+    assert _split_kernel(dataclasses.replace(batch, q=q[:, None]), plan) == "narrow"
+    kwargs = dict(kv_lora_rank=512, softmax_scale=batch.softmax_scale, kv_scale=batch.kv_scale)
+    out, lse = triton_mla_extend(q, batch.kv_cache, batch.block_table, batch.cache_seqlens, cu, max_q_len=2, plan=plan,
+                                 **kwargs)
+    ref_out, ref_lse = mlakit.reference_extend(q, batch.kv_cache, batch.block_table, batch.cache_seqlens, cu, **kwargs)
+    assert relative_error(out, ref_out) < 3e-2
+    assert_lse_close(lse, ref_lse, atol=3e-2)
+
+
 HOPPER_CASES = [  # heads, q_len, page_size, (kv_lora_rank, rope_dim), q_dtype
     (128, 1, 64, (512, 64), torch.bfloat16), (128, 2, 1, (512, 64), torch.bfloat16), (64, 1, 16, (512, 64), torch.float16),
     (40, 2, 128, (256, 32), torch.bfloat16), (5, 8, 32, (512, 64), torch.bfloat16), (20, 4, 64, (128, 16), torch.float16),
@@ -234,7 +256,8 @@ def test_narrow_fp8_kernel_keeps_query_rows_of_any_magnitude(q_dtype, q_len):
                              kv_dtype="fp8_e4m3", q_dtype=q_dtype, device="cuda", seed=11 + q_len)
     exponents = torch.tensor([-17.0, -8.0, 0.0, 6.0, 12.0, 17.0, 1.0, -1.0] * 2, device="cuda")
     if q_dtype == torch.float16:
-        exponents = exponents.clamp(-3, 3)
+        # fp16 rows from near its largest value (N(0, 1) x 2^13 reaches ~2^15) to its subnormals.
+        exponents = torch.tensor([-22.0, -17.0, 0.0, 6.0, 13.0, 13.0, 1.0, -1.0] * 2, device="cuda")
     magnitudes = torch.pow(2.0, exponents)
     magnitudes[3] = 0.0
     scaled = (batch.q.float() * magnitudes[None, None, :, None]).to(q_dtype)

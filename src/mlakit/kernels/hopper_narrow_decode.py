@@ -5,12 +5,13 @@ With up to 32 query rows (16 heads, one or two draft tokens), the 64-row tiles o
 shared-memory copy. Here the KV tokens are the MMA's M dimension and 16 query rows its N:
 S^T = K . Q^T and O^T = V^T . P^T, one warpgroup per program, two programs per SM (a
 sequence of 17-32 rows takes two programs side by side, the second reading its tiles from L2). K and V are
-register operands loaded straight from the fp8 tile that TMA brought (16-byte loads, e4m3 ->
+register operands loaded straight from the fp8 tile that TMA brought (vector loads, e4m3 ->
 fp16 exactly in registers), so the tile crosses shared memory once per use and is never
 written back converted. The MMAs run in fp16: each query row is scaled by a power of two into
-fp16's range (exact for bf16 queries), undone in the scores' scale.
+fp16's range (exact for bf16 values down to 2^-31 of the row's largest; smaller ones, which
+cannot move a score, are rounded), undone in the scores' scale.
 
-Two relabellings make the register loads 16 bytes wide: the reduction columns of each K chunk
+Two relabellings make the register loads up to 16 bytes wide: the reduction columns of each K chunk
 are permuted, and Q's columns are stored permuted the same way (the dot product does not care);
 the latent rows of O^T are permuted so that each thread's rows are adjacent cache columns, and
 put back in order before the output store (a register relabelling too).
@@ -114,26 +115,15 @@ def _key_chunk_layout(width):
 
 
 @gluon.constexpr_function
-def _value_layout(kv_lora_rank):
-    """`[PV_TOKENS, kv_lora_rank]` cache rows as `_relabel_latent` turns them into the wgmma A operand
-    of O^T: each thread holds kv_lora_rank / 32 adjacent columns of 16 tokens."""
+def _adjacent_columns_layout(rows, kv_lora_rank):
+    """`[rows, kv_lora_rank]` (16 rows) with each thread's kv_lora_rank / 32 adjacent columns first among its
+    registers, for rows 2t, 2t + 1, 2t + 8, 2t + 9: the cache rows of P . V as `_relabel_latent` turns
+    them into the wgmma A operand of O^T, and the output rows as `_output_rows` leaves them (vector stores)."""
     column_bits = (kv_lora_rank // 32).bit_length() - 1
     return gl.DistributedLinearLayout(
         reg_bases=[[0, 1 << i] for i in range(column_bits)] + [[1, 0], [8, 0]],
         lane_bases=[[2, 0], [4, 0], [0, kv_lora_rank // 32], [0, kv_lora_rank // 16], [0, kv_lora_rank // 8]],
-        warp_bases=[[0, kv_lora_rank // 4], [0, kv_lora_rank // 2]], block_bases=[],
-        shape=[PV_TOKENS.value, kv_lora_rank])
-
-
-@gluon.constexpr_function
-def _output_layout(kv_lora_rank):
-    """`[ROWS, kv_lora_rank]` outputs as `_output_rows` leaves them, with each thread's adjacent columns
-    first among its registers, so that the stores are 16-byte vectors."""
-    column_bits = (kv_lora_rank // 64).bit_length()
-    return gl.DistributedLinearLayout(
-        reg_bases=[[0, 1 << i] for i in range(column_bits)] + [[1, 0], [8, 0]],
-        lane_bases=[[2, 0], [4, 0], [0, kv_lora_rank // 32], [0, kv_lora_rank // 16], [0, kv_lora_rank // 8]],
-        warp_bases=[[0, kv_lora_rank // 4], [0, kv_lora_rank // 2]], block_bases=[], shape=[ROWS.value, kv_lora_rank])
+        warp_bases=[[0, kv_lora_rank // 4], [0, kv_lora_rank // 2]], block_bases=[], shape=[rows, kv_lora_rank])
 
 
 @gluon.jit
@@ -161,12 +151,12 @@ def _relabel_latent(v):
 @gluon.jit
 def _output_rows(acc):
     """O^T `[R, rows]` (latent rows in `_relabel_latent` order) as O `[rows, R]` in cache column order, each
-    thread's columns adjacent (so the store is vectorized): `_relabel_latent` undone, a register relabelling."""
+    thread's columns adjacent (vector stores): `_relabel_latent` undone, a register relabelling."""
     rank: gl.constexpr = acc.shape[0]
     rows: gl.constexpr = acc.shape[1]
     acc = gl.reshape(acc, [rank // 64, 4, 2, 8, rows])
     acc = gl.permute(acc, [1, 3, 0, 2, 4])
-    return gl.convert_layout(gl.permute(gl.reshape(acc, [rank, rows]), [1, 0]), _output_layout(rank))
+    return gl.convert_layout(gl.permute(gl.reshape(acc, [rank, rows]), [1, 0]), _adjacent_columns_layout(rows, rank))
 
 
 @gluon.jit
@@ -243,7 +233,7 @@ def _accumulate_values(acc, k_lat, p_smem):
     """acc += V^T . P^T over the tile, PV_TOKENS tokens per MMA."""
     rank: gl.constexpr = k_lat.shape[1]
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc.type.layout, k_width=2)
-    v_layout: gl.constexpr = _value_layout(rank)
+    v_layout: gl.constexpr = _adjacent_columns_layout(PV_TOKENS.value, rank)
     for step in gl.static_range(BLOCK_N // PV_TOKENS):
         v = k_lat.slice(step * PV_TOKENS, PV_TOKENS, dim=0).load(v_layout).to(gl.float16)
         a = gl.convert_layout(_relabel_latent(v), a_layout)
@@ -260,9 +250,10 @@ def mla_decode_hopper_narrow_fp8_kernel(
     Q_STRIDES, KV_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr,
 ):
-    """One warpgroup per (sequence, 16-row tile, split), STAGES tiles in flight, over an fp8 (e4m3) cache with the one-element per-tensor scale KV_SCALE, read through the TMA
-    descriptors of `launch`. Other arguments as
-    `hopper_decode.mla_decode_hopper_split_kernel`'s (KV_STRIDES unused: the descriptors hold them)."""
+    """One warpgroup per (sequence, 16-row tile, split), STAGES tiles in flight, over an fp8 (e4m3) cache
+    with the one-element per-tensor scale KV_SCALE, read through the TMA descriptors of `launch`. Other
+    arguments as `hopper_decode.mla_decode_hopper_split_kernel`'s (KV_STRIDES unused: the descriptors
+    hold them)."""
     b, tile, split, num_splits, first_token, q_len, seqlen = _program_work(WORK, SEQLENS, row_tiles)
     if split >= num_splits or tile * ROWS >= q_len * HEADS:
         return

@@ -243,8 +243,9 @@ class DecodeTuning:
     """Launch shape of the portable kernel. `programs_per_sm` sizes the split plan (how many
     programs one SM runs at once); `fixed_splits` replaces the balanced plan with the same
     split count for every sequence (the simple engines' scheme). `tier` picks the split
-    kernel for 64-row tiles: "auto" takes the Hopper kernel (`hopper_decode`) wherever it
-    supports the call and the portable one elsewhere; "portable" forces the portable one."""
+    kernel: "auto" takes a Hopper kernel where one serves the tile and the call (64-row tiles:
+    `hopper_decode`; 16-row, 4-warp, 64-token tiles: `hopper_narrow_decode`) and the portable
+    one elsewhere; "portable" forces the portable one."""
 
     block_m: int
     block_n: int
@@ -291,8 +292,9 @@ class DecodePlan:
     order). Build it once per step (`plan_decode`,
     `plan_extend`); every layer reuses it. `hopper_default`: the tuning is the Hopper tier's
     tile, chosen because device and cache dtype suit that tier; a call its kernel does not take
-    after all (per-group fp8 scales, odd strides) runs the portable kernel with the portable
-    default tile over the same split counts (unless the tuning's tier was set to "portable")."""
+    after all (a page size the narrow kernel cannot box, per-group fp8 scales, odd strides) runs
+    the 64-row Hopper kernel, else the portable kernel with its default tile, over the same split
+    counts (`split_kernel_for`; unless the tuning's tier was set to "portable")."""
 
     tuning: DecodeTuning
     geometry: SplitGeometry
@@ -495,7 +497,13 @@ def split_kernel_for(
     which tile. The plan's tile decides; where the plan took the Hopper tier's default tile but
     that tier's kernel refuses the call (a page size the narrow kernel cannot box, per-group fp8
     scales, odd strides), the 64-row Hopper kernel, else the portable kernel's default tile runs
-    over the same split counts."""
+    over the same split counts.
+
+    >>> from mlakit.kv_quant import SCALE_NONE
+    >>> plan = plan_decode(torch.tensor([300, 0], dtype=torch.int32), q_len=1, heads=16)
+    >>> split_kernel_for(torch.zeros(2, 16, 576), torch.zeros(10, 64, 576), 512, SCALE_NONE, plan)[0]
+    'portable'
+    """
     tuning, geometry = plan.tuning, plan.geometry
     for kernel in ("narrow", "hopper"):
         if _takes_kernel(kernel, q, pages, kv_lora_rank, scale_mode, tuning):
@@ -515,10 +523,11 @@ def _takes_kernel(
     """Whether a Hopper kernel serves this tile and call: "hopper" 64-row tiles of the caches
     `hopper_decode.supports` names, "narrow" 16-row tiles (four warps) of those `hopper_narrow_decode.supports`
     names, each over 64-token KV tiles and rows it can copy in 16-byte pieces."""
-    tier = hopper_narrow_decode if kernel == "narrow" else hopper_decode
     if kernel == "narrow":
+        tier = hopper_narrow_decode
         tile_fits = (tuning.block_m, tuning.num_warps) == (hopper_narrow_decode.ROWS.value, hopper_narrow_decode.NUM_WARPS)
     else:
+        tier = hopper_decode
         tile_fits = tuning.block_m == hopper_decode.BLOCK_M.value
     return (
         tuning.tier == "auto"
