@@ -2,8 +2,8 @@
 
 Method (the same as benchmarks/anchors_h100.json): one decode call captured in a CUDA
 graph, median of `triton.testing.do_bench` over replays (L2 flushed before each), random
-N(0, 1) data, every case first checked against the reference. Our kernels compute their
-split plan inside the timed call.
+N(0, 1) data, every case first checked against the reference. Per-step metadata (our split
+plan, FlashMLA's scheduler metadata in the anchors) is built before the timed call.
 """
 
 from __future__ import annotations
