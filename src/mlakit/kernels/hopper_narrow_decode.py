@@ -4,17 +4,17 @@ With up to 32 query rows (16 heads, one or two draft tokens), the 64-row tiles o
 `hopper_decode` pad the MMAs and its fp8 kernel converts every tile into a 16-bit
 shared-memory copy. Here the KV tokens are the MMA's M dimension and 16 query rows its N:
 S^T = K . Q^T and O^T = V^T . P^T, one warpgroup per program, two programs per SM (a
-sequence of 17-32 rows takes two programs side by side, the second reading its tiles from L2). K and V are
-register operands loaded straight from the fp8 tile that TMA brought (vector loads, e4m3 ->
-fp16 exactly in registers), so the tile crosses shared memory once per use and is never
-written back converted. The MMAs run in fp16: each query row is scaled by a power of two into
-fp16's range (exact for bf16 values down to 2^-31 of the row's largest; smaller ones, which
-cannot move a score, are rounded), undone in the scores' scale.
+sequence of 17-32 rows takes two programs side by side, the second reading its tiles from
+L2). K and V are register operands loaded straight from the fp8 tile that TMA brought
+(vector loads, e4m3 -> fp16 exactly in registers), so the tile crosses shared memory once
+per use and is never written back converted. The MMAs run in fp16: each query row is scaled
+by a power of two into fp16's range (exact for bf16 values down to 2^-31 of the row's
+largest; smaller ones, which cannot move a score, are rounded), undone in the scores' scale.
 
-Two relabellings make the register loads up to 16 bytes wide: the reduction columns of each K chunk
-are permuted, and Q's columns are stored permuted the same way (the dot product does not care);
-the latent rows of O^T are permuted so that each thread's rows are adjacent cache columns, and
-put back in order before the output store (a register relabelling too).
+Two relabellings make the register loads up to 16 bytes wide: the reduction columns of each
+K chunk are permuted, and Q's columns are stored permuted the same way (the dot product does
+not care); the latent rows of O^T are permuted so that each thread's rows are adjacent cache
+columns, and put back in order before the output store (a register relabelling too).
 """
 from __future__ import annotations
 

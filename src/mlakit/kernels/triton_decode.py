@@ -275,8 +275,9 @@ def default_tuning(rows: int, *, hopper_tier: bool = False, kv_dtype: torch.dtyp
     16
     """
     if hopper_tier and kv_dtype == FP8_DTYPE and rows <= hopper_narrow_decode.MAX_ROWS:
-        return DecodeTuning(block_m=hopper_narrow_decode.ROWS.value, block_n=hopper_decode.BLOCK_N.value,
-                            num_warps=hopper_narrow_decode.NUM_WARPS, programs_per_sm=hopper_narrow_decode.PROGRAMS_PER_SM)
+        narrow = hopper_narrow_decode
+        return DecodeTuning(block_m=narrow.ROWS.value, block_n=hopper_decode.BLOCK_N.value,
+                            num_warps=narrow.NUM_WARPS, programs_per_sm=narrow.PROGRAMS_PER_SM)
     if rows <= 16 and not hopper_tier:
         return DecodeTuning(block_m=16, block_n=32, num_warps=4, programs_per_sm=4)
     if rows <= 32 and not hopper_tier:
@@ -525,7 +526,8 @@ def _takes_kernel(
     names, each over 64-token KV tiles and rows it can copy in 16-byte pieces."""
     if kernel == "narrow":
         tier = hopper_narrow_decode
-        tile_fits = (tuning.block_m, tuning.num_warps) == (hopper_narrow_decode.ROWS.value, hopper_narrow_decode.NUM_WARPS)
+        narrow = hopper_narrow_decode
+        tile_fits = (tuning.block_m, tuning.num_warps) == (narrow.ROWS.value, narrow.NUM_WARPS)
     else:
         tier = hopper_decode
         tile_fits = tuning.block_m == hopper_decode.BLOCK_M.value
