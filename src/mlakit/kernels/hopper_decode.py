@@ -31,7 +31,6 @@ everywhere else.
 """
 from __future__ import annotations
 
-import functools
 
 import torch
 from triton.experimental import gluon
@@ -46,25 +45,29 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from mlakit.kernels.decode_split_plan import WORK_FIELDS
+from mlakit.kernels.hopper_common import (
+    BLOCK_N,
+    GLUON_DTYPES,
+    KV_LORA_RANKS,
+    ROPE_DIMS,
+    finish_rows,
+    no_keys_yet,
+    online_softmax,
+    program_work,
+    serves,
+    split_range,
+    store_lse,
+    store_output,
+    zero_rows_from,
+)
 from mlakit.kv_quant import FP8_DTYPE, SCALE_PER_TENSOR
 
 BLOCK_M = gl.constexpr(64)
-BLOCK_N = gl.constexpr(64)
 NUM_WARPS = gl.constexpr(8)
 STAGES = gl.constexpr(2)
 TMA_CHUNK = gl.constexpr(64)
 # One warpgroup's rows in 16-byte pieces (query loads, zeroing the rows past a sequence's end).
 WARPGROUP_ROWS = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
-KV_LORA_RANKS = frozenset({64, 128, 256, 512})
-ROPE_DIMS = frozenset({16, 32, 64})
-LN2 = gl.constexpr(0.6931471805599453)
-_GLUON_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
-
-
-def serves(device: torch.device, kv_dtype: torch.dtype) -> bool:
-    """Whether the Hopper kernel serves caches of `kv_dtype` on `device` (an SM90 GPU; bf16, fp16 or fp8)."""
-    return device.type == "cuda" and kv_dtype in (*_GLUON_DTYPES, FP8_DTYPE) and _capability(device)[0] == 9
 
 
 def supports(q_dtype: torch.dtype, pages: torch.Tensor, scale_mode: int, kv_lora_rank: int, rope_dim: int) -> bool:
@@ -77,7 +80,7 @@ def supports(q_dtype: torch.dtype, pages: torch.Tensor, scale_mode: int, kv_lora
         cache_ok = pages.dtype == q_dtype
     return (
         serves(pages.device, pages.dtype)
-        and q_dtype in _GLUON_DTYPES
+        and q_dtype in GLUON_DTYPES
         and cache_ok
         and kv_lora_rank in KV_LORA_RANKS
         and rope_dim in ROPE_DIMS
@@ -88,7 +91,7 @@ def chunk_descriptors(pages: torch.Tensor, kv_lora_rank: int) -> tuple[TensorDes
     """TMA descriptors of the cache rows `[pages x page_size, dim]` in `[BLOCK_N, TMA_CHUNK]` latent chunks
     and `[BLOCK_N, rope_dim]` rope blocks (row-contiguous pages: `rows_are_contiguous`)."""
     rows = pages.reshape(-1, pages.shape[-1])
-    element = _GLUON_DTYPES[pages.dtype]
+    element = GLUON_DTYPES[pages.dtype]
     rope_dim = pages.shape[-1] - kv_lora_rank
     return (
         TensorDescriptor.from_tensor(rows, [BLOCK_N.value, TMA_CHUNK.value],
@@ -119,21 +122,6 @@ def rows_are_contiguous(pages: torch.Tensor) -> bool:
     return pages.stride(2) == 1 and pages.stride(0) == pages.shape[1] * pages.stride(1)
 
 
-@functools.cache
-def _capability(device: torch.device) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(device)
-
-
-@gluon.jit
-def _program_work(WORK, SEQLENS, row_tiles):
-    """This program's sequence (from the plan's work entry of its launch position), row tile and split,
-    the sequence's split count, query segment and cached length."""
-    entry = WORK + gl.program_id(1) * WORK_FIELDS
-    b = gl.load(entry)
-    return (b, gl.program_id(0) % row_tiles, gl.program_id(0) // row_tiles, gl.load(entry + 1), gl.load(entry + 2),
-            gl.load(entry + 3), gl.load(SEQLENS + b))
-
-
 @gluon.constexpr_function
 def _score_layout():
     """Register layout of one warpgroup's S tile `[BLOCK_M, BLOCK_N]` (a wgmma accumulator)."""
@@ -144,16 +132,6 @@ def _score_layout():
 def _half_output_layout(kv_lora_rank):
     """Register layout of one warpgroup's half of the output `[BLOCK_M, kv_lora_rank / 2]`."""
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, kv_lora_rank // 2, 16])
-
-
-@gluon.jit
-def _split_range(seqlen, split, num_splits):
-    """The split's tokens start .. end and its tile count (zero, never negative, for splits past the
-    sequence's end: the barrier phases use it)."""
-    tiles_per_split = gl.cdiv(gl.cdiv(seqlen, BLOCK_N), num_splits)
-    start = split * tiles_per_split * BLOCK_N
-    end = gl.minimum(seqlen, start + tiles_per_split * BLOCK_N)
-    return start, end, gl.maximum(gl.cdiv(end - start, BLOCK_N), 0)
 
 
 @gluon.jit
@@ -206,43 +184,6 @@ def _masked_scores(q_lat_smem, q_rope_smem, k_lat, k_rope, s_zero, tok0, end, vi
 def _row_vector(values, LAYOUT: gl.constexpr):
     """Per-row values (one per query row) in the row layout of `LAYOUT`, e.g. an output accumulator's."""
     return gl.convert_layout(values, gl.SliceLayout(1, LAYOUT))
-
-
-@gluon.jit
-def _no_keys_yet(ROWS: gl.constexpr, LAYOUT: gl.constexpr):
-    """Running max (-inf) and sum (0) of ROWS rows before their first key, in layout LAYOUT."""
-    return gl.full([ROWS], float("-inf"), gl.float32, layout=LAYOUT), gl.zeros([ROWS], gl.float32, layout=LAYOUT)
-
-
-@gluon.jit
-def _online_softmax(s, m_i, AXIS: gl.constexpr = 1):
-    """P of one tile, the factor rescaling what came before, and the new running row max (rows'
-    scores along AXIS of `s`: 1 for S, 0 for S^T)."""
-    m_new = gl.maximum(m_i, gl.max(s, AXIS))
-    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-    return gl.exp2(s - gl.expand_dims(m_safe, AXIS)), gl.exp2(m_i - m_safe), m_new
-
-
-@gluon.jit
-def _finish_rows(m_i, l_i):
-    """Natural-log lse and the output scale 1 / l per row (-inf and 0 for rows that saw no key)."""
-    has_keys = l_i > 0
-    lse = gl.where(has_keys, (m_i + gl.log2(gl.where(has_keys, l_i, 1.0))) * LN2, float("-inf"))
-    return lse, gl.where(has_keys, 1.0 / gl.where(has_keys, l_i, 1.0), 0.0)
-
-
-@gluon.jit
-def _store_lse(lse, rows, LSE, PART_LSE, first_token, b, split, num_splits, q_len,
-               LSE_STRIDES, PART_STRIDES, HEADS: gl.constexpr):
-    """The tile's lse: to LSE when the sequence has one split, else to its split's partial."""
-    row_ok = rows < q_len * HEADS
-    if num_splits == 1:
-        stride_lse_cu, stride_lse_b, stride_lse_i, stride_lse_h = LSE_STRIDES
-        lse_ptr = (LSE + first_token * stride_lse_cu + b * stride_lse_b + (rows // HEADS) * stride_lse_i
-                   + (rows % HEADS) * stride_lse_h)
-        gl.store(lse_ptr, lse, mask=row_ok)
-    else:
-        gl.store(PART_LSE + b * PART_STRIDES[3] + split * PART_STRIDES[4] + rows, lse, mask=row_ok)
 
 
 @gluon.jit
@@ -335,17 +276,6 @@ def _store_words_converted(words, dst):
     dst._reinterpret(gl.int32, [words.shape[0], 2 * words.shape[1]], pair_layout).store(pairs)
 
 
-@gluon.jit
-def _zero_rows_from(smem, first_bad, CHUNK: gl.constexpr, LAYOUT: gl.constexpr):
-    """Rows first_bad .. of `smem` set to zero, CHUNK columns at a time (TMA brings whole page rows:
-    rows past a sequence's end may hold anything, NaN included)."""
-    rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LAYOUT))
-    for c in gl.static_range(smem.shape[1] // CHUNK):
-        part = smem.slice(c * CHUNK, CHUNK, dim=1)
-        values = part.load(LAYOUT)
-        part.store(gl.where((rows < first_bad)[:, None], values, gl.zeros_like(values)))
-
-
 @gluon.jit(do_not_specialize=["stride_bt_b"])
 def mla_decode_hopper_split_kernel(
     Q, KV, BLOCK_TABLE, SEQLENS, WORK,
@@ -356,10 +286,10 @@ def mla_decode_hopper_split_kernel(
     KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr,
 ):
     """Arguments as the portable split kernel's (`triton_decode._mla_decode_split_kernel`), without scales."""
-    b, tile, split, num_splits, first_token, q_len, seqlen = _program_work(WORK, SEQLENS, row_tiles)
+    b, tile, split, num_splits, first_token, q_len, seqlen = program_work(WORK, SEQLENS, row_tiles)
     if split >= num_splits or tile * BLOCK_M >= q_len * HEADS:
         return
-    start, end, num_tiles = _split_range(seqlen, split, num_splits)
+    start, end, num_tiles = split_range(seqlen, split, num_splits)
 
     load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0])
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16])
@@ -401,7 +331,7 @@ def mla_decode_hopper_split_kernel(
         k_lat = k_lat_smem.index(stage)
         s = _masked_scores(q_lat_smem, q_rope_smem, k_lat, k_rope_smem.index(stage), s_zero, tok0, end, visible,
                            scale_log2)
-        p, alpha, m_i = _online_softmax(s, m_i)
+        p, alpha, m_i = online_softmax(s, m_i)
         # Row sums stay per element until the end: no second cross-warpgroup reduction per tile.
         l_parts = l_parts * alpha[:, None] + p
         p_smem.store(p.to(p_smem.dtype))
@@ -413,11 +343,11 @@ def mla_decode_hopper_split_kernel(
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
     async_copy.wait_group(0)
 
-    lse, inv_l = _finish_rows(m_i, gl.sum(l_parts, 1))
+    lse, inv_l = finish_rows(m_i, gl.sum(l_parts, 1))
     _store_columns(acc * _row_vector(inv_l, o_layout)[:, None], 0, OUT, PART_OUT,
                    first_token, b, split, num_splits, tile, q_len,
                    OUT_STRIDES, PART_STRIDES, HEADS, o_layout)
-    _store_lse(lse, rows, LSE, PART_LSE, first_token, b, split, num_splits, q_len,
+    store_lse(lse, rows, LSE, PART_LSE, first_token, b, split, num_splits, q_len,
                LSE_STRIDES, PART_STRIDES, HEADS)
 
 
@@ -436,7 +366,7 @@ def _fp8_softmax_partition(
     o_layout: gl.constexpr = _half_output_layout(KV_LORA_RANK)
     rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
     visible = seqlen - q_len + rows // HEADS + 1
-    m_i, l_i = _no_keys_yet(BLOCK_M, gl.SliceLayout(1, s_layout))
+    m_i, l_i = no_keys_yet(BLOCK_M, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([BLOCK_M, half], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
     for t in range(num_tiles):
@@ -446,7 +376,7 @@ def _fp8_softmax_partition(
         k_lat = k_lat_smem.index(stage)
         s = _masked_scores(q_lat_smem, q_rope_smem, k_lat, k_rope_smem.index(stage), s_zero, tok0, end, visible,
                            scale_log2 * kv_scale)
-        p, alpha, m_i = _online_softmax(s, m_i)
+        p, alpha, m_i = online_softmax(s, m_i)
         l_i = l_i * alpha + gl.sum(p, 1)
         if t > 0:
             mbarrier.wait(p_free, (t - 1) & 1)
@@ -462,7 +392,7 @@ def _fp8_softmax_partition(
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
         mbarrier.arrive(kv_free.index(stage), count=1)
 
-    lse, inv_l = _finish_rows(m_i, l_i)
+    lse, inv_l = finish_rows(m_i, l_i)
     inv_l = _row_vector(inv_l * kv_scale, o_layout)
     if num_tiles > 0:
         mbarrier.wait(p_free, (num_tiles - 1) & 1)
@@ -471,7 +401,7 @@ def _fp8_softmax_partition(
     mbarrier.arrive(p_ready, count=1)
     _store_columns(acc * inv_l[:, None], 0, OUT, PART_OUT, first_token, b, split, num_splits, tile, q_len,
                    OUT_STRIDES, PART_STRIDES, HEADS, o_layout)
-    _store_lse(lse, rows, LSE, PART_LSE, first_token, b, split, num_splits, q_len,
+    store_lse(lse, rows, LSE, PART_LSE, first_token, b, split, num_splits, q_len,
                LSE_STRIDES, PART_STRIDES, HEADS)
 
 
@@ -515,25 +445,11 @@ def _fp8_value_partition(
 def _store_columns(out, col0, OUT, PART_OUT, first_token, b, split, num_splits, tile, q_len,
                    OUT_STRIDES, PART_STRIDES,
                    HEADS: gl.constexpr, LAYOUT: gl.constexpr):
-    """Output columns col0 .. col0 + width of the tile (`_store_output`)."""
+    """Output columns col0 .. col0 + width of the tile (`store_output`)."""
     rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LAYOUT))
     cols = col0 + gl.arange(0, out.shape[1], layout=gl.SliceLayout(0, LAYOUT))
-    _store_output(out, rows[:, None], cols[None, :], OUT, PART_OUT, first_token, b, split, num_splits, q_len,
+    store_output(out, rows[:, None], cols[None, :], OUT, PART_OUT, first_token, b, split, num_splits, q_len,
                   OUT_STRIDES, PART_STRIDES, HEADS)
-
-
-@gluon.jit
-def _store_output(out, rows, cols, OUT, PART_OUT, first_token, b, split, num_splits, q_len,
-                  OUT_STRIDES, PART_STRIDES, HEADS: gl.constexpr):
-    """`out` is query row `rows`, latent column `cols` (both broadcast to its shape): to OUT when the
-    sequence has one split, else to its split's float32 partial; rows past the segment are skipped."""
-    row_ok = rows < q_len * HEADS
-    if num_splits == 1:
-        base = (first_token + rows // HEADS).to(gl.int64) * OUT_STRIDES[0] + (rows % HEADS) * OUT_STRIDES[1]
-        gl.store(OUT + base + cols, out.to(OUT.dtype.element_ty), mask=row_ok)
-    else:
-        part = PART_OUT + b * PART_STRIDES[0] + split * PART_STRIDES[1]
-        gl.store(part + rows * PART_STRIDES[2] + cols, out, mask=row_ok)
 
 
 @gluon.jit(do_not_specialize=["stride_bt_b"])
@@ -548,10 +464,10 @@ def mla_decode_hopper_fp8_kernel(
     """Warp-specialized kernel for fp8 (e4m3) pages of any size with one per-tensor scale: launched with
     4 warps (the softmax warpgroup) plus a 4-warp worker (the value warpgroup, which also gathers and
     converts the tiles). Arguments as `mla_decode_hopper_split_kernel`'s, plus the one-element scale KV_SCALE."""
-    b, tile, split, num_splits, first_token, q_len, seqlen = _program_work(WORK, SEQLENS, row_tiles)
+    b, tile, split, num_splits, first_token, q_len, seqlen = program_work(WORK, SEQLENS, row_tiles)
     if split >= num_splits or tile * BLOCK_M >= q_len * HEADS:
         return
-    start, end, num_tiles = _split_range(seqlen, split, num_splits)
+    start, end, num_tiles = split_range(seqlen, split, num_splits)
 
     q_lat_smem, q_rope_smem, k_lat_smem, k_rope_smem, p_smem = _allocate_tiles(Q.dtype.element_ty, KV_LORA_RANK, ROPE_DIM)
     row_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, [0]))
@@ -668,7 +584,7 @@ def _zero_tail(k_lat, chunk_ready, stage: gl.constexpr, phase, first_bad):
     """Rows first_bad .. of the stage's latent tile zeroed once all its chunks have landed (TMA brings whole
     page rows: rows past a sequence's end may hold anything, NaN included)."""
     _wait_chunks(chunk_ready, k_lat, stage, phase)
-    _zero_rows_from(k_lat, first_bad, TMA_CHUNK, WARPGROUP_ROWS)
+    zero_rows_from(k_lat, first_bad, TMA_CHUNK, WARPGROUP_ROWS)
     fence_async_shared()
     gl.thread_barrier()
 
@@ -693,7 +609,7 @@ def _seesaw_even_partition(
     dtype: gl.constexpr = slots.dtype
     rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
     visible = seqlen - q_len + rows // HEADS + 1
-    m_i, l_i = _no_keys_yet(BLOCK_M, gl.SliceLayout(1, s_layout))
+    m_i, l_i = no_keys_yet(BLOCK_M, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([BLOCK_M, half], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
     for pair in range(gl.cdiv(num_tiles, 2)):
@@ -710,7 +626,7 @@ def _seesaw_even_partition(
         if tok0 + BLOCK_N > end:
             _zero_tail(k0, chunk_ready, 0, phase, end - tok0)
         s = _chunked_scores(q_lat_smem, q_rope_smem, k0, slots.index(0), chunk_ready, 0, phase, s_zero, False)
-        p0, scale0, m_i = _online_softmax(_masked(s, tok0, end, visible, scale_log2), m_i)
+        p0, scale0, m_i = online_softmax(_masked(s, tok0, end, visible, scale_log2), m_i)
         m_even.store(m_i)
         scale_even.store(scale0)
         gl.thread_barrier()
@@ -745,13 +661,13 @@ def _seesaw_even_partition(
             _load_chunks(CHUNK_DESC, ROPE_DESC, next_odd, chunk_ready, 1, k1, slots.index(1), 0, lat_chunks // 2, True,
                          t0 + 3 < num_tiles)
 
-    lse, inv_l = _finish_rows(m_i, l_i)
+    lse, inv_l = finish_rows(m_i, l_i)
     final_rows.store(inv_l)
     gl.thread_barrier()
     mbarrier.arrive(final_ready, count=1)
     _store_columns(acc * _row_vector(inv_l, o_layout)[:, None], 0, OUT, PART_OUT, first_token, b, split, num_splits,
                    tile, q_len, OUT_STRIDES, PART_STRIDES, HEADS, o_layout)
-    _store_lse(lse, rows, LSE, PART_LSE, first_token, b, split, num_splits, q_len,
+    store_lse(lse, rows, LSE, PART_LSE, first_token, b, split, num_splits, q_len,
                LSE_STRIDES, PART_STRIDES, HEADS)
 
 
@@ -798,7 +714,7 @@ def _seesaw_odd_partition(
         m0 = m_even.load(gl.SliceLayout(1, s_layout))
         scale0 = scale_even.load(gl.SliceLayout(1, s_layout))
         if has_odd:
-            p1, scale1, m1 = _online_softmax(s, m0)
+            p1, scale1, m1 = online_softmax(s, m0)
             slots.index(1).store(p1.to(dtype))
             m_odd.store(m1)
             scale_odd.store(scale1)
@@ -840,10 +756,10 @@ def mla_decode_hopper_seesaw_kernel(
     warpgroup owning half of the output columns and using the other's P through shared memory, so one
     warpgroup's softmax runs while the other's MMAs do. Tiles arrive as latent chunks on their own
     barriers. Arguments as `mla_decode_hopper_split_kernel`'s, with the cache's chunk TMA descriptors."""
-    b, tile, split, num_splits, first_token, q_len, seqlen = _program_work(WORK, SEQLENS, row_tiles)
+    b, tile, split, num_splits, first_token, q_len, seqlen = program_work(WORK, SEQLENS, row_tiles)
     if split >= num_splits or tile * BLOCK_M >= q_len * HEADS:
         return
-    start, end, num_tiles = _split_range(seqlen, split, num_splits)
+    start, end, num_tiles = split_range(seqlen, split, num_splits)
 
     dtype: gl.constexpr = Q.dtype.element_ty
     lat_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, KV_LORA_RANK], dtype)

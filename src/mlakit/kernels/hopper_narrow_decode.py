@@ -30,19 +30,19 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from mlakit.kernels.hopper_decode import (
+from mlakit.kernels.hopper_common import (
     BLOCK_N,
     KV_LORA_RANKS,
     ROPE_DIMS,
-    _finish_rows,
-    _no_keys_yet,
-    _online_softmax,
-    _program_work,
-    _split_range,
-    _store_lse,
-    _store_output,
-    _zero_rows_from,
+    finish_rows,
+    no_keys_yet,
+    online_softmax,
+    program_work,
     serves,
+    split_range,
+    store_lse,
+    store_output,
+    zero_rows_from,
 )
 from mlakit.kv_quant import FP8_DTYPE, SCALE_PER_TENSOR
 
@@ -254,10 +254,10 @@ def mla_decode_hopper_narrow_fp8_kernel(
     with the one-element per-tensor scale KV_SCALE, read through the TMA descriptors of `launch`. Other
     arguments as `hopper_decode.mla_decode_hopper_split_kernel`'s (KV_STRIDES unused: the descriptors
     hold them)."""
-    b, tile, split, num_splits, first_token, q_len, seqlen = _program_work(WORK, SEQLENS, row_tiles)
+    b, tile, split, num_splits, first_token, q_len, seqlen = program_work(WORK, SEQLENS, row_tiles)
     if split >= num_splits or tile * ROWS >= q_len * HEADS:
         return
-    start, end, num_tiles = _split_range(seqlen, split, num_splits)
+    start, end, num_tiles = split_range(seqlen, split, num_splits)
     latent_width: gl.constexpr = LATENT_DESC.block_type.shape[1]
     layout: gl.constexpr = _transposed_layout()
 
@@ -287,7 +287,7 @@ def mla_decode_hopper_narrow_fp8_kernel(
     rows = tile * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(0, layout))
     visible = seqlen - q_len + rows // HEADS + 1
     row_scale = gl.convert_layout(unscale, gl.SliceLayout(0, layout)) * (scale_log2 * kv_scale)
-    m_i, l_i = _no_keys_yet(ROWS, gl.SliceLayout(0, layout))
+    m_i, l_i = no_keys_yet(ROWS, gl.SliceLayout(0, layout))
     acc = gl.zeros([KV_LORA_RANK, ROWS], gl.float32, layout=layout)
     s_zero = gl.zeros([BLOCK_N, ROWS], gl.float32, layout=layout)
     for t in range(num_tiles):
@@ -297,13 +297,13 @@ def mla_decode_hopper_narrow_fp8_kernel(
         k_lat = k_lat_smem.index(stage)
         if tok0 + BLOCK_N > end:
             # TMA brought whole page rows: those past the end may hold anything, NaN included.
-            _zero_rows_from(k_lat, end - tok0, latent_width, ZEROING_LAYOUT)
+            zero_rows_from(k_lat, end - tok0, latent_width, ZEROING_LAYOUT)
             gl.thread_barrier()
         s = _transposed_scores(k_lat, k_rope_smem.index(stage), q_lat_smem, q_rope_smem, s_zero, latent_width)
         toks = tok0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
         s = gl.where((toks[:, None] < end) & (toks[:, None] < visible[None, :]), s * row_scale[None, :],
                      float("-inf"))
-        p, alpha, m_i = _online_softmax(s, m_i, 0)
+        p, alpha, m_i = online_softmax(s, m_i, 0)
         l_i = l_i * alpha + gl.sum(p, 0)
         acc = acc * alpha[None, :]
         p_smem.store(p.to(gl.float16))
@@ -315,10 +315,10 @@ def mla_decode_hopper_narrow_fp8_kernel(
         _load_tile(LATENT_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, tok0 + STAGES * BLOCK_N, end, ready.index(stage),
                    k_lat, k_rope_smem.index(stage), t + STAGES < num_tiles, PAGE_SIZE)
 
-    lse, inv_l = _finish_rows(m_i, l_i)
+    lse, inv_l = finish_rows(m_i, l_i)
     out = _output_rows(acc * (inv_l * kv_scale)[None, :])
     out_rows = tile * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, out.type.layout))
     cols = gl.arange(0, KV_LORA_RANK, layout=gl.SliceLayout(0, out.type.layout))
-    _store_output(out, out_rows[:, None], cols[None, :], OUT, PART_OUT, first_token, b, split, num_splits, q_len,
+    store_output(out, out_rows[:, None], cols[None, :], OUT, PART_OUT, first_token, b, split, num_splits, q_len,
                   OUT_STRIDES, PART_STRIDES, HEADS)
-    _store_lse(lse, rows, LSE, PART_LSE, first_token, b, split, num_splits, q_len, LSE_STRIDES, PART_STRIDES, HEADS)
+    store_lse(lse, rows, LSE, PART_LSE, first_token, b, split, num_splits, q_len, LSE_STRIDES, PART_STRIDES, HEADS)

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mlakit.kernels import hopper_decode, hopper_narrow_decode
+from mlakit.kernels import hopper_common, hopper_decode, hopper_narrow_decode
 from mlakit.kernels.decode_split_plan import WORK_FIELDS, SplitGeometry, decode_split_counts, split_geometry
 from mlakit.kernels.interpreter import INTERPRET
 from mlakit.kv_quant import FP8_DTYPE, SCALE_GROUP, SCALE_NONE, SCALE_PER_GROUP, SCALE_PER_TENSOR, scale_mode
@@ -276,7 +276,7 @@ def default_tuning(rows: int, *, hopper_tier: bool = False, kv_dtype: torch.dtyp
     """
     if hopper_tier and kv_dtype == FP8_DTYPE and rows <= hopper_narrow_decode.MAX_ROWS:
         narrow = hopper_narrow_decode
-        return DecodeTuning(block_m=narrow.ROWS.value, block_n=hopper_decode.BLOCK_N.value,
+        return DecodeTuning(block_m=narrow.ROWS.value, block_n=hopper_common.BLOCK_N.value,
                             num_warps=narrow.NUM_WARPS, programs_per_sm=narrow.PROGRAMS_PER_SM)
     if rows <= 16 and not hopper_tier:
         return DecodeTuning(block_m=16, block_n=32, num_warps=4, programs_per_sm=4)
@@ -354,7 +354,7 @@ def _plan(
         raise ValueError(f"cache_seqlens: at most {MAX_BATCH} sequences per call (the launch grid's second "
                          f"dimension), got {batch}")
     rows = max(1, max_q_len * heads)
-    hopper_default = tuning is None and not INTERPRET and hopper_decode.serves(cache_seqlens.device, kv_dtype)
+    hopper_default = tuning is None and not INTERPRET and hopper_common.serves(cache_seqlens.device, kv_dtype)
     tuning = tuning or default_tuning(rows, hopper_tier=hopper_default, kv_dtype=kv_dtype)
     row_tiles = -(-rows // tuning.block_m)
     if tuning.fixed_splits is not None:
@@ -534,7 +534,7 @@ def _takes_kernel(
     return (
         tuning.tier == "auto"
         and tile_fits
-        and tuning.block_n == hopper_decode.BLOCK_N.value
+        and tuning.block_n == hopper_common.BLOCK_N.value
         and not INTERPRET
         and tier.supports(q.dtype, pages, scale_mode, kv_lora_rank, q.shape[-1] - kv_lora_rank)
         and hopper_decode.rows_are_contiguous(pages)

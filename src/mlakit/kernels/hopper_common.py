@@ -1,0 +1,111 @@
+"""Pieces shared by the Hopper (SM90) Gluon decode kernels (`hopper_decode`, `hopper_narrow_decode`):
+which devices and caches they serve, a program's place in the split plan, the online softmax's
+bookkeeping, and the stores of outputs and lse to the output or a split's partial."""
+from __future__ import annotations
+
+import functools
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+from mlakit.kernels.decode_split_plan import WORK_FIELDS
+from mlakit.kv_quant import FP8_DTYPE
+
+BLOCK_N = gl.constexpr(64)
+KV_LORA_RANKS = frozenset({64, 128, 256, 512})
+ROPE_DIMS = frozenset({16, 32, 64})
+LN2 = gl.constexpr(0.6931471805599453)
+GLUON_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+
+
+def serves(device: torch.device, kv_dtype: torch.dtype) -> bool:
+    """Whether the Hopper kernel serves caches of `kv_dtype` on `device` (an SM90 GPU; bf16, fp16 or fp8)."""
+    return device.type == "cuda" and kv_dtype in (*GLUON_DTYPES, FP8_DTYPE) and capability(device)[0] == 9
+
+
+@functools.cache
+def capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
+@gluon.jit
+def program_work(WORK, SEQLENS, row_tiles):
+    """This program's sequence (from the plan's work entry of its launch position), row tile and split,
+    the sequence's split count, query segment and cached length."""
+    entry = WORK + gl.program_id(1) * WORK_FIELDS
+    b = gl.load(entry)
+    return (b, gl.program_id(0) % row_tiles, gl.program_id(0) // row_tiles, gl.load(entry + 1), gl.load(entry + 2),
+            gl.load(entry + 3), gl.load(SEQLENS + b))
+
+
+@gluon.jit
+def split_range(seqlen, split, num_splits):
+    """The split's tokens start .. end and its tile count (zero, never negative, for splits past the
+    sequence's end: the barrier phases use it)."""
+    tiles_per_split = gl.cdiv(gl.cdiv(seqlen, BLOCK_N), num_splits)
+    start = split * tiles_per_split * BLOCK_N
+    end = gl.minimum(seqlen, start + tiles_per_split * BLOCK_N)
+    return start, end, gl.maximum(gl.cdiv(end - start, BLOCK_N), 0)
+
+
+@gluon.jit
+def no_keys_yet(ROWS: gl.constexpr, LAYOUT: gl.constexpr):
+    """Running max (-inf) and sum (0) of ROWS rows before their first key, in layout LAYOUT."""
+    return gl.full([ROWS], float("-inf"), gl.float32, layout=LAYOUT), gl.zeros([ROWS], gl.float32, layout=LAYOUT)
+
+
+@gluon.jit
+def online_softmax(s, m_i, AXIS: gl.constexpr = 1):
+    """P of one tile, the factor rescaling what came before, and the new running row max (rows'
+    scores along AXIS of `s`: 1 for S, 0 for S^T)."""
+    m_new = gl.maximum(m_i, gl.max(s, AXIS))
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    return gl.exp2(s - gl.expand_dims(m_safe, AXIS)), gl.exp2(m_i - m_safe), m_new
+
+
+@gluon.jit
+def finish_rows(m_i, l_i):
+    """Natural-log lse and the output scale 1 / l per row (-inf and 0 for rows that saw no key)."""
+    has_keys = l_i > 0
+    lse = gl.where(has_keys, (m_i + gl.log2(gl.where(has_keys, l_i, 1.0))) * LN2, float("-inf"))
+    return lse, gl.where(has_keys, 1.0 / gl.where(has_keys, l_i, 1.0), 0.0)
+
+
+@gluon.jit
+def store_lse(lse, rows, LSE, PART_LSE, first_token, b, split, num_splits, q_len,
+               LSE_STRIDES, PART_STRIDES, HEADS: gl.constexpr):
+    """The tile's lse: to LSE when the sequence has one split, else to its split's partial."""
+    row_ok = rows < q_len * HEADS
+    if num_splits == 1:
+        stride_lse_cu, stride_lse_b, stride_lse_i, stride_lse_h = LSE_STRIDES
+        lse_ptr = (LSE + first_token * stride_lse_cu + b * stride_lse_b + (rows // HEADS) * stride_lse_i
+                   + (rows % HEADS) * stride_lse_h)
+        gl.store(lse_ptr, lse, mask=row_ok)
+    else:
+        gl.store(PART_LSE + b * PART_STRIDES[3] + split * PART_STRIDES[4] + rows, lse, mask=row_ok)
+
+
+@gluon.jit
+def store_output(out, rows, cols, OUT, PART_OUT, first_token, b, split, num_splits, q_len,
+                  OUT_STRIDES, PART_STRIDES, HEADS: gl.constexpr):
+    """`out` is query row `rows`, latent column `cols` (both broadcast to its shape): to OUT when the
+    sequence has one split, else to its split's float32 partial; rows past the segment are skipped."""
+    row_ok = rows < q_len * HEADS
+    if num_splits == 1:
+        base = (first_token + rows // HEADS).to(gl.int64) * OUT_STRIDES[0] + (rows % HEADS) * OUT_STRIDES[1]
+        gl.store(OUT + base + cols, out.to(OUT.dtype.element_ty), mask=row_ok)
+    else:
+        part = PART_OUT + b * PART_STRIDES[0] + split * PART_STRIDES[1]
+        gl.store(part + rows * PART_STRIDES[2] + cols, out, mask=row_ok)
+
+
+@gluon.jit
+def zero_rows_from(smem, first_bad, CHUNK: gl.constexpr, LAYOUT: gl.constexpr):
+    """Rows first_bad .. of `smem` set to zero, CHUNK columns at a time (TMA brings whole page rows:
+    rows past a sequence's end may hold anything, NaN included)."""
+    rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LAYOUT))
+    for c in gl.static_range(smem.shape[1] // CHUNK):
+        part = smem.slice(c * CHUNK, CHUNK, dim=1)
+        values = part.load(LAYOUT)
+        part.store(gl.where((rows < first_bad)[:, None], values, gl.zeros_like(values)))
