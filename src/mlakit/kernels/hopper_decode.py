@@ -546,12 +546,13 @@ def _wait_chunks(chunk_ready, k_lat, stage: gl.constexpr, phase):
 
 
 @gluon.jit
-def _opaque_zero(loop_index):
-    """0, which the compiler can neither fold nor hoist out of the loop that computes it. Indexing the
-    seesaw's Q and K buffers with it keeps their per-chunk wgmma descriptors inside the loop: hoisted,
-    18 of them stayed live across the whole loop and spilled (~40 values per thread; without the spills
-    the 128-head cases run 4-9% faster, NOTES.md v29)."""
-    return gl.inline_asm_elementwise("mov.u32 $0, 0;", "=r,r", [loop_index], dtype=gl.int32, is_pure=False, pack=1)
+def _pair_views(pair, k_lat_smem, q_lat_all):
+    """The two K stages and Q, indexed by a 0 the compiler can neither fold nor hoist out of the pair
+    loop, so that their per-chunk wgmma descriptors are rebuilt inside it: hoisted, 18 of them stayed
+    live across the whole loop and spilled (~40 values per thread; without the spills the 128-head
+    cases run 4-9% faster, NOTES.md v29)."""
+    zero = gl.inline_asm_elementwise("mov.u32 $0, 0;", "=r,r", [pair], dtype=gl.int32, is_pure=False, pack=1)
+    return k_lat_smem.index(zero), k_lat_smem.index(zero + 1), q_lat_all.index(zero)
 
 
 @gluon.jit
@@ -613,10 +614,7 @@ def _seesaw_even_partition(
     acc = gl.zeros([BLOCK_M, half], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
     for pair in range(gl.cdiv(num_tiles, 2)):
-        zero = _opaque_zero(pair)
-        k0 = k_lat_smem.index(zero)
-        k1 = k_lat_smem.index(zero + 1)
-        q_lat_smem = q_lat_all.index(zero)
+        k0, k1, q_lat_smem = _pair_views(pair, k_lat_smem, q_lat_all)
         phase = pair & 1
         t0 = 2 * pair
         tok0 = start + t0 * BLOCK_N
@@ -693,10 +691,7 @@ def _seesaw_odd_partition(
     acc = gl.zeros([BLOCK_M, half], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
     for pair in range(gl.cdiv(num_tiles, 2)):
-        zero = _opaque_zero(pair)
-        k0 = k_lat_smem.index(zero)
-        k1 = k_lat_smem.index(zero + 1)
-        q_lat_smem = q_lat_all.index(zero)
+        k0, k1, q_lat_smem = _pair_views(pair, k_lat_smem, q_lat_all)
         phase = pair & 1
         t1 = 2 * pair + 1
         tok1 = start + t1 * BLOCK_N
@@ -763,7 +758,7 @@ def mla_decode_hopper_seesaw_kernel(
 
     dtype: gl.constexpr = Q.dtype.element_ty
     lat_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, KV_LORA_RANK], dtype)
-    # Q with a leading dimension of one, for `_opaque_zero` to index.
+    # Q with a leading dimension of one, for `_pair_views` to index.
     q_lat_all = gl.allocate_shared_memory(dtype, [1, BLOCK_M, KV_LORA_RANK], lat_layout)
     q_lat_smem = q_lat_all.index(0)
     q_rope_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, ROPE_DIM],

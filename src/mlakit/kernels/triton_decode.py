@@ -526,8 +526,7 @@ def _takes_kernel(
     names, each over 64-token KV tiles and rows it can copy in 16-byte pieces."""
     if kernel == "narrow":
         tier = hopper_narrow_decode
-        narrow = hopper_narrow_decode
-        tile_fits = (tuning.block_m, tuning.num_warps) == (narrow.ROWS.value, narrow.NUM_WARPS)
+        tile_fits = (tuning.block_m, tuning.num_warps) == (tier.ROWS.value, tier.NUM_WARPS)
     else:
         tier = hopper_decode
         tile_fits = tuning.block_m == hopper_decode.BLOCK_M.value
