@@ -124,7 +124,7 @@ def test_split_plan_balances_ragged_lengths_and_bounds_splits(kernel_device):
     lengths = torch.tensor([16384, 256, 0, 4096], dtype=torch.int32, device=kernel_device)
     geometry = split_geometry(batch=4, rows=128, block_m=64, num_sms=132)
     one_token_each = torch.arange(5, dtype=torch.int32, device=kernel_device)
-    splits, _ = decode_split_counts(lengths, one_token_each, 128, geometry, block_m=64, block_n=64, num_sms=132)
+    splits, _, _ = decode_split_counts(lengths, one_token_each, 128, geometry, block_m=64, block_n=64, num_sms=132)
     assert splits.dtype == torch.int32 and splits.tolist()[2] == 1
     assert (splits >= 1).all() and (splits <= geometry.max_splits).all()
     splits, lengths = splits.cpu(), lengths.cpu()
@@ -136,20 +136,35 @@ def test_split_plan_balances_ragged_lengths_and_bounds_splits(kernel_device):
     assert big_batch.max_splits == 4
 
 
-def test_work_entries_put_the_longest_splits_first(kernel_device):
+def _sequences_in_launch_order(splits: torch.Tensor, work: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+    """Checks the work items' layout (every split of every sequence once, a sequence's splits adjacent and
+    in order, zeros past the last item) and returns the sequences in the order their splits come."""
+    count = int(items[0])
+    assert count == int(splits.sum()) and items[1] == 0, "the item count, then the unit counter at zero"
+    assert items[2] in (0, 1)
+    assert (work[count:] == 0).all(), "unused rows must name no split"
+    sequences = torch.unique_consecutive(work[:count, 0])
+    assert sorted(sequences.tolist()) == list(range(splits.numel())), "each sequence's splits adjacent, once"
+    expected_splits = torch.cat([torch.arange(int(splits[b])) for b in sequences.long()])
+    assert torch.equal(work[:count, 1], expected_splits.to(torch.int32))
+    assert torch.equal(work[:count, 2], splits[work[:count, 0].long()])
+    return sequences
+
+
+def test_work_items_list_every_split_longest_first(kernel_device):
     gen = torch.Generator().manual_seed(7)
     lengths = torch.randint(0, 9000, (37,), generator=gen, dtype=torch.int32)
     lengths[[3, 20]] = 0
     q_lens = torch.randint(0, 3, (37,), generator=gen, dtype=torch.int32)
     cu_seqlens_q = torch.cat([torch.zeros(1, dtype=torch.int32), q_lens.cumsum(0).to(torch.int32)])
-    geometry = split_geometry(batch=37, rows=2 * 16, block_m=16, num_sms=8)
-    splits, work = decode_split_counts(lengths.to(kernel_device), cu_seqlens_q.to(kernel_device), 16, geometry,
-                                       block_m=16, block_n=64, num_sms=8)
-    splits, work = splits.cpu(), work.cpu()
-    order = work[:, 0]
-    assert sorted(order.tolist()) == list(range(37))
-    assert torch.equal(work[:, 1], splits[order.long()])
-    assert torch.equal(work[:, 2], cu_seqlens_q[order.long()]) and torch.equal(work[:, 3], q_lens[order.long()])
+    geometry = split_geometry(batch=37, rows=2 * 16, block_m=16, num_sms=64)
+    splits, work, items = decode_split_counts(lengths.to(kernel_device), cu_seqlens_q.to(kernel_device), 16, geometry,
+                                              block_m=16, block_n=64, num_sms=64)
+    splits, work, items = splits.cpu(), work.cpu(), items.cpu()
+    assert work.shape[0] == 37 * geometry.max_splits and splits.max() > 1
+    order = _sequences_in_launch_order(splits, work, items)
+    taken = work[: int(items[0]), 0].long()
+    assert torch.equal(work[: int(items[0]), 3], cu_seqlens_q[taken]) and torch.equal(work[: int(items[0]), 4], q_lens[taken])
     tiles = (lengths + 63) // 64
     busy = (tiles > 0) & (q_lens > 0)
     per_split = torch.where(busy, (tiles + splits - 1) // splits, 0)[order.long()]
@@ -166,15 +181,16 @@ def test_every_split_holds_tiles_and_large_batches_keep_batch_order(kernel_devic
         lengths[0] = 16384
         one_token_each = torch.arange(batch + 1, dtype=torch.int32)
         geometry = split_geometry(batch=batch, rows=128, block_m=64, num_sms=num_sms)
-        splits, work = decode_split_counts(lengths.to(kernel_device), one_token_each.to(kernel_device), 128, geometry,
-                                           block_m=64, block_n=64, num_sms=num_sms, min_tokens_per_split=128)
-        splits, work = splits.cpu(), work.cpu()
+        splits, work, items = decode_split_counts(lengths.to(kernel_device), one_token_each.to(kernel_device), 128,
+                                                  geometry, block_m=64, block_n=64, num_sms=num_sms,
+                                                  min_tokens_per_split=128)
+        splits, work, items = splits.cpu(), work.cpu(), items.cpu()
         tiles = (lengths + 63) // 64
         per_split = (tiles + splits - 1) // splits
         assert ((splits - 1) * per_split < tiles)[tiles > 0].all(), "the kernels' last split would be empty"
-        assert torch.equal(work[:, 1], splits[work[:, 0].long()])
+        order = _sequences_in_launch_order(splits, work, items)
         if batch > 1024:
-            assert torch.equal(work[:, 0], torch.arange(batch, dtype=torch.int32))
+            assert torch.equal(order, torch.arange(batch, dtype=torch.int32))
 
 
 def test_plan_refuses_more_sequences_than_the_grid_holds():

@@ -36,6 +36,7 @@ def _check(batch, **kwargs):
     error = relative_error(out, ref_out)
     assert error < (3e-2 if fp8 else 1e-2), error
     assert_lse_close(lse, ref_lse, atol=3e-2 if fp8 else 1e-3)
+    return out, lse
 
 
 def _split_kernel(batch, plan):
@@ -265,3 +266,23 @@ def test_narrow_fp8_kernel_keeps_query_rows_of_any_magnitude(q_dtype, q_len):
     plan = plan_decode(batch.cache_seqlens, q_len=q_len, heads=16, kv_dtype=batch.kv_cache.dtype)
     assert _split_kernel(batch, plan) == "narrow"
     _check(batch, plan=plan)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
+@pytest.mark.parametrize("heads", [16, 128])
+@pytest.mark.parametrize("lengths, ragged", [([9000, 0, 4096, 1, 700, 16384, 65], True), ([8192] * 6, False)])
+def test_persistent_kernel_takes_every_unit_and_leaves_its_counter_at_zero(heads, lengths, ragged):
+    from mlakit.kernels.triton_decode import plan_decode
+
+    # Plans for far more programs than the GPU runs: several rounds of units, in snake order or (ragged)
+    # taken from the plan's counter.
+    batch = make_paged_batch(lengths, heads=heads, q_len=2, page_size=64, kv_lora_rank=512, rope_dim=64, device="cuda",
+                             seed=heads)
+    plan = plan_decode(batch.cache_seqlens, q_len=2, heads=heads, kv_dtype=batch.kv_cache.dtype, num_sms=1024)
+    assert _split_kernel(batch, plan) == "hopper" and int(plan.work_items[2]) == ragged
+    assert int(plan.work_items[0]) * plan.geometry.row_tiles > torch.cuda.get_device_properties(0).multi_processor_count
+    first, _ = _check(batch, plan=plan)
+    for _ in range(3):
+        assert int(plan.work_items[1]) == 0
+        again, _ = _check(batch, plan=plan)
+        assert torch.equal(again, first), "every launch of one plan computes every unit"

@@ -1,6 +1,6 @@
 """Device experiment: where one decode call's time goes, kernel by kernel (split pass, combine).
 
-Usage: python benchmarks/experiments/decode_kernel_breakdown.py HEADS,BATCH,SEQLEN,Q_LEN[,KV_DTYPE] [...]
+Usage: python benchmarks/experiments/decode_kernel_breakdown.py HEADS,BATCH,SEQLEN|ragged,Q_LEN[,KV_DTYPE] [...]
 Prints, per case, the mean CUDA time of each kernel over 20 calls (torch.profiler) and the split plan.
 """
 
@@ -8,24 +8,15 @@ import collections
 import sys
 
 import torch
+from decode_case import case_inputs, decode_call, parse_case
 from torch.profiler import ProfilerActivity, profile
-
-from mlakit.bench.decode import DecodeCase, make_inputs
-from mlakit.kernels.triton_decode import plan_decode, triton_mla_decode
 
 CALLS = 20
 
 for spec in sys.argv[1:]:
-    fields = spec.split(",")
-    heads, batch, seqlen, q_len = (int(x) for x in fields[:4])
-    kv_dtype = fields[4] if len(fields) > 4 else "bf16"
-    inputs = make_inputs(DecodeCase(heads, batch, seqlen, q_len, kv_dtype), torch.device("cuda"))
-    plan = plan_decode(inputs.cache_seqlens, q_len=q_len, heads=heads, kv_dtype=inputs.kv_cache.dtype)
-
-    def call():
-        return triton_mla_decode(inputs.q, inputs.kv_cache, inputs.block_table, inputs.cache_seqlens,
-                                 kv_lora_rank=512, softmax_scale=inputs.softmax_scale, kv_scale=inputs.kv_scale, plan=plan)
-
+    case = parse_case(spec)
+    inputs, plan = case_inputs(case)
+    call = decode_call(inputs, plan)
     for _ in range(3):
         call()
     torch.cuda.synchronize()
@@ -38,5 +29,5 @@ for spec in sys.argv[1:]:
         if event.device_type == torch.autograd.DeviceType.CUDA:
             totals[event.name[:40]] += event.device_time / CALLS
     splits = plan.num_splits.tolist()
-    print(f"h{heads} {batch}x{seqlen} q{q_len} {kv_dtype}: splits {min(splits)}-{max(splits)} (grid {plan.geometry}),",
+    print(f"{case.label}: splits {min(splits)}-{max(splits)} (grid {plan.geometry}),",
           ", ".join(f"{name} {us:.1f} us" for name, us in totals.most_common()))

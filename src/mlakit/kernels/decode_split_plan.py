@@ -24,6 +24,8 @@ RAGGED_PROGRAMS = tl.constexpr(2)
 # Larger batches keep batch order: the in-program sort takes 8 bytes of shared memory per sequence
 # and its compile time grows fast (seconds at 4096); batches that large get one split per sequence.
 MAX_SORTED_BATCH = tl.constexpr(1024)
+# The plan writes its work items in tiles of at most this many (sequence, split) pairs.
+WORK_STORE_TILE = 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,21 +51,27 @@ def split_geometry(batch: int, rows: int, block_m: int, num_sms: int, programs_p
     return SplitGeometry(row_tiles, max_splits)
 
 
-WORK_FIELDS = tl.constexpr(4)  # a launch position's sequence, its split count, first query token and query tokens
+WORK_FIELDS = tl.constexpr(5)  # a work item's sequence, split, the sequence's split count, first query token, query tokens
 
 
 class SequenceSplits(NamedTuple):
-    """Per-sequence split counts, and per launch position (longest splits first) the work entry
-    `[sequence, splits, first query token, query tokens]` (int32 `[batch, WORK_FIELDS]`)."""
+    """Per-sequence split counts; the work items, one per (sequence, split) in launch order (longest
+    splits first), each `[sequence, split, splits, first query token, query tokens]` (int32
+    `[batch x max_splits, WORK_FIELDS]`; rows past the last item hold zeros, which no split matches);
+    and how many items there are, followed by the counter a persistent kernel takes units with and
+    whether the batch is ragged (int32 `[3]`: items, 0, 0 or 1; the kernel leaves the counter at 0, so
+    launches of one plan must run one after another, as a model's layers do)."""
 
     counts: torch.Tensor
     work: torch.Tensor
+    items: torch.Tensor
 
 
-@triton.jit(do_not_specialize=["batch", "programs", "min_tiles", "max_splits"])
+@triton.jit(do_not_specialize=["batch", "programs", "min_tiles", "max_splits", "capacity"])
 def _split_counts_kernel(
-    SEQLENS, CU_SEQLENS_Q, NUM_SPLITS, WORK, batch, programs, min_tiles, max_splits,
+    SEQLENS, CU_SEQLENS_Q, NUM_SPLITS, WORK, ITEMS, batch, programs, min_tiles, max_splits, capacity,
     HEADS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_TAIL: tl.constexpr,
 ):
     offsets = tl.arange(0, BLOCK_B)
     in_batch = offsets < batch
@@ -87,14 +95,31 @@ def _split_counts_kernel(
         order = (BLOCK_B - 1 - (tl.sort(key, descending=True) & 4294967295)).to(tl.int32)
     else:
         order = offsets
-    # One entry per launch position, so a split program finds its sequence's plan in one load.
     tl.debug_barrier()  # NUM_SPLITS, stored above by other threads, is gathered below
-    entry = WORK + offsets * WORK_FIELDS
+    # One item per (sequence, split) in that order, so that a program finds its work in one load.
+    ordered_splits = tl.load(NUM_SPLITS + order, mask=in_batch, other=0)
+    first_item = tl.cumsum(ordered_splits, 0) - ordered_splits
     first_token = tl.load(CU_SEQLENS_Q + order, mask=in_batch, other=0)
-    tl.store(entry, order, mask=in_batch)
-    tl.store(entry + 1, tl.load(NUM_SPLITS + order, mask=in_batch, other=0), mask=in_batch)
-    tl.store(entry + 2, first_token, mask=in_batch)
-    tl.store(entry + 3, tl.load(CU_SEQLENS_Q + order + 1, mask=in_batch, other=0) - first_token, mask=in_batch)
+    q_tokens = tl.load(CU_SEQLENS_Q + order + 1, mask=in_batch, other=0) - first_token
+    tile: tl.constexpr = [BLOCK_B, BLOCK_S]
+    for first_split in range(0, tl.max(ordered_splits, 0), BLOCK_S):
+        split = tl.broadcast_to(first_split + tl.arange(0, BLOCK_S)[None, :], tile)
+        entry = WORK + (first_item[:, None] + split) * WORK_FIELDS
+        taken = split < ordered_splits[:, None]
+        tl.store(entry, tl.broadcast_to(order[:, None], tile), mask=taken)
+        tl.store(entry + 1, split, mask=taken)
+        tl.store(entry + 2, tl.broadcast_to(ordered_splits[:, None], tile), mask=taken)
+        tl.store(entry + 3, tl.broadcast_to(first_token[:, None], tile), mask=taken)
+        tl.store(entry + 4, tl.broadcast_to(q_tokens[:, None], tile), mask=taken)
+    items = tl.sum(ordered_splits, 0)
+    tl.store(ITEMS, items)
+    tl.store(ITEMS + 1, 0)  # the persistent kernel's count of units taken, zero between launches
+    tl.store(ITEMS + 2, ragged.to(tl.int32))
+    field = tl.arange(0, 8)[None, :]
+    for first_unused in range(items, capacity, BLOCK_TAIL):
+        unused = first_unused + tl.arange(0, BLOCK_TAIL)[:, None]
+        tl.store(WORK + unused * WORK_FIELDS + field, tl.zeros([BLOCK_TAIL, 8], tl.int32),
+                 mask=(unused < capacity) & (field < WORK_FIELDS))
 
 
 def decode_split_counts(
@@ -108,8 +133,8 @@ def decode_split_counts(
     programs_per_sm: int = 2,
     min_tokens_per_split: int = 1,
 ) -> SequenceSplits:
-    """int32 `[batch]` splits per sequence and the launch positions' work entries (`SequenceSplits`),
-    from one kernel launch and no host sync.
+    """int32 `[batch]` splits per sequence, the work items and their count (`SequenceSplits`), from one
+    kernel launch and no host sync.
 
     A sequence's work is its KV tiles times its row tiles (its query tokens x `heads` rows
     over `block_m`); each split holds about the same number of KV tiles: the batch's work
@@ -120,23 +145,28 @@ def decode_split_counts(
     `min_tokens_per_split` tokens, so its partial output (rows x kv_lora_rank floats,
     written and read again by the combine) stays small next to the KV it reads; the count is then
     lowered to the splits that `cdiv(tiles, splits)` tiles each actually fill (no empty split). The
-    work entries list the sequences by tiles per split, longest first (batches up to
-    MAX_SORTED_BATCH; larger ones in batch order), so that the split kernel's programs start
-    longest first (simulated on the ragged benchmark batch at 128 heads: a makespan of 1.30x the
-    even share in batch order, 1.16x in this order; benchmarks/NOTES.md, v21).
+    work items list every split of every sequence, sequences by tiles per split, longest first
+    (batches up to MAX_SORTED_BATCH; larger ones in batch order), so that the split kernel's programs
+    start longest first (simulated on the ragged benchmark batch at 128 heads: a makespan of 1.30x the
+    even share in batch order, 1.16x in this order; benchmarks/NOTES.md, v21), and the items come
+    before the unused rows, so that no program waits behind programs that find no work (v30).
 
     Example (on a CUDA tensor, or on CPU under TRITON_INTERPRET=1): lengths [4096, 4096, 0],
     one query token per sequence, 64 heads in 64-row tiles, 4 SMs x 2 programs, 64-token
     tiles and a ceiling of 16 give `[4, 4, 1]`, sequences in order `[0, 1, 2]`: 128 tiles over 8 programs
-    is 16 tiles per split; lengths [4096, 64, 0] are ragged and give `[13, 1, 1]`: 65 tiles over
-    16 programs is 5 tiles per split.
+    is 16 tiles per split (9 items: the 4 splits of sequence 0, those of 1, the one of 2); lengths
+    [4096, 64, 0] are ragged and give `[13, 1, 1]`: 65 tiles over 16 programs is 5 tiles per split.
     """
     batch = cache_seqlens.shape[0]
+    capacity = batch * geometry.max_splits
     num_splits = torch.empty(batch, dtype=torch.int32, device=cache_seqlens.device)
-    work = torch.empty(batch, WORK_FIELDS, dtype=torch.int32, device=cache_seqlens.device)
+    work = torch.empty(capacity, WORK_FIELDS, dtype=torch.int32, device=cache_seqlens.device)
+    items = torch.empty(3, dtype=torch.int32, device=cache_seqlens.device)
+    block_b = max(16, triton.next_power_of_2(batch))
     _split_counts_kernel[(1,)](
-        cache_seqlens, cu_seqlens_q, num_splits, work, batch, programs_per_sm * num_sms,
-        max(1, -(-min_tokens_per_split // block_n)), geometry.max_splits,
-        HEADS=heads, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_B=max(16, triton.next_power_of_2(batch)),
+        cache_seqlens, cu_seqlens_q, num_splits, work, items, batch, programs_per_sm * num_sms,
+        max(1, -(-min_tokens_per_split // block_n)), geometry.max_splits, capacity,
+        HEADS=heads, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_B=block_b,
+        BLOCK_S=max(1, WORK_STORE_TILE // block_b), BLOCK_TAIL=256,
     )
-    return SequenceSplits(num_splits, work)
+    return SequenceSplits(num_splits, work, items)

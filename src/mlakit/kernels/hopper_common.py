@@ -29,14 +29,20 @@ def capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
 
+@functools.cache
+def sm_count(device: torch.device) -> int:
+    """The CUDA device's streaming multiprocessors."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 @gluon.jit
-def program_work(WORK, SEQLENS, row_tiles):
-    """This program's sequence (from the plan's work entry of its launch position), row tile and split,
-    the sequence's split count, query segment and cached length."""
-    entry = WORK + gl.program_id(1) * WORK_FIELDS
-    b = gl.load(entry)
-    return (b, gl.program_id(0) % row_tiles, gl.program_id(0) // row_tiles, gl.load(entry + 1), gl.load(entry + 2),
-            gl.load(entry + 3), gl.load(SEQLENS + b))
+def work_item(WORK, item):
+    """Work item `item` of the plan: its sequence, split, the sequence's split count and query segment
+    (unused rows past the plan's items hold zeros: split 0 of 0, which no program takes). The sequence's
+    cached length is loaded only by programs with work: one that finds none exits after this one load
+    (NOTES.md v30)."""
+    entry = WORK + item * WORK_FIELDS
+    return gl.load(entry), gl.load(entry + 1), gl.load(entry + 2), gl.load(entry + 3), gl.load(entry + 4)
 
 
 @gluon.jit

@@ -53,11 +53,12 @@ from mlakit.kernels.hopper_common import (
     finish_rows,
     no_keys_yet,
     online_softmax,
-    program_work,
     serves,
+    sm_count,
     split_range,
     store_lse,
     store_output,
+    work_item,
     zero_rows_from,
 )
 from mlakit.kv_quant import FP8_DTYPE, SCALE_PER_TENSOR
@@ -102,17 +103,21 @@ def chunk_descriptors(pages: torch.Tensor, kv_lora_rank: int) -> tuple[TensorDes
 
 
 def launch(grid: tuple[int, int], q: torch.Tensor, pages: torch.Tensor, kv_scale: torch.Tensor | None, kv_lora_rank: int,
-           shared_args: tuple) -> None:
-    """Runs the split pass (a call `supports` accepts): the fp8 kernel for fp8 caches (with the
-    one-element `kv_scale`), the seesaw kernel for 16-bit pages holding whole tiles (TMA loads) and
-    latent widths of at least 128, the cp.async gather kernel otherwise. `shared_args` are the
-    portable split kernel's arguments from the block table on, without the scale strides."""
+           shared_args: tuple, work_items: torch.Tensor) -> None:
+    """Runs the split pass (a call `supports` accepts) over `grid` = (row tiles, rows of the plan's
+    work items): the fp8 kernel for fp8 caches (with the one-element `kv_scale`), the persistent seesaw
+    kernel for 16-bit pages holding whole tiles (TMA loads) and latent widths of at least 128 (one
+    program per SM at most, over the `work_items` items), the cp.async gather kernel otherwise.
+    `shared_args` are the portable split kernel's arguments from the block table on, without the scale
+    strides."""
     constants = dict(HEADS=q.shape[1], PAGE_SIZE=pages.shape[1], KV_LORA_RANK=kv_lora_rank, ROPE_DIM=q.shape[-1] - kv_lora_rank)
     if pages.dtype == FP8_DTYPE:
         mla_decode_hopper_fp8_kernel[grid](q, pages, kv_scale, *shared_args, **constants, num_warps=4)
     elif pages.shape[1] % BLOCK_N.value == 0 and kv_lora_rank >= 2 * TMA_CHUNK.value:
-        mla_decode_hopper_seesaw_kernel[grid](q, *chunk_descriptors(pages, kv_lora_rank), *shared_args, **constants,
-                                              num_warps=4)
+        row_tiles, items = grid
+        programs = min(sm_count(q.device), row_tiles * items)
+        mla_decode_hopper_seesaw_kernel[(programs,)](q, *chunk_descriptors(pages, kv_lora_rank), *shared_args, work_items,
+                                                     items, row_tiles, **constants, num_warps=4)
     else:
         mla_decode_hopper_split_kernel[grid](q, pages, *shared_args, **constants, num_warps=NUM_WARPS.value)
 
@@ -280,15 +285,17 @@ def _store_words_converted(words, dst):
 def mla_decode_hopper_split_kernel(
     Q, KV, BLOCK_TABLE, SEQLENS, WORK,
     OUT, LSE, PART_OUT, PART_LSE,
-    scale_log2, row_tiles,
+    scale_log2,
     Q_STRIDES, KV_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr,
     KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr,
 ):
     """Arguments as the portable split kernel's (`triton_decode._mla_decode_split_kernel`), without scales."""
-    b, tile, split, num_splits, first_token, q_len, seqlen = program_work(WORK, SEQLENS, row_tiles)
+    b, split, num_splits, first_token, q_len = work_item(WORK, gl.program_id(1))
+    tile = gl.program_id(0)
     if split >= num_splits or tile * BLOCK_M >= q_len * HEADS:
         return
+    seqlen = gl.load(SEQLENS + b)
     start, end, num_tiles = split_range(seqlen, split, num_splits)
 
     load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0])
@@ -456,7 +463,7 @@ def _store_columns(out, col0, OUT, PART_OUT, first_token, b, split, num_splits, 
 def mla_decode_hopper_fp8_kernel(
     Q, KV, KV_SCALE, BLOCK_TABLE, SEQLENS, WORK,
     OUT, LSE, PART_OUT, PART_LSE,
-    scale_log2, row_tiles,
+    scale_log2,
     Q_STRIDES, KV_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr,
     KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr,
@@ -464,9 +471,11 @@ def mla_decode_hopper_fp8_kernel(
     """Warp-specialized kernel for fp8 (e4m3) pages of any size with one per-tensor scale: launched with
     4 warps (the softmax warpgroup) plus a 4-warp worker (the value warpgroup, which also gathers and
     converts the tiles). Arguments as `mla_decode_hopper_split_kernel`'s, plus the one-element scale KV_SCALE."""
-    b, tile, split, num_splits, first_token, q_len, seqlen = program_work(WORK, SEQLENS, row_tiles)
+    b, split, num_splits, first_token, q_len = work_item(WORK, gl.program_id(1))
+    tile = gl.program_id(0)
     if split >= num_splits or tile * BLOCK_M >= q_len * HEADS:
         return
+    seqlen = gl.load(SEQLENS + b)
     start, end, num_tiles = split_range(seqlen, split, num_splits)
 
     q_lat_smem, q_rope_smem, k_lat_smem, k_rope_smem, p_smem = _allocate_tiles(Q.dtype.element_ty, KV_LORA_RANK, ROPE_DIM)
@@ -737,12 +746,13 @@ def _seesaw_odd_partition(
                    OUT_STRIDES, PART_STRIDES, HEADS, o_layout)
 
 
-@gluon.jit(do_not_specialize=["stride_bt_b"])
+@gluon.jit(do_not_specialize=["stride_bt_b", "work_rows"])
 def mla_decode_hopper_seesaw_kernel(
     Q, CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, SEQLENS, WORK,
     OUT, LSE, PART_OUT, PART_LSE,
-    scale_log2, row_tiles,
+    scale_log2,
     Q_STRIDES, KV_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
+    WORK_ITEMS, work_rows, row_tiles,
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr,
     KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr,
 ):
@@ -750,43 +760,100 @@ def mla_decode_hopper_seesaw_kernel(
     even tiles in stage 0 (warpgroup 0's S and softmax), odd tiles in stage 1 (warpgroup 1's), each
     warpgroup owning half of the output columns and using the other's P through shared memory, so one
     warpgroup's softmax runs while the other's MMAs do. Tiles arrive as latent chunks on their own
-    barriers. Arguments as `mla_decode_hopper_split_kernel`'s, with the cache's chunk TMA descriptors."""
-    b, tile, split, num_splits, first_token, q_len, seqlen = program_work(WORK, SEQLENS, row_tiles)
-    if split >= num_splits or tile * BLOCK_M >= q_len * HEADS:
-        return
-    start, end, num_tiles = split_range(seqlen, split, num_splits)
-
+    barriers. Persistent: a launch of at most one program per SM takes the plan's units (a work item's
+    row tile; WORK_ITEMS[0] items of row_tiles units each, in a plan of work_rows rows), unit p first for
+    program p, so that no program waits behind programs that find no work; then, for a ragged batch
+    (WORK_ITEMS[2]), the next untaken one as each program finishes one (`_take_unit`: the shorter splits
+    fill in where programs finish first), otherwise in snake order (program p's second unit is the p-th
+    from the end of the second round, ...), each unit's plan entry loaded while the one before runs
+    (NOTES.md v30). Arguments as `mla_decode_hopper_split_kernel`'s, with the cache's chunk TMA descriptors.
+    """
     dtype: gl.constexpr = Q.dtype.element_ty
     lat_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, KV_LORA_RANK], dtype)
     # Q with a leading dimension of one, for `_pair_views` to index.
     q_lat_all = gl.allocate_shared_memory(dtype, [1, BLOCK_M, KV_LORA_RANK], lat_layout)
-    q_lat_smem = q_lat_all.index(0)
     q_rope_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, ROPE_DIM],
                                             gl.NVMMASharedLayout.get_default_for([BLOCK_M, ROPE_DIM], dtype))
     k_lat_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, KV_LORA_RANK], lat_layout)
     slots = gl.allocate_shared_memory(dtype, [2, BLOCK_M, BLOCK_N],
                                       gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype))
     row_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    m_even = gl.allocate_shared_memory(gl.float32, [BLOCK_M], row_layout)
-    scale_even = gl.allocate_shared_memory(gl.float32, [BLOCK_M], row_layout)
-    m_odd = gl.allocate_shared_memory(gl.float32, [BLOCK_M], row_layout)
-    scale_odd = gl.allocate_shared_memory(gl.float32, [BLOCK_M], row_layout)
-    sum_odd = gl.allocate_shared_memory(gl.float32, [BLOCK_M], row_layout)
-    final_rows = gl.allocate_shared_memory(gl.float32, [BLOCK_M], row_layout)
+    rows_smem = gl.allocate_shared_memory(gl.float32, [6, BLOCK_M], row_layout)
     chunks: gl.constexpr = KV_LORA_RANK // TMA_CHUNK + 1
     chunk_ready = gl.allocate_shared_memory(gl.int64, [2 * chunks, 1], mbarrier.MBarrierLayout())
-    even_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    odd_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    p_even_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    final_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    handoffs = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+
+    programs = gl.num_programs(0)
+    units = gl.load(WORK_ITEMS) * row_tiles
+    ragged = gl.load(WORK_ITEMS + 2) != 0
+    unit = gl.program_id(0)
+    b, split, num_splits, first_token, q_len, seqlen = _unit_work(WORK, SEQLENS, unit, row_tiles, work_rows)
+    units_done = 0
+    while unit < units:
+        units_done += 1
+        if ragged:
+            next_unit = units
+        else:  # the next unit known now: its plan entry and length load while this one runs
+            next_unit = (units_done * programs
+                         + gl.where(units_done % 2 == 0, gl.program_id(0), programs - 1 - gl.program_id(0)))
+        next_work = _unit_work(WORK, SEQLENS, next_unit, row_tiles, work_rows)
+        tile = unit % row_tiles
+        if split < num_splits and tile * BLOCK_M < q_len * HEADS:
+            _seesaw_unit(
+                q_lat_all, q_rope_smem, k_lat_smem, slots, rows_smem, chunk_ready, handoffs,
+                Q, CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, seqlen, b, split, num_splits, first_token,
+                q_len, tile, OUT, LSE, PART_OUT, PART_LSE, scale_log2, Q_STRIDES, stride_bt_b, OUT_STRIDES,
+                LSE_STRIDES, PART_STRIDES, HEADS, PAGE_SIZE, KV_LORA_RANK)
+        if ragged:
+            unit = _take_unit(WORK_ITEMS + 1, units, programs)
+            b, split, num_splits, first_token, q_len, seqlen = _unit_work(WORK, SEQLENS, unit, row_tiles, work_rows)
+        else:
+            unit = next_unit
+            b, split, num_splits, first_token, q_len, seqlen = next_work
+
+
+@gluon.jit
+def _unit_work(WORK, SEQLENS, unit, row_tiles, work_rows):
+    """`work_item` of the unit's item and the sequence's length (a unit past the plan reads its last row,
+    which nobody takes)."""
+    b, split, num_splits, first_token, q_len = work_item(WORK, gl.minimum(unit // row_tiles, work_rows - 1))
+    return b, split, num_splits, first_token, q_len, gl.load(SEQLENS + b)
+
+
+@gluon.jit
+def _take_unit(TAKEN, units, programs):
+    """The unit a program takes after finishing one in a ragged batch: the next untaken one past the
+    first round (units 0 .. programs - 1 go to programs 0 .. programs - 1), from the counter TAKEN;
+    `units` where every unit is taken. Every finished unit takes once, so the take that finds units - 1
+    taken is the last: it sets the counter back to zero for the next launch. Launches of one round
+    take nothing."""
+    if units > programs:
+        taken = gl.atomic_add(TAKEN, 1)
+        if taken == units - 1:
+            gl.store(TAKEN, 0)
+        unit = gl.minimum(programs + taken, units)
+    else:
+        unit = units
+    return unit
+
+
+@gluon.jit
+def _seesaw_unit(
+    q_lat_all, q_rope_smem, k_lat_smem, slots, rows_smem, chunk_ready, handoffs,
+    Q, CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, seqlen, b, split, num_splits, first_token, q_len, tile,
+    OUT, LSE, PART_OUT, PART_LSE, scale_log2, Q_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
+    HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr,
+):
+    """One unit of the seesaw kernel (a split's row tile), on barriers initialized for it and invalidated
+    after it: Q and the first two tiles loaded, then the two warpgroups' partitions."""
+    start, end, num_tiles = split_range(seqlen, split, num_splits)
+    chunks: gl.constexpr = KV_LORA_RANK // TMA_CHUNK + 1
+    handoff_barriers: gl.constexpr = handoffs.shape[0]
     for c in gl.static_range(2 * chunks):
         mbarrier.init(chunk_ready.index(c), count=1)
-    mbarrier.init(even_ready, count=1)
-    mbarrier.init(odd_ready, count=1)
-    mbarrier.init(p_even_ready, count=1)
-    mbarrier.init(final_ready, count=1)
-
-    _load_query(q_lat_smem, q_rope_smem, Q, tile, first_token, q_len, Q_STRIDES, HEADS, WARPGROUP_ROWS)
+    for h in gl.static_range(handoff_barriers):
+        mbarrier.init(handoffs.index(h), count=1)
+    _load_query(q_lat_all.index(0), q_rope_smem, Q, tile, first_token, q_len, Q_STRIDES, HEADS, WARPGROUP_ROWS)
     async_copy.commit_group()
     bt_row = b * stride_bt_b
     for st in gl.static_range(2):
@@ -797,6 +864,11 @@ def mla_decode_hopper_seesaw_kernel(
     fence_async_shared()
     gl.thread_barrier()
 
+    even_ready, odd_ready, p_even_ready, final_ready = (handoffs.index(0), handoffs.index(1), handoffs.index(2),
+                                                        handoffs.index(3))
+    m_even, scale_even, m_odd, scale_odd, sum_odd, final_rows = (rows_smem.index(0), rows_smem.index(1),
+                                                                 rows_smem.index(2), rows_smem.index(3),
+                                                                 rows_smem.index(4), rows_smem.index(5))
     gl.warp_specialize([
         (_seesaw_even_partition, (
             q_lat_all, q_rope_smem, k_lat_smem, slots, chunk_ready, even_ready, odd_ready, p_even_ready, final_ready,
@@ -812,3 +884,7 @@ def mla_decode_hopper_seesaw_kernel(
             num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES,
             HEADS, PAGE_SIZE, KV_LORA_RANK)),
     ], [4], [248])
+    for c in gl.static_range(2 * chunks):
+        mbarrier.invalidate(chunk_ready.index(c))
+    for h in gl.static_range(handoff_barriers):
+        mbarrier.invalidate(handoffs.index(h))

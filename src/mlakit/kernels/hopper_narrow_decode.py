@@ -37,11 +37,11 @@ from mlakit.kernels.hopper_common import (
     finish_rows,
     no_keys_yet,
     online_softmax,
-    program_work,
     serves,
     split_range,
     store_lse,
     store_output,
+    work_item,
     zero_rows_from,
 )
 from mlakit.kv_quant import FP8_DTYPE, SCALE_PER_TENSOR
@@ -246,7 +246,7 @@ def _accumulate_values(acc, k_lat, p_smem):
 def mla_decode_hopper_narrow_fp8_kernel(
     Q, LATENT_DESC, ROPE_DESC, KV_SCALE, BLOCK_TABLE, SEQLENS, WORK,
     OUT, LSE, PART_OUT, PART_LSE,
-    scale_log2, row_tiles,
+    scale_log2,
     Q_STRIDES, KV_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr,
 ):
@@ -254,9 +254,11 @@ def mla_decode_hopper_narrow_fp8_kernel(
     with the one-element per-tensor scale KV_SCALE, read through the TMA descriptors of `launch`. Other
     arguments as `hopper_decode.mla_decode_hopper_split_kernel`'s (KV_STRIDES unused: the descriptors
     hold them)."""
-    b, tile, split, num_splits, first_token, q_len, seqlen = program_work(WORK, SEQLENS, row_tiles)
+    b, split, num_splits, first_token, q_len = work_item(WORK, gl.program_id(1))
+    tile = gl.program_id(0)
     if split >= num_splits or tile * ROWS >= q_len * HEADS:
         return
+    seqlen = gl.load(SEQLENS + b)
     start, end, num_tiles = split_range(seqlen, split, num_splits)
     latent_width: gl.constexpr = LATENT_DESC.block_type.shape[1]
     layout: gl.constexpr = _transposed_layout()

@@ -13,7 +13,6 @@ on raw bits.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import torch
 import triton
@@ -28,8 +27,11 @@ from mlakit.reference import pages_view
 LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)
 INTERPRETER_SMS = 4
+# Partials the combine merges per step (their loads in flight together), and partial values per
+# program and step for batches that fill the GPU alone (`combine_tiling`).
 COMBINE_SPLITS_PER_STEP = 16
-COMBINE_ROWS = 4
+COMBINE_BATCH_SPLITS_PER_STEP = 4
+COMBINE_VALUES = 4096
 TIERS = frozenset({"auto", "portable"})
 
 
@@ -50,14 +52,12 @@ def _load_kv_part(
 
 
 # The block table's width changes from step to step: never specialized on (Triton would compile
-# one more variant whenever it happens to be 1 or a multiple of 16). `row_tiles` stays specialized
-# (fixed per decode shape; the warm-up launches each extend tile class): unspecialized, 16-head
-# q_len-2 decode ran up to 9% slower (benchmarks/NOTES.md, v7).
+# one more variant whenever it happens to be 1 or a multiple of 16).
 @triton.jit(do_not_specialize=["stride_bt_b"])
 def _mla_decode_split_kernel(
     Q, KV, KV_SCALE, BLOCK_TABLE, SEQLENS, WORK,
     OUT, LSE, PART_OUT, PART_LSE,
-    scale_log2, row_tiles,
+    scale_log2,
     Q_STRIDES, KV_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES, SCALE_STRIDES,
     HEADS: tl.constexpr, PAGE_SIZE: tl.constexpr,
     KV_LORA_RANK: tl.constexpr, ROPE_DIM: tl.constexpr,
@@ -66,14 +66,14 @@ def _mla_decode_split_kernel(
 ):
     entry = WORK + tl.program_id(1) * WORK_FIELDS
     b = tl.load(entry)
-    num_splits = tl.load(entry + 1)
-    first_token = tl.load(entry + 2)
-    q_len = tl.load(entry + 3)
-    seqlen = tl.load(SEQLENS + b)
-    split = tl.program_id(0) // row_tiles
-    tile = tl.program_id(0) % row_tiles
+    split = tl.load(entry + 1)
+    num_splits = tl.load(entry + 2)
+    first_token = tl.load(entry + 3)
+    q_len = tl.load(entry + 4)
+    tile = tl.program_id(0)
     if split >= num_splits or tile * BLOCK_M >= q_len * HEADS:
         return
+    seqlen = tl.load(SEQLENS + b)
     tiles_per_split = tl.cdiv(tl.cdiv(seqlen, BLOCK_N), num_splits)
     start = split * tiles_per_split * BLOCK_N
     end = tl.minimum(seqlen, start + tiles_per_split * BLOCK_N)
@@ -172,37 +172,42 @@ def _mla_decode_combine_kernel(
     col_ok = cols < KV_LORA_RANK
     stride_po_b, stride_po_s, stride_po_row, stride_pl_b, stride_pl_s = PART_STRIDES
     lse_rows = PART_LSE + b * stride_pl_b + rows
+    part_rows = PART_OUT + b * stride_po_b + rows[:, None] * stride_po_row + cols[None, :]
+    part_ok = row_ok[:, None] & col_ok[None, :]
     m = tl.full([BLOCK_ROWS], float("-inf"), dtype=tl.float32)
+    total = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_ROWS, BLOCK_C], dtype=tl.float32)
+    # BLOCK_SPLITS partials per step, their loads all in flight, merged against a running max.
     for first in range(0, num_splits, BLOCK_SPLITS):
         splits = first + tl.arange(0, BLOCK_SPLITS)
         lses = tl.load(lse_rows[None, :] + splits[:, None] * stride_pl_s,
                        mask=(splits < num_splits)[:, None] & row_ok[None, :], other=float("-inf"))
-        m = tl.maximum(m, tl.max(lses, 0))
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    part_rows = PART_OUT + b * stride_po_b + rows[:, None] * stride_po_row + cols[None, :]
-    part_ok = row_ok[:, None] & col_ok[None, :]
-    total = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_ROWS, BLOCK_C], dtype=tl.float32)
-    for first in range(0, num_splits, BLOCK_SPLITS):
-        for step in tl.static_range(BLOCK_SPLITS):  # BLOCK_SPLITS independent loads in flight
+        m_new = tl.maximum(m, tl.max(lses, 0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        rescale = tl.exp(m - m_safe)
+        total *= rescale
+        acc *= rescale[:, None]
+        for step in tl.static_range(BLOCK_SPLITS):
             split = first + step
             lse = tl.load(lse_rows + split * stride_pl_s, mask=row_ok & (split < num_splits), other=float("-inf"))
             weight = tl.exp(lse - m_safe)
             total += weight
             acc += tl.load(part_rows + split * stride_po_s, mask=part_ok & (split < num_splits), other=0.0) * weight[:, None]
+        m = m_new
     safe_total = tl.where(total > 0, total, 1.0)
     draft = rows // HEADS
     head = rows % HEADS
     out_rows = _output_rows(OUT, OUT_STRIDES, first_token, draft, head)
     tl.store(out_rows + cols[None, :], (acc / safe_total[:, None]).to(OUT.dtype.element_ty), mask=part_ok)
     if tl.program_id(2) == 0:
+        m_safe = tl.where(m == float("-inf"), 0.0, m)
         lse = tl.where(total > 0, m_safe + tl.log(safe_total), float("-inf"))
         tl.store(_lse_pointers(LSE, LSE_STRIDES, first_token, b, draft, head), lse, mask=row_ok)
 
 
 @dataclasses.dataclass(frozen=True)
 class CombineTiling:
-    """One combine program's tile: BLOCK_SPLITS partials at a time of `rows` rows x `columns` columns."""
+    """One combine program's tile: `rows` rows x `columns` columns of `splits` partials at a time."""
 
     splits: int
     rows: int
@@ -210,18 +215,21 @@ class CombineTiling:
 
 
 def combine_tiling(max_splits: int, kv_lora_rank: int) -> CombineTiling:
-    """Up to 32 splits per sequence (batches that fill the GPU alone): whole 4-row output blocks,
-    one partial at a time; more (small batches of long sequences): programs of one row and 128
-    columns that read 16 partials at once, so even batch 1 spreads its splits over every SM
-    (H100, NOTES.md v13: each form costs 1.5-2x the other's time where the other is used).
+    """Up to 2 x COMBINE_SPLITS_PER_STEP splits per sequence (batches that fill the GPU alone): whole
+    latent rows, COMBINE_BATCH_SPLITS_PER_STEP partials per step; more (small batches of long sequences):
+    one row and 128 columns, COMBINE_SPLITS_PER_STEP partials per step, so that even batch 1 spreads its
+    splits over every SM. (H100, NOTES.md v13 and v30: a combine walking the partials one at a time
+    waits a memory round trip per split, ~0.3 us each.)
 
     >>> combine_tiling(max_splits=132, kv_lora_rank=512)
     CombineTiling(splits=16, rows=1, columns=128)
     >>> combine_tiling(max_splits=9, kv_lora_rank=512)
-    CombineTiling(splits=1, rows=4, columns=512)
+    CombineTiling(splits=4, rows=2, columns=512)
     """
     if max_splits <= 2 * COMBINE_SPLITS_PER_STEP:
-        return CombineTiling(1, COMBINE_ROWS, triton.next_power_of_2(kv_lora_rank))
+        columns = triton.next_power_of_2(kv_lora_rank)
+        rows = max(1, COMBINE_VALUES // (COMBINE_BATCH_SPLITS_PER_STEP * columns))
+        return CombineTiling(COMBINE_BATCH_SPLITS_PER_STEP, rows, columns)
     return CombineTiling(COMBINE_SPLITS_PER_STEP, 1, min(128, triton.next_power_of_2(kv_lora_rank)))
 
 
@@ -231,11 +239,8 @@ MAX_BATCH = 65535
 MIN_TILES_PER_SPLIT = 2
 
 
-@functools.cache
 def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return INTERPRETER_SMS
+    return hopper_common.sm_count(device) if device.type == "cuda" else INTERPRETER_SMS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -288,9 +293,10 @@ def default_tuning(rows: int, *, hopper_tier: bool = False, kv_dtype: torch.dtyp
 @dataclasses.dataclass(frozen=True)
 class DecodePlan:
     """How one launch is split: launch shape, split ceiling, and on the device the query
-    offsets, per-sequence split counts and the work entries of the launch positions (sequences
-    in launch order, longest splits first: `decode_split_counts`; fixed-split plans keep batch
-    order). Build it once per step (`plan_decode`,
+    offsets, per-sequence split counts, the work items (one per split of a sequence, in launch
+    order, longest splits first: `decode_split_counts`; fixed-split plans keep batch order), their
+    count and the persistent kernel's unit counter (so the calls of one plan run one after another,
+    as a model's layers do). Build it once per step (`plan_decode`,
     `plan_extend`); every layer reuses it. `hopper_default`: the tuning is the Hopper tier's
     tile, chosen because device and cache dtype suit that tier; a call its kernel does not take
     after all (a page size the narrow kernel cannot box, per-group fp8 scales, odd strides) runs
@@ -302,6 +308,7 @@ class DecodePlan:
     cu_seqlens_q: torch.Tensor
     num_splits: torch.Tensor
     work: torch.Tensor
+    work_items: torch.Tensor
     max_q_len: int
     hopper_default: bool = False
 
@@ -359,17 +366,23 @@ def _plan(
     row_tiles = -(-rows // tuning.block_m)
     if tuning.fixed_splits is not None:
         geometry = SplitGeometry(row_tiles=row_tiles, max_splits=tuning.fixed_splits)
-        num_splits = torch.full((batch,), tuning.fixed_splits, dtype=torch.int32, device=cache_seqlens.device)
-        work = torch.stack([torch.arange(batch, dtype=torch.int32, device=cache_seqlens.device), num_splits,
-                            cu_seqlens_q[:-1], cu_seqlens_q[1:] - cu_seqlens_q[:-1]], dim=1)
-        return DecodePlan(tuning, geometry, cu_seqlens_q, num_splits, work, max_q_len)
+        device = cache_seqlens.device
+        num_splits = torch.full((batch,), tuning.fixed_splits, dtype=torch.int32, device=device)
+        per_sequence = torch.stack([torch.arange(batch, dtype=torch.int32, device=device), num_splits,
+                                    cu_seqlens_q[:-1], cu_seqlens_q[1:] - cu_seqlens_q[:-1]], dim=1)
+        work = per_sequence.repeat_interleave(tuning.fixed_splits, dim=0)
+        split = torch.arange(tuning.fixed_splits, dtype=torch.int32, device=device).repeat(batch)
+        work = torch.cat([work[:, :1], split[:, None], work[:, 1:]], dim=1)
+        work_items = torch.zeros(3, dtype=torch.int32, device=device)
+        work_items[0] = batch * tuning.fixed_splits
+        return DecodePlan(tuning, geometry, cu_seqlens_q, num_splits, work, work_items, max_q_len)
     sms = num_sms or _num_sms(cache_seqlens.device)
     geometry = split_geometry(batch, rows, tuning.block_m, sms, tuning.programs_per_sm)
-    num_splits, work = decode_split_counts(
+    num_splits, work, work_items = decode_split_counts(
         cache_seqlens, cu_seqlens_q, heads, geometry, tuning.block_m, tuning.block_n, sms, tuning.programs_per_sm,
         min_tokens_per_split=MIN_TILES_PER_SPLIT * tuning.block_n,
     )
-    return DecodePlan(tuning, geometry, cu_seqlens_q, num_splits, work, max_q_len, hopper_default)
+    return DecodePlan(tuning, geometry, cu_seqlens_q, num_splits, work, work_items, max_q_len, hopper_default)
 
 
 def triton_mla_decode(
@@ -459,19 +472,19 @@ def _launch(
     part_strides = (part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1))
     out_strides = (out.stride(0), out.stride(1))
 
-    # Programs by sequence in the plan's order (longest splits first), row tiles of a split adjacent.
-    grid = (geometry.max_splits * geometry.row_tiles, batch)
+    # Programs by work item (longest splits first; unused rows of the plan last), row tiles of a split adjacent.
+    grid = (geometry.row_tiles, batch * geometry.max_splits)
     shared_args = (
         block_table, cache_seqlens, plan.work,
         out, lse, part_out, part_lse,
-        softmax_scale * LOG2E, geometry.row_tiles,
+        softmax_scale * LOG2E,
         (q.stride(0), q.stride(1)), (pages.stride(0), pages.stride(1)), block_table.stride(0),
         out_strides, lse_strides, part_strides,
     )
     if kernel == "narrow":
         hopper_narrow_decode.launch(grid, q, pages, kv_scale, kv_lora_rank, shared_args)
     elif kernel == "hopper":
-        hopper_decode.launch(grid, q, pages, kv_scale, kv_lora_rank, shared_args)
+        hopper_decode.launch(grid, q, pages, kv_scale, kv_lora_rank, shared_args, plan.work_items)
     else:
         _mla_decode_split_kernel[grid](
             q, pages, scale, *shared_args, scale_strides,

@@ -1,0 +1,32 @@
+"""What the decode experiments share: a benchmark case from its command-line spec, its inputs and
+default split plan, and our kernel's call over them with the plan built beforehand (as the benchmark
+times it)."""
+
+from collections.abc import Callable
+
+import torch
+
+from mlakit.bench.decode import DecodeCase, DecodeInputs, make_inputs
+from mlakit.kernels.triton_decode import DecodePlan, plan_decode, triton_mla_decode
+
+
+def parse_case(spec: str) -> DecodeCase:
+    """"HEADS,BATCH,SEQLEN|ragged,Q_LEN[,KV_DTYPE]", e.g. "128,64,ragged,2" or "16,16,4096,1,fp8_e4m3"."""
+    fields = spec.split(",")
+    seqlen = None if fields[2] == "ragged" else int(fields[2])
+    return DecodeCase(int(fields[0]), int(fields[1]), seqlen, int(fields[3]), fields[4] if len(fields) > 4 else "bf16")
+
+
+def case_inputs(case: DecodeCase) -> tuple[DecodeInputs, DecodePlan]:
+    """The case's inputs on the GPU and their default split plan."""
+    inputs = make_inputs(case, torch.device("cuda"))
+    return inputs, plan_decode(inputs.cache_seqlens, q_len=case.q_len, heads=case.heads, kv_dtype=inputs.kv_cache.dtype)
+
+
+def decode_call(inputs: DecodeInputs, plan: DecodePlan) -> Callable:
+    """One decode call of our kernel over `inputs` with `plan`."""
+    def call():
+        return triton_mla_decode(inputs.q, inputs.kv_cache, inputs.block_table, inputs.cache_seqlens,
+                                 kv_lora_rank=512, softmax_scale=inputs.softmax_scale, kv_scale=inputs.kv_scale, plan=plan)
+
+    return call
