@@ -193,9 +193,32 @@ def test_every_split_holds_tiles_and_large_batches_keep_batch_order(kernel_devic
             assert torch.equal(order, torch.arange(batch, dtype=torch.int32))
 
 
-def test_plan_refuses_more_sequences_than_the_grid_holds():
-    with pytest.raises(ValueError, match="cache_seqlens: at most 65535 sequences"):
+def test_fixed_split_plans_list_every_split_in_batch_order(kernel_device):
+    batch = make_paged_batch([300, 0, 45], heads=3, q_len=2, page_size=16, seed=9, device=kernel_device)
+    tuning = DecodeTuning(16, 32, 4, fixed_splits=3)
+    plan = plan_decode(batch.cache_seqlens, q_len=2, heads=3, tuning=tuning)
+    order = _sequences_in_launch_order(plan.num_splits.cpu(), plan.work.cpu(), plan.work_state.cpu())
+    assert order.tolist() == [0, 1, 2]
+    out, lse = triton_mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens,
+                                 kv_lora_rank=batch.kv_lora_rank, softmax_scale=batch.softmax_scale, kv_scale=None, plan=plan)
+    expected_out, expected_lse = naive_decode(batch)
+    assert relative_error(out, expected_out) < 1e-2
+    assert_lse_close(lse, expected_lse, atol=1e-3)
+
+
+def test_a_plan_for_another_batch_is_refused(kernel_device):
+    batch = make_paged_batch([30, 7], heads=2, page_size=16, seed=3, device=kernel_device)
+    plan = plan_decode(batch.cache_seqlens[:1], q_len=1, heads=2)
+    with pytest.raises(ValueError, match="plan: built for 1 sequences, the call has 2"):
+        triton_mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens, kv_lora_rank=batch.kv_lora_rank,
+                          softmax_scale=batch.softmax_scale, kv_scale=None, plan=plan)
+
+
+def test_plan_refuses_more_work_rows_than_the_grid_holds():
+    with pytest.raises(ValueError, match="cache_seqlens: 65536 sequences x a split ceiling of 1"):
         plan_decode(torch.ones(65536, dtype=torch.int32), q_len=1, heads=16)
+    with pytest.raises(ValueError, match="cache_seqlens: 8192 sequences x a split ceiling of 8"):
+        plan_decode(torch.ones(8192, dtype=torch.int32), q_len=1, heads=16, tuning=DecodeTuning(16, 32, 4, fixed_splits=8))
 
 
 def test_forcing_many_splits_gives_the_same_result(kernel_device):

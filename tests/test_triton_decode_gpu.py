@@ -279,10 +279,10 @@ def test_persistent_kernel_takes_every_unit_and_leaves_its_counter_at_zero(heads
     batch = make_paged_batch(lengths, heads=heads, q_len=2, page_size=64, kv_lora_rank=512, rope_dim=64, device="cuda",
                              seed=heads)
     plan = plan_decode(batch.cache_seqlens, q_len=2, heads=heads, kv_dtype=batch.kv_cache.dtype, num_sms=1024)
-    assert _split_kernel(batch, plan) == "hopper" and int(plan.work_items[2]) == ragged
-    assert int(plan.work_items[0]) * plan.geometry.row_tiles > torch.cuda.get_device_properties(0).multi_processor_count
-    first, _ = _check(batch, plan=plan)
-    for _ in range(3):
-        assert int(plan.work_items[1]) == 0
-        again, _ = _check(batch, plan=plan)
-        assert torch.equal(again, first), "every launch of one plan computes every unit"
+    assert _split_kernel(batch, plan) == "hopper" and int(plan.work_state[2]) == ragged
+    assert int(plan.work_state[0]) * plan.geometry.row_tiles > torch.cuda.get_device_properties(0).multi_processor_count
+    gen = torch.Generator(device="cuda").manual_seed(heads)
+    for _ in range(4):  # new queries each launch: a unit left out would keep the last launch's rows
+        assert int(plan.work_state[1]) == 0, "every launch leaves the unit counter at zero"
+        batch.q.copy_(torch.randn(batch.q.shape, device="cuda", generator=gen).to(batch.q.dtype))
+        _check(batch, plan=plan)

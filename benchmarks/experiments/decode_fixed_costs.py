@@ -41,7 +41,7 @@ for spec in sys.argv[1:]:
                         tuning=dataclasses.replace(plan.tuning, fixed_splits=splits))
     idle_work = plan.work.clone()
     idle_work[:, 2] = 0
-    idle = dataclasses.replace(plan, work=idle_work, work_items=torch.zeros_like(plan.work_items))
+    idle = dataclasses.replace(plan, work=idle_work, work_state=torch.zeros_like(plan.work_state))
     times = {
         "call": _timed(inputs, plan, True),
         "split pass": _timed(inputs, plan, False),

@@ -22,7 +22,7 @@ for spec in sys.argv[1:]:
         times["persistent"].append(time_graph_replay(call))
         with mock.patch.object(hopper_decode, "sm_count", lambda device: 1 << 30):
             times["one unit per program"].append(time_graph_replay(call))
-    units = int(plan.work_items[0]) * plan.geometry.row_tiles
+    units = int(plan.work_state[0]) * plan.geometry.row_tiles
     slots = plan.work.shape[0] * plan.geometry.row_tiles
     print(f"{case.label} ({units} units of {slots} slots): "
           + ", ".join(f"{name} {min(t):.1f} us" for name, t in times.items()))

@@ -58,18 +58,19 @@ class SequenceSplits(NamedTuple):
     """Per-sequence split counts; the work items, one per (sequence, split) in launch order (longest
     splits first), each `[sequence, split, splits, first query token, query tokens]` (int32
     `[batch x max_splits, WORK_FIELDS]`; rows past the last item hold zeros, which no split matches);
-    and how many items there are, followed by the counter a persistent kernel takes units with and
-    whether the batch is ragged (int32 `[3]`: items, 0, 0 or 1; the kernel leaves the counter at 0, so
-    launches of one plan must run one after another, as a model's layers do)."""
+    and the work state (int32 `[3]`): how many items there are, the counter a persistent kernel takes
+    units with (0; the kernel leaves it at 0, so launches of one plan must run one after another, as a
+    model's layers do: two at once on different streams would skip units) and whether the batch is
+    ragged (0 or 1)."""
 
     counts: torch.Tensor
     work: torch.Tensor
-    items: torch.Tensor
+    work_state: torch.Tensor
 
 
 @triton.jit(do_not_specialize=["batch", "programs", "min_tiles", "max_splits", "capacity"])
 def _split_counts_kernel(
-    SEQLENS, CU_SEQLENS_Q, NUM_SPLITS, WORK, ITEMS, batch, programs, min_tiles, max_splits, capacity,
+    SEQLENS, CU_SEQLENS_Q, NUM_SPLITS, WORK, WORK_STATE, batch, programs, min_tiles, max_splits, capacity,
     HEADS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_TAIL: tl.constexpr,
 ):
@@ -112,9 +113,9 @@ def _split_counts_kernel(
         tl.store(entry + 3, tl.broadcast_to(first_token[:, None], tile), mask=taken)
         tl.store(entry + 4, tl.broadcast_to(q_tokens[:, None], tile), mask=taken)
     items = tl.sum(ordered_splits, 0)
-    tl.store(ITEMS, items)
-    tl.store(ITEMS + 1, 0)  # the persistent kernel's count of units taken, zero between launches
-    tl.store(ITEMS + 2, ragged.to(tl.int32))
+    tl.store(WORK_STATE, items)
+    tl.store(WORK_STATE + 1, 0)  # the persistent kernel's count of units taken, zero between launches
+    tl.store(WORK_STATE + 2, ragged.to(tl.int32))
     field = tl.arange(0, 8)[None, :]
     for first_unused in range(items, capacity, BLOCK_TAIL):
         unused = first_unused + tl.arange(0, BLOCK_TAIL)[:, None]
@@ -133,8 +134,8 @@ def decode_split_counts(
     programs_per_sm: int = 2,
     min_tokens_per_split: int = 1,
 ) -> SequenceSplits:
-    """int32 `[batch]` splits per sequence, the work items and their count (`SequenceSplits`), from one
-    kernel launch and no host sync.
+    """int32 `[batch]` splits per sequence, the work items and the work state (`SequenceSplits`), from
+    one kernel launch and no host sync.
 
     A sequence's work is its KV tiles times its row tiles (its query tokens x `heads` rows
     over `block_m`); each split holds about the same number of KV tiles: the batch's work
@@ -161,12 +162,12 @@ def decode_split_counts(
     capacity = batch * geometry.max_splits
     num_splits = torch.empty(batch, dtype=torch.int32, device=cache_seqlens.device)
     work = torch.empty(capacity, WORK_FIELDS, dtype=torch.int32, device=cache_seqlens.device)
-    items = torch.empty(3, dtype=torch.int32, device=cache_seqlens.device)
+    work_state = torch.empty(3, dtype=torch.int32, device=cache_seqlens.device)
     block_b = max(16, triton.next_power_of_2(batch))
     _split_counts_kernel[(1,)](
-        cache_seqlens, cu_seqlens_q, num_splits, work, items, batch, programs_per_sm * num_sms,
+        cache_seqlens, cu_seqlens_q, num_splits, work, work_state, batch, programs_per_sm * num_sms,
         max(1, -(-min_tokens_per_split // block_n)), geometry.max_splits, capacity,
         HEADS=heads, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_B=block_b,
         BLOCK_S=max(1, WORK_STORE_TILE // block_b), BLOCK_TAIL=256,
     )
-    return SequenceSplits(num_splits, work, items)
+    return SequenceSplits(num_splits, work, work_state)

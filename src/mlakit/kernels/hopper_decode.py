@@ -1,8 +1,9 @@
 """Hopper (SM90) MLA decode split kernels in Gluon, with the work split by warpgroup.
 
 Drop-ins for the portable split kernel on 64-row tiles (same split plan, partial buffers
-and combine). One program of two warpgroups owns 64 query rows and one split of a
-sequence's KV; Q and two stages of the 64-token K tile (latent + rope) live in swizzled
+and combine). Two warpgroups work on 64 query rows and one split of a sequence's KV at a
+time (one program per such unit, or, for the persistent seesaw kernel, one program per SM
+taking units in turn); Q and two stages of the 64-token K tile (latent + rope) live in swizzled
 shared memory, and V is the latent part of the same tile. Three kernels:
 
 - `mla_decode_hopper_seesaw_kernel`, for 16-bit pages holding whole tiles (page size a
@@ -103,21 +104,21 @@ def chunk_descriptors(pages: torch.Tensor, kv_lora_rank: int) -> tuple[TensorDes
 
 
 def launch(grid: tuple[int, int], q: torch.Tensor, pages: torch.Tensor, kv_scale: torch.Tensor | None, kv_lora_rank: int,
-           shared_args: tuple, work_items: torch.Tensor) -> None:
+           shared_args: tuple, work_state: torch.Tensor) -> None:
     """Runs the split pass (a call `supports` accepts) over `grid` = (row tiles, rows of the plan's
     work items): the fp8 kernel for fp8 caches (with the one-element `kv_scale`), the persistent seesaw
     kernel for 16-bit pages holding whole tiles (TMA loads) and latent widths of at least 128 (one
-    program per SM at most, over the `work_items` items), the cp.async gather kernel otherwise.
+    program per SM at most, over the plan's `work_state`), the cp.async gather kernel otherwise.
     `shared_args` are the portable split kernel's arguments from the block table on, without the scale
     strides."""
     constants = dict(HEADS=q.shape[1], PAGE_SIZE=pages.shape[1], KV_LORA_RANK=kv_lora_rank, ROPE_DIM=q.shape[-1] - kv_lora_rank)
     if pages.dtype == FP8_DTYPE:
         mla_decode_hopper_fp8_kernel[grid](q, pages, kv_scale, *shared_args, **constants, num_warps=4)
     elif pages.shape[1] % BLOCK_N.value == 0 and kv_lora_rank >= 2 * TMA_CHUNK.value:
-        row_tiles, items = grid
-        programs = min(sm_count(q.device), row_tiles * items)
-        mla_decode_hopper_seesaw_kernel[(programs,)](q, *chunk_descriptors(pages, kv_lora_rank), *shared_args, work_items,
-                                                     items, row_tiles, **constants, num_warps=4)
+        row_tiles, work_rows = grid
+        programs = min(sm_count(q.device), row_tiles * work_rows)
+        mla_decode_hopper_seesaw_kernel[(programs,)](q, *chunk_descriptors(pages, kv_lora_rank), *shared_args, work_state,
+                                                     work_rows, row_tiles, **constants, num_warps=4)
     else:
         mla_decode_hopper_split_kernel[grid](q, pages, *shared_args, **constants, num_warps=NUM_WARPS.value)
 
@@ -752,7 +753,7 @@ def mla_decode_hopper_seesaw_kernel(
     OUT, LSE, PART_OUT, PART_LSE,
     scale_log2,
     Q_STRIDES, KV_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
-    WORK_ITEMS, work_rows, row_tiles,
+    WORK_STATE, work_rows, row_tiles,
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr,
     KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr,
 ):
@@ -761,9 +762,9 @@ def mla_decode_hopper_seesaw_kernel(
     warpgroup owning half of the output columns and using the other's P through shared memory, so one
     warpgroup's softmax runs while the other's MMAs do. Tiles arrive as latent chunks on their own
     barriers. Persistent: a launch of at most one program per SM takes the plan's units (a work item's
-    row tile; WORK_ITEMS[0] items of row_tiles units each, in a plan of work_rows rows), unit p first for
+    row tile; WORK_STATE[0] items of row_tiles units each, in a plan of work_rows rows), unit p first for
     program p, so that no program waits behind programs that find no work; then, for a ragged batch
-    (WORK_ITEMS[2]), the next untaken one as each program finishes one (`_take_unit`: the shorter splits
+    (WORK_STATE[2]), the next untaken one as each program finishes one (`_take_unit`: the shorter splits
     fill in where programs finish first), otherwise in snake order (program p's second unit is the p-th
     from the end of the second round, ...), each unit's plan entry loaded while the one before runs
     (NOTES.md v30). Arguments as `mla_decode_hopper_split_kernel`'s, with the cache's chunk TMA descriptors.
@@ -784,8 +785,8 @@ def mla_decode_hopper_seesaw_kernel(
     handoffs = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
 
     programs = gl.num_programs(0)
-    units = gl.load(WORK_ITEMS) * row_tiles
-    ragged = gl.load(WORK_ITEMS + 2) != 0
+    units = gl.load(WORK_STATE) * row_tiles
+    ragged = gl.load(WORK_STATE + 2) != 0
     unit = gl.program_id(0)
     b, split, num_splits, first_token, q_len, seqlen = _unit_work(WORK, SEQLENS, unit, row_tiles, work_rows)
     units_done = 0
@@ -805,7 +806,7 @@ def mla_decode_hopper_seesaw_kernel(
                 q_len, tile, OUT, LSE, PART_OUT, PART_LSE, scale_log2, Q_STRIDES, stride_bt_b, OUT_STRIDES,
                 LSE_STRIDES, PART_STRIDES, HEADS, PAGE_SIZE, KV_LORA_RANK)
         if ragged:
-            unit = _take_unit(WORK_ITEMS + 1, units, programs)
+            unit = _take_unit(WORK_STATE + 1, units, programs)
             b, split, num_splits, first_token, q_len, seqlen = _unit_work(WORK, SEQLENS, unit, row_tiles, work_rows)
         else:
             unit = next_unit
@@ -814,8 +815,8 @@ def mla_decode_hopper_seesaw_kernel(
 
 @gluon.jit
 def _unit_work(WORK, SEQLENS, unit, row_tiles, work_rows):
-    """`work_item` of the unit's item and the sequence's length (a unit past the plan reads its last row,
-    which nobody takes)."""
+    """`work_item` of the unit's item and the sequence's length (a unit past the plan's rows reads the
+    last row instead; the caller never runs units past the plan's items)."""
     b, split, num_splits, first_token, q_len = work_item(WORK, gl.minimum(unit // row_tiles, work_rows - 1))
     return b, split, num_splits, first_token, q_len, gl.load(SEQLENS + b)
 

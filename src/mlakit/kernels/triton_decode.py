@@ -233,7 +233,8 @@ def combine_tiling(max_splits: int, kv_lora_rank: int) -> CombineTiling:
     return CombineTiling(COMBINE_SPLITS_PER_STEP, 1, min(128, triton.next_power_of_2(kv_lora_rank)))
 
 
-MAX_BATCH = 65535
+# The split kernels' grid holds one row per work item of the plan (sequences x split ceiling).
+MAX_WORK_ROWS = 65535
 # A split reads at least this many KV tiles: short ones spread a small batch over more SMs, but each
 # writes a partial (rows x kv_lora_rank floats) the combine reads again (H100: NOTES.md, v26).
 MIN_TILES_PER_SPLIT = 2
@@ -294,9 +295,9 @@ def default_tuning(rows: int, *, hopper_tier: bool = False, kv_dtype: torch.dtyp
 class DecodePlan:
     """How one launch is split: launch shape, split ceiling, and on the device the query
     offsets, per-sequence split counts, the work items (one per split of a sequence, in launch
-    order, longest splits first: `decode_split_counts`; fixed-split plans keep batch order), their
-    count and the persistent kernel's unit counter (so the calls of one plan run one after another,
-    as a model's layers do). Build it once per step (`plan_decode`,
+    order, longest splits first: `decode_split_counts`; fixed-split plans keep batch order) and the
+    work state (their count, the persistent kernel's unit counter, the ragged flag: so the calls of one
+    plan run one after another, as a model's layers do). Build it once per step (`plan_decode`,
     `plan_extend`); every layer reuses it. `hopper_default`: the tuning is the Hopper tier's
     tile, chosen because device and cache dtype suit that tier; a call its kernel does not take
     after all (a page size the narrow kernel cannot box, per-group fp8 scales, odd strides) runs
@@ -308,7 +309,7 @@ class DecodePlan:
     cu_seqlens_q: torch.Tensor
     num_splits: torch.Tensor
     work: torch.Tensor
-    work_items: torch.Tensor
+    work_state: torch.Tensor
     max_q_len: int
     hopper_default: bool = False
 
@@ -357,15 +358,19 @@ def _plan(
     tuning: DecodeTuning | None,
 ) -> DecodePlan:
     batch = cache_seqlens.shape[0]
-    if batch > MAX_BATCH:
-        raise ValueError(f"cache_seqlens: at most {MAX_BATCH} sequences per call (the launch grid's second "
-                         f"dimension), got {batch}")
     rows = max(1, max_q_len * heads)
     hopper_default = tuning is None and not INTERPRET and hopper_common.serves(cache_seqlens.device, kv_dtype)
     tuning = tuning or default_tuning(rows, hopper_tier=hopper_default, kv_dtype=kv_dtype)
     row_tiles = -(-rows // tuning.block_m)
+    sms = num_sms or _num_sms(cache_seqlens.device)
     if tuning.fixed_splits is not None:
         geometry = SplitGeometry(row_tiles=row_tiles, max_splits=tuning.fixed_splits)
+    else:
+        geometry = split_geometry(batch, rows, tuning.block_m, sms, tuning.programs_per_sm)
+    if batch * geometry.max_splits > MAX_WORK_ROWS:
+        raise ValueError(f"cache_seqlens: {batch} sequences x a split ceiling of {geometry.max_splits} is more work "
+                         f"rows than the launch grid holds ({MAX_WORK_ROWS}); split the batch")
+    if tuning.fixed_splits is not None:
         device = cache_seqlens.device
         num_splits = torch.full((batch,), tuning.fixed_splits, dtype=torch.int32, device=device)
         per_sequence = torch.stack([torch.arange(batch, dtype=torch.int32, device=device), num_splits,
@@ -373,16 +378,14 @@ def _plan(
         work = per_sequence.repeat_interleave(tuning.fixed_splits, dim=0)
         split = torch.arange(tuning.fixed_splits, dtype=torch.int32, device=device).repeat(batch)
         work = torch.cat([work[:, :1], split[:, None], work[:, 1:]], dim=1)
-        work_items = torch.zeros(3, dtype=torch.int32, device=device)
-        work_items[0] = batch * tuning.fixed_splits
-        return DecodePlan(tuning, geometry, cu_seqlens_q, num_splits, work, work_items, max_q_len)
-    sms = num_sms or _num_sms(cache_seqlens.device)
-    geometry = split_geometry(batch, rows, tuning.block_m, sms, tuning.programs_per_sm)
-    num_splits, work, work_items = decode_split_counts(
+        work_state = torch.zeros(3, dtype=torch.int32, device=device)
+        work_state[:1].fill_(batch * tuning.fixed_splits)
+        return DecodePlan(tuning, geometry, cu_seqlens_q, num_splits, work, work_state, max_q_len)
+    num_splits, work, work_state = decode_split_counts(
         cache_seqlens, cu_seqlens_q, heads, geometry, tuning.block_m, tuning.block_n, sms, tuning.programs_per_sm,
         min_tokens_per_split=MIN_TILES_PER_SPLIT * tuning.block_n,
     )
-    return DecodePlan(tuning, geometry, cu_seqlens_q, num_splits, work, work_items, max_q_len, hopper_default)
+    return DecodePlan(tuning, geometry, cu_seqlens_q, num_splits, work, work_state, max_q_len, hopper_default)
 
 
 def triton_mla_decode(
@@ -459,6 +462,9 @@ def _launch(
     pages = pages_view(kv_cache)
     q = q.contiguous()
     batch = cache_seqlens.shape[0]
+    if plan.num_splits.shape[0] != batch:
+        raise ValueError(f"plan: built for {plan.num_splits.shape[0]} sequences, the call has {batch} "
+                         f"(cache_seqlens); build the plan from this call's lengths")
     heads, dim = q.shape[1], q.shape[2]
     max_rows = plan.max_q_len * heads
     scale_mode, scale = _scale_operand(pages, kv_scale)
@@ -473,7 +479,7 @@ def _launch(
     out_strides = (out.stride(0), out.stride(1))
 
     # Programs by work item (longest splits first; unused rows of the plan last), row tiles of a split adjacent.
-    grid = (geometry.row_tiles, batch * geometry.max_splits)
+    grid = (geometry.row_tiles, plan.work.shape[0])
     shared_args = (
         block_table, cache_seqlens, plan.work,
         out, lse, part_out, part_lse,
@@ -484,7 +490,7 @@ def _launch(
     if kernel == "narrow":
         hopper_narrow_decode.launch(grid, q, pages, kv_scale, kv_lora_rank, shared_args)
     elif kernel == "hopper":
-        hopper_decode.launch(grid, q, pages, kv_scale, kv_lora_rank, shared_args, plan.work_items)
+        hopper_decode.launch(grid, q, pages, kv_scale, kv_lora_rank, shared_args, plan.work_state)
     else:
         _mla_decode_split_kernel[grid](
             q, pages, scale, *shared_args, scale_strides,
