@@ -52,6 +52,7 @@ def split_geometry(batch: int, rows: int, block_m: int, num_sms: int, programs_p
 
 
 WORK_FIELDS = tl.constexpr(5)  # a work item's sequence, split, the sequence's split count, first query token, query tokens
+WORK_FIELDS_TILE = tl.constexpr(8)  # WORK_FIELDS rounded up to a power of two (a tile's width)
 
 
 class SequenceSplits(NamedTuple):
@@ -116,10 +117,10 @@ def _split_counts_kernel(
     tl.store(WORK_STATE, items)
     tl.store(WORK_STATE + 1, 0)  # the persistent kernel's count of units taken, zero between launches
     tl.store(WORK_STATE + 2, ragged.to(tl.int32))
-    field = tl.arange(0, 8)[None, :]
+    field = tl.arange(0, WORK_FIELDS_TILE)[None, :]
     for first_unused in range(items, capacity, BLOCK_TAIL):
         unused = first_unused + tl.arange(0, BLOCK_TAIL)[:, None]
-        tl.store(WORK + unused * WORK_FIELDS + field, tl.zeros([BLOCK_TAIL, 8], tl.int32),
+        tl.store(WORK + unused * WORK_FIELDS + field, tl.zeros([BLOCK_TAIL, WORK_FIELDS_TILE], tl.int32),
                  mask=(unused < capacity) & (field < WORK_FIELDS))
 
 

@@ -362,10 +362,10 @@ def _plan(
     hopper_default = tuning is None and not INTERPRET and hopper_common.serves(cache_seqlens.device, kv_dtype)
     tuning = tuning or default_tuning(rows, hopper_tier=hopper_default, kv_dtype=kv_dtype)
     row_tiles = -(-rows // tuning.block_m)
-    sms = num_sms or _num_sms(cache_seqlens.device)
     if tuning.fixed_splits is not None:
         geometry = SplitGeometry(row_tiles=row_tiles, max_splits=tuning.fixed_splits)
     else:
+        sms = num_sms or _num_sms(cache_seqlens.device)
         geometry = split_geometry(batch, rows, tuning.block_m, sms, tuning.programs_per_sm)
     if batch * geometry.max_splits > MAX_WORK_ROWS:
         raise ValueError(f"cache_seqlens: {batch} sequences x a split ceiling of {geometry.max_splits} is more work "
