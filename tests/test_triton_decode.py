@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mlakit.kernels import triton_decode
-from mlakit.kernels.decode_split_plan import balanced_plan, fixed_split_plan, split_geometry
+from mlakit.kernels.decode_split_plan import SplitGeometry, decode_split_counts, split_geometry
 from mlakit.kernels.triton_decode import (
     CombineTiling,
     DecodeTuning,
@@ -81,22 +81,14 @@ def test_combine_merges_keyless_splits_and_ignores_unused_ones(max_splits, kerne
     for b in range(batch):  # partials past a sequence's splits hold garbage the combine must not read
         part_lse[b, num_splits[b]:] = float("nan")
         part_out[b, num_splits[b]:] = float("nan")
-    # The sequences' runs of slots in another order than the batch's: the combine finds them by FIRST_SLOTS.
-    block_of = torch.tensor([2, 0, 3, 1])
-    first_slots = (block_of * max_splits).to(torch.int32)
-    slot_out = torch.empty(batch * max_splits, padded_rows, kv_lora_rank)
-    slot_lse = torch.empty(batch * max_splits, padded_rows)
-    for b in range(batch):
-        slot_out[first_slots[b]:first_slots[b] + max_splits] = part_out[b]
-        slot_lse[first_slots[b]:first_slots[b] + max_splits] = part_lse[b]
     out = torch.full((batch * q_len, heads, kv_lora_rank), 7.0)
     lse = torch.full((batch, heads, q_len), 7.0)
-    slot_out, slot_lse, out, lse = (t.to(kernel_device) for t in (slot_out, slot_lse, out, lse))
+    part_out, part_lse, out, lse = (t.to(kernel_device) for t in (part_out, part_lse, out, lse))
     tiling = triton_decode.combine_tiling(max_splits, kv_lora_rank)
     cu_seqlens_q = torch.arange(0, (batch + 1) * q_len, q_len, dtype=torch.int32, device=kernel_device)
     triton_decode._mla_decode_combine_kernel[(batch, -(-rows // tiling.rows), -(-kv_lora_rank // tiling.columns))](
-        slot_out, slot_lse, num_splits.to(kernel_device), first_slots.to(kernel_device), cu_seqlens_q, out, lse,
-        (slot_out.stride(0), slot_out.stride(1), slot_lse.stride(0)),
+        part_out, part_lse, num_splits.to(kernel_device), cu_seqlens_q, out, lse,
+        (part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1)),
         (out.stride(0), out.stride(1)), (0, lse.stride(0), lse.stride(2), lse.stride(1)),
         HEADS=heads, KV_LORA_RANK=kv_lora_rank, BLOCK_SPLITS=tiling.splits, BLOCK_ROWS=tiling.rows,
         BLOCK_C=tiling.columns,
@@ -153,109 +145,105 @@ def test_a_hopper_tile_plan_the_hopper_kernel_refuses_runs_the_portable_tile(
     assert_lse_close(lse, expected_lse, atol=3e-2)
 
 
-def _plan_inputs(lengths: list[int], q_lens: list[int], device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    cu_seqlens_q = torch.tensor([0] + q_lens, dtype=torch.int32).cumsum(0).to(torch.int32)
-    return torch.tensor(lengths, dtype=torch.int32, device=device), cu_seqlens_q.to(device)
+def test_split_counts_follow_the_documented_formula(kernel_device):
+    one_token_each = torch.arange(4, dtype=torch.int32, device=kernel_device)
+    even = torch.tensor([4096, 4096, 0], dtype=torch.int32, device=kernel_device)
+    def counts(*args, **kwargs):
+        return decode_split_counts(*args, **kwargs).counts.tolist()
+
+    split = functools.partial(counts, even, one_token_each, 64, block_m=64, block_n=64)
+    assert split(SplitGeometry(1, 16), num_sms=4) == [4, 4, 1]  # 128 tiles / 8 programs: 16 per split
+    assert split(SplitGeometry(1, 3), num_sms=4) == [3, 3, 1]
+    assert split(SplitGeometry(1, 64), num_sms=64, min_tokens_per_split=64 * 32) == [2, 2, 1]
+    # Ragged (the busiest sequence has 64 of 65 tiles): the work is spread over twice the programs.
+    lengths = torch.tensor([4096, 64, 0], dtype=torch.int32, device=kernel_device)
+    split = functools.partial(counts, lengths, one_token_each, 64, block_m=64, block_n=64)
+    assert split(SplitGeometry(1, 16), num_sms=4) == [13, 1, 1]  # 65 tiles / 16 programs: 5 per split
+    assert split(SplitGeometry(1, 8), num_sms=4) == [8, 1, 1]
+    # Sequence 0 with 3 query tokens (3 row tiles) counts three times the work: fewer tiles per split elsewhere.
+    ragged_queries = torch.tensor([0, 3, 4, 5], dtype=torch.int32, device=kernel_device)
+    assert counts(lengths, ragged_queries, 64, SplitGeometry(3, 64), 64, 64, num_sms=4) == [5, 1, 1]
 
 
-def _check_plan(lengths: torch.Tensor, cu_seqlens_q: torch.Tensor, geometry, plan, block_n: int, min_tiles: int = 1):
-    """Checks a balanced plan against its definition and returns each part's tile count: every sequence's
-    items in batch order, adjacent, covering its tiles once in order; item counts, query segments and
-    partial slots as documented; parts consecutive runs of items."""
-    counts, first_slots, work, part_items = (t.cpu() for t in plan)
-    lengths, cu_seqlens_q = lengths.cpu(), cu_seqlens_q.cpu()
-    q_lens = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
-    tiles = torch.where(q_lens > 0, (lengths + block_n - 1) // block_n, 0)
-    items = int(counts.sum())
-    assert work.shape == (geometry.work_rows, 7) and items <= geometry.work_rows
-    assert torch.equal(work[:items, 0], torch.arange(len(lengths)).repeat_interleave(counts.long()).to(torch.int32))
-    row = 0
-    for b in range(len(lengths)):
-        run = work[row:row + int(counts[b])]
-        assert (run[:, 1] == counts[b]).all() and (run[:, 2] == cu_seqlens_q[b]).all() and (run[:, 3] == q_lens[b]).all()
-        assert run[0, 4] == 0 and torch.equal(run[1:, 4], run[:-1, 5]), "tokens once, in order"
-        assert run[-1, 5] == (lengths[b] if tiles[b] > 0 else 0)
-        assert (run[:-1, 5] % block_n == 0).all(), "items cut at whole tiles"
-        assert (run[:, 5] > run[:, 4]).all() or (tiles[b] == 0 and counts[b] == 1), "no empty item"
-        if counts[b] > 1:
-            assert torch.equal(run[:, 6], first_slots[b] + torch.arange(int(counts[b]), dtype=torch.int32))
-        row += int(counts[b])
-    slots = torch.cat([work[:items][work[:items, 1] > 1, 6]])
-    assert slots.unique().numel() == slots.numel() and (slots < geometry.partial_slots).all()
-    assert part_items.shape == (geometry.parts + 1,) and part_items[0] == 0 and part_items[-1] == items
-    assert (part_items[1:] >= part_items[:-1]).all()
-    share = max(-(-int(tiles.sum()) // geometry.parts), min_tiles)
-    item_tiles = (work[:items, 5] - work[:items, 4] + block_n - 1) // block_n
-    part_tiles = torch.tensor([int(item_tiles[a:z].sum())
-                               for a, z in zip(part_items[:-1].tolist(), part_items[1:].tolist())])
-    busy = tiles[tiles > 0]
-    ragged = busy.numel() > 0 and int(busy.max()) * busy.numel() * 4 > int(tiles.sum()) * 5
-    if ragged:
-        used = -(-int(tiles.sum()) // share)
-        assert (part_tiles[:used - 1] == share).all() and (part_tiles[used - 1:] <= share).all(), "cuts every share"
-    else:
-        per_part = part_items[1:] - part_items[:-1]
-        assert int(per_part.max() - per_part.min()) <= 1, "items dealt out evenly"
-        for b in range(len(lengths)):
-            runs = item_tiles[work[:items, 0] == b]
-            assert (runs[:-1] == runs[0]).all() and runs[-1] <= runs[0], "equal runs, the last one at most as long"
-    return part_tiles, ragged
+def test_split_plan_balances_ragged_lengths_and_bounds_splits(kernel_device):
+    lengths = torch.tensor([16384, 256, 0, 4096], dtype=torch.int32, device=kernel_device)
+    geometry = split_geometry(batch=4, rows=128, block_m=64, num_sms=132)
+    one_token_each = torch.arange(5, dtype=torch.int32, device=kernel_device)
+    splits, _, _ = decode_split_counts(lengths, one_token_each, 128, geometry, block_m=64, block_n=64, num_sms=132)
+    assert splits.dtype == torch.int32 and splits.tolist()[2] == 1
+    assert (splits >= 1).all() and (splits <= geometry.max_splits).all()
+    splits, lengths = splits.cpu(), lengths.cpu()
+    tiles = (lengths + 63) // 64
+    per_split = (tiles + splits - 1) // splits
+    busy = per_split[lengths > 0]
+    assert busy.max() <= 2 * busy.min() + 1, "splits of long and short sequences should hold similar tile counts"
+    big_batch = split_geometry(batch=128, rows=128, block_m=64, num_sms=132)
+    assert big_batch.max_splits == 4
 
 
-def test_balanced_plan_follows_the_documented_example(kernel_device):
-    lengths, cu_seqlens_q = _plan_inputs([4096, 64, 0], [1, 1, 1], kernel_device)
-    geometry = split_geometry(batch=3, rows=64, block_m=64, num_sms=8)
-    plan = balanced_plan(lengths, cu_seqlens_q, geometry, block_n=64)
-    assert plan.counts.tolist() == [8, 1, 1]
-    even = balanced_plan(*_plan_inputs([4096, 4096], [1, 1], kernel_device),
-                         split_geometry(batch=2, rows=64, block_m=64, num_sms=8), block_n=64)
-    assert even.counts.tolist() == [4, 4] and even.part_items.tolist() == list(range(9))
-    assert plan.part_items.tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 10]
-    tile_runs = [[0, 9], [9, 18], [18, 27], [27, 36], [36, 45], [45, 54], [54, 63], [63, 64], [0, 1], [0, 0]]
-    assert plan.work[:10, 4:6].tolist() == [[64 * a, 64 * z] for a, z in tile_runs]
-    _check_plan(lengths, cu_seqlens_q, geometry, plan, 64)
+def _sequences_in_launch_order(splits: torch.Tensor, work: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+    """Checks the work items' layout (every split of every sequence once, a sequence's splits adjacent and
+    in order, zeros past the last item) and returns the sequences in the order their splits come."""
+    count = int(items[0])
+    assert count == int(splits.sum()) and items[1] == 0, "the item count, then the unit counter at zero"
+    assert items[2] in (0, 1)
+    assert (work[count:] == 0).all(), "unused rows must name no split"
+    sequences = torch.unique_consecutive(work[:count, 0])
+    assert sorted(sequences.tolist()) == list(range(splits.numel())), "each sequence's splits adjacent, once"
+    expected_splits = torch.cat([torch.arange(int(splits[b])) for b in sequences.long()])
+    assert torch.equal(work[:count, 1], expected_splits.to(torch.int32))
+    assert torch.equal(work[:count, 2], splits[work[:count, 0].long()])
+    return sequences
 
 
-@pytest.mark.parametrize("batch, num_sms, block_m", [(1, 132, 64), (3, 132, 64), (37, 64, 16), (64, 132, 64), (2000, 8, 64)])
-def test_balanced_plan_parts_are_even_whatever_the_lengths(batch, num_sms, block_m, kernel_device):
-    gen = torch.Generator().manual_seed(batch)
-    lengths = torch.randint(0, 20000, (batch,), generator=gen)
-    lengths[::7] = 0
-    lengths[0] = 16384
-    q_lens = torch.randint(0, 3, (batch,), generator=gen)
-    q_lens[0] = 1
-    lengths, cu_seqlens_q = _plan_inputs(lengths.tolist(), q_lens.tolist(), kernel_device)
-    geometry = split_geometry(batch=batch, rows=2 * 128, block_m=block_m, num_sms=num_sms)
-    plan = balanced_plan(lengths, cu_seqlens_q, geometry, block_n=64, min_tokens_per_split=128)
-    _, ragged = _check_plan(lengths, cu_seqlens_q, geometry, plan, 64, min_tiles=2)
-    assert ragged == (batch > 1), "one sequence is even, these batches ragged"
+def test_work_items_list_every_split_longest_first(kernel_device):
+    gen = torch.Generator().manual_seed(7)
+    lengths = torch.randint(0, 9000, (37,), generator=gen, dtype=torch.int32)
+    lengths[[3, 20]] = 0
+    q_lens = torch.randint(0, 3, (37,), generator=gen, dtype=torch.int32)
+    cu_seqlens_q = torch.cat([torch.zeros(1, dtype=torch.int32), q_lens.cumsum(0).to(torch.int32)])
+    geometry = split_geometry(batch=37, rows=2 * 16, block_m=16, num_sms=64)
+    splits, work, items = decode_split_counts(lengths.to(kernel_device), cu_seqlens_q.to(kernel_device), 16, geometry,
+                                              block_m=16, block_n=64, num_sms=64)
+    splits, work, items = splits.cpu(), work.cpu(), items.cpu()
+    assert work.shape[0] == 37 * geometry.max_splits and splits.max() > 1
+    order = _sequences_in_launch_order(splits, work, items)
+    taken = work[: int(items[0]), 0].long()
+    assert torch.equal(work[: int(items[0]), 3], cu_seqlens_q[taken]) and torch.equal(work[: int(items[0]), 4], q_lens[taken])
+    tiles = (lengths + 63) // 64
+    busy = (tiles > 0) & (q_lens > 0)
+    per_split = torch.where(busy, (tiles + splits - 1) // splits, 0)[order.long()]
+    assert (per_split[:-1] >= per_split[1:]).all(), "longest splits first"
+    for size in per_split.unique().tolist():  # ties keep batch order
+        same = order[per_split == size]
+        assert (same[:-1] < same[1:]).all()
 
 
-@pytest.mark.parametrize("lengths, parts", [([4096] * 5, 8), ([4096] * 5, 3), ([1024, 1200, 900, 0], 132), ([300] * 40, 16)])
-def test_even_batches_deal_equal_runs_to_the_parts(lengths, parts, kernel_device):
-    lengths, cu_seqlens_q = _plan_inputs(lengths, [1] * len(lengths), kernel_device)
-    geometry = split_geometry(batch=len(lengths), rows=64, block_m=64, num_sms=parts)
-    plan = balanced_plan(lengths, cu_seqlens_q, geometry, block_n=64)
-    part_tiles, ragged = _check_plan(lengths, cu_seqlens_q, geometry, plan, 64)
-    assert not ragged and int(plan.counts.sum()) <= geometry.work_rows
-
-
-def test_balanced_plan_of_empty_batches_runs_each_sequence_once(kernel_device):
-    lengths, cu_seqlens_q = _plan_inputs([0, 0, 0], [1, 1, 0], kernel_device)
-    geometry = split_geometry(batch=3, rows=16, block_m=16, num_sms=4, programs_per_sm=4)
-    plan = balanced_plan(lengths, cu_seqlens_q, geometry, block_n=32)
-    _check_plan(lengths, cu_seqlens_q, geometry, plan, 32)
-    assert plan.counts.tolist() == [1, 1, 1] and int(plan.part_items[-1]) == 3
+def test_every_split_holds_tiles_and_large_batches_keep_batch_order(kernel_device):
+    gen = torch.Generator().manual_seed(11)
+    for batch, num_sms in ((3, 132), (40, 132), (2000, 8)):
+        lengths = torch.randint(0, 20000, (batch,), generator=gen, dtype=torch.int32)
+        lengths[0] = 16384
+        one_token_each = torch.arange(batch + 1, dtype=torch.int32)
+        geometry = split_geometry(batch=batch, rows=128, block_m=64, num_sms=num_sms)
+        splits, work, items = decode_split_counts(lengths.to(kernel_device), one_token_each.to(kernel_device), 128,
+                                                  geometry, block_m=64, block_n=64, num_sms=num_sms,
+                                                  min_tokens_per_split=128)
+        splits, work, items = splits.cpu(), work.cpu(), items.cpu()
+        tiles = (lengths + 63) // 64
+        per_split = (tiles + splits - 1) // splits
+        assert ((splits - 1) * per_split < tiles)[tiles > 0].all(), "the kernels' last split would be empty"
+        order = _sequences_in_launch_order(splits, work, items)
+        if batch > 1024:
+            assert torch.equal(order, torch.arange(batch, dtype=torch.int32))
 
 
 def test_fixed_split_plans_list_every_split_in_batch_order(kernel_device):
     batch = make_paged_batch([300, 0, 45], heads=3, q_len=2, page_size=16, seed=9, device=kernel_device)
     tuning = DecodeTuning(16, 32, 4, fixed_splits=3)
     plan = plan_decode(batch.cache_seqlens, q_len=2, heads=3, tuning=tuning)
-    work = plan.work.cpu()
-    assert work[:, 0].tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2] and (work[:, 1] == 3).all()
-    assert work[:, 4:6].tolist() == [[0, 128], [128, 256], [256, 300], [0, 0], [0, 0], [0, 0], [0, 32], [32, 45], [45, 45]]
-    assert work[:, 6].tolist() == list(range(9)) and plan.part_items.tolist() == list(range(10))
+    order = _sequences_in_launch_order(plan.num_splits.cpu(), plan.work.cpu(), plan.work_state.cpu())
+    assert order.tolist() == [0, 1, 2]
     out, lse = triton_mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens,
                                  kv_lora_rank=batch.kv_lora_rank, softmax_scale=batch.softmax_scale, kv_scale=None, plan=plan)
     expected_out, expected_lse = naive_decode(batch)
@@ -272,9 +260,9 @@ def test_a_plan_for_another_batch_is_refused(kernel_device):
 
 
 def test_plan_refuses_more_work_rows_than_the_grid_holds():
-    with pytest.raises(ValueError, match=r"cache_seqlens: the plan needs 655\d\d work rows, more than the launch grid holds"):
-        plan_decode(torch.ones(65530, dtype=torch.int32), q_len=1, heads=16)
-    with pytest.raises(ValueError, match="cache_seqlens: the plan needs 65536 work rows"):
+    with pytest.raises(ValueError, match="cache_seqlens: 65536 sequences x a split ceiling of 1"):
+        plan_decode(torch.ones(65536, dtype=torch.int32), q_len=1, heads=16)
+    with pytest.raises(ValueError, match="cache_seqlens: 8192 sequences x a split ceiling of 8"):
         plan_decode(torch.ones(8192, dtype=torch.int32), q_len=1, heads=16, tuning=DecodeTuning(16, 32, 4, fixed_splits=8))
 
 

@@ -270,21 +270,19 @@ def test_narrow_fp8_kernel_keeps_query_rows_of_any_magnitude(q_dtype, q_len):
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
 @pytest.mark.parametrize("heads", [16, 128])
-@pytest.mark.parametrize("lengths", [[9000, 0, 4096, 1, 700, 16384, 65], [8192] * 6])
-@pytest.mark.parametrize("num_sms", [4, 24, 1024])
-def test_persistent_kernel_runs_every_item_of_its_part(heads, lengths, num_sms):
+@pytest.mark.parametrize("lengths, ragged", [([9000, 0, 4096, 1, 700, 16384, 65], True), ([8192] * 6, False)])
+def test_persistent_kernel_takes_every_unit_and_leaves_its_counter_at_zero(heads, lengths, ragged):
     from mlakit.kernels.triton_decode import plan_decode
 
-    # One part for all items (4 SMs over 4 or 32 row tiles), parts of a few items each, and more parts than
-    # the GPU runs at once.
+    # Plans for far more programs than the GPU runs: several rounds of units, in snake order or (ragged)
+    # taken from the plan's counter.
     batch = make_paged_batch(lengths, heads=heads, q_len=2, page_size=64, kv_lora_rank=512, rope_dim=64, device="cuda",
-                             seed=heads + num_sms)
-    plan = plan_decode(batch.cache_seqlens, q_len=2, heads=heads, kv_dtype=batch.kv_cache.dtype, num_sms=num_sms)
-    assert _split_kernel(batch, plan) == "hopper"
-    part_items = plan.part_items.cpu()
-    if num_sms == 4:
-        assert int((part_items[1:] - part_items[:-1]).max()) > 1, "parts of several items"
+                             seed=heads)
+    plan = plan_decode(batch.cache_seqlens, q_len=2, heads=heads, kv_dtype=batch.kv_cache.dtype, num_sms=1024)
+    assert _split_kernel(batch, plan) == "hopper" and int(plan.work_state[2]) == ragged
+    assert int(plan.work_state[0]) * plan.geometry.row_tiles > torch.cuda.get_device_properties(0).multi_processor_count
     gen = torch.Generator(device="cuda").manual_seed(heads)
-    for _ in range(3):  # new queries each launch: an item left out would keep the last launch's rows
+    for _ in range(4):  # new queries each launch: a unit left out would keep the last launch's rows
+        assert int(plan.work_state[1]) == 0, "every launch leaves the unit counter at zero"
         batch.q.copy_(torch.randn(batch.q.shape, device="cuda", generator=gen).to(batch.q.dtype))
         _check(batch, plan=plan)

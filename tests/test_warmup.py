@@ -10,7 +10,7 @@ from mlakit.step import AttentionStep
 from mlakit.warmup import warm_up
 
 KERNELS = (triton_decode._mla_decode_split_kernel, triton_decode._mla_decode_combine_kernel,
-           decode_split_plan._balanced_plan_kernel, triton_prefill._mha_prefill_kernel, cache_write._write_rows_kernel)
+           decode_split_plan._split_counts_kernel, triton_prefill._mha_prefill_kernel, cache_write._write_rows_kernel)
 
 
 def compiled_variants() -> int:

@@ -20,10 +20,10 @@ for spec in sys.argv[1:]:
     case = parse_case(spec)
     inputs, plan = case_inputs(case)
     call = decode_call(inputs, plan)
-    default = triton_decode.combine_tiling(plan.geometry.splits_per_sequence, 512)
+    default = triton_decode.combine_tiling(plan.geometry.max_splits, 512)
     times = {"default " + str(tuple(vars(default).values())): time_graph_replay(call)}
     for tiling in TILINGS:
         with mock.patch.object(triton_decode, "combine_tiling", lambda *args, t=tiling: t):
             times[str(tuple(vars(tiling).values()))] = time_graph_replay(call)
     print(f"{case.label} (splits {int(plan.num_splits.min())}-{int(plan.num_splits.max())} of "
-          f"{plan.geometry.splits_per_sequence} in an even share): " + ", ".join(f"{k} {v:.1f}" for k, v in times.items()))
+          f"{plan.geometry.max_splits}): " + ", ".join(f"{k} {v:.1f}" for k, v in times.items()))

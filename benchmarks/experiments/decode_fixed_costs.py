@@ -40,8 +40,8 @@ for spec in sys.argv[1:]:
     fixed = plan_decode(inputs.cache_seqlens, q_len=case.q_len, heads=case.heads, kv_dtype=inputs.kv_cache.dtype,
                         tuning=dataclasses.replace(plan.tuning, fixed_splits=splits))
     idle_work = plan.work.clone()
-    idle_work[:, 1] = 0
-    idle = dataclasses.replace(plan, work=idle_work, part_items=torch.zeros_like(plan.part_items))
+    idle_work[:, 2] = 0
+    idle = dataclasses.replace(plan, work=idle_work, work_state=torch.zeros_like(plan.work_state))
     times = {
         "call": _timed(inputs, plan, True),
         "split pass": _timed(inputs, plan, False),
@@ -49,7 +49,7 @@ for spec in sys.argv[1:]:
         f"split pass, ceiling {splits}": _timed(inputs, fixed, False),
         "idle programs only": _timed(inputs, idle, False),
     }
-    grid = plan.geometry.work_rows * plan.geometry.row_tiles
+    grid = plan.work.shape[0] * plan.geometry.row_tiles
     print(f"{case.label}: splits {splits} ({grid} unit slots, "
           f"{int(plan.num_splits.sum()) * plan.geometry.row_tiles} with work): "
           + ", ".join(f"{name} {us:.1f} us" for name, us in times.items()))

@@ -37,17 +37,22 @@ def sm_count(device: torch.device) -> int:
 
 @gluon.jit
 def work_item(WORK, item):
-    """Work item `item` of the plan (`decode_split_plan.WORK_FIELDS`): its sequence, the sequence's item
-    count, query segment (first token, tokens), KV tokens start .. end and partial slot."""
+    """Work item `item` of the plan: its sequence, split, the sequence's split count and query segment
+    (unused rows past the plan's items hold zeros: split 0 of 0, which no program takes). The sequence's
+    cached length is loaded only by programs with work: one that finds none exits after this one load
+    (NOTES.md v30)."""
     entry = WORK + item * WORK_FIELDS
-    return (gl.load(entry), gl.load(entry + 1), gl.load(entry + 2), gl.load(entry + 3), gl.load(entry + 4),
-            gl.load(entry + 5), gl.load(entry + 6))
+    return gl.load(entry), gl.load(entry + 1), gl.load(entry + 2), gl.load(entry + 3), gl.load(entry + 4)
 
 
 @gluon.jit
-def item_tiles(start, end):
-    """The item's tile count (tokens start .. end)."""
-    return gl.cdiv(end - start, BLOCK_N)
+def split_range(seqlen, split, num_splits):
+    """The split's tokens start .. end and its tile count (zero, never negative, for splits past the
+    sequence's end: the barrier phases use it)."""
+    tiles_per_split = gl.cdiv(gl.cdiv(seqlen, BLOCK_N), num_splits)
+    start = split * tiles_per_split * BLOCK_N
+    end = gl.minimum(seqlen, start + tiles_per_split * BLOCK_N)
+    return start, end, gl.maximum(gl.cdiv(end - start, BLOCK_N), 0)
 
 
 @gluon.jit
@@ -74,9 +79,9 @@ def finish_rows(m_i, l_i):
 
 
 @gluon.jit
-def store_lse(lse, rows, LSE, PART_LSE, first_token, b, part_slot, num_splits, q_len,
+def store_lse(lse, rows, LSE, PART_LSE, first_token, b, split, num_splits, q_len,
                LSE_STRIDES, PART_STRIDES, HEADS: gl.constexpr):
-    """The tile's lse: to LSE when the sequence has one item, else to the item's partial slot."""
+    """The tile's lse: to LSE when the sequence has one split, else to its split's partial."""
     row_ok = rows < q_len * HEADS
     if num_splits == 1:
         stride_lse_cu, stride_lse_b, stride_lse_i, stride_lse_h = LSE_STRIDES
@@ -84,21 +89,21 @@ def store_lse(lse, rows, LSE, PART_LSE, first_token, b, part_slot, num_splits, q
                    + (rows % HEADS) * stride_lse_h)
         gl.store(lse_ptr, lse, mask=row_ok)
     else:
-        gl.store(PART_LSE + part_slot * PART_STRIDES[2] + rows, lse, mask=row_ok)
+        gl.store(PART_LSE + b * PART_STRIDES[3] + split * PART_STRIDES[4] + rows, lse, mask=row_ok)
 
 
 @gluon.jit
-def store_output(out, rows, cols, OUT, PART_OUT, first_token, part_slot, num_splits, q_len,
+def store_output(out, rows, cols, OUT, PART_OUT, first_token, b, split, num_splits, q_len,
                   OUT_STRIDES, PART_STRIDES, HEADS: gl.constexpr):
     """`out` is query row `rows`, latent column `cols` (both broadcast to its shape): to OUT when the
-    sequence has one item, else to the item's float32 partial slot; rows past the segment are skipped."""
+    sequence has one split, else to its split's float32 partial; rows past the segment are skipped."""
     row_ok = rows < q_len * HEADS
     if num_splits == 1:
         base = (first_token + rows // HEADS).to(gl.int64) * OUT_STRIDES[0] + (rows % HEADS) * OUT_STRIDES[1]
         gl.store(OUT + base + cols, out.to(OUT.dtype.element_ty), mask=row_ok)
     else:
-        part = PART_OUT + part_slot.to(gl.int64) * PART_STRIDES[0]
-        gl.store(part + rows * PART_STRIDES[1] + cols, out, mask=row_ok)
+        part = PART_OUT + b * PART_STRIDES[0] + split * PART_STRIDES[1]
+        gl.store(part + rows * PART_STRIDES[2] + cols, out, mask=row_ok)
 
 
 @gluon.jit

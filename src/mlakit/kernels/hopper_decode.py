@@ -1,9 +1,9 @@
 """Hopper (SM90) MLA decode split kernels in Gluon, with the work split by warpgroup.
 
 Drop-ins for the portable split kernel on 64-row tiles (same split plan, partial buffers
-and combine). Two warpgroups work on 64 query rows and one work item (a run of a sequence's KV
-tiles) at a time (one program per such unit, or, for the persistent seesaw kernel, one program per
-row tile and part of the plan, running the part's items in turn); Q and two stages of the 64-token K tile (latent + rope) live in swizzled
+and combine). Two warpgroups work on 64 query rows and one split of a sequence's KV at a
+time (one program per such unit, or, for the persistent seesaw kernel, one program per SM
+taking units in turn); Q and two stages of the 64-token K tile (latent + rope) live in swizzled
 shared memory, and V is the latent part of the same tile. Three kernels:
 
 - `mla_decode_hopper_seesaw_kernel`, for 16-bit pages holding whole tiles (page size a
@@ -52,10 +52,11 @@ from mlakit.kernels.hopper_common import (
     KV_LORA_RANKS,
     ROPE_DIMS,
     finish_rows,
-    item_tiles,
     no_keys_yet,
     online_softmax,
     serves,
+    sm_count,
+    split_range,
     store_lse,
     store_output,
     work_item,
@@ -103,18 +104,21 @@ def chunk_descriptors(pages: torch.Tensor, kv_lora_rank: int) -> tuple[TensorDes
 
 
 def launch(grid: tuple[int, int], q: torch.Tensor, pages: torch.Tensor, kv_scale: torch.Tensor | None, kv_lora_rank: int,
-           shared_args: tuple) -> None:
-    """Runs the split pass (a call `supports` accepts) over `grid` = (row tiles, parts of the plan): the
-    fp8 kernel for fp8 caches (with the one-element `kv_scale`), the seesaw kernel for 16-bit pages
-    holding whole tiles (TMA loads) and latent widths of at least 128, the cp.async gather kernel
-    otherwise. `shared_args` are the portable split kernel's arguments from the block table on,
-    without the scale strides."""
+           shared_args: tuple, work_state: torch.Tensor) -> None:
+    """Runs the split pass (a call `supports` accepts) over `grid` = (row tiles, rows of the plan's
+    work items): the fp8 kernel for fp8 caches (with the one-element `kv_scale`), the persistent seesaw
+    kernel for 16-bit pages holding whole tiles (TMA loads) and latent widths of at least 128 (one
+    program per SM at most, over the plan's `work_state`), the cp.async gather kernel otherwise.
+    `shared_args` are the portable split kernel's arguments from the block table on, without the scale
+    strides."""
     constants = dict(HEADS=q.shape[1], PAGE_SIZE=pages.shape[1], KV_LORA_RANK=kv_lora_rank, ROPE_DIM=q.shape[-1] - kv_lora_rank)
     if pages.dtype == FP8_DTYPE:
         mla_decode_hopper_fp8_kernel[grid](q, pages, kv_scale, *shared_args, **constants, num_warps=4)
     elif pages.shape[1] % BLOCK_N.value == 0 and kv_lora_rank >= 2 * TMA_CHUNK.value:
-        mla_decode_hopper_seesaw_kernel[grid](q, *chunk_descriptors(pages, kv_lora_rank), *shared_args, **constants,
-                                              num_warps=4)
+        row_tiles, work_rows = grid
+        programs = min(sm_count(q.device), row_tiles * work_rows)
+        mla_decode_hopper_seesaw_kernel[(programs,)](q, *chunk_descriptors(pages, kv_lora_rank), *shared_args, work_state,
+                                                     work_rows, row_tiles, **constants, num_warps=4)
     else:
         mla_decode_hopper_split_kernel[grid](q, pages, *shared_args, **constants, num_warps=NUM_WARPS.value)
 
@@ -280,42 +284,26 @@ def _store_words_converted(words, dst):
 
 @gluon.jit(do_not_specialize=["stride_bt_b"])
 def mla_decode_hopper_split_kernel(
-    Q, KV, BLOCK_TABLE, SEQLENS, WORK, PART_ITEMS,
+    Q, KV, BLOCK_TABLE, SEQLENS, WORK,
     OUT, LSE, PART_OUT, PART_LSE,
     scale_log2,
     Q_STRIDES, KV_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr,
     KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr,
 ):
-    """Arguments as the portable split kernel's (`triton_decode._mla_decode_split_kernel`), without scales:
-    program (row tile, part) runs the row tile of each item of the part in turn."""
+    """Arguments as the portable split kernel's (`triton_decode._mla_decode_split_kernel`), without scales."""
+    b, split, num_splits, first_token, q_len = work_item(WORK, gl.program_id(1))
     tile = gl.program_id(0)
-    part = gl.program_id(1)
-    q_lat_smem, q_rope_smem, k_lat_smem, k_rope_smem, p_smem = _allocate_tiles(Q.dtype.element_ty, KV_LORA_RANK, ROPE_DIM)
-    for item in range(gl.load(PART_ITEMS + part), gl.load(PART_ITEMS + part + 1)):
-        b, num_splits, first_token, q_len, start, end, part_slot = work_item(WORK, item)
-        if tile * BLOCK_M < q_len * HEADS:
-            gl.thread_barrier()  # every warp is done with the previous item's tiles
-            _gather_unit(q_lat_smem, q_rope_smem, k_lat_smem, k_rope_smem, p_smem, Q, KV, BLOCK_TABLE, SEQLENS, OUT, LSE,
-                         PART_OUT, PART_LSE, scale_log2, Q_STRIDES, KV_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES,
-                         PART_STRIDES, tile, b, num_splits, first_token, q_len, start, end, part_slot,
-                         HEADS, PAGE_SIZE, KV_LORA_RANK, ROPE_DIM)
-
-
-@gluon.jit
-def _gather_unit(
-    q_lat_smem, q_rope_smem, k_lat_smem, k_rope_smem, p_smem, Q, KV, BLOCK_TABLE, SEQLENS, OUT, LSE, PART_OUT, PART_LSE,
-    scale_log2, Q_STRIDES, KV_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
-    tile, b, num_splits, first_token, q_len, start, end, part_slot,
-    HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr,
-):
-    """One unit (a work item's row tile) of the cp.async kernel."""
+    if split >= num_splits or tile * BLOCK_M >= q_len * HEADS:
+        return
     seqlen = gl.load(SEQLENS + b)
-    num_tiles = item_tiles(start, end)
+    start, end, num_tiles = split_range(seqlen, split, num_splits)
+
     load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0])
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, KV_LORA_RANK // 2, 16])
+    q_lat_smem, q_rope_smem, k_lat_smem, k_rope_smem, p_smem = _allocate_tiles(Q.dtype.element_ty, KV_LORA_RANK, ROPE_DIM)
 
     _load_query(q_lat_smem, q_rope_smem, Q, tile, first_token, q_len, Q_STRIDES, HEADS, load_layout)
 
@@ -365,16 +353,16 @@ def _gather_unit(
 
     lse, inv_l = finish_rows(m_i, gl.sum(l_parts, 1))
     _store_columns(acc * _row_vector(inv_l, o_layout)[:, None], 0, OUT, PART_OUT,
-                   first_token, part_slot, num_splits, tile, q_len,
+                   first_token, b, split, num_splits, tile, q_len,
                    OUT_STRIDES, PART_STRIDES, HEADS, o_layout)
-    store_lse(lse, rows, LSE, PART_LSE, first_token, b, part_slot, num_splits, q_len,
+    store_lse(lse, rows, LSE, PART_LSE, first_token, b, split, num_splits, q_len,
                LSE_STRIDES, PART_STRIDES, HEADS)
 
 
 @gluon.jit
 def _fp8_softmax_partition(
     q_lat_smem, q_rope_smem, k_lat_smem, k_rope_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free,
-    start, end, num_tiles, seqlen, q_len, tile, first_token, b, part_slot, num_splits, scale_log2, OUT, LSE, PART_OUT,
+    start, end, num_tiles, seqlen, q_len, tile, first_token, b, split, num_splits, scale_log2, OUT, LSE, PART_OUT,
     PART_LSE, OUT_STRIDES, LSE_STRIDES, PART_STRIDES, kv_scale,
     HEADS: gl.constexpr, KV_LORA_RANK: gl.constexpr,
 ):
@@ -419,15 +407,15 @@ def _fp8_softmax_partition(
     row_smem.store(inv_l)
     gl.thread_barrier()
     mbarrier.arrive(p_ready, count=1)
-    _store_columns(acc * inv_l[:, None], 0, OUT, PART_OUT, first_token, part_slot, num_splits, tile, q_len,
+    _store_columns(acc * inv_l[:, None], 0, OUT, PART_OUT, first_token, b, split, num_splits, tile, q_len,
                    OUT_STRIDES, PART_STRIDES, HEADS, o_layout)
-    store_lse(lse, rows, LSE, PART_LSE, first_token, b, part_slot, num_splits, q_len,
+    store_lse(lse, rows, LSE, PART_LSE, first_token, b, split, num_splits, q_len,
                LSE_STRIDES, PART_STRIDES, HEADS)
 
 
 @gluon.jit
 def _fp8_value_partition(
-    k_lat_smem, k_rope_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free, num_tiles, first_token, part_slot,
+    k_lat_smem, k_rope_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free, num_tiles, first_token, b, split,
     num_splits, tile, q_len, KV, BLOCK_TABLE, bt_row, start, end, KV_STRIDES,
     OUT, PART_OUT, OUT_STRIDES, PART_STRIDES,
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr,
@@ -457,24 +445,24 @@ def _fp8_value_partition(
                                        KV_STRIDES, PAGE_SIZE, KV_LORA_RANK, ROPE_DIM)
     mbarrier.wait(p_ready, num_tiles & 1)
     inv_l = row_smem.load(gl.SliceLayout(1, o_layout))
-    _store_columns(acc * inv_l[:, None], half, OUT, PART_OUT, first_token, part_slot, num_splits, tile, q_len,
+    _store_columns(acc * inv_l[:, None], half, OUT, PART_OUT, first_token, b, split, num_splits, tile, q_len,
                    OUT_STRIDES, PART_STRIDES, HEADS, o_layout)
 
 
 @gluon.jit
-def _store_columns(out, col0, OUT, PART_OUT, first_token, part_slot, num_splits, tile, q_len,
+def _store_columns(out, col0, OUT, PART_OUT, first_token, b, split, num_splits, tile, q_len,
                    OUT_STRIDES, PART_STRIDES,
                    HEADS: gl.constexpr, LAYOUT: gl.constexpr):
     """Output columns col0 .. col0 + width of the tile (`store_output`)."""
     rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LAYOUT))
     cols = col0 + gl.arange(0, out.shape[1], layout=gl.SliceLayout(0, LAYOUT))
-    store_output(out, rows[:, None], cols[None, :], OUT, PART_OUT, first_token, part_slot, num_splits, q_len,
+    store_output(out, rows[:, None], cols[None, :], OUT, PART_OUT, first_token, b, split, num_splits, q_len,
                   OUT_STRIDES, PART_STRIDES, HEADS)
 
 
 @gluon.jit(do_not_specialize=["stride_bt_b"])
 def mla_decode_hopper_fp8_kernel(
-    Q, KV, KV_SCALE, BLOCK_TABLE, SEQLENS, WORK, PART_ITEMS,
+    Q, KV, KV_SCALE, BLOCK_TABLE, SEQLENS, WORK,
     OUT, LSE, PART_OUT, PART_LSE,
     scale_log2,
     Q_STRIDES, KV_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
@@ -484,37 +472,19 @@ def mla_decode_hopper_fp8_kernel(
     """Warp-specialized kernel for fp8 (e4m3) pages of any size with one per-tensor scale: launched with
     4 warps (the softmax warpgroup) plus a 4-warp worker (the value warpgroup, which also gathers and
     converts the tiles). Arguments as `mla_decode_hopper_split_kernel`'s, plus the one-element scale KV_SCALE."""
+    b, split, num_splits, first_token, q_len = work_item(WORK, gl.program_id(1))
     tile = gl.program_id(0)
-    part = gl.program_id(1)
+    if split >= num_splits or tile * BLOCK_M >= q_len * HEADS:
+        return
+    seqlen = gl.load(SEQLENS + b)
+    start, end, num_tiles = split_range(seqlen, split, num_splits)
+
     q_lat_smem, q_rope_smem, k_lat_smem, k_rope_smem, p_smem = _allocate_tiles(Q.dtype.element_ty, KV_LORA_RANK, ROPE_DIM)
     row_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     p_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    kv_scale = gl.load(KV_SCALE)
-    for item in range(gl.load(PART_ITEMS + part), gl.load(PART_ITEMS + part + 1)):
-        b, num_splits, first_token, q_len, start, end, part_slot = work_item(WORK, item)
-        if tile * BLOCK_M < q_len * HEADS:
-            _fp8_unit(q_lat_smem, q_rope_smem, k_lat_smem, k_rope_smem, p_smem, row_smem, kv_ready, kv_free, p_ready,
-                      p_free, Q, KV, BLOCK_TABLE, SEQLENS, OUT, LSE, PART_OUT, PART_LSE, scale_log2, kv_scale, Q_STRIDES,
-                      KV_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
-                      tile, b, num_splits, first_token, q_len, start, end, part_slot,
-                      HEADS, PAGE_SIZE, KV_LORA_RANK, ROPE_DIM)
-
-
-@gluon.jit
-def _fp8_unit(
-    q_lat_smem, q_rope_smem, k_lat_smem, k_rope_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free,
-    Q, KV, BLOCK_TABLE, SEQLENS, OUT, LSE, PART_OUT, PART_LSE, scale_log2, kv_scale, Q_STRIDES, KV_STRIDES, stride_bt_b,
-    OUT_STRIDES, LSE_STRIDES, PART_STRIDES, tile, b, num_splits, first_token, q_len, start, end, part_slot,
-    HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr,
-):
-    """One unit (a work item's row tile) of the fp8 kernel, on barriers initialized for it and
-    invalidated after it."""
-    seqlen = gl.load(SEQLENS + b)
-    num_tiles = item_tiles(start, end)
-    gl.thread_barrier()  # every warp is done with the previous unit's tiles and barriers
     for st in gl.static_range(STAGES):
         mbarrier.init(kv_ready.index(st), count=1)
         mbarrier.init(kv_free.index(st), count=2)
@@ -524,6 +494,7 @@ def _fp8_unit(
     _load_query(q_lat_smem, q_rope_smem, Q, tile, first_token, q_len, Q_STRIDES, HEADS, WARPGROUP_ROWS)
     async_copy.commit_group()
     bt_row = b * stride_bt_b
+    kv_scale = gl.load(KV_SCALE)
     for st in gl.static_range(STAGES):
         lat, rope = _load_fp8_tile(KV, BLOCK_TABLE, bt_row, start + st * BLOCK_N, end, KV_STRIDES, PAGE_SIZE,
                                    KV_LORA_RANK, ROPE_DIM)
@@ -535,19 +506,14 @@ def _fp8_unit(
     gl.warp_specialize([
         (_fp8_softmax_partition, (
             q_lat_smem, q_rope_smem, k_lat_smem, k_rope_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free,
-            start, end, num_tiles, seqlen, q_len, tile, first_token, b, part_slot, num_splits, scale_log2, OUT, LSE,
+            start, end, num_tiles, seqlen, q_len, tile, first_token, b, split, num_splits, scale_log2, OUT, LSE,
             PART_OUT, PART_LSE, OUT_STRIDES, LSE_STRIDES, PART_STRIDES, kv_scale, HEADS, KV_LORA_RANK)),
         (_fp8_value_partition, (
-            k_lat_smem, k_rope_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free, num_tiles, first_token,
-            part_slot, num_splits, tile, q_len, KV, BLOCK_TABLE, bt_row, start, end, KV_STRIDES,
+            k_lat_smem, k_rope_smem, p_smem, row_smem, kv_ready, kv_free, p_ready, p_free, num_tiles, first_token, b,
+            split, num_splits, tile, q_len, KV, BLOCK_TABLE, bt_row, start, end, KV_STRIDES,
             OUT, PART_OUT, OUT_STRIDES, PART_STRIDES,
             HEADS, PAGE_SIZE, KV_LORA_RANK, ROPE_DIM)),
     ], [4], [232])
-    for st in gl.static_range(STAGES):
-        mbarrier.invalidate(kv_ready.index(st))
-        mbarrier.invalidate(kv_free.index(st))
-    mbarrier.invalidate(p_ready)
-    mbarrier.invalidate(p_free)
 
 
 @gluon.jit
@@ -638,7 +604,7 @@ def _zero_tail(k_lat, chunk_ready, stage: gl.constexpr, phase, first_bad):
 def _seesaw_even_partition(
     q_lat_all, q_rope_smem, k_lat_smem, slots, chunk_ready, even_ready, odd_ready, p_even_ready, final_ready,
     m_even, scale_even, m_odd, scale_odd, sum_odd, final_rows,
-    CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, b, part_slot,
+    CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, b, split,
     num_splits, scale_log2, OUT, LSE, PART_OUT, PART_LSE, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr,
 ):
@@ -707,9 +673,9 @@ def _seesaw_even_partition(
     final_rows.store(inv_l)
     gl.thread_barrier()
     mbarrier.arrive(final_ready, count=1)
-    _store_columns(acc * _row_vector(inv_l, o_layout)[:, None], 0, OUT, PART_OUT, first_token, part_slot, num_splits,
+    _store_columns(acc * _row_vector(inv_l, o_layout)[:, None], 0, OUT, PART_OUT, first_token, b, split, num_splits,
                    tile, q_len, OUT_STRIDES, PART_STRIDES, HEADS, o_layout)
-    store_lse(lse, rows, LSE, PART_LSE, first_token, b, part_slot, num_splits, q_len,
+    store_lse(lse, rows, LSE, PART_LSE, first_token, b, split, num_splits, q_len,
                LSE_STRIDES, PART_STRIDES, HEADS)
 
 
@@ -717,7 +683,7 @@ def _seesaw_even_partition(
 def _seesaw_odd_partition(
     q_lat_all, q_rope_smem, k_lat_smem, slots, chunk_ready, even_ready, odd_ready, p_even_ready, final_ready,
     m_even, scale_even, m_odd, scale_odd, sum_odd, final_rows,
-    CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, part_slot,
+    CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, b, split,
     num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES,
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr,
 ):
@@ -777,16 +743,17 @@ def _seesaw_odd_partition(
                      lat_chunks // 2, True, t1 + 1 < num_tiles)
     mbarrier.wait(final_ready, 0)
     inv_l = final_rows.load(gl.SliceLayout(1, o_layout))
-    _store_columns(acc * inv_l[:, None], half, OUT, PART_OUT, first_token, part_slot, num_splits, tile, q_len,
+    _store_columns(acc * inv_l[:, None], half, OUT, PART_OUT, first_token, b, split, num_splits, tile, q_len,
                    OUT_STRIDES, PART_STRIDES, HEADS, o_layout)
 
 
-@gluon.jit(do_not_specialize=["stride_bt_b"])
+@gluon.jit(do_not_specialize=["stride_bt_b", "work_rows"])
 def mla_decode_hopper_seesaw_kernel(
-    Q, CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, SEQLENS, WORK, PART_ITEMS,
+    Q, CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, SEQLENS, WORK,
     OUT, LSE, PART_OUT, PART_LSE,
     scale_log2,
     Q_STRIDES, KV_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
+    WORK_STATE, work_rows, row_tiles,
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr,
     KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr,
 ):
@@ -794,10 +761,13 @@ def mla_decode_hopper_seesaw_kernel(
     even tiles in stage 0 (warpgroup 0's S and softmax), odd tiles in stage 1 (warpgroup 1's), each
     warpgroup owning half of the output columns and using the other's P through shared memory, so one
     warpgroup's softmax runs while the other's MMAs do. Tiles arrive as latent chunks on their own
-    barriers. Program (row tile, part) runs the row tile of the part's items (PART_ITEMS[part] ..
-    PART_ITEMS[part + 1] - 1) one after another, each item's entry and length loaded while the one
-    before runs. Arguments as `mla_decode_hopper_split_kernel`'s,
-    with the cache's chunk TMA descriptors.
+    barriers. Persistent: a launch of at most one program per SM takes the plan's units (a work item's
+    row tile; WORK_STATE[0] items of row_tiles units each, in a plan of work_rows rows), unit p first for
+    program p, so that no program waits behind programs that find no work; then, for a ragged batch
+    (WORK_STATE[2]), the next untaken one as each program finishes one (`_take_unit`: the shorter splits
+    fill in where programs finish first), otherwise in snake order (program p's second unit is the p-th
+    from the end of the second round, ...), each unit's plan entry loaded while the one before runs
+    (NOTES.md v30). Arguments as `mla_decode_hopper_split_kernel`'s, with the cache's chunk TMA descriptors.
     """
     dtype: gl.constexpr = Q.dtype.element_ty
     lat_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, KV_LORA_RANK], dtype)
@@ -814,42 +784,70 @@ def mla_decode_hopper_seesaw_kernel(
     chunk_ready = gl.allocate_shared_memory(gl.int64, [2 * chunks, 1], mbarrier.MBarrierLayout())
     handoffs = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
 
-    tile = gl.program_id(0)
-    part = gl.program_id(1)
-    item = gl.load(PART_ITEMS + part)
-    last = gl.load(PART_ITEMS + part + 1)
-    # An empty part (a plan that used fewer parts) loads row 0 and runs nothing.
-    b, num_splits, first_token, q_len, start, end, part_slot, seqlen = _item_work(
-        WORK, SEQLENS, gl.maximum(gl.minimum(item, last - 1), 0))
-    while item < last:
-        next_work = _item_work(WORK, SEQLENS, gl.minimum(item + 1, last - 1))
-        if tile * BLOCK_M < q_len * HEADS:
+    programs = gl.num_programs(0)
+    units = gl.load(WORK_STATE) * row_tiles
+    ragged = gl.load(WORK_STATE + 2) != 0
+    unit = gl.program_id(0)
+    b, split, num_splits, first_token, q_len, seqlen = _unit_work(WORK, SEQLENS, unit, row_tiles, work_rows)
+    units_done = 0
+    while unit < units:
+        units_done += 1
+        if ragged:
+            next_unit = units
+        else:  # the next unit known now: its plan entry and length load while this one runs
+            next_unit = (units_done * programs
+                         + gl.where(units_done % 2 == 0, gl.program_id(0), programs - 1 - gl.program_id(0)))
+        next_work = _unit_work(WORK, SEQLENS, next_unit, row_tiles, work_rows)
+        tile = unit % row_tiles
+        if split < num_splits and tile * BLOCK_M < q_len * HEADS:
             _seesaw_unit(
                 q_lat_all, q_rope_smem, k_lat_smem, slots, rows_smem, chunk_ready, handoffs,
-                Q, CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, seqlen, b, part_slot, num_splits, first_token,
-                q_len, start, end, tile, OUT, LSE, PART_OUT, PART_LSE, scale_log2, Q_STRIDES, stride_bt_b,
-                OUT_STRIDES, LSE_STRIDES, PART_STRIDES, HEADS, PAGE_SIZE, KV_LORA_RANK)
-        item += 1
-        b, num_splits, first_token, q_len, start, end, part_slot, seqlen = next_work
+                Q, CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, seqlen, b, split, num_splits, first_token,
+                q_len, tile, OUT, LSE, PART_OUT, PART_LSE, scale_log2, Q_STRIDES, stride_bt_b, OUT_STRIDES,
+                LSE_STRIDES, PART_STRIDES, HEADS, PAGE_SIZE, KV_LORA_RANK)
+        if ragged:
+            unit = _take_unit(WORK_STATE + 1, units, programs)
+            b, split, num_splits, first_token, q_len, seqlen = _unit_work(WORK, SEQLENS, unit, row_tiles, work_rows)
+        else:
+            unit = next_unit
+            b, split, num_splits, first_token, q_len, seqlen = next_work
 
 
 @gluon.jit
-def _item_work(WORK, SEQLENS, item):
-    """`work_item` of the item and its sequence's cached length."""
-    b, num_splits, first_token, q_len, start, end, part_slot = work_item(WORK, item)
-    return b, num_splits, first_token, q_len, start, end, part_slot, gl.load(SEQLENS + b)
+def _unit_work(WORK, SEQLENS, unit, row_tiles, work_rows):
+    """`work_item` of the unit's item and the sequence's length (a unit past the plan's rows reads the
+    last row instead; the caller never runs units past the plan's items)."""
+    b, split, num_splits, first_token, q_len = work_item(WORK, gl.minimum(unit // row_tiles, work_rows - 1))
+    return b, split, num_splits, first_token, q_len, gl.load(SEQLENS + b)
+
+
+@gluon.jit
+def _take_unit(TAKEN, units, programs):
+    """The unit a program takes after finishing one in a ragged batch: the next untaken one past the
+    first round (units 0 .. programs - 1 go to programs 0 .. programs - 1), from the counter TAKEN;
+    `units` where every unit is taken. Every finished unit takes once, so the take that finds units - 1
+    taken is the last: it sets the counter back to zero for the next launch. Launches of one round
+    take nothing."""
+    if units > programs:
+        taken = gl.atomic_add(TAKEN, 1)
+        if taken == units - 1:
+            gl.store(TAKEN, 0)
+        unit = gl.minimum(programs + taken, units)
+    else:
+        unit = units
+    return unit
 
 
 @gluon.jit
 def _seesaw_unit(
     q_lat_all, q_rope_smem, k_lat_smem, slots, rows_smem, chunk_ready, handoffs,
-    Q, CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, seqlen, b, part_slot, num_splits, first_token, q_len, start, end,
-    tile, OUT, LSE, PART_OUT, PART_LSE, scale_log2, Q_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
+    Q, CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, seqlen, b, split, num_splits, first_token, q_len, tile,
+    OUT, LSE, PART_OUT, PART_LSE, scale_log2, Q_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr,
 ):
-    """One unit of the seesaw kernel (a work item's row tile), on barriers initialized for it and invalidated
+    """One unit of the seesaw kernel (a split's row tile), on barriers initialized for it and invalidated
     after it: Q and the first two tiles loaded, then the two warpgroups' partitions."""
-    num_tiles = item_tiles(start, end)
+    start, end, num_tiles = split_range(seqlen, split, num_splits)
     chunks: gl.constexpr = KV_LORA_RANK // TMA_CHUNK + 1
     handoff_barriers: gl.constexpr = handoffs.shape[0]
     for c in gl.static_range(2 * chunks):
@@ -876,14 +874,14 @@ def _seesaw_unit(
         (_seesaw_even_partition, (
             q_lat_all, q_rope_smem, k_lat_smem, slots, chunk_ready, even_ready, odd_ready, p_even_ready, final_ready,
             m_even, scale_even, m_odd, scale_odd, sum_odd, final_rows,
-            CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, b, part_slot,
+            CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, b, split,
             num_splits, scale_log2, OUT, LSE, PART_OUT, PART_LSE,
             OUT_STRIDES, LSE_STRIDES,
             PART_STRIDES, HEADS, PAGE_SIZE, KV_LORA_RANK)),
         (_seesaw_odd_partition, (
             q_lat_all, q_rope_smem, k_lat_smem, slots, chunk_ready, even_ready, odd_ready, p_even_ready, final_ready,
             m_even, scale_even, m_odd, scale_odd, sum_odd, final_rows,
-            CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, part_slot,
+            CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, b, split,
             num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES,
             HEADS, PAGE_SIZE, KV_LORA_RANK)),
     ], [4], [248])

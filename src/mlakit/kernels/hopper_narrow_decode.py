@@ -35,10 +35,10 @@ from mlakit.kernels.hopper_common import (
     KV_LORA_RANKS,
     ROPE_DIMS,
     finish_rows,
-    item_tiles,
     no_keys_yet,
     online_softmax,
     serves,
+    split_range,
     store_lse,
     store_output,
     work_item,
@@ -244,19 +244,25 @@ def _accumulate_values(acc, k_lat, p_smem):
 
 @gluon.jit(do_not_specialize=["stride_bt_b"])
 def mla_decode_hopper_narrow_fp8_kernel(
-    Q, LATENT_DESC, ROPE_DESC, KV_SCALE, BLOCK_TABLE, SEQLENS, WORK, PART_ITEMS,
+    Q, LATENT_DESC, ROPE_DESC, KV_SCALE, BLOCK_TABLE, SEQLENS, WORK,
     OUT, LSE, PART_OUT, PART_LSE,
     scale_log2,
     Q_STRIDES, KV_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr,
 ):
-    """One warpgroup per (16-row tile, part of the plan), running the row tile of the part's work items
-    in turn, STAGES tiles in flight, over an fp8 (e4m3) cache with the one-element per-tensor scale
-    KV_SCALE, read through the TMA descriptors of `launch`. Other arguments as
-    `hopper_decode.mla_decode_hopper_split_kernel`'s (KV_STRIDES unused: the descriptors hold them)."""
+    """One warpgroup per (sequence, 16-row tile, split), STAGES tiles in flight, over an fp8 (e4m3) cache
+    with the one-element per-tensor scale KV_SCALE, read through the TMA descriptors of `launch`. Other
+    arguments as `hopper_decode.mla_decode_hopper_split_kernel`'s (KV_STRIDES unused: the descriptors
+    hold them)."""
+    b, split, num_splits, first_token, q_len = work_item(WORK, gl.program_id(1))
     tile = gl.program_id(0)
-    part = gl.program_id(1)
+    if split >= num_splits or tile * ROWS >= q_len * HEADS:
+        return
+    seqlen = gl.load(SEQLENS + b)
+    start, end, num_tiles = split_range(seqlen, split, num_splits)
     latent_width: gl.constexpr = LATENT_DESC.block_type.shape[1]
+    layout: gl.constexpr = _transposed_layout()
+
     fp8_lat_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, latent_width], gl.float8e4nv)
     fp8_rope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, ROPE_DIM], gl.float8e4nv)
     k_lat_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, KV_LORA_RANK], fp8_lat_layout)
@@ -268,29 +274,6 @@ def mla_decode_hopper_narrow_fp8_kernel(
     p_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_N, ROWS],
                                        gl.NVMMASharedLayout.get_default_for([BLOCK_N, ROWS], gl.float16))
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    kv_scale = gl.load(KV_SCALE)
-    for item in range(gl.load(PART_ITEMS + part), gl.load(PART_ITEMS + part + 1)):
-        b, num_splits, first_token, q_len, start, end, part_slot = work_item(WORK, item)
-        if tile * ROWS < q_len * HEADS:
-            _narrow_unit(k_lat_smem, k_rope_smem, q_lat_smem, q_rope_smem, p_smem, ready, Q, LATENT_DESC, ROPE_DESC,
-                         BLOCK_TABLE, SEQLENS, OUT, LSE, PART_OUT, PART_LSE, scale_log2, kv_scale, Q_STRIDES, stride_bt_b,
-                         OUT_STRIDES, LSE_STRIDES, PART_STRIDES, tile, b, num_splits, first_token, q_len, start, end,
-                         part_slot, HEADS, PAGE_SIZE, KV_LORA_RANK, ROPE_DIM)
-
-
-@gluon.jit
-def _narrow_unit(
-    k_lat_smem, k_rope_smem, q_lat_smem, q_rope_smem, p_smem, ready, Q, LATENT_DESC, ROPE_DESC, BLOCK_TABLE, SEQLENS,
-    OUT, LSE, PART_OUT, PART_LSE, scale_log2, kv_scale, Q_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
-    tile, b, num_splits, first_token, q_len, start, end, part_slot,
-    HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr,
-):
-    """One unit (a work item's 16-row tile), on barriers initialized for it and invalidated after it."""
-    seqlen = gl.load(SEQLENS + b)
-    num_tiles = item_tiles(start, end)
-    latent_width: gl.constexpr = LATENT_DESC.block_type.shape[1]
-    layout: gl.constexpr = _transposed_layout()
-    gl.thread_barrier()  # every warp is done with the previous unit's tiles and barriers
     for st in gl.static_range(STAGES):
         mbarrier.init(ready.index(st), count=1)
 
@@ -298,6 +281,7 @@ def _narrow_unit(
     for st in gl.static_range(STAGES):
         _load_tile(LATENT_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, start + st * BLOCK_N, end, ready.index(st),
                    k_lat_smem.index(st), k_rope_smem.index(st), st < num_tiles, PAGE_SIZE)
+    kv_scale = gl.load(KV_SCALE)
     unscale = _load_query(q_lat_smem, q_rope_smem, Q, tile, first_token, q_len, Q_STRIDES, HEADS, latent_width)
     fence_async_shared()
     gl.thread_barrier()
@@ -337,8 +321,6 @@ def _narrow_unit(
     out = _output_rows(acc * (inv_l * kv_scale)[None, :])
     out_rows = tile * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, out.type.layout))
     cols = gl.arange(0, KV_LORA_RANK, layout=gl.SliceLayout(0, out.type.layout))
-    store_output(out, out_rows[:, None], cols[None, :], OUT, PART_OUT, first_token, part_slot, num_splits, q_len,
+    store_output(out, out_rows[:, None], cols[None, :], OUT, PART_OUT, first_token, b, split, num_splits, q_len,
                   OUT_STRIDES, PART_STRIDES, HEADS)
-    store_lse(lse, rows, LSE, PART_LSE, first_token, b, part_slot, num_splits, q_len, LSE_STRIDES, PART_STRIDES, HEADS)
-    for st in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(st))
+    store_lse(lse, rows, LSE, PART_LSE, first_token, b, split, num_splits, q_len, LSE_STRIDES, PART_STRIDES, HEADS)

@@ -19,13 +19,7 @@ import triton
 import triton.language as tl
 
 from mlakit.kernels import hopper_common, hopper_decode, hopper_narrow_decode
-from mlakit.kernels.decode_split_plan import (
-    WORK_FIELDS,
-    SplitGeometry,
-    balanced_plan,
-    fixed_split_plan,
-    split_geometry,
-)
+from mlakit.kernels.decode_split_plan import WORK_FIELDS, SplitGeometry, decode_split_counts, split_geometry
 from mlakit.kernels.interpreter import INTERPRET
 from mlakit.kv_quant import FP8_DTYPE, SCALE_GROUP, SCALE_NONE, SCALE_PER_GROUP, SCALE_PER_TENSOR, scale_mode
 from mlakit.reference import pages_view
@@ -61,7 +55,7 @@ def _load_kv_part(
 # one more variant whenever it happens to be 1 or a multiple of 16).
 @triton.jit(do_not_specialize=["stride_bt_b"])
 def _mla_decode_split_kernel(
-    Q, KV, KV_SCALE, BLOCK_TABLE, SEQLENS, WORK, PART_ITEMS,
+    Q, KV, KV_SCALE, BLOCK_TABLE, SEQLENS, WORK,
     OUT, LSE, PART_OUT, PART_LSE,
     scale_log2,
     Q_STRIDES, KV_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES, SCALE_STRIDES,
@@ -70,37 +64,19 @@ def _mla_decode_split_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_ROPE: tl.constexpr,
     SCALE_MODE: tl.constexpr, SCALE_GROUP_SIZE: tl.constexpr, DOT_DTYPE: tl.constexpr,
 ):
-    """Program (row tile, part) runs the row tile of each work item of the plan's part in turn."""
-    tile = tl.program_id(0)
-    part = tl.program_id(1)
-    for item in range(tl.load(PART_ITEMS + part), tl.load(PART_ITEMS + part + 1)):
-        entry = WORK + item * WORK_FIELDS
-        q_len = tl.load(entry + 3)
-        if tile * BLOCK_M < q_len * HEADS:
-            _decode_item(
-                Q, KV, KV_SCALE, BLOCK_TABLE, SEQLENS, entry, OUT, LSE, PART_OUT, PART_LSE, scale_log2,
-                Q_STRIDES, KV_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES, SCALE_STRIDES, tile, q_len,
-                HEADS, PAGE_SIZE, KV_LORA_RANK, ROPE_DIM, BLOCK_M, BLOCK_N, BLOCK_R, BLOCK_ROPE, SCALE_MODE,
-                SCALE_GROUP_SIZE, DOT_DTYPE,
-            )
-
-
-@triton.jit
-def _decode_item(
-    Q, KV, KV_SCALE, BLOCK_TABLE, SEQLENS, entry, OUT, LSE, PART_OUT, PART_LSE, scale_log2,
-    Q_STRIDES, KV_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES, SCALE_STRIDES, tile, q_len,
-    HEADS: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    KV_LORA_RANK: tl.constexpr, ROPE_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_ROPE: tl.constexpr,
-    SCALE_MODE: tl.constexpr, SCALE_GROUP_SIZE: tl.constexpr, DOT_DTYPE: tl.constexpr,
-):
-    """Row tile `tile` of the work item at `entry`: its output, or its partial and lse."""
+    entry = WORK + tl.program_id(1) * WORK_FIELDS
     b = tl.load(entry)
-    num_splits = tl.load(entry + 1)
-    first_token = tl.load(entry + 2)
+    split = tl.load(entry + 1)
+    num_splits = tl.load(entry + 2)
+    first_token = tl.load(entry + 3)
+    q_len = tl.load(entry + 4)
+    tile = tl.program_id(0)
+    if split >= num_splits or tile * BLOCK_M >= q_len * HEADS:
+        return
     seqlen = tl.load(SEQLENS + b)
-    start = tl.load(entry + 4)
-    end = tl.load(entry + 5)
+    tiles_per_split = tl.cdiv(tl.cdiv(seqlen, BLOCK_N), num_splits)
+    start = split * tiles_per_split * BLOCK_N
+    end = tl.minimum(seqlen, start + tiles_per_split * BLOCK_N)
 
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < q_len * HEADS
@@ -158,11 +134,10 @@ def _decode_item(
                  mask=out_mask)
         tl.store(_lse_pointers(LSE, LSE_STRIDES, first_token, b, draft, head), lse, mask=row_ok)
     else:
-        part_slot = tl.load(entry + 6).to(tl.int64)
-        stride_po_slot, stride_po_row, stride_pl_slot = PART_STRIDES
-        tl.store(PART_OUT + part_slot * stride_po_slot + rows[:, None] * stride_po_row + cols_r[None, :], out,
-                 mask=out_mask)
-        tl.store(PART_LSE + part_slot * stride_pl_slot + rows, lse, mask=row_ok)
+        part_po_b, part_po_s, part_po_row, part_pl_b, part_pl_s = PART_STRIDES
+        tl.store(PART_OUT + b * part_po_b + split * part_po_s + rows[:, None] * part_po_row + cols_r[None, :],
+                 out, mask=out_mask)
+        tl.store(PART_LSE + b * part_pl_b + split * part_pl_s + rows, lse, mask=row_ok)
 
 
 @triton.jit
@@ -180,7 +155,7 @@ def _lse_pointers(LSE, LSE_STRIDES, first_token, b, draft, head):
 
 @triton.jit
 def _mla_decode_combine_kernel(
-    PART_OUT, PART_LSE, NUM_SPLITS, FIRST_SLOTS, CU_SEQLENS_Q, OUT, LSE, PART_STRIDES, OUT_STRIDES, LSE_STRIDES,
+    PART_OUT, PART_LSE, NUM_SPLITS, CU_SEQLENS_Q, OUT, LSE, PART_STRIDES, OUT_STRIDES, LSE_STRIDES,
     HEADS: tl.constexpr, KV_LORA_RANK: tl.constexpr,
     BLOCK_SPLITS: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
@@ -195,10 +170,9 @@ def _mla_decode_combine_kernel(
     row_ok = rows < q_len * HEADS
     cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
     col_ok = cols < KV_LORA_RANK
-    stride_po_s, stride_po_row, stride_pl_s = PART_STRIDES
-    first_slot = tl.load(FIRST_SLOTS + b).to(tl.int64)
-    lse_rows = PART_LSE + first_slot * stride_pl_s + rows
-    part_rows = PART_OUT + first_slot * stride_po_s + rows[:, None] * stride_po_row + cols[None, :]
+    stride_po_b, stride_po_s, stride_po_row, stride_pl_b, stride_pl_s = PART_STRIDES
+    lse_rows = PART_LSE + b * stride_pl_b + rows
+    part_rows = PART_OUT + b * stride_po_b + rows[:, None] * stride_po_row + cols[None, :]
     part_ok = row_ok[:, None] & col_ok[None, :]
     m = tl.full([BLOCK_ROWS], float("-inf"), dtype=tl.float32)
     total = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
@@ -240,25 +214,27 @@ class CombineTiling:
     columns: int
 
 
-def combine_tiling(splits_per_sequence: int, kv_lora_rank: int) -> CombineTiling:
-    """Up to COMBINE_SPLITS_PER_STEP splits in an even share per sequence (batches that fill the GPU
-    alone): whole latent rows, COMBINE_BATCH_SPLITS_PER_STEP partials per step; more (small batches of
-    long sequences): one row and 128 columns, COMBINE_SPLITS_PER_STEP partials per step, so that even
-    batch 1 spreads its splits over every SM. (H100, NOTES.md v13 and v30: a combine walking the
-    partials one at a time waits a memory round trip per split, ~0.3 us each.)
+def combine_tiling(max_splits: int, kv_lora_rank: int) -> CombineTiling:
+    """Up to 2 x COMBINE_SPLITS_PER_STEP splits per sequence (batches that fill the GPU alone): whole
+    latent rows, COMBINE_BATCH_SPLITS_PER_STEP partials per step; more (small batches of long sequences):
+    one row and 128 columns, COMBINE_SPLITS_PER_STEP partials per step, so that even batch 1 spreads its
+    splits over every SM. (H100, NOTES.md v13 and v30: a combine walking the partials one at a time
+    waits a memory round trip per split, ~0.3 us each.)
 
-    >>> combine_tiling(splits_per_sequence=132, kv_lora_rank=512)
+    >>> combine_tiling(max_splits=132, kv_lora_rank=512)
     CombineTiling(splits=16, rows=1, columns=128)
-    >>> combine_tiling(splits_per_sequence=9, kv_lora_rank=512)
+    >>> combine_tiling(max_splits=9, kv_lora_rank=512)
     CombineTiling(splits=4, rows=2, columns=512)
     """
-    if splits_per_sequence <= COMBINE_SPLITS_PER_STEP:
+    if max_splits <= 2 * COMBINE_SPLITS_PER_STEP:
         columns = triton.next_power_of_2(kv_lora_rank)
         rows = max(1, COMBINE_VALUES // (COMBINE_BATCH_SPLITS_PER_STEP * columns))
         return CombineTiling(COMBINE_BATCH_SPLITS_PER_STEP, rows, columns)
     return CombineTiling(COMBINE_SPLITS_PER_STEP, 1, min(128, triton.next_power_of_2(kv_lora_rank)))
 
 
+# The split kernels' grid holds one row per work item of the plan (sequences x split ceiling).
+MAX_WORK_ROWS = 65535
 # A split reads at least this many KV tiles: short ones spread a small batch over more SMs, but each
 # writes a partial (rows x kv_lora_rank floats) the combine reads again (H100: NOTES.md, v26).
 MIN_TILES_PER_SPLIT = 2
@@ -317,22 +293,23 @@ def default_tuning(rows: int, *, hopper_tier: bool = False, kv_dtype: torch.dtyp
 
 @dataclasses.dataclass(frozen=True)
 class DecodePlan:
-    """How one launch is split: launch shape and sizes (`SplitGeometry`), and on the device the query
-    offsets, per-sequence item counts and first partial slots, the work items (runs of a sequence's KV
-    tiles, sequences in batch order: `balanced_plan`, or `fixed_split_plan`) and each part's first
-    item. Build it once per step (`plan_decode`, `plan_extend`); every layer reuses it. `hopper_default`:
-    the tuning is the Hopper tier's tile, chosen because device and cache dtype suit that tier; a call
-    its kernel does not take after all (a page size the narrow kernel cannot box, per-group fp8 scales,
-    odd strides) runs the 64-row Hopper kernel, else the portable kernel with its default tile, over the
-    same items (`split_kernel_for`; unless the tuning's tier was set to "portable")."""
+    """How one launch is split: launch shape, split ceiling, and on the device the query
+    offsets, per-sequence split counts, the work items (one per split of a sequence, in launch
+    order, longest splits first: `decode_split_counts`; fixed-split plans keep batch order) and the
+    work state (their count, the persistent kernel's unit counter, the ragged flag: so the calls of one
+    plan run one after another, as a model's layers do). Build it once per step (`plan_decode`,
+    `plan_extend`); every layer reuses it. `hopper_default`: the tuning is the Hopper tier's
+    tile, chosen because device and cache dtype suit that tier; a call its kernel does not take
+    after all (a page size the narrow kernel cannot box, per-group fp8 scales, odd strides) runs
+    the 64-row Hopper kernel, else the portable kernel with its default tile, over the same split
+    counts (`split_kernel_for`; unless the tuning's tier was set to "portable")."""
 
     tuning: DecodeTuning
     geometry: SplitGeometry
     cu_seqlens_q: torch.Tensor
     num_splits: torch.Tensor
-    first_slots: torch.Tensor
     work: torch.Tensor
-    part_items: torch.Tensor
+    work_state: torch.Tensor
     max_q_len: int
     hopper_default: bool = False
 
@@ -386,14 +363,29 @@ def _plan(
     tuning = tuning or default_tuning(rows, hopper_tier=hopper_default, kv_dtype=kv_dtype)
     row_tiles = -(-rows // tuning.block_m)
     if tuning.fixed_splits is not None:
-        geometry, splits = fixed_split_plan(cache_seqlens, cu_seqlens_q, tuning.fixed_splits, row_tiles, tuning.block_n)
+        geometry = SplitGeometry(row_tiles=row_tiles, max_splits=tuning.fixed_splits)
     else:
         sms = num_sms or _num_sms(cache_seqlens.device)
         geometry = split_geometry(batch, rows, tuning.block_m, sms, tuning.programs_per_sm)
-        splits = balanced_plan(cache_seqlens, cu_seqlens_q, geometry, tuning.block_n,
-                               min_tokens_per_split=MIN_TILES_PER_SPLIT * tuning.block_n)
-    return DecodePlan(tuning, geometry, cu_seqlens_q, splits.counts, splits.first_slots, splits.work, splits.part_items,
-                      max_q_len, hopper_default)
+    if batch * geometry.max_splits > MAX_WORK_ROWS:
+        raise ValueError(f"cache_seqlens: {batch} sequences x a split ceiling of {geometry.max_splits} is more work "
+                         f"rows than the launch grid holds ({MAX_WORK_ROWS}); split the batch")
+    if tuning.fixed_splits is not None:
+        device = cache_seqlens.device
+        num_splits = torch.full((batch,), tuning.fixed_splits, dtype=torch.int32, device=device)
+        per_sequence = torch.stack([torch.arange(batch, dtype=torch.int32, device=device), num_splits,
+                                    cu_seqlens_q[:-1], cu_seqlens_q[1:] - cu_seqlens_q[:-1]], dim=1)
+        work = per_sequence.repeat_interleave(tuning.fixed_splits, dim=0)
+        split = torch.arange(tuning.fixed_splits, dtype=torch.int32, device=device).repeat(batch)
+        work = torch.cat([work[:, :1], split[:, None], work[:, 1:]], dim=1)
+        work_state = torch.zeros(3, dtype=torch.int32, device=device)
+        work_state[:1].fill_(batch * tuning.fixed_splits)
+        return DecodePlan(tuning, geometry, cu_seqlens_q, num_splits, work, work_state, max_q_len)
+    num_splits, work, work_state = decode_split_counts(
+        cache_seqlens, cu_seqlens_q, heads, geometry, tuning.block_m, tuning.block_n, sms, tuning.programs_per_sm,
+        min_tokens_per_split=MIN_TILES_PER_SPLIT * tuning.block_n,
+    )
+    return DecodePlan(tuning, geometry, cu_seqlens_q, num_splits, work, work_state, max_q_len, hopper_default)
 
 
 def triton_mla_decode(
@@ -479,17 +471,17 @@ def _launch(
     kernel, tuning, geometry = split_kernel_for(q, pages, kv_lora_rank, scale_mode, plan)
     # Rows padded to 16 keep every partial stride a multiple of 16 whatever the batch, so the
     # kernels specialize the same way for every step (one compiled variant, see warm-up).
-    part_out = torch.empty(geometry.partial_slots, -(-max_rows // 16) * 16, kv_lora_rank, dtype=torch.float32,
-                           device=q.device)
-    part_lse = torch.empty(part_out.shape[:2], dtype=torch.float32, device=q.device)
+    part_out = torch.empty(batch, geometry.max_splits if geometry.max_splits > 1 else 0, -(-max_rows // 16) * 16,
+                           kv_lora_rank, dtype=torch.float32, device=q.device)
+    part_lse = torch.empty(part_out.shape[:3], dtype=torch.float32, device=q.device)
     scale_strides = (scale.stride(0), scale.stride(1)) if scale_mode == SCALE_PER_GROUP else (0, 0)
-    part_strides = (part_out.stride(0), part_out.stride(1), part_lse.stride(0))
+    part_strides = (part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1))
     out_strides = (out.stride(0), out.stride(1))
 
-    # One program per (row tile, part), the row tiles of a part adjacent.
-    grid = (geometry.row_tiles, geometry.parts)
+    # Programs by work item (longest splits first; unused rows of the plan last), row tiles of a split adjacent.
+    grid = (geometry.row_tiles, plan.work.shape[0])
     shared_args = (
-        block_table, cache_seqlens, plan.work, plan.part_items,
+        block_table, cache_seqlens, plan.work,
         out, lse, part_out, part_lse,
         softmax_scale * LOG2E,
         (q.stride(0), q.stride(1)), (pages.stride(0), pages.stride(1)), block_table.stride(0),
@@ -498,7 +490,7 @@ def _launch(
     if kernel == "narrow":
         hopper_narrow_decode.launch(grid, q, pages, kv_scale, kv_lora_rank, shared_args)
     elif kernel == "hopper":
-        hopper_decode.launch(grid, q, pages, kv_scale, kv_lora_rank, shared_args)
+        hopper_decode.launch(grid, q, pages, kv_scale, kv_lora_rank, shared_args, plan.work_state)
     else:
         _mla_decode_split_kernel[grid](
             q, pages, scale, *shared_args, scale_strides,
@@ -508,11 +500,10 @@ def _launch(
             SCALE_MODE=scale_mode, SCALE_GROUP_SIZE=SCALE_GROUP, DOT_DTYPE=_dot_dtype(q.dtype),
             num_warps=tuning.num_warps, num_stages=_stages(tuning, scale_mode),
         )
-    if geometry.partial_slots > 0:
-        tiling = combine_tiling(geometry.splits_per_sequence, kv_lora_rank)
+    if geometry.max_splits > 1:
+        tiling = combine_tiling(geometry.max_splits, kv_lora_rank)
         _mla_decode_combine_kernel[(batch, triton.cdiv(max_rows, tiling.rows), triton.cdiv(kv_lora_rank, tiling.columns))](
-            part_out, part_lse, plan.num_splits, plan.first_slots, plan.cu_seqlens_q, out, lse, part_strides,
-            out_strides, lse_strides,
+            part_out, part_lse, plan.num_splits, plan.cu_seqlens_q, out, lse, part_strides, out_strides, lse_strides,
             HEADS=heads, KV_LORA_RANK=kv_lora_rank,
             BLOCK_SPLITS=tiling.splits, BLOCK_ROWS=tiling.rows, BLOCK_C=tiling.columns,
             num_warps=4,
