@@ -9,7 +9,8 @@ shared memory, and V is the latent part of the same tile. Three kernels:
 - `mla_decode_hopper_seesaw_kernel`, for 16-bit pages holding whole tiles (page size a
   multiple of 64): the two warpgroups take turns over pairs of tiles. Warpgroup 0 computes S
   and the softmax of the even tiles, warpgroup 1 those of the odd tiles (while warpgroup 0's
-  softmax runs), against one running max handed over through shared memory; each owns half of
+  softmax runs), against one running max handed over through shared memory (on named barriers:
+  the giving warpgroup arrives and goes on, the taking one waits); each owns half of
   the output columns, multiplies its own P from registers and the other's from shared memory.
   Tiles arrive as 64-column TMA chunks on their own barriers (S starts on the first one; a
   split's partial last tile waits for all of them, to zero its rows past the end), and
@@ -68,6 +69,12 @@ BLOCK_M = gl.constexpr(64)
 NUM_WARPS = gl.constexpr(8)
 STAGES = gl.constexpr(2)
 TMA_CHUNK = gl.constexpr(64)
+# Hardware named barriers for the seesaw's hand-offs between its two warpgroups (the compiler takes
+# barriers 0-2 for its own synchronization in a two-partition kernel).
+EVEN_MAX_READY = gl.constexpr(10)
+ODD_MAX_READY = gl.constexpr(11)
+EVEN_P_READY = gl.constexpr(12)
+ROW_SUMS_READY = gl.constexpr(13)
 # One warpgroup's rows in 16-byte pieces (query loads, zeroing the rows past a sequence's end).
 WARPGROUP_ROWS = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
 
@@ -601,8 +608,24 @@ def _zero_tail(k_lat, chunk_ready, stage: gl.constexpr, phase, first_bad):
 
 
 @gluon.jit
+def _hand_over(BARRIER: gl.constexpr):
+    """A warpgroup's side of a hand-off to the other one: its 128 threads arrive on the named BARRIER of
+    both warpgroups (256 threads) after their shared-memory stores, and go on without waiting."""
+    gl.inline_asm_elementwise(f"bar.arrive {BARRIER}, 256;\n mov.u32 $0, 0;", "=r,r", [gl.program_id(0)],
+                              dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _take_over(BARRIER: gl.constexpr):
+    """The receiving side: waits on the named BARRIER until the other warpgroup has arrived; its shared-memory
+    stores before that are then visible."""
+    gl.inline_asm_elementwise(f"bar.sync {BARRIER}, 256;\n mov.u32 $0, 0;", "=r,r", [gl.program_id(0)],
+                              dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def _seesaw_even_partition(
-    q_lat_all, q_rope_smem, k_lat_smem, slots, chunk_ready, even_ready, odd_ready, p_even_ready, final_ready,
+    q_lat_all, q_rope_smem, k_lat_smem, slots, chunk_ready,
     m_even, scale_even, m_odd, scale_odd, sum_odd, final_rows,
     CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, b, split,
     num_splits, scale_log2, OUT, LSE, PART_OUT, PART_LSE, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
@@ -637,8 +660,7 @@ def _seesaw_even_partition(
         p0, scale0, m_i = online_softmax(_masked(s, tok0, end, visible, scale_log2), m_i)
         m_even.store(m_i)
         scale_even.store(scale0)
-        gl.thread_barrier()
-        mbarrier.arrive(even_ready, count=1)
+        _hand_over(EVEN_MAX_READY)
 
         acc = acc * _row_vector(scale0, o_layout)[:, None]
         acc = warpgroup_mma(gl.convert_layout(p0.to(dtype), p_layout), k0.slice(0, half, dim=1), acc, is_async=True)
@@ -648,7 +670,7 @@ def _seesaw_even_partition(
                      t0 + 2 < num_tiles)
 
         if has_odd:
-            mbarrier.wait(odd_ready, phase)
+            _take_over(ODD_MAX_READY)
             scale1 = scale_odd.load(gl.SliceLayout(1, s_layout))
             odd_sum = sum_odd.load(gl.SliceLayout(1, s_layout))
             m_i = m_odd.load(gl.SliceLayout(1, s_layout))
@@ -657,8 +679,7 @@ def _seesaw_even_partition(
             odd_sum = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
         slots.index(0).store((p0 * scale1[:, None]).to(dtype))
         fence_async_shared()
-        gl.thread_barrier()
-        mbarrier.arrive(p_even_ready, count=1)
+        _hand_over(EVEN_P_READY)
         l_i = (l_i * scale0 + gl.sum(p0, 1)) * scale1 + odd_sum
 
         if has_odd:
@@ -671,8 +692,7 @@ def _seesaw_even_partition(
 
     lse, inv_l = finish_rows(m_i, l_i)
     final_rows.store(inv_l)
-    gl.thread_barrier()
-    mbarrier.arrive(final_ready, count=1)
+    _hand_over(ROW_SUMS_READY)
     _store_columns(acc * _row_vector(inv_l, o_layout)[:, None], 0, OUT, PART_OUT, first_token, b, split, num_splits,
                    tile, q_len, OUT_STRIDES, PART_STRIDES, HEADS, o_layout)
     store_lse(lse, rows, LSE, PART_LSE, first_token, b, split, num_splits, q_len,
@@ -681,7 +701,7 @@ def _seesaw_even_partition(
 
 @gluon.jit
 def _seesaw_odd_partition(
-    q_lat_all, q_rope_smem, k_lat_smem, slots, chunk_ready, even_ready, odd_ready, p_even_ready, final_ready,
+    q_lat_all, q_rope_smem, k_lat_smem, slots, chunk_ready,
     m_even, scale_even, m_odd, scale_odd, sum_odd, final_rows,
     CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, b, split,
     num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES,
@@ -715,7 +735,7 @@ def _seesaw_odd_partition(
             s = _masked(s, tok1, end, visible, scale_log2)
         else:
             s = s_zero
-        mbarrier.wait(even_ready, phase)
+        _take_over(EVEN_MAX_READY)
         m0 = m_even.load(gl.SliceLayout(1, s_layout))
         scale0 = scale_even.load(gl.SliceLayout(1, s_layout))
         if has_odd:
@@ -725,8 +745,7 @@ def _seesaw_odd_partition(
             scale_odd.store(scale1)
             sum_odd.store(gl.sum(p1, 1))
             fence_async_shared()
-            gl.thread_barrier()
-            mbarrier.arrive(odd_ready, count=1)
+            _hand_over(ODD_MAX_READY)
             acc = acc * _row_vector(scale0 * scale1, o_layout)[:, None]
             acc = warpgroup_mma(gl.convert_layout(p1.to(dtype), p_layout), k1.slice(half, half, dim=1), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
@@ -735,13 +754,13 @@ def _seesaw_odd_partition(
                          lat_chunks // 2, False, t1 + 2 < num_tiles)
         else:
             acc = acc * _row_vector(scale0, o_layout)[:, None]
-        mbarrier.wait(p_even_ready, phase)
+        _take_over(EVEN_P_READY)
         acc = warpgroup_mma(slots.index(0), k0.slice(half, half, dim=1), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
         gl.thread_barrier()
         _load_chunks(CHUNK_DESC, ROPE_DESC, next_even, chunk_ready, 0, k0, slots.index(0), lat_chunks // 2,
                      lat_chunks // 2, True, t1 + 1 < num_tiles)
-    mbarrier.wait(final_ready, 0)
+    _take_over(ROW_SUMS_READY)
     inv_l = final_rows.load(gl.SliceLayout(1, o_layout))
     _store_columns(acc * inv_l[:, None], half, OUT, PART_OUT, first_token, b, split, num_splits, tile, q_len,
                    OUT_STRIDES, PART_STRIDES, HEADS, o_layout)
@@ -782,7 +801,6 @@ def mla_decode_hopper_seesaw_kernel(
     rows_smem = gl.allocate_shared_memory(gl.float32, [6, BLOCK_M], row_layout)
     chunks: gl.constexpr = KV_LORA_RANK // TMA_CHUNK + 1
     chunk_ready = gl.allocate_shared_memory(gl.int64, [2 * chunks, 1], mbarrier.MBarrierLayout())
-    handoffs = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
 
     programs = gl.num_programs(0)
     units = gl.load(WORK_STATE) * row_tiles
@@ -801,7 +819,7 @@ def mla_decode_hopper_seesaw_kernel(
         tile = unit % row_tiles
         if split < num_splits and tile * BLOCK_M < q_len * HEADS:
             _seesaw_unit(
-                q_lat_all, q_rope_smem, k_lat_smem, slots, rows_smem, chunk_ready, handoffs,
+                q_lat_all, q_rope_smem, k_lat_smem, slots, rows_smem, chunk_ready,
                 Q, CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, seqlen, b, split, num_splits, first_token,
                 q_len, tile, OUT, LSE, PART_OUT, PART_LSE, scale_log2, Q_STRIDES, stride_bt_b, OUT_STRIDES,
                 LSE_STRIDES, PART_STRIDES, HEADS, PAGE_SIZE, KV_LORA_RANK)
@@ -840,20 +858,17 @@ def _take_unit(TAKEN, units, programs):
 
 @gluon.jit
 def _seesaw_unit(
-    q_lat_all, q_rope_smem, k_lat_smem, slots, rows_smem, chunk_ready, handoffs,
+    q_lat_all, q_rope_smem, k_lat_smem, slots, rows_smem, chunk_ready,
     Q, CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, seqlen, b, split, num_splits, first_token, q_len, tile,
     OUT, LSE, PART_OUT, PART_LSE, scale_log2, Q_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr,
 ):
-    """One unit of the seesaw kernel (a split's row tile), on barriers initialized for it and invalidated
-    after it: Q and the first two tiles loaded, then the two warpgroups' partitions."""
+    """One unit of the seesaw kernel (a split's row tile), on chunk barriers initialized for it and
+    invalidated after it: Q and the first two tiles loaded, then the two warpgroups' partitions."""
     start, end, num_tiles = split_range(seqlen, split, num_splits)
     chunks: gl.constexpr = KV_LORA_RANK // TMA_CHUNK + 1
-    handoff_barriers: gl.constexpr = handoffs.shape[0]
     for c in gl.static_range(2 * chunks):
         mbarrier.init(chunk_ready.index(c), count=1)
-    for h in gl.static_range(handoff_barriers):
-        mbarrier.init(handoffs.index(h), count=1)
     _load_query(q_lat_all.index(0), q_rope_smem, Q, tile, first_token, q_len, Q_STRIDES, HEADS, WARPGROUP_ROWS)
     async_copy.commit_group()
     bt_row = b * stride_bt_b
@@ -865,21 +880,19 @@ def _seesaw_unit(
     fence_async_shared()
     gl.thread_barrier()
 
-    even_ready, odd_ready, p_even_ready, final_ready = (handoffs.index(0), handoffs.index(1), handoffs.index(2),
-                                                        handoffs.index(3))
     m_even, scale_even, m_odd, scale_odd, sum_odd, final_rows = (rows_smem.index(0), rows_smem.index(1),
                                                                  rows_smem.index(2), rows_smem.index(3),
                                                                  rows_smem.index(4), rows_smem.index(5))
     gl.warp_specialize([
         (_seesaw_even_partition, (
-            q_lat_all, q_rope_smem, k_lat_smem, slots, chunk_ready, even_ready, odd_ready, p_even_ready, final_ready,
+            q_lat_all, q_rope_smem, k_lat_smem, slots, chunk_ready,
             m_even, scale_even, m_odd, scale_odd, sum_odd, final_rows,
             CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, b, split,
             num_splits, scale_log2, OUT, LSE, PART_OUT, PART_LSE,
             OUT_STRIDES, LSE_STRIDES,
             PART_STRIDES, HEADS, PAGE_SIZE, KV_LORA_RANK)),
         (_seesaw_odd_partition, (
-            q_lat_all, q_rope_smem, k_lat_smem, slots, chunk_ready, even_ready, odd_ready, p_even_ready, final_ready,
+            q_lat_all, q_rope_smem, k_lat_smem, slots, chunk_ready,
             m_even, scale_even, m_odd, scale_odd, sum_odd, final_rows,
             CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, b, split,
             num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES,
@@ -887,5 +900,4 @@ def _seesaw_unit(
     ], [4], [248])
     for c in gl.static_range(2 * chunks):
         mbarrier.invalidate(chunk_ready.index(c))
-    for h in gl.static_range(handoff_barriers):
-        mbarrier.invalidate(handoffs.index(h))
+
