@@ -611,15 +611,20 @@ def _zero_tail(k_lat, chunk_ready, stage: gl.constexpr, phase, first_bad):
 def _hand_over(BARRIER: gl.constexpr):
     """A warpgroup's side of a hand-off to the other one: its 128 threads arrive on the named BARRIER of
     both warpgroups (256 threads) after their shared-memory stores, and go on without waiting."""
-    gl.inline_asm_elementwise(f"bar.arrive {BARRIER}, 256;\n mov.u32 $0, 0;", "=r,r", [gl.program_id(0)],
-                              dtype=gl.int32, is_pure=False, pack=1)
+    _named_barrier("arrive", BARRIER)
 
 
 @gluon.jit
 def _take_over(BARRIER: gl.constexpr):
     """The receiving side: waits on the named BARRIER until the other warpgroup has arrived; its shared-memory
     stores before that are then visible."""
-    gl.inline_asm_elementwise(f"bar.sync {BARRIER}, 256;\n mov.u32 $0, 0;", "=r,r", [gl.program_id(0)],
+    _named_barrier("sync", BARRIER)
+
+
+@gluon.jit
+def _named_barrier(OP: gl.constexpr, BARRIER: gl.constexpr):
+    # Inline assembly needs an operand: the program id stands in.
+    gl.inline_asm_elementwise(f"bar.{OP} {BARRIER}, 256;\n mov.u32 $0, 0;", "=r,r", [gl.program_id(0)],
                               dtype=gl.int32, is_pure=False, pack=1)
 
 
