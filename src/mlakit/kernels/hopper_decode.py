@@ -905,4 +905,3 @@ def _seesaw_unit(
     ], [4], [248])
     for c in gl.static_range(2 * chunks):
         mbarrier.invalidate(chunk_ready.index(c))
-
