@@ -286,3 +286,25 @@ def test_persistent_kernel_takes_every_unit_and_leaves_its_counter_at_zero(heads
         assert int(plan.work_state[1]) == 0, "every launch leaves the unit counter at zero"
         batch.q.copy_(torch.randn(batch.q.shape, device="cuda", generator=gen).to(batch.q.dtype))
         _check(batch, plan=plan)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
+@pytest.mark.parametrize("heads, q_len, copies", [(16, 1, 15), (64, 3, 5), (128, 2, 4)])
+def test_persistent_kernel_merges_its_splits_and_leaves_its_counters_at_zero(heads, q_len, copies):
+    """Batches that fill the GPU (a split ceiling of at most MERGE_MAX_SPLITS): the seesaw kernel merges
+    the few split sequences' partials itself (no combine launch), over several rounds of units."""
+    from mlakit.kernels import hopper_decode
+    from mlakit.kernels.triton_decode import plan_decode
+
+    lengths = [9000, 0, 4096, 1, 700, 16384, 65] * copies
+    batch = make_paged_batch(lengths, heads=heads, q_len=q_len, page_size=64, kv_lora_rank=512, rope_dim=64,
+                             device="cuda", seed=heads + q_len)
+    plan = plan_decode(batch.cache_seqlens, q_len=q_len, heads=heads, kv_dtype=batch.kv_cache.dtype)
+    assert _split_kernel(batch, plan) == "hopper"
+    assert 1 < plan.geometry.max_splits <= hopper_decode.MERGE_MAX_SPLITS and int(plan.num_splits.max()) > 1
+    assert int(plan.work_state[0]) * plan.geometry.row_tiles > torch.cuda.get_device_properties(0).multi_processor_count
+    gen = torch.Generator(device="cuda").manual_seed(heads)
+    for _ in range(3):  # new queries each launch: a merge left out would keep the last launch's rows
+        batch.q.copy_(torch.randn(batch.q.shape, device="cuda", generator=gen).to(batch.q.dtype))
+        _check(batch, plan=plan)
+        assert not plan.merge_state.any(), "every launch leaves the merge counters at zero"

@@ -15,7 +15,8 @@ shared memory, and V is the latent part of the same tile. Three kernels:
   Tiles arrive as 64-column TMA chunks on their own barriers (S starts on the first one; a
   split's partial last tile waits for all of them, to zero its rows past the end), and
   each chunk is reloaded as soon as its last reader is done with it. P goes into the tile's
-  rope columns, which S no longer needs;
+  rope columns, which S no longer needs. For batches that fill the GPU (few split sequences) the
+  program that finishes a sequence's last split merges its partials, so no combine kernel runs;
 - `mla_decode_hopper_fp8_kernel`, for fp8 (e4m3) pages of any size with one per-tensor scale:
   warpgroup 0 computes S for the whole tile, the softmax, and writes P and the row rescale
   factors to shared memory; both warpgroups then do P . V for half of the latent columns each.
@@ -77,6 +78,14 @@ EVEN_P_READY = gl.constexpr(12)
 ROW_SUMS_READY = gl.constexpr(13)
 # One warpgroup's rows in 16-byte pieces (query loads, zeroing the rows past a sequence's end).
 WARPGROUP_ROWS = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
+# The persistent seesaw merges its split sequences' partials itself when the plan has at most this many
+# splits per sequence: batches that fill the GPU, whose few split sequences are merged while the other
+# programs work. Beyond it the combine kernel, whose many programs merge faster (NOTES.md v39).
+MERGE_MAX_SPLITS = 4
+# Its merges: latent columns per step and partials whose loads are in flight together.
+MERGE_COLUMNS = gl.constexpr(64)
+MERGE_SPLITS_PER_STEP = gl.constexpr(4)
+MERGE_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0]))
 
 
 def supports(q_dtype: torch.dtype, pages: torch.Tensor, scale_mode: int, kv_lora_rank: int, rope_dim: int) -> bool:
@@ -111,23 +120,29 @@ def chunk_descriptors(pages: torch.Tensor, kv_lora_rank: int) -> tuple[TensorDes
 
 
 def launch(grid: tuple[int, int], q: torch.Tensor, pages: torch.Tensor, kv_scale: torch.Tensor | None, kv_lora_rank: int,
-           shared_args: tuple, work_state: torch.Tensor) -> None:
+           shared_args: tuple, work_state: torch.Tensor, merge_state: torch.Tensor, max_splits: int) -> bool:
     """Runs the split pass (a call `supports` accepts) over `grid` = (row tiles, rows of the plan's
     work items): the fp8 kernel for fp8 caches (with the one-element `kv_scale`), the persistent seesaw
     kernel for 16-bit pages holding whole tiles (TMA loads) and latent widths of at least 128 (one
     program per SM at most, over the plan's `work_state`), the cp.async gather kernel otherwise.
     `shared_args` are the portable split kernel's arguments from the block table on, without the scale
-    strides."""
+    strides. Returns whether the kernel merged the split sequences' partials itself (the seesaw, when the
+    plan's split ceiling `max_splits` is at most MERGE_MAX_SPLITS, counting splits in the plan's
+    `merge_state`), so that no combine is needed."""
     constants = dict(HEADS=q.shape[1], PAGE_SIZE=pages.shape[1], KV_LORA_RANK=kv_lora_rank, ROPE_DIM=q.shape[-1] - kv_lora_rank)
     if pages.dtype == FP8_DTYPE:
         mla_decode_hopper_fp8_kernel[grid](q, pages, kv_scale, *shared_args, **constants, num_warps=4)
-    elif pages.shape[1] % BLOCK_N.value == 0 and kv_lora_rank >= 2 * TMA_CHUNK.value:
+        return False
+    if pages.shape[1] % BLOCK_N.value == 0 and kv_lora_rank >= 2 * TMA_CHUNK.value:
         row_tiles, work_rows = grid
         programs = min(sm_count(q.device), row_tiles * work_rows)
+        merge = 1 < max_splits <= MERGE_MAX_SPLITS
         mla_decode_hopper_seesaw_kernel[(programs,)](q, *chunk_descriptors(pages, kv_lora_rank), *shared_args, work_state,
-                                                     work_rows, row_tiles, **constants, num_warps=4)
-    else:
-        mla_decode_hopper_split_kernel[grid](q, pages, *shared_args, **constants, num_warps=NUM_WARPS.value)
+                                                     work_rows, row_tiles, merge_state, **constants, MERGE=merge,
+                                                     num_warps=4)
+        return merge
+    mla_decode_hopper_split_kernel[grid](q, pages, *shared_args, **constants, num_warps=NUM_WARPS.value)
+    return False
 
 
 def rows_are_contiguous(pages: torch.Tensor) -> bool:
@@ -777,9 +792,9 @@ def mla_decode_hopper_seesaw_kernel(
     OUT, LSE, PART_OUT, PART_LSE,
     scale_log2,
     Q_STRIDES, KV_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
-    WORK_STATE, work_rows, row_tiles,
+    WORK_STATE, work_rows, row_tiles, MERGE_STATE,
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr,
-    KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr,
+    KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr, MERGE: gl.constexpr,
 ):
     """Two warpgroups taking turns over tile pairs ("seesaw"), for 16-bit pages that hold whole tiles:
     even tiles in stage 0 (warpgroup 0's S and softmax), odd tiles in stage 1 (warpgroup 1's), each
@@ -791,7 +806,9 @@ def mla_decode_hopper_seesaw_kernel(
     (WORK_STATE[2]), the next untaken one as each program finishes one (`_take_unit`: the shorter splits
     fill in where programs finish first), otherwise in snake order (program p's second unit is the p-th
     from the end of the second round, ...), each unit's plan entry loaded while the one before runs
-    (NOTES.md v30). Arguments as `mla_decode_hopper_split_kernel`'s, with the cache's chunk TMA descriptors.
+    (NOTES.md v30). With MERGE, a split's partial is counted in MERGE_STATE once written, and the program
+    that writes a sequence's last split merges the partials (`_merge_if_last`) instead of a combine kernel.
+    Arguments as `mla_decode_hopper_split_kernel`'s, with the cache's chunk TMA descriptors.
     """
     dtype: gl.constexpr = Q.dtype.element_ty
     lat_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, KV_LORA_RANK], dtype)
@@ -828,12 +845,69 @@ def mla_decode_hopper_seesaw_kernel(
                 Q, CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, seqlen, b, split, num_splits, first_token,
                 q_len, tile, OUT, LSE, PART_OUT, PART_LSE, scale_log2, Q_STRIDES, stride_bt_b, OUT_STRIDES,
                 LSE_STRIDES, PART_STRIDES, HEADS, PAGE_SIZE, KV_LORA_RANK)
+            if MERGE and num_splits > 1:
+                _merge_if_last(WORK, unit, row_tiles, MERGE_STATE, OUT, LSE, PART_OUT, PART_LSE,
+                               OUT_STRIDES, LSE_STRIDES, PART_STRIDES, HEADS, KV_LORA_RANK)
         if ragged:
             unit = _take_unit(WORK_STATE + 1, units, programs)
             b, split, num_splits, first_token, q_len, seqlen = _unit_work(WORK, SEQLENS, unit, row_tiles, work_rows)
         else:
             unit = next_unit
             b, split, num_splits, first_token, q_len, seqlen = next_work
+
+
+@gluon.jit
+def _merge_if_last(WORK, unit, row_tiles, MERGE_STATE, OUT, LSE, PART_OUT, PART_LSE,
+                   OUT_STRIDES, LSE_STRIDES, PART_STRIDES, HEADS: gl.constexpr, KV_LORA_RANK: gl.constexpr):
+    """Counts a unit's split as written (its partial stored by both warpgroups); the program that writes
+    the last of a sequence's splits merges them all into the output and sets the count back to zero
+    for the next launch. Nobody waits: the other splits' programs have gone on. (The unit's plan entry
+    is loaded again: kept from before the unit, it would take registers from the warpgroups.)"""
+    b, split, num_splits, first_token, q_len = work_item(WORK, unit // row_tiles)
+    tile = unit % row_tiles
+    arrivals = MERGE_STATE + b * row_tiles + tile
+    gl.thread_barrier()
+    if gl.atomic_add(arrivals, 1) == num_splits - 1:
+        gl.store(arrivals, 0)
+        for block in range(KV_LORA_RANK // MERGE_COLUMNS):
+            _merge_block(b, tile, block, num_splits, first_token, q_len, OUT, LSE, PART_OUT, PART_LSE,
+                         OUT_STRIDES, LSE_STRIDES, PART_STRIDES, HEADS)
+
+
+@gluon.jit
+def _merge_block(b, tile, block, num_splits, first_token, q_len, OUT, LSE, PART_OUT, PART_LSE,
+                 OUT_STRIDES, LSE_STRIDES, PART_STRIDES, HEADS: gl.constexpr):
+    """Latent columns block x MERGE_COLUMNS .. of a row tile's output: its splits' partials weighted by
+    their lse, MERGE_SPLITS_PER_STEP loaded at a time (from L2: other programs wrote them), against a
+    running max; block 0 also writes the lse."""
+    rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, MERGE_LAYOUT))
+    cols = block * MERGE_COLUMNS + gl.arange(0, MERGE_COLUMNS, layout=gl.SliceLayout(0, MERGE_LAYOUT))
+    row_ok = rows < q_len * HEADS
+    lse_rows = PART_LSE + b * PART_STRIDES[3] + rows
+    part_rows = PART_OUT + b * PART_STRIDES[0] + rows[:, None] * PART_STRIDES[2] + cols[None, :]
+    m, total = no_keys_yet(BLOCK_M, gl.SliceLayout(1, MERGE_LAYOUT))
+    acc = gl.zeros([BLOCK_M, MERGE_COLUMNS], gl.float32, layout=MERGE_LAYOUT)
+    for first in range(0, num_splits, MERGE_SPLITS_PER_STEP):
+        for step in gl.static_range(MERGE_SPLITS_PER_STEP):
+            present = row_ok & (first + step < num_splits)
+            lse = gl.load(lse_rows + (first + step) * PART_STRIDES[4], mask=present, other=float("-inf"),
+                          cache_modifier=".cg")
+            part = gl.load(part_rows + (first + step) * PART_STRIDES[1], mask=present[:, None], other=0.0,
+                           cache_modifier=".cg")
+            m_new = gl.maximum(m, lse)
+            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+            rescale = gl.exp(m - m_safe)
+            weight = gl.exp(lse - m_safe)
+            total = total * rescale + weight
+            acc = acc * rescale[:, None] + part * weight[:, None]
+            m = m_new
+    has_keys = total > 0
+    safe_total = gl.where(has_keys, total, 1.0)
+    store_output(acc / safe_total[:, None], rows[:, None], cols[None, :], OUT, PART_OUT, first_token, b, 0, 1, q_len,
+                 OUT_STRIDES, PART_STRIDES, HEADS)
+    if block == 0:
+        lse = gl.where(has_keys, gl.where(m == float("-inf"), 0.0, m) + gl.log(safe_total), float("-inf"))
+        store_lse(lse, rows, LSE, PART_LSE, first_token, b, 0, 1, q_len, LSE_STRIDES, PART_STRIDES, HEADS)
 
 
 @gluon.jit

@@ -295,9 +295,11 @@ def default_tuning(rows: int, *, hopper_tier: bool = False, kv_dtype: torch.dtyp
 class DecodePlan:
     """How one launch is split: launch shape, split ceiling, and on the device the query
     offsets, per-sequence split counts, the work items (one per split of a sequence, in launch
-    order, longest splits first: `decode_split_counts`; fixed-split plans keep batch order) and the
-    work state (their count, the persistent kernel's unit counter, the ragged flag: so the calls of one
-    plan run one after another, as a model's layers do). Build it once per step (`plan_decode`,
+    order, longest splits first: `decode_split_counts`; fixed-split plans keep batch order), the
+    work state (their count, the persistent kernel's unit counter, the ragged flag) and the merge
+    state (per sequence and 64-row tile, the splits written so far, for the kernel that merges its own
+    partials: `hopper_decode.launch`); every counter is back at zero after a launch,
+    so the calls of one plan run one after another, as a model's layers do. Build it once per step (`plan_decode`,
     `plan_extend`); every layer reuses it. `hopper_default`: the tuning is the Hopper tier's
     tile, chosen because device and cache dtype suit that tier; a call its kernel does not take
     after all (a page size the narrow kernel cannot box, per-group fp8 scales, odd strides) runs
@@ -310,6 +312,7 @@ class DecodePlan:
     num_splits: torch.Tensor
     work: torch.Tensor
     work_state: torch.Tensor
+    merge_state: torch.Tensor
     max_q_len: int
     hopper_default: bool = False
 
@@ -370,6 +373,8 @@ def _plan(
     if batch * geometry.max_splits > MAX_WORK_ROWS:
         raise ValueError(f"cache_seqlens: {batch} sequences x a split ceiling of {geometry.max_splits} is more work "
                          f"rows than the launch grid holds ({MAX_WORK_ROWS}); split the batch")
+    merge_state = torch.zeros(batch * -(-rows // hopper_decode.BLOCK_M.value), dtype=torch.int32,
+                              device=cache_seqlens.device)
     if tuning.fixed_splits is not None:
         device = cache_seqlens.device
         num_splits = torch.full((batch,), tuning.fixed_splits, dtype=torch.int32, device=device)
@@ -380,12 +385,13 @@ def _plan(
         work = torch.cat([work[:, :1], split[:, None], work[:, 1:]], dim=1)
         work_state = torch.zeros(3, dtype=torch.int32, device=device)
         work_state[:1].fill_(batch * tuning.fixed_splits)
-        return DecodePlan(tuning, geometry, cu_seqlens_q, num_splits, work, work_state, max_q_len)
+        return DecodePlan(tuning, geometry, cu_seqlens_q, num_splits, work, work_state, merge_state, max_q_len)
     num_splits, work, work_state = decode_split_counts(
         cache_seqlens, cu_seqlens_q, heads, geometry, tuning.block_m, tuning.block_n, sms, tuning.programs_per_sm,
         min_tokens_per_split=MIN_TILES_PER_SPLIT * tuning.block_n,
     )
-    return DecodePlan(tuning, geometry, cu_seqlens_q, num_splits, work, work_state, max_q_len, hopper_default)
+    return DecodePlan(tuning, geometry, cu_seqlens_q, num_splits, work, work_state, merge_state, max_q_len,
+                      hopper_default)
 
 
 def triton_mla_decode(
@@ -487,10 +493,12 @@ def _launch(
         (q.stride(0), q.stride(1)), (pages.stride(0), pages.stride(1)), block_table.stride(0),
         out_strides, lse_strides, part_strides,
     )
+    merged = False
     if kernel == "narrow":
         hopper_narrow_decode.launch(grid, q, pages, kv_scale, kv_lora_rank, shared_args)
     elif kernel == "hopper":
-        hopper_decode.launch(grid, q, pages, kv_scale, kv_lora_rank, shared_args, plan.work_state)
+        merged = hopper_decode.launch(grid, q, pages, kv_scale, kv_lora_rank, shared_args, plan.work_state,
+                                      plan.merge_state, geometry.max_splits)
     else:
         _mla_decode_split_kernel[grid](
             q, pages, scale, *shared_args, scale_strides,
@@ -500,7 +508,7 @@ def _launch(
             SCALE_MODE=scale_mode, SCALE_GROUP_SIZE=SCALE_GROUP, DOT_DTYPE=_dot_dtype(q.dtype),
             num_warps=tuning.num_warps, num_stages=_stages(tuning, scale_mode),
         )
-    if geometry.max_splits > 1:
+    if geometry.max_splits > 1 and not merged:
         tiling = combine_tiling(geometry.max_splits, kv_lora_rank)
         _mla_decode_combine_kernel[(batch, triton.cdiv(max_rows, tiling.rows), triton.cdiv(kv_lora_rank, tiling.columns))](
             part_out, part_lse, plan.num_splits, plan.cu_seqlens_q, out, lse, part_strides, out_strides, lse_strides,
