@@ -210,7 +210,6 @@ def test_work_items_list_every_split_longest_first(kernel_device):
     order = _sequences_in_launch_order(splits, work, items)
     taken = work[: int(items[0]), 0].long()
     assert torch.equal(work[: int(items[0]), 3], cu_seqlens_q[taken]) and torch.equal(work[: int(items[0]), 4], q_lens[taken])
-    assert torch.equal(work[: int(items[0]), 5], lengths[taken])
     tiles = (lengths + 63) // 64
     busy = (tiles > 0) & (q_lens > 0)
     per_split = torch.where(busy, (tiles + splits - 1) // splits, 0)[order.long()]

@@ -2,6 +2,7 @@
 
 import dataclasses
 import itertools
+from unittest import mock
 
 import pytest
 import torch
@@ -292,19 +293,43 @@ def test_persistent_kernel_takes_every_unit_and_leaves_its_counter_at_zero(heads
 @pytest.mark.parametrize("heads, q_len, copies", [(16, 1, 15), (64, 3, 5), (128, 2, 4)])
 def test_persistent_kernel_merges_its_splits_and_leaves_its_counters_at_zero(heads, q_len, copies):
     """Batches that fill the GPU (a split ceiling of at most MERGE_MAX_SPLITS): the seesaw kernel merges
-    the few split sequences' partials itself (no combine launch), over several rounds of units."""
-    from mlakit.kernels import hopper_decode
+    the few split sequences' partials itself (no combine launch), over several rounds of units taken
+    dynamically (ragged batches)."""
     from mlakit.kernels.triton_decode import plan_decode
 
     lengths = [9000, 0, 4096, 1, 700, 16384, 65] * copies
     batch = make_paged_batch(lengths, heads=heads, q_len=q_len, page_size=64, kv_lora_rank=512, rope_dim=64,
                              device="cuda", seed=heads + q_len)
     plan = plan_decode(batch.cache_seqlens, q_len=q_len, heads=heads, kv_dtype=batch.kv_cache.dtype)
+    assert int(plan.num_splits.max()) > 1 and int(plan.work_state[2]) == 1
+    _check_merged_in_kernel(batch, plan, launches=3)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
+def test_persistent_kernel_merges_fixed_splits_taken_in_snake_order():
+    """A fixed 3-split plan (batch order, not ragged): several rounds in snake order, splits past short
+    sequences' ends (empty partials) and empty sequences, all merged in kernel."""
+    from mlakit.kernels.triton_decode import DecodeTuning, plan_decode
+
+    batch = make_paged_batch([9000, 0, 4096, 1, 700, 65] * 11, heads=128, page_size=64, kv_lora_rank=512, rope_dim=64,
+                             device="cuda", seed=5)
+    plan = plan_decode(batch.cache_seqlens, q_len=1, heads=128, kv_dtype=batch.kv_cache.dtype,
+                       tuning=DecodeTuning(64, 64, 8, programs_per_sm=1, fixed_splits=3))
+    assert int(plan.work_state[2]) == 0
+    _check_merged_in_kernel(batch, plan, launches=2)
+
+
+def _check_merged_in_kernel(batch, plan, launches):
+    """`launches` calls of one plan with fresh queries each (a merge left out would keep the last launch's
+    rows), in several rounds of units, with no combine launch (it would raise), the counters at zero after each."""
+    from mlakit.kernels import hopper_decode, triton_decode
+
     assert _split_kernel(batch, plan) == "hopper"
-    assert 1 < plan.geometry.max_splits <= hopper_decode.MERGE_MAX_SPLITS and int(plan.num_splits.max()) > 1
+    assert 1 < plan.geometry.max_splits <= hopper_decode.MERGE_MAX_SPLITS
     assert int(plan.work_state[0]) * plan.geometry.row_tiles > torch.cuda.get_device_properties(0).multi_processor_count
-    gen = torch.Generator(device="cuda").manual_seed(heads)
-    for _ in range(3):  # new queries each launch: a merge left out would keep the last launch's rows
-        batch.q.copy_(torch.randn(batch.q.shape, device="cuda", generator=gen).to(batch.q.dtype))
-        _check(batch, plan=plan)
-        assert not plan.merge_state.any(), "every launch leaves the merge counters at zero"
+    gen = torch.Generator(device="cuda").manual_seed(batch.q.shape[2])
+    with mock.patch.object(triton_decode, "_mla_decode_combine_kernel", None):
+        for _ in range(launches):
+            batch.q.copy_(torch.randn(batch.q.shape, device="cuda", generator=gen).to(batch.q.dtype))
+            _check(batch, plan=plan)
+            assert not plan.merge_state.any(), "every launch leaves the merge counters at zero"

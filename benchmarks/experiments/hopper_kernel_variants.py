@@ -1,7 +1,8 @@
 """Device experiment: the same decode calls through different Hopper split-pass launchers.
 
 Usage: python benchmarks/experiments/hopper_kernel_variants.py OUT.json HEADS,BATCH,SEQLEN|ragged,Q_LEN [...]
-Each entry of VARIANTS replaces `hopper_decode.launch` (same arguments); to compare a kernel change,
+Each entry of VARIANTS replaces `hopper_decode.launch` (same arguments, and returning whether the kernel
+merged the partials itself); to compare a kernel change,
 add its launcher beside "current". Every case is checked against the reference, then timed as
 `mlakit bench decode` times it (CUDA-graph replay, L2 flushed), and written to OUT.json.
 """

@@ -7,7 +7,7 @@ The calls go through the same public entry points a serving step uses (`mla_deco
 dtype, heads per rank and latent widths, so they compile exactly the variants those steps
 will ask for: decode at the plan's query length and at 1 (draft steps), with and without
 the split combine, for every batch-size class of the split plan up to the plan's max
-batch; each latent-extend tile shape, and the longest extend at power-of-two sequence counts
+batch and the max batch itself; each latent-extend tile shape, and the longest extend at power-of-two sequence counts
 up to the max batch (the combine's other tiling); the causal, chunk and merge passes of the
 MHA prefill.
 """
@@ -48,7 +48,9 @@ def warm_up(
     world.write()
     calls.append("cache write")
     for q_len in dict.fromkeys((plan.decode_q_len, 1)):
-        for batch in (2, *(b for b in SPLIT_PLAN_BATCH_CLASSES if b <= plan.max_batch_size)):
+        # The max batch too: the smallest split ceiling (where the Hopper kernel merges its own partials).
+        classes = (2, *(b for b in SPLIT_PLAN_BATCH_CLASSES if b <= plan.max_batch_size), plan.max_batch_size)
+        for batch in dict.fromkeys(classes):
             world.decode(batch, q_len)
             calls.append(f"decode q_len {q_len}, batch {batch}")
     if get_backend(plan.decode_backend).extend is not None:  # else short extends run in MHA form

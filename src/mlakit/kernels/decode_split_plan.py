@@ -51,14 +51,13 @@ def split_geometry(batch: int, rows: int, block_m: int, num_sms: int, programs_p
     return SplitGeometry(row_tiles, max_splits)
 
 
-# A work item's sequence, split, the sequence's split count, first query token, query tokens and cached length.
-WORK_FIELDS = tl.constexpr(6)
+WORK_FIELDS = tl.constexpr(5)  # a work item's sequence, split, the sequence's split count, first query token, query tokens
 WORK_FIELDS_TILE = tl.constexpr(8)  # WORK_FIELDS rounded up to a power of two (a tile's width)
 
 
 class SequenceSplits(NamedTuple):
     """Per-sequence split counts; the work items, one per (sequence, split) in launch order (longest
-    splits first), each `[sequence, split, splits, first query token, query tokens, cached tokens]` (int32
+    splits first), each `[sequence, split, splits, first query token, query tokens]` (int32
     `[batch x max_splits, WORK_FIELDS]`; rows past the last item hold zeros, which no split matches);
     and the work state (int32 `[3]`): how many items there are, the counter a persistent kernel takes
     units with (0; the kernel leaves it at 0, so launches of one plan must run one after another, as a
@@ -104,7 +103,6 @@ def _split_counts_kernel(
     first_item = tl.cumsum(ordered_splits, 0) - ordered_splits
     first_token = tl.load(CU_SEQLENS_Q + order, mask=in_batch, other=0)
     q_tokens = tl.load(CU_SEQLENS_Q + order + 1, mask=in_batch, other=0) - first_token
-    cached = tl.load(SEQLENS + order, mask=in_batch, other=0)
     tile: tl.constexpr = [BLOCK_B, BLOCK_S]
     for first_split in range(0, tl.max(ordered_splits, 0), BLOCK_S):
         split = tl.broadcast_to(first_split + tl.arange(0, BLOCK_S)[None, :], tile)
@@ -115,7 +113,6 @@ def _split_counts_kernel(
         tl.store(entry + 2, tl.broadcast_to(ordered_splits[:, None], tile), mask=taken)
         tl.store(entry + 3, tl.broadcast_to(first_token[:, None], tile), mask=taken)
         tl.store(entry + 4, tl.broadcast_to(q_tokens[:, None], tile), mask=taken)
-        tl.store(entry + 5, tl.broadcast_to(cached[:, None], tile), mask=taken)
     items = tl.sum(ordered_splits, 0)
     tl.store(WORK_STATE, items)
     tl.store(WORK_STATE + 1, 0)  # the persistent kernel's count of units taken, zero between launches

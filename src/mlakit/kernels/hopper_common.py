@@ -37,12 +37,12 @@ def sm_count(device: torch.device) -> int:
 
 @gluon.jit
 def work_item(WORK, item):
-    """Work item `item` of the plan: its sequence, split, the sequence's split count, query segment and
-    cached length (unused rows past the plan's items hold zeros: split 0 of 0, which no program takes),
-    in one round trip (NOTES.md v40)."""
+    """Work item `item` of the plan: its sequence, split, the sequence's split count and query segment
+    (unused rows past the plan's items hold zeros: split 0 of 0, which no program takes). The sequence's
+    cached length is loaded only by programs with work: one that finds none exits after this one load
+    (NOTES.md v30)."""
     entry = WORK + item * WORK_FIELDS
-    return (gl.load(entry), gl.load(entry + 1), gl.load(entry + 2), gl.load(entry + 3), gl.load(entry + 4),
-            gl.load(entry + 5))
+    return gl.load(entry), gl.load(entry + 1), gl.load(entry + 2), gl.load(entry + 3), gl.load(entry + 4)
 
 
 @gluon.jit

@@ -306,7 +306,7 @@ def _store_words_converted(words, dst):
 
 @gluon.jit(do_not_specialize=["stride_bt_b"])
 def mla_decode_hopper_split_kernel(
-    Q, KV, BLOCK_TABLE, WORK,
+    Q, KV, BLOCK_TABLE, SEQLENS, WORK,
     OUT, LSE, PART_OUT, PART_LSE,
     scale_log2,
     Q_STRIDES, KV_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
@@ -314,10 +314,11 @@ def mla_decode_hopper_split_kernel(
     KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr,
 ):
     """Arguments as the portable split kernel's (`triton_decode._mla_decode_split_kernel`), without scales."""
-    b, split, num_splits, first_token, q_len, seqlen = work_item(WORK, gl.program_id(1))
+    b, split, num_splits, first_token, q_len = work_item(WORK, gl.program_id(1))
     tile = gl.program_id(0)
     if split >= num_splits or tile * BLOCK_M >= q_len * HEADS:
         return
+    seqlen = gl.load(SEQLENS + b)
     start, end, num_tiles = split_range(seqlen, split, num_splits)
 
     load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0])
@@ -483,7 +484,7 @@ def _store_columns(out, col0, OUT, PART_OUT, first_token, b, split, num_splits, 
 
 @gluon.jit(do_not_specialize=["stride_bt_b"])
 def mla_decode_hopper_fp8_kernel(
-    Q, KV, KV_SCALE, BLOCK_TABLE, WORK,
+    Q, KV, KV_SCALE, BLOCK_TABLE, SEQLENS, WORK,
     OUT, LSE, PART_OUT, PART_LSE,
     scale_log2,
     Q_STRIDES, KV_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
@@ -493,10 +494,11 @@ def mla_decode_hopper_fp8_kernel(
     """Warp-specialized kernel for fp8 (e4m3) pages of any size with one per-tensor scale: launched with
     4 warps (the softmax warpgroup) plus a 4-warp worker (the value warpgroup, which also gathers and
     converts the tiles). Arguments as `mla_decode_hopper_split_kernel`'s, plus the one-element scale KV_SCALE."""
-    b, split, num_splits, first_token, q_len, seqlen = work_item(WORK, gl.program_id(1))
+    b, split, num_splits, first_token, q_len = work_item(WORK, gl.program_id(1))
     tile = gl.program_id(0)
     if split >= num_splits or tile * BLOCK_M >= q_len * HEADS:
         return
+    seqlen = gl.load(SEQLENS + b)
     start, end, num_tiles = split_range(seqlen, split, num_splits)
 
     q_lat_smem, q_rope_smem, k_lat_smem, k_rope_smem, p_smem = _allocate_tiles(Q.dtype.element_ty, KV_LORA_RANK, ROPE_DIM)
@@ -786,7 +788,7 @@ def _seesaw_odd_partition(
 
 @gluon.jit(do_not_specialize=["stride_bt_b", "work_rows"])
 def mla_decode_hopper_seesaw_kernel(
-    Q, CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, WORK,
+    Q, CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, SEQLENS, WORK,
     OUT, LSE, PART_OUT, PART_LSE,
     scale_log2,
     Q_STRIDES, KV_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
@@ -826,16 +828,16 @@ def mla_decode_hopper_seesaw_kernel(
     units = gl.load(WORK_STATE) * row_tiles
     ragged = gl.load(WORK_STATE + 2) != 0
     unit = gl.program_id(0)
-    b, split, num_splits, first_token, q_len, seqlen = _unit_work(WORK, unit, row_tiles, work_rows)
+    b, split, num_splits, first_token, q_len, seqlen = _unit_work(WORK, SEQLENS, unit, row_tiles, work_rows)
     units_done = 0
     while unit < units:
         units_done += 1
         if ragged:
             next_unit = units
-        else:  # the next unit known now: its plan entry loads while this one runs
+        else:  # the next unit known now: its plan entry and length load while this one runs
             next_unit = (units_done * programs
                          + gl.where(units_done % 2 == 0, gl.program_id(0), programs - 1 - gl.program_id(0)))
-        next_work = _unit_work(WORK, next_unit, row_tiles, work_rows)
+        next_work = _unit_work(WORK, SEQLENS, next_unit, row_tiles, work_rows)
         tile = unit % row_tiles
         if split < num_splits and tile * BLOCK_M < q_len * HEADS:
             _seesaw_unit(
@@ -848,7 +850,7 @@ def mla_decode_hopper_seesaw_kernel(
                                OUT_STRIDES, LSE_STRIDES, PART_STRIDES, HEADS, KV_LORA_RANK)
         if ragged:
             unit = _take_unit(WORK_STATE + 1, units, programs)
-            b, split, num_splits, first_token, q_len, seqlen = _unit_work(WORK, unit, row_tiles, work_rows)
+            b, split, num_splits, first_token, q_len, seqlen = _unit_work(WORK, SEQLENS, unit, row_tiles, work_rows)
         else:
             unit = next_unit
             b, split, num_splits, first_token, q_len, seqlen = next_work
@@ -861,9 +863,11 @@ def _merge_if_last(WORK, unit, row_tiles, MERGE_STATE, OUT, LSE, PART_OUT, PART_
     the last of a sequence's splits merges them all into the output and sets the count back to zero
     for the next launch. Nobody waits: the other splits' programs have gone on. (The unit's plan entry
     is loaded again: kept from before the unit, it would take registers from the warpgroups.)"""
-    b, split, num_splits, first_token, q_len, _ = work_item(WORK, unit // row_tiles)
+    b, _, num_splits, first_token, q_len = work_item(WORK, unit // row_tiles)
     tile = unit % row_tiles
     arrivals = MERGE_STATE + b * row_tiles + tile
+    # The other warpgroup's partial stores are ordered by the CTA-wide barrier that ends warp_specialize;
+    # this one orders this warpgroup's before the one-thread acq_rel atomic.
     gl.thread_barrier()
     if gl.atomic_add(arrivals, 1) == num_splits - 1:
         gl.store(arrivals, 0)
@@ -909,10 +913,11 @@ def _merge_block(b, tile, block, num_splits, first_token, q_len, OUT, LSE, PART_
 
 
 @gluon.jit
-def _unit_work(WORK, unit, row_tiles, work_rows):
-    """`work_item` of the unit's item (a unit past the plan's rows reads the last row instead; the caller
-    never runs units past the plan's items)."""
-    return work_item(WORK, gl.minimum(unit // row_tiles, work_rows - 1))
+def _unit_work(WORK, SEQLENS, unit, row_tiles, work_rows):
+    """`work_item` of the unit's item and the sequence's length (a unit past the plan's rows reads the
+    last row instead; the caller never runs units past the plan's items)."""
+    b, split, num_splits, first_token, q_len = work_item(WORK, gl.minimum(unit // row_tiles, work_rows - 1))
+    return b, split, num_splits, first_token, q_len, gl.load(SEQLENS + b)
 
 
 @gluon.jit

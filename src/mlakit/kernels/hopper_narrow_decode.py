@@ -244,7 +244,7 @@ def _accumulate_values(acc, k_lat, p_smem):
 
 @gluon.jit(do_not_specialize=["stride_bt_b"])
 def mla_decode_hopper_narrow_fp8_kernel(
-    Q, LATENT_DESC, ROPE_DESC, KV_SCALE, BLOCK_TABLE, WORK,
+    Q, LATENT_DESC, ROPE_DESC, KV_SCALE, BLOCK_TABLE, SEQLENS, WORK,
     OUT, LSE, PART_OUT, PART_LSE,
     scale_log2,
     Q_STRIDES, KV_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
@@ -254,10 +254,11 @@ def mla_decode_hopper_narrow_fp8_kernel(
     with the one-element per-tensor scale KV_SCALE, read through the TMA descriptors of `launch`. Other
     arguments as `hopper_decode.mla_decode_hopper_split_kernel`'s (KV_STRIDES unused: the descriptors
     hold them)."""
-    b, split, num_splits, first_token, q_len, seqlen = work_item(WORK, gl.program_id(1))
+    b, split, num_splits, first_token, q_len = work_item(WORK, gl.program_id(1))
     tile = gl.program_id(0)
     if split >= num_splits or tile * ROWS >= q_len * HEADS:
         return
+    seqlen = gl.load(SEQLENS + b)
     start, end, num_tiles = split_range(seqlen, split, num_splits)
     latent_width: gl.constexpr = LATENT_DESC.block_type.shape[1]
     layout: gl.constexpr = _transposed_layout()

@@ -55,7 +55,7 @@ def _load_kv_part(
 # one more variant whenever it happens to be 1 or a multiple of 16).
 @triton.jit(do_not_specialize=["stride_bt_b"])
 def _mla_decode_split_kernel(
-    Q, KV, KV_SCALE, BLOCK_TABLE, WORK,
+    Q, KV, KV_SCALE, BLOCK_TABLE, SEQLENS, WORK,
     OUT, LSE, PART_OUT, PART_LSE,
     scale_log2,
     Q_STRIDES, KV_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES, SCALE_STRIDES,
@@ -70,10 +70,10 @@ def _mla_decode_split_kernel(
     num_splits = tl.load(entry + 2)
     first_token = tl.load(entry + 3)
     q_len = tl.load(entry + 4)
-    seqlen = tl.load(entry + 5)
     tile = tl.program_id(0)
     if split >= num_splits or tile * BLOCK_M >= q_len * HEADS:
         return
+    seqlen = tl.load(SEQLENS + b)
     tiles_per_split = tl.cdiv(tl.cdiv(seqlen, BLOCK_N), num_splits)
     start = split * tiles_per_split * BLOCK_N
     end = tl.minimum(seqlen, start + tiles_per_split * BLOCK_N)
@@ -299,7 +299,7 @@ class DecodePlan:
     work state (their count, the persistent kernel's unit counter, the ragged flag) and the merge
     state (per sequence and 64-row tile, the splits written so far, for the kernel that merges its own
     partials: `hopper_decode.launch`); every counter is back at zero after a launch,
-    so the calls of one plan run one after another, as a model's layers do. Build it once per step (`plan_decode`,
+    so the calls of one plan must run one after another, as a model's layers do. Build it once per step (`plan_decode`,
     `plan_extend`); every layer reuses it. `hopper_default`: the tuning is the Hopper tier's
     tile, chosen because device and cache dtype suit that tier; a call its kernel does not take
     after all (a page size the narrow kernel cannot box, per-group fp8 scales, odd strides) runs
@@ -379,8 +379,7 @@ def _plan(
         device = cache_seqlens.device
         num_splits = torch.full((batch,), tuning.fixed_splits, dtype=torch.int32, device=device)
         per_sequence = torch.stack([torch.arange(batch, dtype=torch.int32, device=device), num_splits,
-                                    cu_seqlens_q[:-1], cu_seqlens_q[1:] - cu_seqlens_q[:-1],
-                                    cache_seqlens.to(torch.int32)], dim=1)
+                                    cu_seqlens_q[:-1], cu_seqlens_q[1:] - cu_seqlens_q[:-1]], dim=1)
         work = per_sequence.repeat_interleave(tuning.fixed_splits, dim=0)
         split = torch.arange(tuning.fixed_splits, dtype=torch.int32, device=device).repeat(batch)
         work = torch.cat([work[:, :1], split[:, None], work[:, 1:]], dim=1)
@@ -488,7 +487,7 @@ def _launch(
     # Programs by work item (longest splits first; unused rows of the plan last), row tiles of a split adjacent.
     grid = (geometry.row_tiles, plan.work.shape[0])
     shared_args = (
-        block_table, plan.work,
+        block_table, cache_seqlens, plan.work,
         out, lse, part_out, part_lse,
         softmax_scale * LOG2E,
         (q.stride(0), q.stride(1)), (pages.stride(0), pages.stride(1)), block_table.stride(0),
