@@ -1,12 +1,12 @@
 """What the decode experiments share: a benchmark case from its command-line spec, its inputs and
-default split plan, and our kernel's call over them with the plan built beforehand (as the benchmark
-times it)."""
+default split plan, our kernel's call over them with the plan built beforehand (as the benchmark
+times it), and variants of a call timed in turns."""
 
 from collections.abc import Callable
 
 import torch
 
-from mlakit.bench.decode import DecodeCase, DecodeInputs, make_inputs
+from mlakit.bench.decode import DecodeCase, DecodeInputs, make_inputs, time_graph_replay
 from mlakit.kernels.triton_decode import DecodePlan, plan_decode, triton_mla_decode
 
 
@@ -30,3 +30,15 @@ def decode_call(inputs: DecodeInputs, plan: DecodePlan) -> Callable:
                                  kv_lora_rank=512, softmax_scale=inputs.softmax_scale, kv_scale=inputs.kv_scale, plan=plan)
 
     return call
+
+
+def interleaved_times(variants: list[str], cases: list, call_for: Callable, rounds: int = 3) -> dict[tuple, list[float]]:
+    """Each (case, variant)'s call timed as the benchmark times it, `rounds` times, the variants taking
+    turns within every round (run-to-run noise on one case reaches 4%, NOTES.md v38). `call_for(variant,
+    case)` returns the call; keys are (case, variant)."""
+    times = {(case, variant): [] for case in cases for variant in variants}
+    for _ in range(rounds):
+        for variant in variants:
+            for case in cases:
+                times[case, variant].append(time_graph_replay(call_for(variant, case)))
+    return times
