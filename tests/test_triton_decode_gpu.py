@@ -319,6 +319,25 @@ def test_persistent_kernel_merges_fixed_splits_taken_in_snake_order():
     _check_merged_in_kernel(batch, plan, launches=2)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
+@pytest.mark.parametrize("heads", [16, 128])
+@pytest.mark.parametrize("num_sms", [None, 1024])
+@pytest.mark.parametrize("planned_lengths", [[65, 5000, 40000, 0, 700, 100, 9000], [64, 1, 4096, 0, 640, 16384, 9000]])
+def test_persistent_kernel_with_a_plan_built_for_other_lengths(heads, num_sms, planned_lengths):
+    """A plan reused after the lengths changed (longer, shorter, emptied, past the block table's pages,
+    the same) splits the call's lengths badly but never wrongly: the seesaw kernel computes the call's
+    attention, in one round of units or several."""
+    from mlakit.kernels.triton_decode import plan_decode
+
+    batch = make_paged_batch([9000, 0, 4096, 1, 700, 16384, 65], heads=heads, q_len=2, page_size=64, kv_lora_rank=512,
+                             rope_dim=64, device="cuda", seed=heads + len(planned_lengths))
+    assert 40000 > batch.block_table.shape[1] * 64
+    planned = torch.tensor(planned_lengths, dtype=torch.int32, device="cuda")
+    plan = plan_decode(planned, q_len=2, heads=heads, kv_dtype=batch.kv_cache.dtype, num_sms=num_sms)
+    assert _split_kernel(batch, plan) == "hopper"
+    _check(batch, plan=plan)
+
+
 def _check_merged_in_kernel(batch, plan, launches):
     """`launches` calls of one plan with fresh queries each (a merge left out would keep the last launch's
     rows), in several rounds of units, with no combine launch (it would raise), the counters at zero after each."""

@@ -1,34 +1,63 @@
 """Device experiment: the persistent seesaw merging its split sequences' partials itself (NOTES.md v39)
-against the combine kernel, under the benchmark's method, the two interleaved over several rounds (the
-run-to-run noise of one case reaches 4%). The combine runs where `hopper_decode.MERGE_MAX_SPLITS` is
-below the plan's split ceiling, so setting it to 1 turns the in-kernel merge off.
+against the combine kernel, and fixed split counts merged in the kernel (NOTES.md v41), under the
+benchmark's method, the variants interleaved over several rounds (the run-to-run noise of one case
+reaches 4%). The combine runs where `hopper_decode.MERGE_MAX_SPLITS` is below the plan's split
+ceiling, so setting it to 1 turns the in-kernel merge off; a fixed-split plan's ceiling is its count.
 
 Usage: python benchmarks/experiments/merge_in_kernel.py HEADS,BATCH,SEQLEN|ragged,Q_LEN[,KV_DTYPE] [...]
 """
 
+import dataclasses
 import sys
 
+import torch
 from decode_case import case_inputs, decode_call, interleaved_times, parse_case
 
 from mlakit.kernels import hopper_decode
+from mlakit.kernels.triton_decode import default_tuning, plan_decode
 
-LIMITS = {"merged in kernel": hopper_decode.MERGE_MAX_SPLITS, "combine kernel": 1}
+# name: (MERGE_MAX_SPLITS, fixed split count or None for the default plan)
+VARIANTS = {
+    "default": (hopper_decode.MERGE_MAX_SPLITS, None),
+    "combine": (1, None),
+    "merged": (1024, None),
+    "fixed 2 merged": (1024, 2),
+    "fixed 4 merged": (1024, 4),
+    "fixed 8 merged": (1024, 8),
+}
+
+
+def plan_for(variant: str, spec: str):
+    inputs, default_plan = cases[spec]
+    fixed = VARIANTS[variant][1]
+    if fixed is None:
+        return default_plan
+    case = parse_case(spec)
+    tuning = dataclasses.replace(default_tuning(case.heads * case.q_len, hopper_tier=True), fixed_splits=fixed)
+    return plan_decode(inputs.cache_seqlens, q_len=case.q_len, heads=case.heads, kv_dtype=inputs.kv_cache.dtype,
+                       tuning=tuning)
 
 
 def call_for(variant: str, spec: str):
-    """The case's call with the merge limit of `variant` set (it is read when the call launches)."""
-    hopper_decode.MERGE_MAX_SPLITS = LIMITS[variant]
-    return decode_call(*inputs[spec])
+    """The case's call with the variant's plan and merge limit (the limit is read when the call launches)."""
+    hopper_decode.MERGE_MAX_SPLITS = VARIANTS[variant][0]
+    return decode_call(cases[spec][0], plans[spec, variant])
 
 
-inputs = {spec: case_inputs(parse_case(spec)) for spec in sys.argv[1:]}
-for spec, (_, plan) in inputs.items():
-    (out_a, lse_a), (out_b, lse_b) = (call_for(variant, spec)() for variant in LIMITS)
-    print(f"{spec}: splits {int(plan.num_splits.min())}-{int(plan.num_splits.max())} (ceiling {plan.geometry.max_splits}), "
-          f"outputs differ by {(out_a.float() - out_b.float()).abs().max().item():.2e}, "
-          f"lse by {(lse_a - lse_b).abs().nan_to_num().max().item():.2e}")
-times = interleaved_times(list(LIMITS), list(inputs), call_for)
-for spec in inputs:
-    cells = [f"{name} {min(times[spec, name]):7.1f} us ({', '.join(f'{t:.1f}' for t in times[spec, name])})" for name in LIMITS]
-    best = [min(times[spec, name]) for name in LIMITS]
-    print(f"{spec:<20} " + " | ".join(cells) + f" | ratio {best[0] / best[1]:.3f}")
+cases = {spec: case_inputs(parse_case(spec)) for spec in sys.argv[1:]}
+plans = {(spec, variant): plan_for(variant, spec) for spec in cases for variant in VARIANTS}
+for spec in cases:
+    reference_out, reference_lse = call_for("combine", spec)()
+    for variant in VARIANTS:
+        plan = plans[spec, variant]
+        out, lse = call_for(variant, spec)()
+        print(f"{spec} {variant}: splits {int(plan.num_splits.min())}-{int(plan.num_splits.max())} "
+              f"(ceiling {plan.geometry.max_splits}), against the combine: outputs differ by "
+              f"{(out.float() - reference_out.float()).abs().max().item():.2e}, "
+              f"lse by {(lse - reference_lse).abs().nan_to_num().max().item():.2e}")
+torch.cuda.synchronize()
+times = interleaved_times(list(VARIANTS), list(cases), call_for)
+for spec in cases:
+    base = min(times[spec, "default"])
+    print(f"{spec:<18} " + " | ".join(f"{name} {min(times[spec, name]):6.1f} us ({min(times[spec, name]) / base:.3f})"
+                                      for name in VARIANTS))
