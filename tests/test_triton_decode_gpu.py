@@ -187,6 +187,7 @@ HOPPER_FP8_CASES = [
     (128, 1, 64, (512, 64), torch.bfloat16), (16, 2, 16, (512, 64), torch.bfloat16), (5, 3, 1, (512, 64), torch.float16),
     (40, 1, 128, (256, 32), torch.bfloat16), (16, 1, 32, (128, 16), torch.float16), (12, 2, 64, (64, 16), torch.bfloat16),
     (5, 3, 32, (512, 64), torch.float16), (1, 1, 16, (256, 32), torch.bfloat16), (4, 8, 128, (512, 64), torch.bfloat16),
+    (64, 2, 128, (512, 64), torch.float16), (20, 4, 64, (512, 64), torch.bfloat16),
 ]
 
 

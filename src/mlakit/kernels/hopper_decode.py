@@ -16,8 +16,11 @@ shared memory, and V is the latent part of the same tile. Three kernels:
   split's partial last tile waits for all of them, to zero its rows past the end), and
   each chunk is reloaded as soon as its last reader is done with it. P goes into the tile's
   rope columns, which S no longer needs. For batches that fill the GPU (few split sequences) the
-  program that finishes a sequence's last split merges its partials, so no combine kernel runs;
-- `mla_decode_hopper_fp8_kernel`, for fp8 (e4m3) pages of any size with one per-tensor scale:
+  program that finishes a sequence's last split merges its partials, so no combine kernel runs.
+  It also takes fp8 (e4m3) pages with one per-tensor scale at 512 + 64 widths: each chunk's fp8
+  box lands in the first half of the chunk's 16-bit place and is converted there, half a tile at
+  a time, by the warpgroup whose S reads it first (rows past the split's end zeroed as they go);
+- `mla_decode_hopper_fp8_kernel`, for other fp8 (e4m3) pages with one per-tensor scale (any size):
   warpgroup 0 computes S for the whole tile, the softmax, and writes P and the row rescale
   factors to shared memory; both warpgroups then do P . V for half of the latent columns each.
   The value warpgroup gathers the tile three ahead into registers, converts the one two ahead
@@ -82,10 +85,14 @@ WARPGROUP_ROWS = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
 # splits per sequence: batches that fill the GPU, whose few split sequences are merged while the other
 # programs work. Beyond it the combine kernel, whose many programs merge faster (NOTES.md v39).
 MERGE_MAX_SPLITS = 4
+# The latent and rope widths the seesaw kernel takes fp8 pages at (DeepSeek's).
+FP8_SEESAW_WIDTHS = (512, 64)
 # Its merges: latent columns per step and partials whose loads are in flight together.
 MERGE_COLUMNS = gl.constexpr(64)
 MERGE_SPLITS_PER_STEP = gl.constexpr(4)
 MERGE_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0]))
+# One warpgroup's words of an fp8 `[BLOCK_N, TMA_CHUNK]` box (16 per row), 16 bytes per thread and row.
+FP8_BOX_WORDS = gl.constexpr(gl.BlockedLayout([1, 4], [8, 4], [4, 1], [1, 0]))
 
 
 def supports(q_dtype: torch.dtype, pages: torch.Tensor, scale_mode: int, kv_lora_rank: int, rope_dim: int) -> bool:
@@ -109,7 +116,7 @@ def chunk_descriptors(pages: torch.Tensor, kv_lora_rank: int) -> tuple[TensorDes
     """TMA descriptors of the cache rows `[pages x page_size, dim]` in `[BLOCK_N, TMA_CHUNK]` latent chunks
     and `[BLOCK_N, rope_dim]` rope blocks (row-contiguous pages: `rows_are_contiguous`)."""
     rows = pages.reshape(-1, pages.shape[-1])
-    element = GLUON_DTYPES[pages.dtype]
+    element = gl.float8e4nv if pages.dtype == FP8_DTYPE else GLUON_DTYPES[pages.dtype]
     rope_dim = pages.shape[-1] - kv_lora_rank
     return (
         TensorDescriptor.from_tensor(rows, [BLOCK_N.value, TMA_CHUNK.value],
@@ -122,27 +129,38 @@ def chunk_descriptors(pages: torch.Tensor, kv_lora_rank: int) -> tuple[TensorDes
 def launch(grid: tuple[int, int], q: torch.Tensor, pages: torch.Tensor, kv_scale: torch.Tensor | None, kv_lora_rank: int,
            shared_args: tuple, work_state: torch.Tensor, merge_state: torch.Tensor, max_splits: int) -> bool:
     """Runs the split pass (a call `supports` accepts) over `grid` = (row tiles, rows of the plan's
-    work items): the fp8 kernel for fp8 caches (with the one-element `kv_scale`), the persistent seesaw
-    kernel for 16-bit pages holding whole tiles (TMA loads) and latent widths of at least 128 (one
-    program per SM at most, over the plan's `work_state`), the cp.async gather kernel otherwise.
+    work items): the persistent seesaw kernel for pages holding whole tiles (TMA loads) and latent
+    widths of at least 128, 16-bit or, at DeepSeek's 512 + 64 widths, fp8 (with the one-element
+    `kv_scale`) (one program per SM at most, over the plan's `work_state`); else the fp8 kernel for fp8
+    caches, the cp.async gather kernel for 16-bit ones.
     `shared_args` are the portable split kernel's arguments from the block table on, without the scale
     strides. Returns whether the kernel merged the split sequences' partials itself (the seesaw, when the
     plan's split ceiling `max_splits` is at most MERGE_MAX_SPLITS, counting splits in the plan's
     `merge_state`), so that no combine is needed."""
-    constants = dict(HEADS=q.shape[1], PAGE_SIZE=pages.shape[1], KV_LORA_RANK=kv_lora_rank, ROPE_DIM=q.shape[-1] - kv_lora_rank)
-    if pages.dtype == FP8_DTYPE:
-        mla_decode_hopper_fp8_kernel[grid](q, pages, kv_scale, *shared_args, **constants, num_warps=4)
-        return False
-    if pages.shape[1] % BLOCK_N.value == 0 and kv_lora_rank >= 2 * TMA_CHUNK.value:
+    rope_dim = q.shape[-1] - kv_lora_rank
+    constants = dict(HEADS=q.shape[1], PAGE_SIZE=pages.shape[1], KV_LORA_RANK=kv_lora_rank, ROPE_DIM=rope_dim)
+    fp8 = pages.dtype == FP8_DTYPE
+    if _seesaw_takes(pages.shape[1], kv_lora_rank, rope_dim, fp8):
         row_tiles, work_rows = grid
         programs = min(sm_count(q.device), row_tiles * work_rows)
         merge = 1 < max_splits <= MERGE_MAX_SPLITS
-        mla_decode_hopper_seesaw_kernel[(programs,)](q, *chunk_descriptors(pages, kv_lora_rank), *shared_args, work_state,
+        mla_decode_hopper_seesaw_kernel[(programs,)](q, *chunk_descriptors(pages, kv_lora_rank),
+                                                     kv_scale if fp8 else work_state, *shared_args, work_state,
                                                      work_rows, row_tiles, merge_state, **constants, MERGE=merge,
                                                      num_warps=4)
         return merge
-    mla_decode_hopper_split_kernel[grid](q, pages, *shared_args, **constants, num_warps=NUM_WARPS.value)
+    if fp8:
+        mla_decode_hopper_fp8_kernel[grid](q, pages, kv_scale, *shared_args, **constants, num_warps=4)
+    else:
+        mla_decode_hopper_split_kernel[grid](q, pages, *shared_args, **constants, num_warps=NUM_WARPS.value)
     return False
+
+
+def _seesaw_takes(page_size: int, kv_lora_rank: int, rope_dim: int, fp8: bool) -> bool:
+    """Whether the seesaw kernel serves these pages: whole 64-token tiles per page and at least two latent
+    chunks; fp8 only at 512 + 64 (its chunks and rope convert in place as 64-column blocks)."""
+    whole_tiles = page_size % BLOCK_N.value == 0 and kv_lora_rank >= 2 * TMA_CHUNK.value
+    return whole_tiles and (not fp8 or (kv_lora_rank, rope_dim) == FP8_SEESAW_WIDTHS)
 
 
 def rows_are_contiguous(pages: torch.Tensor) -> bool:
@@ -286,22 +304,27 @@ cvt.rn.f16x2.e4m3x2 $1, hi;
 @gluon.jit
 def _store_converted(lat, rope, lat_dst, rope_dst, ready):
     """A loaded fp8 tile (int32 words) converted to the stage's dtype and stored into it; `ready` signalled."""
-    _store_words_converted(lat, lat_dst)
-    _store_words_converted(rope, rope_dst)
+    _store_words_converted(lat, _as_pairs(lat_dst), lat_dst.dtype)
+    _store_words_converted(rope, _as_pairs(rope_dst), rope_dst.dtype)
     fence_async_shared()
     gl.thread_barrier()
     mbarrier.arrive(ready, count=1)
 
 
 @gluon.jit
-def _store_words_converted(words, dst):
-    """fp8 words `[rows, n]` as 16-bit pairs `[rows, 2n]` into the 16-bit `[rows, 4n]` buffer `dst`."""
-    asm: gl.constexpr = _E4M3_TO_BF16_PAIRS if dst.dtype == gl.bfloat16 else _E4M3_TO_F16_PAIRS
-    low, high = gl.inline_asm_elementwise(asm, "=r,=r,r", [words], dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
-    pairs = gl.reshape(gl.join(low, high), [words.shape[0], 2 * words.shape[1]])
+def _as_pairs(dst):
+    """A swizzled 16-bit `[rows, n]` buffer as int32 `[rows, n / 2]`: one word per pair of values."""
     pair_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=dst.layout.swizzle_byte_width,
                                                      element_bitwidth=32, rank=2)
-    dst._reinterpret(gl.int32, [words.shape[0], 2 * words.shape[1]], pair_layout).store(pairs)
+    return dst._reinterpret(gl.int32, [dst.shape[0], dst.shape[1] // 2], pair_layout)
+
+
+@gluon.jit
+def _store_words_converted(words, pairs_dst, dtype: gl.constexpr):
+    """fp8 words `[rows, n]` as `dtype` (16-bit) pairs into the int32 `[rows, 2n]` view `pairs_dst`."""
+    asm: gl.constexpr = _E4M3_TO_BF16_PAIRS if dtype == gl.bfloat16 else _E4M3_TO_F16_PAIRS
+    low, high = gl.inline_asm_elementwise(asm, "=r,=r,r", [words], dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
+    pairs_dst.store(gl.reshape(gl.join(low, high), [words.shape[0], 2 * words.shape[1]]))
 
 
 @gluon.jit(do_not_specialize=["stride_bt_b"])
@@ -558,16 +581,23 @@ def _load_chunks(chunk_desc, rope_desc, row, chunk_ready, stage: gl.constexpr, k
     """TMA loads of cache rows row .. row + BLOCK_N into the stage: latent chunks FIRST .. FIRST + COUNT
     (TMA_CHUNK columns each) and, WITH_ROPE, the rope columns into the stage's slot; each chunk
     completes on its own barrier. Nothing is issued where `pred` is false."""
+    fp8: gl.constexpr = chunk_desc.block_type.element_ty.is_fp8()
     for c in gl.static_range(FIRST, FIRST + COUNT):
         bar = _chunk_barrier(chunk_ready, k_lat, stage, c)
         mbarrier.expect(bar, chunk_desc.block_type.nbytes, pred=pred)
-        tma.async_copy_global_to_shared(chunk_desc, [row, c * TMA_CHUNK], bar, k_lat.slice(c * TMA_CHUNK, TMA_CHUNK, dim=1),
-                                        pred=pred)
+        if fp8:
+            dst = _fp8_block(k_lat, c, chunk_desc.block_type.element_ty)
+        else:
+            dst = k_lat.slice(c * TMA_CHUNK, TMA_CHUNK, dim=1)
+        tma.async_copy_global_to_shared(chunk_desc, [row, c * TMA_CHUNK], bar, dst, pred=pred)
     if WITH_ROPE:
         bar = _chunk_barrier(chunk_ready, k_lat, stage, k_lat.shape[1] // TMA_CHUNK)
         mbarrier.expect(bar, rope_desc.block_type.nbytes, pred=pred)
-        tma.async_copy_global_to_shared(rope_desc, [row, k_lat.shape[1]], bar, _rope_view(slot, rope_desc.block_type.shape[1]),
-                                        pred=pred)
+        if fp8:
+            rope_dst = _fp8_block(slot, 0, rope_desc.block_type.element_ty)
+        else:
+            rope_dst = _rope_view(slot, rope_desc.block_type.shape[1])
+        tma.async_copy_global_to_shared(rope_desc, [row, k_lat.shape[1]], bar, rope_dst, pred=pred)
 
 
 @gluon.jit
@@ -589,19 +619,34 @@ def _pair_views(pair, k_lat_smem, q_lat_all):
 
 @gluon.jit
 def _chunked_scores(q_lat_smem, q_rope_smem, k_lat, slot, chunk_ready, stage: gl.constexpr, phase, s_zero,
-                    RIGHT_HALF_FIRST: gl.constexpr):
+                    valid_rows, RIGHT_HALF_FIRST: gl.constexpr, FP8: gl.constexpr):
     """S = Q . K^T of the stage's tile, each latent chunk's MMA issued as soon as the chunk has landed
-    (the right half's chunks first where RIGHT_HALF_FIRST: they are the ones reloaded first)."""
+    (the right half's chunks first where RIGHT_HALF_FIRST: they are the ones reloaded first). FP8: each
+    half's chunks are converted in place together once they have all landed (one sync and fence per
+    half: per chunk they cost more than the conversion), rows from valid_rows on zeroed."""
     lat_chunks: gl.constexpr = k_lat.shape[1] // TMA_CHUNK
-    first: gl.constexpr = lat_chunks // 2 if RIGHT_HALF_FIRST else 0
-    s = s_zero
-    for c in gl.static_range(first, lat_chunks):
-        s = _score_chunk(q_lat_smem, k_lat, chunk_ready, stage, phase, s, c, c > first)
-    for c in gl.static_range(first):
-        s = _score_chunk(q_lat_smem, k_lat, chunk_ready, stage, phase, s, c, True)
+    half: gl.constexpr = lat_chunks // 2
+    first: gl.constexpr = half if RIGHT_HALF_FIRST else 0
+    s = _half_scores(q_lat_smem, k_lat, chunk_ready, stage, phase, s_zero, valid_rows, first, False, FP8)
+    s = _half_scores(q_lat_smem, k_lat, chunk_ready, stage, phase, s, valid_rows, half - first, True, FP8)
     mbarrier.wait(_chunk_barrier(chunk_ready, k_lat, stage, lat_chunks), phase)
+    if FP8:
+        _convert_block_in_place(slot, 0, valid_rows)
     s = warpgroup_mma(q_rope_smem, _rope_view(slot, q_rope_smem.shape[1]).permute((1, 0)), s, is_async=True)
     return warpgroup_mma_wait(num_outstanding=0, deps=[s])
+
+
+@gluon.jit
+def _half_scores(q_lat_smem, k_lat, chunk_ready, stage: gl.constexpr, phase, s, valid_rows, FIRST: gl.constexpr,
+                 ACCUMULATE: gl.constexpr, FP8: gl.constexpr):
+    """S (+)= Q . K^T over the half of the latent chunks from FIRST (converted first where FP8)."""
+    count: gl.constexpr = k_lat.shape[1] // TMA_CHUNK // 2
+    if FP8:
+        _wait_chunk_range(chunk_ready, k_lat, stage, phase, FIRST, count)
+        _convert_four_blocks_in_place(k_lat, FIRST, valid_rows)
+    for c in gl.static_range(FIRST, FIRST + count):
+        s = _score_chunk(q_lat_smem, k_lat, chunk_ready, stage, phase, s, c, ACCUMULATE or c > FIRST)
+    return s
 
 
 @gluon.jit
@@ -610,6 +655,71 @@ def _score_chunk(q_lat_smem, k_lat, chunk_ready, stage: gl.constexpr, phase, s, 
     mbarrier.wait(_chunk_barrier(chunk_ready, k_lat, stage, c), phase)
     return warpgroup_mma(q_lat_smem.slice(c * TMA_CHUNK, TMA_CHUNK, dim=1),
                          k_lat.slice(c * TMA_CHUNK, TMA_CHUNK, dim=1).permute((1, 0)), s, use_acc=use_acc, is_async=True)
+
+
+@gluon.jit
+def _fp8_block(buffer, block: gl.constexpr, element_ty: gl.constexpr):
+    """Where an fp8 `[BLOCK_N, TMA_CHUNK]` box of 64-column block `block` of a 16-bit `[BLOCK_N, width]`
+    buffer lands: the first half of that block's bytes (TMA's 64-byte swizzle), in `element_ty` (fp8 for
+    the copy, int32 words for the conversion)."""
+    blocks: gl.constexpr = buffer.shape[1] // TMA_CHUNK
+    per_row: gl.constexpr = TMA_CHUNK * 8 // element_ty.primitive_bitwidth
+    layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=element_ty.primitive_bitwidth,
+                                                rank=2)
+    boxes = buffer._reinterpret(element_ty, [2 * blocks * BLOCK_N, per_row], layout)
+    return boxes.slice(2 * block * BLOCK_N, BLOCK_N, dim=0)
+
+
+@gluon.jit
+def _wait_chunk_range(chunk_ready, k_lat, stage: gl.constexpr, phase, FIRST: gl.constexpr, COUNT: gl.constexpr):
+    for c in gl.static_range(FIRST, FIRST + COUNT):
+        mbarrier.wait(_chunk_barrier(chunk_ready, k_lat, stage, c), phase)
+
+
+@gluon.jit
+def _convert_block_in_place(buffer, block: gl.constexpr, valid_rows):
+    """64-column block `block` of a 16-bit `[BLOCK_N, width]` buffer from the fp8 box TMA put into its first
+    half (`_fp8_block`), by one warpgroup: every thread reads its words, the warpgroup syncs (the
+    block's values overwrite the box), rows from valid_rows on become zeros (past a sequence's end: any
+    bytes, NaN included), and the values are fenced for the MMAs that read them next."""
+    words = _box_words(buffer, block, valid_rows)
+    gl.thread_barrier()
+    _store_block_converted(buffer, block, words)
+    fence_async_shared()
+    gl.thread_barrier()
+
+
+@gluon.jit
+def _convert_four_blocks_in_place(buffer, FIRST: gl.constexpr, valid_rows):
+    """`_convert_block_in_place` of blocks FIRST .. FIRST + 3 with one sync and one fence."""
+    w0 = _box_words(buffer, FIRST, valid_rows)
+    w1 = _box_words(buffer, FIRST + 1, valid_rows)
+    w2 = _box_words(buffer, FIRST + 2, valid_rows)
+    w3 = _box_words(buffer, FIRST + 3, valid_rows)
+    gl.thread_barrier()
+    _store_block_converted(buffer, FIRST, w0)
+    _store_block_converted(buffer, FIRST + 1, w1)
+    _store_block_converted(buffer, FIRST + 2, w2)
+    _store_block_converted(buffer, FIRST + 3, w3)
+    fence_async_shared()
+    gl.thread_barrier()
+
+
+@gluon.jit
+def _box_words(buffer, block: gl.constexpr, valid_rows):
+    """The fp8 box of block `block` as int32 words, rows from valid_rows on zeros."""
+    words = _fp8_block(buffer, block, gl.int32).load(FP8_BOX_WORDS)
+    rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, FP8_BOX_WORDS))
+    return gl.where((rows < valid_rows)[:, None], words, 0)
+
+
+@gluon.jit
+def _store_block_converted(buffer, block: gl.constexpr, words):
+    """fp8 words of block `block` converted into that block's 16-bit values."""
+    blocks: gl.constexpr = buffer.shape[1] // TMA_CHUNK
+    pairs_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
+    pairs = buffer._reinterpret(gl.int32, [blocks * BLOCK_N, TMA_CHUNK // 2], pairs_layout)
+    _store_words_converted(words, pairs.slice(block * BLOCK_N, BLOCK_N, dim=0), buffer.dtype)
 
 
 @gluon.jit
@@ -648,15 +758,17 @@ def _seesaw_even_partition(
     q_lat_all, q_rope_smem, k_lat_smem, slots, chunk_ready,
     m_even, scale_even, m_odd, scale_odd, sum_odd, final_rows,
     CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, b, split,
-    num_splits, scale_log2, OUT, LSE, PART_OUT, PART_LSE, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
+    num_splits, scale_log2, kv_scale, OUT, LSE, PART_OUT, PART_LSE, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr,
 ):
     """Warpgroup 0: S and the softmax of the even tiles (stage 0), output columns of the left half.
     Per pair of tiles: P0 against the running max updated with the even tile; O_L = O_L x scale0 +
     P0 . V0_L (P0 from registers); then, with the odd tile's max from warpgroup 1, P0 rescaled to it for warpgroup 1 and
-    O_L = O_L x scale1 + P1 . V1_L. Each stage's chunks are reloaded as soon as their last reader is done."""
+    O_L = O_L x scale1 + P1 . V1_L. Each stage's chunks are reloaded as soon as their last reader is done.
+    For fp8 pages the scores arrive scaled by kv_scale, the output is scaled by it here."""
     half: gl.constexpr = KV_LORA_RANK // 2
     lat_chunks: gl.constexpr = KV_LORA_RANK // TMA_CHUNK
+    FP8: gl.constexpr = CHUNK_DESC.block_type.element_ty.is_fp8()
     s_layout: gl.constexpr = _score_layout()
     o_layout: gl.constexpr = _half_output_layout(KV_LORA_RANK)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
@@ -674,9 +786,10 @@ def _seesaw_even_partition(
         has_odd = t0 + 1 < num_tiles
         next_even = _cache_row(BLOCK_TABLE, bt_row, start + gl.minimum(t0 + 2, num_tiles - 1) * BLOCK_N, PAGE_SIZE)
         next_odd = _cache_row(BLOCK_TABLE, bt_row, start + gl.minimum(t0 + 3, num_tiles - 1) * BLOCK_N, PAGE_SIZE)
-        if tok0 + BLOCK_N > end:
+        if not FP8 and tok0 + BLOCK_N > end:
             _zero_tail(k0, chunk_ready, 0, phase, end - tok0)
-        s = _chunked_scores(q_lat_smem, q_rope_smem, k0, slots.index(0), chunk_ready, 0, phase, s_zero, False)
+        s = _chunked_scores(q_lat_smem, q_rope_smem, k0, slots.index(0), chunk_ready, 0, phase, s_zero, end - tok0,
+                            False, FP8)
         p0, scale0, m_i = online_softmax(_masked(s, tok0, end, visible, scale_log2), m_i)
         m_even.store(m_i)
         scale_even.store(scale0)
@@ -711,6 +824,8 @@ def _seesaw_even_partition(
                          t0 + 3 < num_tiles)
 
     lse, inv_l = finish_rows(m_i, l_i)
+    if FP8:
+        inv_l = inv_l * kv_scale
     final_rows.store(inv_l)
     _hand_over(ROW_SUMS_READY)
     _store_columns(acc * _row_vector(inv_l, o_layout)[:, None], 0, OUT, PART_OUT, first_token, b, split, num_splits,
@@ -732,6 +847,7 @@ def _seesaw_odd_partition(
     registers), then + P0' . V0_R with warpgroup 0's rescaled P0."""
     half: gl.constexpr = KV_LORA_RANK // 2
     lat_chunks: gl.constexpr = KV_LORA_RANK // TMA_CHUNK
+    FP8: gl.constexpr = CHUNK_DESC.block_type.element_ty.is_fp8()
     s_layout: gl.constexpr = _score_layout()
     o_layout: gl.constexpr = _half_output_layout(KV_LORA_RANK)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
@@ -749,9 +865,10 @@ def _seesaw_odd_partition(
         next_even = _cache_row(BLOCK_TABLE, bt_row, start + gl.minimum(t1 + 1, num_tiles - 1) * BLOCK_N, PAGE_SIZE)
         next_odd = _cache_row(BLOCK_TABLE, bt_row, start + gl.minimum(t1 + 2, num_tiles - 1) * BLOCK_N, PAGE_SIZE)
         if has_odd:
-            if tok1 + BLOCK_N > end:
+            if not FP8 and tok1 + BLOCK_N > end:
                 _zero_tail(k1, chunk_ready, 1, phase, end - tok1)
-            s = _chunked_scores(q_lat_smem, q_rope_smem, k1, slots.index(1), chunk_ready, 1, phase, s_zero, True)
+            s = _chunked_scores(q_lat_smem, q_rope_smem, k1, slots.index(1), chunk_ready, 1, phase, s_zero,
+                                end - tok1, True, FP8)
             s = _masked(s, tok1, end, visible, scale_log2)
         else:
             s = s_zero
@@ -788,7 +905,7 @@ def _seesaw_odd_partition(
 
 @gluon.jit(do_not_specialize=["stride_bt_b", "work_rows"])
 def mla_decode_hopper_seesaw_kernel(
-    Q, CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, SEQLENS, WORK,
+    Q, CHUNK_DESC, ROPE_DESC, KV_SCALE, BLOCK_TABLE, SEQLENS, WORK,
     OUT, LSE, PART_OUT, PART_LSE,
     scale_log2,
     Q_STRIDES, KV_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
@@ -808,7 +925,9 @@ def mla_decode_hopper_seesaw_kernel(
     from the end of the second round, ...), each unit's plan entry loaded while the one before runs
     (NOTES.md v30). With MERGE, a split's partial is counted in MERGE_STATE once written, and the program
     that writes a sequence's last split merges the partials (`_merge_if_last`) instead of a combine kernel.
-    Arguments as `mla_decode_hopper_split_kernel`'s, with the cache's chunk TMA descriptors.
+    Arguments as `mla_decode_hopper_split_kernel`'s, with the cache's chunk TMA descriptors and, for fp8 pages
+    (each chunk loaded into the first half of its 16-bit place and converted there by the warpgroup whose
+    S reads it first, NOTES.md v43), the one-element scale KV_SCALE.
     """
     dtype: gl.constexpr = Q.dtype.element_ty
     lat_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, KV_LORA_RANK], dtype)
@@ -824,6 +943,11 @@ def mla_decode_hopper_seesaw_kernel(
     chunks: gl.constexpr = KV_LORA_RANK // TMA_CHUNK + 1
     chunk_ready = gl.allocate_shared_memory(gl.int64, [2 * chunks, 1], mbarrier.MBarrierLayout())
 
+    if CHUNK_DESC.block_type.element_ty.is_fp8():
+        kv_scale = gl.load(KV_SCALE)
+    else:
+        kv_scale = 1.0
+    scale_log2 = scale_log2 * kv_scale
     programs = gl.num_programs(0)
     units = gl.load(WORK_STATE) * row_tiles
     ragged = gl.load(WORK_STATE + 2) != 0
@@ -843,7 +967,7 @@ def mla_decode_hopper_seesaw_kernel(
             _seesaw_unit(
                 q_lat_all, q_rope_smem, k_lat_smem, slots, rows_smem, chunk_ready,
                 Q, CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, seqlen, b, split, num_splits, first_token,
-                q_len, tile, OUT, LSE, PART_OUT, PART_LSE, scale_log2, Q_STRIDES, stride_bt_b, OUT_STRIDES,
+                q_len, tile, OUT, LSE, PART_OUT, PART_LSE, scale_log2, kv_scale, Q_STRIDES, stride_bt_b, OUT_STRIDES,
                 LSE_STRIDES, PART_STRIDES, HEADS, PAGE_SIZE, KV_LORA_RANK)
             if MERGE and num_splits > 1:
                 _merge_if_last(WORK, unit, row_tiles, MERGE_STATE, OUT, LSE, PART_OUT, PART_LSE,
@@ -941,7 +1065,7 @@ def _take_unit(TAKEN, units, programs):
 def _seesaw_unit(
     q_lat_all, q_rope_smem, k_lat_smem, slots, rows_smem, chunk_ready,
     Q, CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, seqlen, b, split, num_splits, first_token, q_len, tile,
-    OUT, LSE, PART_OUT, PART_LSE, scale_log2, Q_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
+    OUT, LSE, PART_OUT, PART_LSE, scale_log2, kv_scale, Q_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr,
 ):
     """One unit of the seesaw kernel (a split's row tile), on chunk barriers initialized for it and
@@ -969,7 +1093,7 @@ def _seesaw_unit(
             q_lat_all, q_rope_smem, k_lat_smem, slots, chunk_ready,
             m_even, scale_even, m_odd, scale_odd, sum_odd, final_rows,
             CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, b, split,
-            num_splits, scale_log2, OUT, LSE, PART_OUT, PART_LSE,
+            num_splits, scale_log2, kv_scale, OUT, LSE, PART_OUT, PART_LSE,
             OUT_STRIDES, LSE_STRIDES,
             PART_STRIDES, HEADS, PAGE_SIZE, KV_LORA_RANK)),
         (_seesaw_odd_partition, (
