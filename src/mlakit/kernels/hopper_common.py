@@ -115,3 +115,18 @@ def zero_rows_from(smem, first_bad, CHUNK: gl.constexpr, LAYOUT: gl.constexpr):
         part = smem.slice(c * CHUNK, CHUNK, dim=1)
         values = part.load(LAYOUT)
         part.store(gl.where((rows < first_bad)[:, None], values, gl.zeros_like(values)))
+
+
+# Query rows of fp16 MMAs are scaled so that their largest magnitude lies in [2^QUERY_EXPONENT,
+# 2^(QUERY_EXPONENT + 1)) (fp16 holds < 2^16).
+QUERY_EXPONENT = gl.constexpr(14)
+
+
+@gluon.jit
+def fp16_row_factor(amax):
+    """Per query row, the power of two that brings its largest magnitude `amax` into [2^QUERY_EXPONENT,
+    2^(QUERY_EXPONENT + 1)), for MMAs in fp16 (exact for bf16 values down to 2^-31 of the row's largest;
+    smaller ones cannot move a score): 2^(QUERY_EXPONENT - floor(log2 amax)) built from amax's exponent
+    bits, kept inside fp32's normal range (all-zero rows get the largest)."""
+    biased = (amax.to(gl.int32, bitcast=True) >> 23) & 0xFF
+    return (gl.minimum(gl.maximum(127 + QUERY_EXPONENT + 127 - biased, 14), 240) << 23).to(gl.float32, bitcast=True)

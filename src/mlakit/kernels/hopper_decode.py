@@ -18,8 +18,9 @@ shared memory, and V is the latent part of the same tile. Three kernels:
   rope columns, which S no longer needs. For batches that fill the GPU (few split sequences) the
   program that finishes a sequence's last split merges its partials, so no combine kernel runs.
   It also takes fp8 (e4m3) pages with one per-tensor scale at 512 + 64 widths: each chunk's fp8
-  box lands in the first half of the chunk's 16-bit place and is converted there, half a tile at
-  a time, by the warpgroup whose S reads it first (rows past the split's end zeroed as they go);
+  box lands in the first half of the chunk's 16-bit place and is converted there to fp16, half a
+  tile at a time, by the warpgroup whose S reads it first (rows past the split's end zeroed as they
+  go); its MMAs then run in fp16, query rows scaled per row into fp16's range;
 - `mla_decode_hopper_fp8_kernel`, for other fp8 (e4m3) pages with one per-tensor scale (any size):
   warpgroup 0 computes S for the whole tile, the softmax, and writes P and the row rescale
   factors to shared memory; both warpgroups then do P . V for half of the latent columns each.
@@ -57,6 +58,7 @@ from mlakit.kernels.hopper_common import (
     KV_LORA_RANKS,
     ROPE_DIMS,
     finish_rows,
+    fp16_row_factor,
     no_keys_yet,
     online_softmax,
     serves,
@@ -91,6 +93,8 @@ FP8_SEESAW_WIDTHS = (512, 64)
 MERGE_COLUMNS = gl.constexpr(64)
 MERGE_SPLITS_PER_STEP = gl.constexpr(4)
 MERGE_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0]))
+# A warpgroup's share of 64 query columns (16-bit), 16 bytes per thread and row.
+QUERY_BLOCK = gl.constexpr(gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0]))
 # One warpgroup's words of an fp8 `[BLOCK_N, TMA_CHUNK]` box (16 per row), 16 bytes per thread and row.
 FP8_BOX_WORDS = gl.constexpr(gl.BlockedLayout([1, 4], [8, 4], [4, 1], [1, 0]))
 
@@ -756,7 +760,7 @@ def _named_barrier(OP: gl.constexpr, BARRIER: gl.constexpr):
 @gluon.jit
 def _seesaw_even_partition(
     q_lat_all, q_rope_smem, k_lat_smem, slots, chunk_ready,
-    m_even, scale_even, m_odd, scale_odd, sum_odd, final_rows,
+    m_even, scale_even, m_odd, scale_odd, sum_odd, final_rows, query_unscale,
     CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, b, split,
     num_splits, scale_log2, kv_scale, OUT, LSE, PART_OUT, PART_LSE, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr,
@@ -778,6 +782,8 @@ def _seesaw_even_partition(
     m_i, l_i = no_keys_yet(BLOCK_M, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([BLOCK_M, half], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    if FP8:
+        row_unscale = query_unscale.load(gl.SliceLayout(1, s_layout))
     for pair in range(gl.cdiv(num_tiles, 2)):
         k0, k1, q_lat_smem = _pair_views(pair, k_lat_smem, q_lat_all)
         phase = pair & 1
@@ -790,6 +796,8 @@ def _seesaw_even_partition(
             _zero_tail(k0, chunk_ready, 0, phase, end - tok0)
         s = _chunked_scores(q_lat_smem, q_rope_smem, k0, slots.index(0), chunk_ready, 0, phase, s_zero, end - tok0,
                             False, FP8)
+        if FP8:
+            s = s * row_unscale[:, None]
         p0, scale0, m_i = online_softmax(_masked(s, tok0, end, visible, scale_log2), m_i)
         m_even.store(m_i)
         scale_even.store(scale0)
@@ -837,7 +845,7 @@ def _seesaw_even_partition(
 @gluon.jit
 def _seesaw_odd_partition(
     q_lat_all, q_rope_smem, k_lat_smem, slots, chunk_ready,
-    m_even, scale_even, m_odd, scale_odd, sum_odd, final_rows,
+    m_even, scale_even, m_odd, scale_odd, sum_odd, final_rows, query_unscale,
     CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, b, split,
     num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES,
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr,
@@ -856,6 +864,8 @@ def _seesaw_odd_partition(
     visible = seqlen - q_len + rows // HEADS + 1
     acc = gl.zeros([BLOCK_M, half], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    if FP8:
+        row_unscale = query_unscale.load(gl.SliceLayout(1, s_layout))
     for pair in range(gl.cdiv(num_tiles, 2)):
         k0, k1, q_lat_smem = _pair_views(pair, k_lat_smem, q_lat_all)
         phase = pair & 1
@@ -869,6 +879,8 @@ def _seesaw_odd_partition(
                 _zero_tail(k1, chunk_ready, 1, phase, end - tok1)
             s = _chunked_scores(q_lat_smem, q_rope_smem, k1, slots.index(1), chunk_ready, 1, phase, s_zero,
                                 end - tok1, True, FP8)
+            if FP8:
+                s = s * row_unscale[:, None]
             s = _masked(s, tok1, end, visible, scale_log2)
         else:
             s = s_zero
@@ -929,7 +941,8 @@ def mla_decode_hopper_seesaw_kernel(
     (each chunk loaded into the first half of its 16-bit place and converted there by the warpgroup whose
     S reads it first, NOTES.md v43), the one-element scale KV_SCALE.
     """
-    dtype: gl.constexpr = Q.dtype.element_ty
+    # fp8 pages: the MMAs run in fp16 (e4m3 -> fp16 is one instruction per pair, to bf16 five).
+    dtype: gl.constexpr = gl.float16 if CHUNK_DESC.block_type.element_ty.is_fp8() else Q.dtype.element_ty
     lat_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, KV_LORA_RANK], dtype)
     # Q with a leading dimension of one, for `_pair_views` to index.
     q_lat_all = gl.allocate_shared_memory(dtype, [1, BLOCK_M, KV_LORA_RANK], lat_layout)
@@ -939,7 +952,7 @@ def mla_decode_hopper_seesaw_kernel(
     slots = gl.allocate_shared_memory(dtype, [2, BLOCK_M, BLOCK_N],
                                       gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype))
     row_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    rows_smem = gl.allocate_shared_memory(gl.float32, [6, BLOCK_M], row_layout)
+    rows_smem = gl.allocate_shared_memory(gl.float32, [7, BLOCK_M], row_layout)
     chunks: gl.constexpr = KV_LORA_RANK // TMA_CHUNK + 1
     chunk_ready = gl.allocate_shared_memory(gl.int64, [2 * chunks, 1], mbarrier.MBarrierLayout())
 
@@ -1037,6 +1050,37 @@ def _merge_block(b, tile, block, num_splits, first_token, q_len, OUT, LSE, PART_
 
 
 @gluon.jit
+def _as_dtype(buffer, dtype: gl.constexpr):
+    """A 16-bit swizzled buffer seen as `dtype` (16-bit too)."""
+    return buffer._reinterpret(dtype, buffer.shape, gl.NVMMASharedLayout.get_default_for(buffer.shape, dtype))
+
+
+@gluon.jit
+def _scale_query_to_fp16(q_lat, q_rope, q_dtype: gl.constexpr, unscale_smem):
+    """For fp8 pages, whose MMAs run in fp16: the tile's query rows, loaded as `q_dtype` into the fp16 buffers,
+    scaled in place per row by a power of two (`fp16_row_factor`) and stored as fp16; the factor undoing
+    it goes to `unscale_smem` for the scores. Two passes over 64-column blocks: the rows' maxima, then the
+    scaling (each thread rewrites the values it read)."""
+    rows_layout: gl.constexpr = gl.SliceLayout(1, QUERY_BLOCK)
+    amax = gl.zeros([BLOCK_M], gl.float32, layout=rows_layout)
+    for c in gl.static_range(q_lat.shape[1] // TMA_CHUNK):
+        amax = gl.maximum(amax, gl.max(gl.abs(_query_block(q_lat, q_dtype, c)), 1))
+    amax = gl.maximum(amax, gl.max(gl.abs(_query_block(q_rope, q_dtype, 0)), 1))
+    factor = fp16_row_factor(amax)
+    for c in gl.static_range(q_lat.shape[1] // TMA_CHUNK):
+        scaled = (_query_block(q_lat, q_dtype, c) * factor[:, None]).to(gl.float16)
+        q_lat.slice(c * TMA_CHUNK, TMA_CHUNK, dim=1).store(scaled)
+    q_rope.store((_query_block(q_rope, q_dtype, 0) * factor[:, None]).to(gl.float16))
+    unscale_smem.store(1.0 / factor)
+
+
+@gluon.jit
+def _query_block(buffer, q_dtype: gl.constexpr, c: gl.constexpr):
+    """Columns c x 64 .. of a query buffer holding `q_dtype` values, in fp32."""
+    return _as_dtype(buffer, q_dtype).slice(c * TMA_CHUNK, TMA_CHUNK, dim=1).load(QUERY_BLOCK).to(gl.float32)
+
+
+@gluon.jit
 def _unit_work(WORK, SEQLENS, unit, row_tiles, work_rows):
     """`work_item` of the unit's item and the sequence's length (a unit past the plan's rows reads the
     last row instead; the caller never runs units past the plan's items)."""
@@ -1074,7 +1118,10 @@ def _seesaw_unit(
     chunks: gl.constexpr = KV_LORA_RANK // TMA_CHUNK + 1
     for c in gl.static_range(2 * chunks):
         mbarrier.init(chunk_ready.index(c), count=1)
-    _load_query(q_lat_all.index(0), q_rope_smem, Q, tile, first_token, q_len, Q_STRIDES, HEADS, WARPGROUP_ROWS)
+    fp8: gl.constexpr = CHUNK_DESC.block_type.element_ty.is_fp8()
+    q_dtype: gl.constexpr = Q.dtype.element_ty
+    _load_query(_as_dtype(q_lat_all.index(0), q_dtype), _as_dtype(q_rope_smem, q_dtype), Q, tile, first_token, q_len,
+                Q_STRIDES, HEADS, WARPGROUP_ROWS)
     async_copy.commit_group()
     bt_row = b * stride_bt_b
     for st in gl.static_range(2):
@@ -1082,6 +1129,10 @@ def _seesaw_unit(
             _load_chunks(CHUNK_DESC, ROPE_DESC, _cache_row(BLOCK_TABLE, bt_row, start + st * BLOCK_N, PAGE_SIZE), chunk_ready,
                          st, k_lat_smem.index(st), slots.index(st), 0, chunks - 1, True, True)
     async_copy.wait_group(0)
+    query_unscale = rows_smem.index(6)
+    if fp8:
+        gl.thread_barrier()
+        _scale_query_to_fp16(q_lat_all.index(0), q_rope_smem, q_dtype, query_unscale)
     fence_async_shared()
     gl.thread_barrier()
 
@@ -1091,14 +1142,14 @@ def _seesaw_unit(
     gl.warp_specialize([
         (_seesaw_even_partition, (
             q_lat_all, q_rope_smem, k_lat_smem, slots, chunk_ready,
-            m_even, scale_even, m_odd, scale_odd, sum_odd, final_rows,
+            m_even, scale_even, m_odd, scale_odd, sum_odd, final_rows, query_unscale,
             CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, b, split,
             num_splits, scale_log2, kv_scale, OUT, LSE, PART_OUT, PART_LSE,
             OUT_STRIDES, LSE_STRIDES,
             PART_STRIDES, HEADS, PAGE_SIZE, KV_LORA_RANK)),
         (_seesaw_odd_partition, (
             q_lat_all, q_rope_smem, k_lat_smem, slots, chunk_ready,
-            m_even, scale_even, m_odd, scale_odd, sum_odd, final_rows,
+            m_even, scale_even, m_odd, scale_odd, sum_odd, final_rows, query_unscale,
             CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, b, split,
             num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES,
             HEADS, PAGE_SIZE, KV_LORA_RANK)),

@@ -35,6 +35,7 @@ from mlakit.kernels.hopper_common import (
     KV_LORA_RANKS,
     ROPE_DIMS,
     finish_rows,
+    fp16_row_factor,
     no_keys_yet,
     online_softmax,
     serves,
@@ -55,8 +56,6 @@ PROGRAMS_PER_SM = 2
 NUM_WARPS = 4
 LATENT_CHUNK = gl.constexpr(128)
 PV_TOKENS = gl.constexpr(16)
-# Largest power-of-two exponent a query row's absolute maximum is raised to (fp16 holds < 2^16).
-QUERY_EXPONENT = gl.constexpr(14)
 # A tail tile's rows past the end, zeroed 16 bytes per thread.
 ZEROING_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0]))
 
@@ -176,10 +175,7 @@ def _load_query(q_lat_smem, q_rope_smem, Q, tile, first_token, q_len, Q_STRIDES,
     lat = gl.load(Q + base[:, None] + lat_cols[None, :], mask=row_ok, other=0.0).to(gl.float32)
     rope = gl.load(Q + base[:, None] + rope_cols[None, :], mask=row_ok, other=0.0).to(gl.float32)
     amax = gl.maximum(gl.max(gl.abs(lat), 1), gl.max(gl.abs(rope), 1))
-    biased = (amax.to(gl.int32, bitcast=True) >> 23) & 0xFF
-    # 2^(QUERY_EXPONENT - floor(log2 amax)) built from its exponent bits, kept inside fp32's normal range.
-    factor_bits = gl.minimum(gl.maximum(127 + QUERY_EXPONENT + 127 - biased, 14), 240) << 23
-    factor = factor_bits.to(gl.float32, bitcast=True)
+    factor = fp16_row_factor(amax)
     q_lat_smem.store(_relabel_columns((lat * factor[:, None]).to(gl.float16), LATENT_WIDTH))
     q_rope_smem.store(_relabel_columns((rope * factor[:, None]).to(gl.float16), rope_dim))
     return 1.0 / factor
