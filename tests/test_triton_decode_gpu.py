@@ -250,23 +250,25 @@ def test_hopper_fp8_conversion_keeps_subnormal_values(q_dtype, heads, kernel):
 @pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
 @pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("q_len", [1, 2])
-def test_narrow_fp8_kernel_keeps_query_rows_of_any_magnitude(q_dtype, q_len):
-    """The narrow kernel runs its MMAs in fp16 with each query row scaled by a power of two: rows
-    far outside fp16's range (and an all-zero row) must come out as the reference's."""
+@pytest.mark.parametrize("heads, page_size, kernel", [(16, 32, "narrow"), (128, 64, "hopper")])
+def test_fp8_kernels_with_fp16_mmas_keep_query_rows_of_any_magnitude(q_dtype, q_len, heads, page_size, kernel):
+    """The narrow kernel and the seesaw kernel run fp8 pages' MMAs in fp16 with each query row scaled
+    by a power of two: rows far outside fp16's range (and an all-zero row) must come out as the
+    reference's."""
     from mlakit.kernels.triton_decode import plan_decode
 
-    batch = make_paged_batch([900, 5, 64], heads=16, q_len=q_len, page_size=32, kv_lora_rank=512, rope_dim=64,
-                             kv_dtype="fp8_e4m3", q_dtype=q_dtype, device="cuda", seed=11 + q_len)
+    batch = make_paged_batch([900, 5, 64], heads=heads, q_len=q_len, page_size=page_size, kv_lora_rank=512,
+                             rope_dim=64, kv_dtype="fp8_e4m3", q_dtype=q_dtype, device="cuda", seed=11 + q_len)
     exponents = torch.tensor([-17.0, -8.0, 0.0, 6.0, 12.0, 17.0, 1.0, -1.0] * 2, device="cuda")
     if q_dtype == torch.float16:
         # fp16 rows from near its largest value (N(0, 1) x 2^13 reaches ~2^15) to its subnormals.
         exponents = torch.tensor([-22.0, -17.0, 0.0, 6.0, 13.0, 13.0, 1.0, -1.0] * 2, device="cuda")
-    magnitudes = torch.pow(2.0, exponents)
+    magnitudes = torch.pow(2.0, exponents).repeat(heads // 16)
     magnitudes[3] = 0.0
     scaled = (batch.q.float() * magnitudes[None, None, :, None]).to(q_dtype)
     batch = dataclasses.replace(batch, q=scaled, softmax_scale=batch.softmax_scale * 2.0 ** -8)
-    plan = plan_decode(batch.cache_seqlens, q_len=q_len, heads=16, kv_dtype=batch.kv_cache.dtype)
-    assert _split_kernel(batch, plan) == "narrow"
+    plan = plan_decode(batch.cache_seqlens, q_len=q_len, heads=heads, kv_dtype=batch.kv_cache.dtype)
+    assert _split_kernel(batch, plan) == kernel
     _check(batch, plan=plan)
 
 
@@ -291,8 +293,9 @@ def test_persistent_kernel_takes_every_unit_and_leaves_its_counter_at_zero(heads
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
-@pytest.mark.parametrize("heads, q_len, copies", [(16, 1, 15), (64, 3, 5), (128, 2, 4)])
-def test_persistent_kernel_merges_its_splits_and_leaves_its_counters_at_zero(heads, q_len, copies):
+@pytest.mark.parametrize("heads, q_len, copies, kv_dtype", [(16, 1, 15, "bf16"), (64, 3, 5, "bf16"), (128, 2, 4, "bf16"),
+                                                            (128, 2, 4, "fp8_e4m3")])
+def test_persistent_kernel_merges_its_splits_and_leaves_its_counters_at_zero(heads, q_len, copies, kv_dtype):
     """Batches that fill the GPU (a split ceiling of at most MERGE_MAX_SPLITS): the seesaw kernel merges
     the few split sequences' partials itself (no combine launch), over several rounds of units taken
     dynamically (ragged batches)."""
@@ -300,7 +303,7 @@ def test_persistent_kernel_merges_its_splits_and_leaves_its_counters_at_zero(hea
 
     lengths = [9000, 0, 4096, 1, 700, 16384, 65] * copies
     batch = make_paged_batch(lengths, heads=heads, q_len=q_len, page_size=64, kv_lora_rank=512, rope_dim=64,
-                             device="cuda", seed=heads + q_len)
+                             kv_dtype=kv_dtype, device="cuda", seed=heads + q_len)
     plan = plan_decode(batch.cache_seqlens, q_len=q_len, heads=heads, kv_dtype=batch.kv_cache.dtype)
     assert int(plan.num_splits.max()) > 1 and int(plan.work_state[2]) == 1
     _check_merged_in_kernel(batch, plan, launches=3)

@@ -120,6 +120,9 @@ def zero_rows_from(smem, first_bad, CHUNK: gl.constexpr, LAYOUT: gl.constexpr):
 # Query rows of fp16 MMAs are scaled so that their largest magnitude lies in [2^QUERY_EXPONENT,
 # 2^(QUERY_EXPONENT + 1)) (fp16 holds < 2^16).
 QUERY_EXPONENT = gl.constexpr(14)
+# The factor's biased fp32 exponent stays within these (2^-113 .. 2^113: normal, and its inverse too).
+MIN_FACTOR_EXPONENT = gl.constexpr(14)
+MAX_FACTOR_EXPONENT = gl.constexpr(240)
 
 
 @gluon.jit
@@ -129,4 +132,5 @@ def fp16_row_factor(amax):
     smaller ones cannot move a score): 2^(QUERY_EXPONENT - floor(log2 amax)) built from amax's exponent
     bits, kept inside fp32's normal range (all-zero rows get the largest)."""
     biased = (amax.to(gl.int32, bitcast=True) >> 23) & 0xFF
-    return (gl.minimum(gl.maximum(127 + QUERY_EXPONENT + 127 - biased, 14), 240) << 23).to(gl.float32, bitcast=True)
+    factor_exponent = gl.minimum(gl.maximum(127 + QUERY_EXPONENT + 127 - biased, MIN_FACTOR_EXPONENT), MAX_FACTOR_EXPONENT)
+    return (factor_exponent << 23).to(gl.float32, bitcast=True)

@@ -13,7 +13,7 @@ shared memory, and V is the latent part of the same tile. Three kernels:
   the giving warpgroup arrives and goes on, the taking one waits); each owns half of
   the output columns, multiplies its own P from registers and the other's from shared memory.
   Tiles arrive as 64-column TMA chunks on their own barriers (S starts on the first one; a
-  split's partial last tile waits for all of them, to zero its rows past the end), and
+  split's partial 16-bit last tile waits for all of them, to zero its rows past the end), and
   each chunk is reloaded as soon as its last reader is done with it. P goes into the tile's
   rope columns, which S no longer needs. For batches that fill the GPU (few split sequences) the
   program that finishes a sequence's last split merges its partials, so no combine kernel runs.
@@ -134,8 +134,8 @@ def launch(grid: tuple[int, int], q: torch.Tensor, pages: torch.Tensor, kv_scale
            shared_args: tuple, work_state: torch.Tensor, merge_state: torch.Tensor, max_splits: int) -> bool:
     """Runs the split pass (a call `supports` accepts) over `grid` = (row tiles, rows of the plan's
     work items): the persistent seesaw kernel for pages holding whole tiles (TMA loads) and latent
-    widths of at least 128, 16-bit or, at DeepSeek's 512 + 64 widths, fp8 (with the one-element
-    `kv_scale`) (one program per SM at most, over the plan's `work_state`); else the fp8 kernel for fp8
+    widths of at least 128, 16-bit or, at DeepSeek's 512 + 64 widths, fp8 with the one-element
+    `kv_scale`: one program per SM at most, over the plan's `work_state`; else the fp8 kernel for fp8
     caches, the cp.async gather kernel for 16-bit ones.
     `shared_args` are the portable split kernel's arguments from the block table on, without the scale
     strides. Returns whether the kernel merged the split sequences' partials itself (the seesaw, when the
@@ -149,6 +149,7 @@ def launch(grid: tuple[int, int], q: torch.Tensor, pages: torch.Tensor, kv_scale
         programs = min(sm_count(q.device), row_tiles * work_rows)
         merge = 1 < max_splits <= MERGE_MAX_SPLITS
         mla_decode_hopper_seesaw_kernel[(programs,)](q, *chunk_descriptors(pages, kv_lora_rank),
+                                                     # 16-bit pages never read KV_SCALE: any tensor fills it.
                                                      kv_scale if fp8 else work_state, *shared_args, work_state,
                                                      work_rows, row_tiles, merge_state, **constants, MERGE=merge,
                                                      num_warps=4)
@@ -607,8 +608,7 @@ def _load_chunks(chunk_desc, rope_desc, row, chunk_ready, stage: gl.constexpr, k
 @gluon.jit
 def _wait_chunks(chunk_ready, k_lat, stage: gl.constexpr, phase):
     """Waits for every chunk of the stage's tile, the rope included."""
-    for c in gl.static_range(k_lat.shape[1] // TMA_CHUNK + 1):
-        mbarrier.wait(_chunk_barrier(chunk_ready, k_lat, stage, c), phase)
+    _wait_chunk_range(chunk_ready, k_lat, stage, phase, 0, k_lat.shape[1] // TMA_CHUNK + 1)
 
 
 @gluon.jit
@@ -626,8 +626,8 @@ def _chunked_scores(q_lat_smem, q_rope_smem, k_lat, slot, chunk_ready, stage: gl
                     valid_rows, RIGHT_HALF_FIRST: gl.constexpr, FP8: gl.constexpr):
     """S = Q . K^T of the stage's tile, each latent chunk's MMA issued as soon as the chunk has landed
     (the right half's chunks first where RIGHT_HALF_FIRST: they are the ones reloaded first). FP8: each
-    half's chunks are converted in place together once they have all landed (one sync and fence per
-    half: per chunk they cost more than the conversion), rows from valid_rows on zeroed."""
+    half's chunks are converted in place together once they have all landed (`_convert_four_blocks_in_place`:
+    3% faster than chunk by chunk, NOTES.md v43), rows from valid_rows on zeroed."""
     lat_chunks: gl.constexpr = k_lat.shape[1] // TMA_CHUNK
     half: gl.constexpr = lat_chunks // 2
     first: gl.constexpr = half if RIGHT_HALF_FIRST else 0
@@ -646,6 +646,7 @@ def _half_scores(q_lat_smem, k_lat, chunk_ready, stage: gl.constexpr, phase, s, 
     """S (+)= Q . K^T over the half of the latent chunks from FIRST (converted first where FP8)."""
     count: gl.constexpr = k_lat.shape[1] // TMA_CHUNK // 2
     if FP8:
+        gl.static_assert(count == 4, "fp8 pages take the seesaw at a latent width of 512 only")
         _wait_chunk_range(chunk_ready, k_lat, stage, phase, FIRST, count)
         _convert_four_blocks_in_place(k_lat, FIRST, valid_rows)
     for c in gl.static_range(FIRST, FIRST + count):
@@ -676,6 +677,7 @@ def _fp8_block(buffer, block: gl.constexpr, element_ty: gl.constexpr):
 
 @gluon.jit
 def _wait_chunk_range(chunk_ready, k_lat, stage: gl.constexpr, phase, FIRST: gl.constexpr, COUNT: gl.constexpr):
+    """Waits for chunks FIRST .. FIRST + COUNT of the stage's tile (the rope is the last chunk)."""
     for c in gl.static_range(FIRST, FIRST + COUNT):
         mbarrier.wait(_chunk_barrier(chunk_ready, k_lat, stage, c), phase)
 
@@ -695,7 +697,8 @@ def _convert_block_in_place(buffer, block: gl.constexpr, valid_rows):
 
 @gluon.jit
 def _convert_four_blocks_in_place(buffer, FIRST: gl.constexpr, valid_rows):
-    """`_convert_block_in_place` of blocks FIRST .. FIRST + 3 with one sync and one fence."""
+    """`_convert_block_in_place` of blocks FIRST .. FIRST + 3: all reads before the sync, one fence. (The
+    compiler still puts a sync between the blocks' stores: it cannot tell the block views apart.)"""
     w0 = _box_words(buffer, FIRST, valid_rows)
     w1 = _box_words(buffer, FIRST + 1, valid_rows)
     w2 = _box_words(buffer, FIRST + 2, valid_rows)
@@ -769,7 +772,8 @@ def _seesaw_even_partition(
     Per pair of tiles: P0 against the running max updated with the even tile; O_L = O_L x scale0 +
     P0 . V0_L (P0 from registers); then, with the odd tile's max from warpgroup 1, P0 rescaled to it for warpgroup 1 and
     O_L = O_L x scale1 + P1 . V1_L. Each stage's chunks are reloaded as soon as their last reader is done.
-    For fp8 pages the scores arrive scaled by kv_scale, the output is scaled by it here."""
+    For fp8 pages the scores are multiplied by the query rows' unscale factors (`_scale_query_to_fp16`; the
+    cache's scale is in scale_log2) and the output by the cache's scale, here."""
     half: gl.constexpr = KV_LORA_RANK // 2
     lat_chunks: gl.constexpr = KV_LORA_RANK // TMA_CHUNK
     FP8: gl.constexpr = CHUNK_DESC.block_type.element_ty.is_fp8()
@@ -852,7 +856,7 @@ def _seesaw_odd_partition(
 ):
     """Warpgroup 1: S and the softmax of the odd tiles (stage 1, computed while warpgroup 0 does its
     softmax), output columns of the right half: O_R = O_R x scale0 x scale1 + P1 . V1_R (P1 from
-    registers), then + P0' . V0_R with warpgroup 0's rescaled P0."""
+    registers), then + P0' . V0_R with warpgroup 0's rescaled P0. Scores of fp8 pages as in warpgroup 0."""
     half: gl.constexpr = KV_LORA_RANK // 2
     lat_chunks: gl.constexpr = KV_LORA_RANK // TMA_CHUNK
     FP8: gl.constexpr = CHUNK_DESC.block_type.element_ty.is_fp8()
