@@ -586,11 +586,11 @@ def _load_chunks(chunk_desc, rope_desc, row, chunk_ready, stage: gl.constexpr, k
     """TMA loads of cache rows row .. row + BLOCK_N into the stage: latent chunks FIRST .. FIRST + COUNT
     (TMA_CHUNK columns each) and, WITH_ROPE, the rope columns into the stage's slot; each chunk
     completes on its own barrier. Nothing is issued where `pred` is false."""
-    fp8: gl.constexpr = chunk_desc.block_type.element_ty.is_fp8()
+    FP8: gl.constexpr = chunk_desc.block_type.element_ty.is_fp8()
     for c in gl.static_range(FIRST, FIRST + COUNT):
         bar = _chunk_barrier(chunk_ready, k_lat, stage, c)
         mbarrier.expect(bar, chunk_desc.block_type.nbytes, pred=pred)
-        if fp8:
+        if FP8:
             dst = _fp8_block(k_lat, c, chunk_desc.block_type.element_ty)
         else:
             dst = k_lat.slice(c * TMA_CHUNK, TMA_CHUNK, dim=1)
@@ -598,7 +598,7 @@ def _load_chunks(chunk_desc, rope_desc, row, chunk_ready, stage: gl.constexpr, k
     if WITH_ROPE:
         bar = _chunk_barrier(chunk_ready, k_lat, stage, k_lat.shape[1] // TMA_CHUNK)
         mbarrier.expect(bar, rope_desc.block_type.nbytes, pred=pred)
-        if fp8:
+        if FP8:
             rope_dst = _fp8_block(slot, 0, rope_desc.block_type.element_ty)
         else:
             rope_dst = _rope_view(slot, rope_desc.block_type.shape[1])
@@ -945,8 +945,9 @@ def mla_decode_hopper_seesaw_kernel(
     (each chunk loaded into the first half of its 16-bit place and converted there by the warpgroup whose
     S reads it first, NOTES.md v43), the one-element scale KV_SCALE.
     """
+    FP8: gl.constexpr = CHUNK_DESC.block_type.element_ty.is_fp8()
     # fp8 pages: the MMAs run in fp16 (e4m3 -> fp16 is one instruction per pair, to bf16 five).
-    dtype: gl.constexpr = gl.float16 if CHUNK_DESC.block_type.element_ty.is_fp8() else Q.dtype.element_ty
+    dtype: gl.constexpr = gl.float16 if FP8 else Q.dtype.element_ty
     lat_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, KV_LORA_RANK], dtype)
     # Q with a leading dimension of one, for `_pair_views` to index.
     q_lat_all = gl.allocate_shared_memory(dtype, [1, BLOCK_M, KV_LORA_RANK], lat_layout)
@@ -960,7 +961,7 @@ def mla_decode_hopper_seesaw_kernel(
     chunks: gl.constexpr = KV_LORA_RANK // TMA_CHUNK + 1
     chunk_ready = gl.allocate_shared_memory(gl.int64, [2 * chunks, 1], mbarrier.MBarrierLayout())
 
-    if CHUNK_DESC.block_type.element_ty.is_fp8():
+    if FP8:
         kv_scale = gl.load(KV_SCALE)
     else:
         kv_scale = 1.0
@@ -1122,7 +1123,7 @@ def _seesaw_unit(
     chunks: gl.constexpr = KV_LORA_RANK // TMA_CHUNK + 1
     for c in gl.static_range(2 * chunks):
         mbarrier.init(chunk_ready.index(c), count=1)
-    fp8: gl.constexpr = CHUNK_DESC.block_type.element_ty.is_fp8()
+    FP8: gl.constexpr = CHUNK_DESC.block_type.element_ty.is_fp8()
     q_dtype: gl.constexpr = Q.dtype.element_ty
     _load_query(_as_dtype(q_lat_all.index(0), q_dtype), _as_dtype(q_rope_smem, q_dtype), Q, tile, first_token, q_len,
                 Q_STRIDES, HEADS, WARPGROUP_ROWS)
@@ -1134,7 +1135,7 @@ def _seesaw_unit(
                          st, k_lat_smem.index(st), slots.index(st), 0, chunks - 1, True, True)
     async_copy.wait_group(0)
     query_unscale = rows_smem.index(6)
-    if fp8:
+    if FP8:
         gl.thread_barrier()
         _scale_query_to_fp16(q_lat_all.index(0), q_rope_smem, q_dtype, query_unscale)
     fence_async_shared()
