@@ -12,6 +12,7 @@ from click.core import ParameterSource
 from mlakit.bench import prefill as prefill_bench
 from mlakit.bench.ceilings import measure_ceilings
 from mlakit.bench.decode import (
+    ANCHORS,
     DecodeCase,
     DecodeInputs,
     KernelFactory,
@@ -21,6 +22,7 @@ from mlakit.bench.decode import (
     run_cases,
     write_results,
 )
+from mlakit.bench.decode_targets import anchor_simple_triton_times, check_targets, result_rows
 from mlakit.device import DeviceInfo
 from mlakit.registry.catalog import all_records, get_backend
 
@@ -160,6 +162,19 @@ def decode(
     write_results(json_path, environment(device, ceilings), rows)
     plot_results(plot_path, rows)
     click.echo(f"wrote {json_path} and {plot_path}")
+    _echo_targets(rows)
+
+
+@bench.command("decode-targets")
+@click.argument("results", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+def decode_targets(results: tuple[Path, ...]) -> None:
+    """Issue 3's H100 speed targets, checked against `mlakit bench decode` JSON files (e.g. a grid run in parts)."""
+    _echo_targets(result_rows(results))
+
+
+def _echo_targets(rows: list[dict[str, object]]) -> None:
+    for check in check_targets(rows, anchor_simple_triton_times(ANCHORS)):
+        click.echo(check.line())
 
 
 def _option_flag(name: str) -> str:

@@ -1,0 +1,140 @@
+"""Issue 3's speed targets for the Triton decode kernel, checked against `mlakit bench decode` results.
+
+Each target names the cases it covers, its bound, whether every covered case meets it, and the case
+farthest from it, so that a grid's standing is read off one run instead of by hand. The targets are
+H100 ones: FlashMLA and the simple Triton kernel enter through the anchors' times
+(benchmarks/anchors_h100.json, already divided into our rows as `x_flashmla_anchor`), our fp8 times
+through our bf16 rows of the same run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from mlakit.bench.decode import DecodeCase
+
+Row = dict[str, object]
+# 128-head cases with at least this many KV tokens have the tighter FlashMLA bound.
+LARGE_CASE_TOKENS = 262_144
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetCheck:
+    """One target over the cases it covers: `value` is the case farthest from the bound (`worst_case`)."""
+
+    target: str
+    cases: int
+    met: bool
+    value: float
+    worst_case: str
+
+    def line(self) -> str:
+        if self.cases == 0:
+            return f"no cases  {self.target}"
+        return f"{'met   ' if self.met else 'MISSED'}    {self.target}: worst {self.value:.2f}x ({self.worst_case}; {self.cases} cases)"
+
+
+def check_targets(rows: Iterable[Row], simple_triton_us: dict[tuple[int, int, int | None], float]) -> list[TargetCheck]:
+    """Every target over our kernel's rows (`kernel == "triton"`): the grid's page size 64 for the per-case
+    targets (page size 1 is there for the yardstick), every anchored row for the geometric mean ("at any
+    page size"); `simple_triton_us` is the anchors' simple-Triton time per (heads, batch, seqlen) at q_len 1
+    (`anchor_simple_triton_times`).
+
+    >>> row = {"kernel": "triton", "case": "h16 1x1024 q1 bf16 p64", "heads": 16, "batch": 1, "seqlen": 1024,
+    ...        "q_len": 1, "kv_dtype": "bf16", "page_size": 64, "time_us": 15.0, "x_floor": 2.0,
+    ...        "x_flashmla_anchor": 0.96}
+    >>> check_targets([row], {})[0].line()
+    'met       16 heads (q1, q2) and batch 1: <= 1.05x FlashMLA: worst 0.96x (h16 1x1024 q1 bf16 p64; 1 cases)'
+    """
+    every_page_size = [r for r in rows if r["kernel"] == "triton"]
+    ours = [r for r in every_page_size if r["page_size"] == 64]
+    bf16 = [r for r in ours if r["kv_dtype"] == "bf16"]
+    anchored = [r for r in bf16 if "x_flashmla_anchor" in r]
+    large = [r for r in anchored if r["heads"] == 128 and _tokens(r) >= LARGE_CASE_TOKENS]
+    bf16_time = {_shape(r): r["time_us"] for r in bf16}
+    fp8_pairs = [(r, bf16_time[_shape(r)]) for r in ours if r["kv_dtype"] != "bf16" and _shape(r) in bf16_time]
+    simple_q1 = [r for r in bf16 if r["heads"] == 128 and r["q_len"] == 1 and _anchor_key(r) in simple_triton_us]
+    checks = [
+        _at_most("16 heads (q1, q2) and batch 1: <= 1.05x FlashMLA", 1.05,
+                 [r for r in anchored if r["heads"] == 16 or r["batch"] == 1], _x_flashmla),
+        _at_most(f"128 heads, >= {LARGE_CASE_TOKENS} KV tokens: <= 1.25x FlashMLA", 1.25, large, _x_flashmla),
+        _at_most("128 heads, smaller cases: <= 1.4x FlashMLA", 1.4,
+                 [r for r in anchored if r["heads"] == 128 and r not in large], _x_flashmla),
+        _at_least("128 heads, batched: >= 5x faster than the anchors' simple Triton (q1)", 5.0,
+                  [r for r in simple_q1 if r["batch"] > 1], lambda r: simple_triton_us[_anchor_key(r)] / r["time_us"]),
+        _at_least("128 heads, batch 1: >= 5x faster than the anchors' simple Triton (q1)", 5.0,
+                  [r for r in simple_q1 if r["batch"] == 1], lambda r: simple_triton_us[_anchor_key(r)] / r["time_us"]),
+        _at_most("ragged batch (q1, q2): <= 1.3x its floor", 1.3,
+                 [r for r in bf16 if r["seqlen"] is None and r["q_len"] in (1, 2)], lambda r: r["x_floor"]),
+        _at_least("fp8, 16 heads: >= 1.6x faster than our bf16", 1.6,
+                  [r for r, _ in fp8_pairs if r["heads"] == 16], lambda r: bf16_time[_shape(r)] / r["time_us"]),
+        _at_most("fp8, 128 heads: no slower than our bf16", 1.0,
+                 [r for r, _ in fp8_pairs if r["heads"] == 128], lambda r: r["time_us"] / bf16_time[_shape(r)]),
+    ]
+    all_anchored = [r for r in every_page_size if "x_flashmla_anchor" in r]
+    geomean = math.exp(sum(math.log(_x_flashmla(r)) for r in all_anchored) / len(all_anchored)) if all_anchored else math.nan
+    checks.append(TargetCheck("geometric mean over the anchored cases, any page size: <= 1.0x FlashMLA",
+                              len(all_anchored), geomean <= 1.0, geomean, "every anchored case"))
+    return checks
+
+
+def anchor_simple_triton_times(path: Path) -> dict[tuple[int, int, int | None], float]:
+    """The anchors' simple-Triton q1 times by (heads, batch, seqlen) (seqlen None: the ragged batch, whose
+    lengths the anchors drew from the same distribution: its time scaled to our batch's tokens, as the
+    ragged FlashMLA anchor is)."""
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text())
+    times = {}
+    for c in data["cases"]:
+        if "simple_triton_q1_us" in c:
+            ragged = c["seqlen"] == "ragged"
+            scale = _tokens_of(DecodeCase(c["heads"], c["batch"], None)) / data["ragged"]["total_tokens"] if ragged else 1.0
+            times[c["heads"], c["batch"], None if ragged else c["seqlen"]] = c["simple_triton_q1_us"] * scale
+    return times
+
+
+def result_rows(paths: Iterable[Path]) -> list[Row]:
+    """The result rows of `mlakit bench decode` JSON files, in order."""
+    return [row for path in paths for row in json.loads(Path(path).read_text())["results"]]
+
+
+def _at_most(target: str, bound: float, rows: list[Row], value: Callable[[Row], float]) -> TargetCheck:
+    return _check(target, rows, value, lambda v: v <= bound, max)
+
+
+def _at_least(target: str, bound: float, rows: list[Row], value: Callable[[Row], float]) -> TargetCheck:
+    return _check(target, rows, value, lambda v: v >= bound, min)
+
+
+def _check(target: str, rows: list[Row], value: Callable[[Row], float], holds: Callable[[float], bool],
+           farthest: Callable) -> TargetCheck:
+    if not rows:
+        return TargetCheck(target, 0, True, math.nan, "")
+    worst = farthest(rows, key=value)
+    return TargetCheck(target, len(rows), all(holds(value(r)) for r in rows), value(worst), str(worst["case"]))
+
+
+def _shape(row: Row) -> tuple:
+    return row["heads"], row["batch"], row["seqlen"], row["q_len"], row["page_size"]
+
+
+def _anchor_key(row: Row) -> tuple:
+    return row["heads"], row["batch"], row["seqlen"]
+
+
+def _x_flashmla(row: Row) -> float:
+    return row["x_flashmla_anchor"]
+
+
+def _tokens(row: Row) -> int:
+    return _tokens_of(DecodeCase(**{f.name: row[f.name] for f in dataclasses.fields(DecodeCase)}))
+
+
+def _tokens_of(case: DecodeCase) -> int:
+    """KV tokens of a case's batch (the ragged batch's drawn lengths included)."""
+    return sum(case.lengths())
