@@ -273,15 +273,15 @@ def test_fp8_kernels_with_fp16_mmas_keep_query_rows_of_any_magnitude(q_dtype, q_
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
-@pytest.mark.parametrize("heads", [16, 128])
+@pytest.mark.parametrize("heads, kv_dtype", [(16, "bf16"), (128, "bf16"), (128, "fp8_e4m3")])
 @pytest.mark.parametrize("lengths, ragged", [([9000, 0, 4096, 1, 700, 16384, 65], True), ([8192] * 6, False)])
-def test_persistent_kernel_takes_every_unit_and_leaves_its_counter_at_zero(heads, lengths, ragged):
+def test_persistent_kernel_takes_every_unit_and_leaves_its_counter_at_zero(heads, kv_dtype, lengths, ragged):
     from mlakit.kernels.triton_decode import plan_decode
 
     # Plans for far more programs than the GPU runs: several rounds of units, in snake order or (ragged)
     # taken from the plan's counter.
-    batch = make_paged_batch(lengths, heads=heads, q_len=2, page_size=64, kv_lora_rank=512, rope_dim=64, device="cuda",
-                             seed=heads)
+    batch = make_paged_batch(lengths, heads=heads, q_len=2, page_size=64, kv_lora_rank=512, rope_dim=64,
+                             kv_dtype=kv_dtype, device="cuda", seed=heads)
     plan = plan_decode(batch.cache_seqlens, q_len=2, heads=heads, kv_dtype=batch.kv_cache.dtype, num_sms=1024)
     assert _split_kernel(batch, plan) == "hopper" and int(plan.work_state[2]) == ragged
     assert int(plan.work_state[0]) * plan.geometry.row_tiles > torch.cuda.get_device_properties(0).multi_processor_count
