@@ -135,7 +135,7 @@ def run_cases(
     log: Callable[[str], None],
 ) -> list[dict[str, object]]:
     """Checks then times every kernel on every case; one result row per (case, kernel)."""
-    anchors, anchor_ragged_tokens = _anchor_times()
+    anchors, anchor_ragged_tokens = anchor_times()
     rows = []
     for case in cases:
         inputs = make_inputs(case, device)
@@ -169,11 +169,11 @@ def run_cases(
     return rows
 
 
-def _anchor_times() -> tuple[dict[tuple[int, int, int | None], dict[str, float]], int]:
+def anchor_times(path: Path = ANCHORS) -> tuple[dict[tuple[int, int, int | None], dict[str, float]], int]:
     """Anchor rows by (heads, batch, seqlen), and the token count of the anchors' ragged batch."""
-    if not ANCHORS.is_file():
+    if not path.is_file():
         return {}, 1
-    data = json.loads(ANCHORS.read_text())
+    data = json.loads(path.read_text())
     cases = {(c["heads"], c["batch"], None if c["seqlen"] == "ragged" else c["seqlen"]): c for c in data["cases"]}
     return cases, data["ragged"]["total_tokens"]
 

@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from mlakit.bench.decode import DecodeCase
+from mlakit.bench.decode import DecodeCase, anchor_times
 
 Row = dict[str, object]
 # 128-head cases with at least this many KV tokens have the tighter FlashMLA bound.
@@ -56,7 +56,7 @@ def check_targets(rows: Iterable[Row], simple_triton_us: dict[tuple[int, int, in
     anchored = [r for r in bf16 if "x_flashmla_anchor" in r]
     large = [r for r in anchored if r["heads"] == 128 and _tokens(r) >= LARGE_CASE_TOKENS]
     bf16_time = {_shape(r): r["time_us"] for r in bf16}
-    fp8_pairs = [(r, bf16_time[_shape(r)]) for r in ours if r["kv_dtype"] != "bf16" and _shape(r) in bf16_time]
+    fp8 = [r for r in ours if r["kv_dtype"] != "bf16" and _shape(r) in bf16_time]
     simple_q1 = [r for r in bf16 if r["heads"] == 128 and r["q_len"] == 1 and _anchor_key(r) in simple_triton_us]
     checks = [
         _at_most("16 heads (q1, q2) and batch 1: <= 1.05x FlashMLA", 1.05,
@@ -71,9 +71,9 @@ def check_targets(rows: Iterable[Row], simple_triton_us: dict[tuple[int, int, in
         _at_most("ragged batch (q1, q2): <= 1.3x its floor", 1.3,
                  [r for r in bf16 if r["seqlen"] is None and r["q_len"] in (1, 2)], lambda r: r["x_floor"]),
         _at_least("fp8, 16 heads: >= 1.6x faster than our bf16", 1.6,
-                  [r for r, _ in fp8_pairs if r["heads"] == 16], lambda r: bf16_time[_shape(r)] / r["time_us"]),
+                  [r for r in fp8 if r["heads"] == 16], lambda r: bf16_time[_shape(r)] / r["time_us"]),
         _at_most("fp8, 128 heads: no slower than our bf16", 1.0,
-                 [r for r, _ in fp8_pairs if r["heads"] == 128], lambda r: r["time_us"] / bf16_time[_shape(r)]),
+                 [r for r in fp8 if r["heads"] == 128], lambda r: r["time_us"] / bf16_time[_shape(r)]),
     ]
     all_anchored = [r for r in every_page_size if "x_flashmla_anchor" in r]
     geomean = math.exp(sum(math.log(_x_flashmla(r)) for r in all_anchored) / len(all_anchored)) if all_anchored else math.nan
@@ -86,15 +86,12 @@ def anchor_simple_triton_times(path: Path) -> dict[tuple[int, int, int | None], 
     """The anchors' simple-Triton q1 times by (heads, batch, seqlen) (seqlen None: the ragged batch, whose
     lengths the anchors drew from the same distribution: its time scaled to our batch's tokens, as the
     ragged FlashMLA anchor is)."""
-    if not path.is_file():
-        return {}
-    data = json.loads(path.read_text())
+    anchors, anchor_ragged_tokens = anchor_times(path)
     times = {}
-    for c in data["cases"]:
-        if "simple_triton_q1_us" in c:
-            ragged = c["seqlen"] == "ragged"
-            scale = _tokens_of(DecodeCase(c["heads"], c["batch"], None)) / data["ragged"]["total_tokens"] if ragged else 1.0
-            times[c["heads"], c["batch"], None if ragged else c["seqlen"]] = c["simple_triton_q1_us"] * scale
+    for (heads, batch, seqlen), anchor in anchors.items():
+        if "simple_triton_q1_us" in anchor:
+            scale = 1.0 if seqlen is not None else _tokens_of(DecodeCase(heads, batch, None)) / anchor_ragged_tokens
+            times[heads, batch, seqlen] = anchor["simple_triton_q1_us"] * scale
     return times
 
 

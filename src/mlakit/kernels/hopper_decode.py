@@ -87,12 +87,12 @@ WARPGROUP_ROWS = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
 # splits per sequence: batches that fill the GPU, whose few split sequences are merged while the other
 # programs work. Beyond it the combine kernel, whose many programs merge faster (NOTES.md v39).
 MERGE_MAX_SPLITS = 4
-# The latent and rope widths the seesaw kernel takes fp8 pages at (DeepSeek's).
-FP8_SEESAW_WIDTHS = (512, 64)
 # Its merges: latent columns per step and partials whose loads are in flight together.
 MERGE_COLUMNS = gl.constexpr(64)
 MERGE_SPLITS_PER_STEP = gl.constexpr(4)
 MERGE_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0]))
+# The latent and rope widths the seesaw kernel takes fp8 pages at (DeepSeek's).
+FP8_SEESAW_WIDTHS = (512, 64)
 # A warpgroup's share of 64 query columns (16-bit), 16 bytes per thread and row.
 QUERY_BLOCK = gl.constexpr(gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0]))
 # One warpgroup's words of an fp8 `[BLOCK_N, TMA_CHUNK]` box (16 per row), 16 bytes per thread and row.
