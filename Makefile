@@ -2,7 +2,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.mlakit-installed
 
-.PHONY: demo test test-gpu clean
+.PHONY: demo test clean
 
 $(STAMP): pyproject.toml requirements/base.txt requirements/torch-cpu.txt scripts/bootstrap-venv.sh
 	./scripts/bootstrap-venv.sh

@@ -1,5 +1,5 @@
-"""Test set-up: Triton kernels run under the CPU interpreter where there is no GPU, and
-tests marked `gpu` are skipped without CUDA."""
+"""Test set-up: Triton kernels run under the CPU interpreter where there is no GPU, tests
+marked `gpu` are skipped without CUDA, and pytest-xdist workers share the CPU's cores."""
 
 import os
 
@@ -8,6 +8,11 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# Each xdist worker would otherwise start a torch thread per core: with 8 workers on 16 cores the
+# big test batches' CPU work took minutes instead of seconds.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -251,6 +251,22 @@ def test_fixed_split_plans_list_every_split_in_batch_order(kernel_device):
     assert_lse_close(lse, expected_lse, atol=1e-3)
 
 
+@pytest.mark.parametrize("planned_lengths", [[10, 500, 0], [300, 1, 45], [0, 0, 0]])
+def test_a_plan_built_for_other_lengths_splits_badly_but_never_wrongly(planned_lengths, kernel_device):
+    """The kernels split the call's lengths by the plan's split counts: a plan reused after the lengths
+    changed (longer, shorter, emptied) still covers every token once."""
+    batch = make_paged_batch([300, 0, 45], heads=3, q_len=2, page_size=16, seed=13, device=kernel_device)
+    planned = torch.tensor(planned_lengths, dtype=torch.int32, device=kernel_device)
+    for tuning in (None, DecodeTuning(16, 32, 4, fixed_splits=3)):
+        plan = plan_decode(planned, q_len=2, heads=3, num_sms=16, tuning=tuning)
+        out, lse = triton_mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens,
+                                     kv_lora_rank=batch.kv_lora_rank, softmax_scale=batch.softmax_scale, kv_scale=None,
+                                     plan=plan)
+        expected_out, expected_lse = naive_decode(batch)
+        assert relative_error(out, expected_out) < 1e-2
+        assert_lse_close(lse, expected_lse, atol=1e-3)
+
+
 def test_a_plan_for_another_batch_is_refused(kernel_device):
     batch = make_paged_batch([30, 7], heads=2, page_size=16, seed=3, device=kernel_device)
     plan = plan_decode(batch.cache_seqlens[:1], q_len=1, heads=2)

@@ -35,7 +35,7 @@ class TargetCheck:
     def line(self) -> str:
         if self.cases == 0:
             return f"no cases  {self.target}"
-        return f"{'met   ' if self.met else 'MISSED'}    {self.target}: worst {self.value:.2f}x ({self.worst_case}; {self.cases} cases)"
+        return f"{'met   ' if self.met else 'MISSED'}    {self.target}: worst {self.value:.3f}x ({self.worst_case}; {self.cases} cases)"
 
 
 def check_targets(rows: Iterable[Row], simple_triton_us: dict[tuple[int, int, int | None], float]) -> list[TargetCheck]:
@@ -48,7 +48,7 @@ def check_targets(rows: Iterable[Row], simple_triton_us: dict[tuple[int, int, in
     ...        "q_len": 1, "kv_dtype": "bf16", "page_size": 64, "time_us": 15.0, "x_floor": 2.0,
     ...        "x_flashmla_anchor": 0.96}
     >>> check_targets([row], {})[0].line()
-    'met       16 heads (q1, q2) and batch 1: <= 1.05x FlashMLA: worst 0.96x (h16 1x1024 q1 bf16 p64; 1 cases)'
+    'met       16 heads (q1, q2) and batch 1: <= 1.05x FlashMLA: worst 0.960x (h16 1x1024 q1 bf16 p64; 1 cases)'
     """
     every_page_size = [r for r in rows if r["kernel"] == "triton"]
     ours = [r for r in every_page_size if r["page_size"] == 64]
