@@ -257,12 +257,12 @@ def test_a_plan_built_for_other_lengths_splits_badly_but_never_wrongly(planned_l
     changed (longer, shorter, emptied) still covers every token once."""
     batch = make_paged_batch([300, 0, 45], heads=3, q_len=2, page_size=16, seed=13, device=kernel_device)
     planned = torch.tensor(planned_lengths, dtype=torch.int32, device=kernel_device)
+    expected_out, expected_lse = naive_decode(batch)
     for tuning in (None, DecodeTuning(16, 32, 4, fixed_splits=3)):
         plan = plan_decode(planned, q_len=2, heads=3, num_sms=16, tuning=tuning)
         out, lse = triton_mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens,
                                      kv_lora_rank=batch.kv_lora_rank, softmax_scale=batch.softmax_scale, kv_scale=None,
                                      plan=plan)
-        expected_out, expected_lse = naive_decode(batch)
         assert relative_error(out, expected_out) < 1e-2
         assert_lse_close(lse, expected_lse, atol=1e-3)
 

@@ -157,9 +157,7 @@ def run_cases(
             }
             anchor = anchors.get((case.heads, case.batch, case.seqlen))
             if anchor and case.q_len in (1, 2) and case.kv_dtype == "bf16":
-                # The anchors' ragged batch drew other lengths from the same distribution: scaled to our tokens.
-                token_scale = sum(case.lengths()) / anchor_ragged_tokens if case.seqlen is None else 1.0
-                flashmla_us = anchor[f"flashmla_q{case.q_len}_us"] * token_scale
+                flashmla_us = anchor[f"flashmla_q{case.q_len}_us"] * anchor_token_scale(case, anchor_ragged_tokens)
                 row["flashmla_us_anchor"] = flashmla_us
                 row["x_flashmla_anchor"] = time_us / flashmla_us
             rows.append(row)
@@ -167,6 +165,12 @@ def run_cases(
         del inputs
         torch.cuda.empty_cache()
     return rows
+
+
+def anchor_token_scale(case: DecodeCase, anchor_ragged_tokens: int) -> float:
+    """What an anchor time of `case`'s shape is multiplied by: 1, except for the ragged batch, whose anchor
+    drew other lengths from the same distribution: its time is scaled to our batch's tokens."""
+    return sum(case.lengths()) / anchor_ragged_tokens if case.seqlen is None else 1.0
 
 
 def anchor_times(path: Path = ANCHORS) -> tuple[dict[tuple[int, int, int | None], dict[str, float]], int]:

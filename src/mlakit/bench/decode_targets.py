@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from mlakit.bench.decode import DecodeCase, anchor_times
+from mlakit.bench.decode import DecodeCase, anchor_times, anchor_token_scale
 
 Row = dict[str, object]
 # 128-head cases with at least this many KV tokens have the tighter FlashMLA bound.
@@ -83,16 +83,14 @@ def check_targets(rows: Iterable[Row], simple_triton_us: dict[tuple[int, int, in
 
 
 def anchor_simple_triton_times(path: Path) -> dict[tuple[int, int, int | None], float]:
-    """The anchors' simple-Triton q1 times by (heads, batch, seqlen) (seqlen None: the ragged batch, whose
-    lengths the anchors drew from the same distribution: its time scaled to our batch's tokens, as the
-    ragged FlashMLA anchor is)."""
+    """The anchors' simple-Triton q1 times by (heads, batch, seqlen) (seqlen None: the ragged batch, scaled
+    to our batch's tokens as the FlashMLA anchor is: `anchor_token_scale`)."""
     anchors, anchor_ragged_tokens = anchor_times(path)
-    times = {}
-    for (heads, batch, seqlen), anchor in anchors.items():
-        if "simple_triton_q1_us" in anchor:
-            scale = 1.0 if seqlen is not None else _tokens_of(DecodeCase(heads, batch, None)) / anchor_ragged_tokens
-            times[heads, batch, seqlen] = anchor["simple_triton_q1_us"] * scale
-    return times
+    return {
+        (heads, batch, seqlen): anchor["simple_triton_q1_us"]
+        * anchor_token_scale(DecodeCase(heads, batch, seqlen), anchor_ragged_tokens)
+        for (heads, batch, seqlen), anchor in anchors.items() if "simple_triton_q1_us" in anchor
+    }
 
 
 def result_rows(paths: Iterable[Path]) -> list[Row]:
@@ -129,9 +127,5 @@ def _x_flashmla(row: Row) -> float:
 
 
 def _tokens(row: Row) -> int:
-    return _tokens_of(DecodeCase(**{f.name: row[f.name] for f in dataclasses.fields(DecodeCase)}))
-
-
-def _tokens_of(case: DecodeCase) -> int:
-    """KV tokens of a case's batch (the ragged batch's drawn lengths included)."""
-    return sum(case.lengths())
+    """KV tokens of a row's batch (the ragged batch's drawn lengths included)."""
+    return sum(DecodeCase(**{f.name: row[f.name] for f in dataclasses.fields(DecodeCase)}).lengths())
