@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from mlakit.kv_quant import FP8_DTYPE, STORAGE_DTYPES, dequantize, num_scale_groups, quantize_rows_per_group
+from mlakit.cache.kv_quant import FP8_DTYPE, STORAGE_DTYPES, dequantize, num_scale_groups, quantize_rows_per_group
 
 GARBAGE_PAGE_INDEX = -12345
 

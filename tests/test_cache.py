@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from mlakit import CacheFullError, ConfigError, MLAInputError, PageAllocator, PagedLatentCache, mla_decode, reference_decode
-from mlakit.kv_quant import FP8_MAX, dequantize, quantize_rows_per_group, quantize_rows_per_tensor
+from mlakit.cache.kv_quant import FP8_MAX, dequantize, quantize_rows_per_group, quantize_rows_per_tensor
 from paged_inputs import relative_error
 
 

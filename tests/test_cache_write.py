@@ -5,7 +5,7 @@ import torch
 
 from mlakit.cache import LatentStore
 from mlakit.kernels.cache_write import write_rows
-from mlakit.kv_quant import dequantize
+from mlakit.cache.kv_quant import dequantize
 
 
 @pytest.mark.parametrize("dtype, layout, dim", [("bf16", "tensor", 576), ("fp16", "tensor", 80), ("fp32", "tensor", 288),

@@ -4,7 +4,7 @@ target verify with k draft tokens, no host sync in capture or replay, and the ca
 import pytest
 import torch
 
-from mlakit.api import mla_decode
+from mlakit.attention.functional import mla_decode
 from mlakit.errors import ConfigError, MLAInputError
 from mlakit.graphs import DEFAULT_BATCH_BUCKETS, DecodeBuffers, DecodeGraphs
 from mlakit.kernels.cache_write import write_rows

@@ -164,7 +164,7 @@ def test_bf16_cache_decode_through_a_backend_matches_transformers(v3_checkpoint,
     under the interpreter (its record is widened to the CPU for this test only)."""
     import dataclasses
 
-    from mlakit import api
+    from mlakit.attention import functional as api
     from mlakit.registry import catalog
 
     if backend == "triton" and kernel_device == "cpu":

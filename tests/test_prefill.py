@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import mlakit
 from mlakit.backends import triton_mla
-from mlakit.checks import check_prefill_inputs
+from mlakit.attention.checks import check_prefill_inputs
 from mlakit.errors import ConfigError, MLAInputError
 from mlakit.kernels.triton_prefill import PrefillTuning, triton_mha_prefill
 from mlakit.mha_prefill import attend_heads, reference_attention_pass

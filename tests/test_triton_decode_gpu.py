@@ -42,7 +42,7 @@ def _check(batch, **kwargs):
 
 def _split_kernel(batch, plan):
     from mlakit.kernels.triton_decode import split_kernel_for
-    from mlakit.kv_quant import scale_mode
+    from mlakit.cache.kv_quant import scale_mode
 
     q = batch.q.reshape(-1, *batch.q.shape[2:])
     return split_kernel_for(q, batch.kv_cache, batch.kv_lora_rank, scale_mode(batch.kv_cache, batch.kv_scale), plan)[0]

@@ -5,7 +5,7 @@
 'reference'
 """
 
-from mlakit.api import DecodeMetadata, mla_decode, mla_decode_metadata, mla_extend, mla_prefill
+from mlakit.attention.functional import DecodeMetadata, mla_decode, mla_decode_metadata, mla_extend, mla_prefill
 from mlakit.cache import PageAllocator, PagedLatentCache
 from mlakit.config import ServingConfig
 from mlakit.device import DeviceInfo

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from mlakit.api import mla_decode, mla_extend, mla_prefill
+from mlakit.attention.functional import mla_decode, mla_extend, mla_prefill
 from mlakit.config import AUTO
 from mlakit.errors import MLAInputError
-from mlakit.kv_quant import storage_name
+from mlakit.cache.kv_quant import storage_name
 from mlakit.mha_prefill import reference_attention_pass, run_mha_prefill
 from mlakit.reference import reference_extend
 from mlakit.registry.catalog import get_backend

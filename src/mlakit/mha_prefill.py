@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from mlakit.kv_quant import SCALE_PER_GROUP, dequantize, scale_mode
+from mlakit.cache.kv_quant import SCALE_PER_GROUP, dequantize, scale_mode
 from mlakit.prefill_metadata import PrefillMetadata, Segments
 from mlakit.reference import merge_attention_states, pages_view
 

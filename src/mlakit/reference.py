@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from mlakit.kv_quant import SCALE_PER_GROUP, dequantize, scale_mode
+from mlakit.cache.kv_quant import SCALE_PER_GROUP, dequantize, scale_mode
 
 _GATHER_BUDGET_BYTES = 1 << 28
 

@@ -29,7 +29,7 @@ from typing import Literal
 
 import torch
 
-from mlakit.api import DecodeMetadata, mla_decode_metadata
+from mlakit.attention.functional import DecodeMetadata, mla_decode_metadata
 from mlakit.errors import MLAInputError
 from mlakit.prefill_metadata import (
     DEFAULT_PREFIX_CHUNK_TOKENS,

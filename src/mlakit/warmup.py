@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from mlakit.api import mla_decode, mla_extend, mla_prefill
+from mlakit.attention.functional import mla_decode, mla_extend, mla_prefill
 from mlakit.cache import LatentStore
 from mlakit.plan import Plan, WarmupReport
 from mlakit.prefill_metadata import plan_prefill

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from mlakit.kv_quant import STORAGE_DTYPES
+from mlakit.cache.kv_quant import STORAGE_DTYPES
 from mlakit.mha_prefill import mha_prefill_kernel
 from mlakit.prefill_metadata import Segments
 from mlakit.registry.catalog import register

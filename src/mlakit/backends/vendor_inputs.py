@@ -7,7 +7,7 @@ import math
 import torch
 
 from mlakit.errors import MLAInputError
-from mlakit.kv_quant import FP8_DTYPE
+from mlakit.cache.kv_quant import FP8_DTYPE
 from mlakit.reference import pages_view
 from mlakit.registry.records import BackendRecord, WorkspaceInputs
 from mlakit.device import DeviceInfo

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from mlakit.bench.ceilings import Ceilings
-from mlakit.kv_quant import FP8_DTYPE, STORAGE_DTYPES
+from mlakit.cache.kv_quant import FP8_DTYPE, STORAGE_DTYPES
 
 KV_LORA_RANK, ROPE_DIM = 512, 64
 DIM = KV_LORA_RANK + ROPE_DIM

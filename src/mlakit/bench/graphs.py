@@ -34,12 +34,12 @@ from pathlib import Path
 
 import torch
 
-from mlakit.api import mla_decode, mla_decode_metadata
+from mlakit.attention.functional import mla_decode, mla_decode_metadata
 from mlakit.bench.ceilings import Ceilings, measure_ceilings
 from mlakit.bench.decode import environment
 from mlakit.errors import ConfigError
 from mlakit.graphs import DecodeGraphs, require_capturable
-from mlakit.kv_quant import storage_name
+from mlakit.cache.kv_quant import storage_name
 from mlakit.shape import MLAShape
 
 MAX_REL_ERROR = 1e-2

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from mlakit.api import mla_prefill
+from mlakit.attention.functional import mla_prefill
 from mlakit.bench.ceilings import Ceilings
 from mlakit.bench.decode import DecodeCase, make_inputs
 from mlakit.mha_prefill import attend_heads, decompress, gather_rows

@@ -3,7 +3,7 @@
 One program per row; a slot of -1 marks padding (CUDA-graph batches padded to a bucket)
 and is skipped. fp8 stores `value / scale` saturated at the fp8 range: with one scale for
 the tensor, or with per-token, per-128-channel-group scales computed here from each group's
-largest magnitude (the same rule as `mlakit.kv_quant.quantize_rows_per_group`). No host
+largest magnitude (the same rule as `mlakit.cache.kv_quant.quantize_rows_per_group`). No host
 sync, so the write can be captured in a CUDA graph. Divisions are IEEE-rounded (`div_rn`),
 so the stored bytes equal the torch quantizer's.
 """
@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from mlakit.kernels.interpreter import INTERPRET
-from mlakit.kv_quant import FP8_MAX, SCALE_GROUP, num_scale_groups, scale_mode
+from mlakit.cache.kv_quant import FP8_MAX, SCALE_GROUP, num_scale_groups, scale_mode
 
 
 @triton.jit

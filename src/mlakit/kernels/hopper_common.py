@@ -10,7 +10,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from mlakit.kernels.decode_split_plan import WORK_FIELDS
-from mlakit.kv_quant import FP8_DTYPE
+from mlakit.cache.kv_quant import FP8_DTYPE
 
 BLOCK_N = gl.constexpr(64)
 KV_LORA_RANKS = frozenset({64, 128, 256, 512})

@@ -69,7 +69,7 @@ from mlakit.kernels.hopper_common import (
     work_item,
     zero_rows_from,
 )
-from mlakit.kv_quant import FP8_DTYPE, SCALE_PER_TENSOR
+from mlakit.cache.kv_quant import FP8_DTYPE, SCALE_PER_TENSOR
 
 BLOCK_M = gl.constexpr(64)
 NUM_WARPS = gl.constexpr(8)

@@ -45,7 +45,7 @@ from mlakit.kernels.hopper_common import (
     work_item,
     zero_rows_from,
 )
-from mlakit.kv_quant import FP8_DTYPE, SCALE_PER_TENSOR
+from mlakit.cache.kv_quant import FP8_DTYPE, SCALE_PER_TENSOR
 
 ROWS = gl.constexpr(16)
 # Sequences with more query rows than this take the 64-row kernels (measured: two 16-row tiles beat one

@@ -21,7 +21,7 @@ import triton.language as tl
 from mlakit.kernels import hopper_common, hopper_decode, hopper_narrow_decode
 from mlakit.kernels.decode_split_plan import WORK_FIELDS, SplitGeometry, decode_split_counts, split_geometry
 from mlakit.kernels.interpreter import INTERPRET
-from mlakit.kv_quant import FP8_DTYPE, SCALE_GROUP, SCALE_NONE, SCALE_PER_GROUP, SCALE_PER_TENSOR, scale_mode
+from mlakit.cache.kv_quant import FP8_DTYPE, SCALE_GROUP, SCALE_NONE, SCALE_PER_GROUP, SCALE_PER_TENSOR, scale_mode
 from mlakit.reference import pages_view
 
 LOG2E = 1.4426950408889634
@@ -527,7 +527,7 @@ def split_kernel_for(
     scales, odd strides), the 64-row Hopper kernel, else the portable kernel's default tile runs
     over the same split counts.
 
-    >>> from mlakit.kv_quant import SCALE_NONE
+    >>> from mlakit.cache.kv_quant import SCALE_NONE
     >>> plan = plan_decode(torch.tensor([300, 0], dtype=torch.int32), q_len=1, heads=16)
     >>> split_kernel_for(torch.zeros(2, 16, 576), torch.zeros(10, 64, 576), 512, SCALE_NONE, plan)[0]
     'portable'

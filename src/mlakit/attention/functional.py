@@ -8,11 +8,11 @@ from typing import Literal
 
 import torch
 
-from mlakit.checks import check_decode_inputs, check_extend_inputs, check_prefill_inputs
+from mlakit.attention.checks import check_decode_inputs, check_extend_inputs, check_prefill_inputs
 from mlakit.config import AUTO
 from mlakit.device import DeviceInfo
 from mlakit.errors import ConfigError, MLAInputError
-from mlakit.kv_quant import STORAGE_DTYPES, storage_name
+from mlakit.cache.kv_quant import STORAGE_DTYPES, storage_name
 from mlakit.prefill_metadata import PrefillMetadata
 from mlakit.reference import pages_view
 from mlakit.registry.catalog import all_records, get_backend, runnable_problems

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from mlakit.errors import MLAInputError
-from mlakit.kv_quant import FP8_DTYPE, num_scale_groups
+from mlakit.cache.kv_quant import FP8_DTYPE, num_scale_groups
 from mlakit.prefill_metadata import PrefillMetadata
 from mlakit.reference import pages_view
 

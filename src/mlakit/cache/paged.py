@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from mlakit.errors import CacheFullError, ConfigError, MLAInputError
-from mlakit.kv_quant import (
+from mlakit.cache.kv_quant import (
     FP8_DTYPE,
     STORAGE_DTYPES,
     dequantize,
