@@ -119,3 +119,16 @@ def test_cache_feeds_decode_for_each_dtype():
         )
         assert relative_error(out, ref_out) < 1e-2, dtype
         assert torch.isneginf(lse[2]).all()
+
+
+def test_free_of_an_unknown_or_already_freed_sequence_raises_unless_missing_ok():
+    cache = PagedLatentCache(3, 4, 32, 8)
+    cache.append(0, *_rows(5))
+    with pytest.raises(MLAInputError, match=r"seq_id: expected a sequence this cache holds \(held: \[0\]\), got 7"):
+        cache.free(7)
+    cache.free(0)
+    with pytest.raises(MLAInputError, match=r"\(none held\), got 0 \(never appended, or already freed\)"):
+        cache.free(0)
+    cache.free(0, missing_ok=True)
+    cache.free(12, missing_ok=True)
+    assert cache.allocator.num_free == 3

@@ -87,3 +87,55 @@ def test_check_inputs_false_skips_only_the_value_checks():
     assert out.shape == (3, 1, 3, 512)
     with pytest.raises(MLAInputError, match="block_table: expected dtype"):
         mlakit.mla_decode(batch.q, batch.kv_cache, batch.block_table.long(), batch.cache_seqlens, check_inputs=False)
+
+
+def mla_decode_with_scale(batch, softmax_scale):
+    return mlakit.mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens, softmax_scale=softmax_scale)
+
+
+def _extend_call(softmax_scale):
+    batch = make_paged_batch([9, 4], heads=2, page_size=4, kv_lora_rank=512, rope_dim=64)
+    q = batch.q.view(2, 2, 576)
+    cu = torch.tensor([0, 1, 2], dtype=torch.int32)
+    return mlakit.mla_extend(q, batch.kv_cache, batch.block_table, batch.cache_seqlens, cu, max_q_len=1, softmax_scale=softmax_scale)
+
+
+def _prefill_call(softmax_scale):
+    cache = torch.randn(4, 16, 576, dtype=torch.bfloat16)
+    meta = mlakit.plan_prefill([5], [20], torch.tensor([[3, 1]], dtype=torch.int32), page_size=16)
+    weight = torch.randn(2 * 256, 512, dtype=torch.bfloat16)
+    return mlakit.mla_prefill(torch.randn(5, 2, 192, dtype=torch.bfloat16), cache, weight, meta, softmax_scale=softmax_scale)
+
+
+def _forward_call(softmax_scale):
+    from mlakit.forward import mla_forward
+    from mlakit.step import AttentionStep
+
+    step = AttentionStep((1, 2), (5, 2), torch.tensor([[0], [1]], dtype=torch.int32), torch.tensor([4, 8, 9]), page_size=8)
+    return mla_forward(torch.randn(3, 2, 16), torch.randn(3, 2, 16), torch.randn(2, 8, 48), None, torch.randn(2 * 24, 32), step,
+                       softmax_scale=softmax_scale)
+
+
+SCALE_CALLS = {
+    "mla_decode": lambda scale: mla_decode_with_scale(_batch(), scale),
+    "mla_extend": _extend_call,
+    "mla_prefill": _prefill_call,
+    "mla_forward": _forward_call,
+}
+
+
+@pytest.mark.parametrize("entry", sorted(SCALE_CALLS))
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), -float("inf"), 0.0, -0.125, True, "0.1"])
+def test_softmax_scale_must_be_a_finite_positive_number(entry, scale):
+    with pytest.raises(MLAInputError, match=r"softmax_scale: expected a finite number > 0"):
+        SCALE_CALLS[entry](scale)
+
+
+@pytest.mark.parametrize("entry", sorted(SCALE_CALLS))
+def test_softmax_scale_accepts_python_and_numpy_numbers(entry):
+    import numpy as np
+
+    for scale in (0.125, 1, np.float32(0.125)):
+        out = SCALE_CALLS[entry](scale)
+        result = out[0] if isinstance(out, tuple) else out
+        assert torch.isfinite(result.float()).all()

@@ -382,3 +382,12 @@ def test_check_malformed_config_is_a_config_error(tmp_path, content, expected):
     path.write_text(content)
     message = check_error("--config", str(path))
     assert expected in message
+
+
+def test_python_dash_m_mlakit_runs_the_command_line():
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "mlakit", "backends", "--json"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert {row["name"] for row in json.loads(result.stdout)["backends"]} == set(backend_names())

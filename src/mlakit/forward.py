@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from mlakit.attention.checks import checked_softmax_scale
 from mlakit.attention.functional import mla_decode, mla_extend, mla_prefill
 from mlakit.config import AUTO
 from mlakit.errors import MLAInputError
@@ -48,6 +49,7 @@ def mla_forward(
     torch.Size([3, 2, 8])
     """
     _check_forward_inputs(q_nope, q_pe, step, decode_backend)
+    softmax_scale = checked_softmax_scale(softmax_scale)
     heads, nope_dim = q_nope.shape[1], q_nope.shape[2]
     per_head = kv_b_weight.view(heads, -1, kv_b_weight.shape[1])
     w_uk, w_uv = per_head[:, :nope_dim], per_head[:, nope_dim:]

@@ -7,6 +7,9 @@ which costs one host-device synchronisation.
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 
 from mlakit.errors import MLAInputError
@@ -20,6 +23,31 @@ CACHE_DTYPES = (torch.bfloat16, torch.float16, FP8_DTYPE)
 
 def _fail(argument: str, expected: str, got: object) -> MLAInputError:
     return MLAInputError(f"{argument}: expected {expected}, got {got}")
+
+
+def checked_softmax_scale(softmax_scale: object, default: float | None = None) -> float:
+    """`softmax_scale` as a float, or `default` when it is None and a default exists.
+
+    A scale must be a finite real number > 0: a model's scale is `1/sqrt(d_nope + d_rope)`,
+    times `mscale**2` with YaRN. NaN or inf would poison every output; 0 would make attention
+    a plain mean of the values and a negative scale would favour the least similar keys, so
+    neither is a model's scale and both are refused rather than computed.
+
+    >>> checked_softmax_scale(None, default=0.125), checked_softmax_scale(2)
+    (0.125, 2.0)
+    >>> checked_softmax_scale(float("nan"))
+    Traceback (most recent call last):
+    ...
+    mlakit.errors.MLAInputError: softmax_scale: expected a finite number > 0, got nan
+    """
+    if softmax_scale is None and default is not None:
+        return default
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
+        raise _fail("softmax_scale", "a finite number > 0 (a Python or NumPy float)", repr(softmax_scale))
+    value = float(softmax_scale)
+    if not math.isfinite(value) or value <= 0:
+        raise _fail("softmax_scale", "a finite number > 0", value)
+    return value
 
 
 def _check_tensor(argument: str, tensor: object, dims: int, dtypes: tuple[torch.dtype, ...], device: torch.device) -> torch.Tensor:

@@ -8,7 +8,7 @@ from typing import Literal
 
 import torch
 
-from mlakit.attention.checks import check_decode_inputs, check_extend_inputs, check_prefill_inputs
+from mlakit.attention.checks import check_decode_inputs, check_extend_inputs, check_prefill_inputs, checked_softmax_scale
 from mlakit.config import AUTO
 from mlakit.device import DeviceInfo
 from mlakit.errors import ConfigError, MLAInputError
@@ -81,7 +81,8 @@ def mla_decode(
     `0 .. L - q_len + i`.
 
     `softmax_scale` defaults to `1/sqrt(q.shape[-1])` (FlashMLA's default); pass the
-    model's `MLAShape.softmax_scale`. `kv_lora_rank` defaults to 512 for 576-wide rows
+    model's `MLAShape.softmax_scale`. It must be a finite number > 0 (NaN, inf, 0 and negative
+    scales raise MLAInputError). `kv_lora_rank` defaults to 512 for 576-wide rows
     and 256 for 288-wide rows. Shape, dtype and device are always checked;
     `check_inputs=False` skips the checks that read lengths and page indices (they cost
     a host sync), e.g. inside CUDA-graph capture. `metadata` (from `mla_decode_metadata`, for
@@ -115,7 +116,7 @@ def mla_decode(
         dim - kv_lora_rank,
         return_lse,
     )
-    scale = dim**-0.5 if softmax_scale is None else float(softmax_scale)
+    scale = checked_softmax_scale(softmax_scale, default=dim**-0.5)
     backend_entry = get_backend(name)
     extra = {}
     if metadata is not None:
@@ -178,7 +179,7 @@ def mla_extend(
         "extend", backend, str(q.device), storage_name(pages.dtype), pages.shape[1], 1, q.shape[1], kv_lora_rank,
         dim - kv_lora_rank, True,
     )
-    scale = dim**-0.5 if softmax_scale is None else float(softmax_scale)
+    scale = checked_softmax_scale(softmax_scale, default=dim**-0.5)
     return get_backend(name).extend(
         q, kv_cache, block_table, cache_seqlens, cu_seqlens_q,
         max_q_len=max_q_len, kv_lora_rank=kv_lora_rank, softmax_scale=scale, kv_scale=kv_scale,
@@ -214,6 +215,7 @@ def mla_prefill(
     >>> out.shape, lse.shape
     (torch.Size([5, 2, 128]), torch.Size([5, 2]))
     """
+    scale = checked_softmax_scale(softmax_scale)
     check_prefill_inputs(q, kv_cache, kv_b_weight, meta, kv_scale, check_values=check_inputs)
     pages = pages_view(kv_cache)
     rank = kv_b_weight.shape[1]
@@ -223,7 +225,7 @@ def mla_prefill(
     )
     kernel = get_backend(name).prefill
     assert kernel is not None  # _backend_for only returns backends with a prefill kernel
-    return kernel(q, kv_cache, kv_b_weight, meta, softmax_scale=float(softmax_scale), kv_scale=kv_scale)
+    return kernel(q, kv_cache, kv_b_weight, meta, softmax_scale=scale, kv_scale=kv_scale)
 
 
 def _latent_rank(dim: int, kv_lora_rank: int | None) -> int:

@@ -243,10 +243,28 @@ class PagedLatentCache:
         page_index = torch.tensor(pages, dtype=torch.long, device=self.device)
         return page_index[positions // self.page_size] * self.page_size + positions % self.page_size
 
-    def free(self, seq_id: int) -> None:
-        """Releases a sequence's pages for reuse."""
+    def free(self, seq_id: int, *, missing_ok: bool = False) -> None:
+        """Releases a sequence's pages for reuse.
+
+        A sequence the cache does not hold (never appended, or already freed) raises
+        MLAInputError, so a scheduler that frees twice is caught at once; `missing_ok=True`
+        makes that a no-op for callers that free defensively.
+
+        >>> cache = PagedLatentCache(num_pages=2, page_size=16, kv_lora_rank=8, rope_dim=8)
+        >>> _ = cache.reserve(3, 5); cache.free(3); cache.free(3, missing_ok=True)
+        >>> cache.free(3)
+        Traceback (most recent call last):
+        ...
+        mlakit.errors.MLAInputError: seq_id: expected a sequence this cache holds (none held), got 3 (never appended, or already freed)
+        """
+        if seq_id not in self._lengths:
+            if missing_ok:
+                return
+            held = sorted(self._lengths)
+            listed = f"held: {held[:8]}{' ...' if len(held) > 8 else ''}" if held else "none held"
+            raise MLAInputError(f"seq_id: expected a sequence this cache holds ({listed}), got {seq_id!r} (never appended, or already freed)")
         self.allocator.free(self._pages.pop(seq_id, []))
-        self._lengths.pop(seq_id, None)
+        del self._lengths[seq_id]
 
     def block_table(self, seq_ids: list[int], max_pages: int | None = None) -> torch.Tensor:
         """int32 `[len(seq_ids), max_pages]` page table; unused entries are 0 (never read)."""
