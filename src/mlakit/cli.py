@@ -139,11 +139,17 @@ def check(
 
 @main.command()
 @click.option("--device", default=AUTO, show_default=True, help="auto, cpu, cuda[:N] or xpu[:N].")
-def demo(device: str) -> None:
+@click.option("--decode-backend", default=None, help="Decode backend (default: the plan's choice).")
+@click.option("--kv-cache-dtype", type=click.Choice(KV_CACHE_DTYPES), default=AUTO, show_default=True, help="Default: the plan's on a GPU, float32 on a CPU.")
+def demo(device: str, decode_backend: str | None, kv_cache_dtype: str) -> None:
     """Generate with a small random DeepSeek-V3 model and check every token against transformers."""
-    from mlakit.demo import run_model_demo
+    from mlakit.demo.run import run_model_demo
 
-    sys.exit(run_model_demo(device, Console()))
+    try:
+        sys.exit(run_model_demo(device, Console(), decode_backend=decode_backend, kv_cache_dtype=kv_cache_dtype))
+    except ConfigError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_CONFIG_ERROR)
 
 
 @main.command()

@@ -1,8 +1,9 @@
 """`mlakit bench generation`: a larger random DeepSeek-V3 model generated through mlakit on a GPU,
-compared token for token with transformers (float32), with decode tokens/s."""
+compared token for token with transformers (float32, teacher-forced), with decode tokens/s."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tempfile
 import time
@@ -12,6 +13,7 @@ from pathlib import Path
 import torch
 
 from mlakit.cache import PagedLatentCache
+from mlakit.demo.verdict import gap_bound, teacher_forced_verdict
 from mlakit.model.loader import load_model
 from mlakit.model.runner import Request, Runner
 
@@ -49,29 +51,20 @@ def run_generation_check(
     began = time.perf_counter()
     ours = runner.generate([Request(p, new_tokens) for p in prompts])
     seconds = time.perf_counter() - began
+    verdict = teacher_forced_verdict(hf, prompts, ours, gap_bound("bf16"))
     rows = []
-    for prompt, output in zip(prompts, ours):
-        with torch.no_grad():
-            ids = torch.tensor([prompt + output], device=device)
-            reference = hf.generate(ids[:, : len(prompt)], max_new_tokens=new_tokens, do_sample=False, eos_token_id=None)
-            reference = reference[0, len(prompt) :].tolist()
-            logits = hf(ids).logits[0, len(prompt) - 1 : -1].float()
-        first_diff = next((i for i, (a, b) in enumerate(zip(output, reference)) if a != b), None)
-        # At the first divergence: how close were transformers' top two logits (a near-tie makes a flip legitimate)?
-        gap = None
-        if first_diff is not None:
-            top2 = logits[first_diff].topk(2).values
-            gap = float(top2[0] - top2[1])
-        rows.append({"prompt_len": len(prompt), "identical": output == reference, "first_divergence": first_diff,
-                     "top2_logit_gap_at_divergence": gap, "matched": sum(a == b for a, b in zip(output, reference))})
+    for index, (prompt, output) in enumerate(zip(prompts, ours)):
+        flips = [d for d in verdict.divergences if d.prompt == index]
+        rows.append({"prompt_len": len(prompt), "new_tokens": len(output), "matched": len(output) - len(flips),
+                     "divergences": [dataclasses.asdict(d) for d in flips]})
         log(json.dumps(rows[-1]))
     stats = runner.stats
     result = {
         "layers": layers, "heads": heads, "model_dtype": str(model_dtype), "backend": backend, "new_tokens": new_tokens,
-        "prompts": rows, "seconds": seconds,
+        "prompts": rows, "verdict": {"passed": verdict.passed, "largest_gap": verdict.largest_gap, "bound": verdict.bound},
+        "seconds": seconds,
         "decode_tokens_per_s": stats.decode_tokens / max(stats.decode_seconds, 1e-9),
         "device": torch.cuda.get_device_name(device),
     }
-    log(f"decode {result['decode_tokens_per_s']:.0f} tokens/s ({stats.decode_steps} steps), "
-        f"{sum(r['matched'] for r in rows)}/{new_tokens * len(rows)} tokens identical")
+    log(f"decode {result['decode_tokens_per_s']:.0f} tokens/s ({stats.decode_steps} steps); {verdict.summary()}")
     return result

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from mlakit.cache import PagedLatentCache, num_pages_for_budget
-from mlakit.config import ServingConfig
+from mlakit.config import AUTO, ServingConfig
 from mlakit.model.deepseek import DeepseekConfig
 from mlakit.model.loader import load_model, read_config
 from mlakit.model.runner import Request, Runner
@@ -27,8 +27,9 @@ def build_runner(
     loads the model and sizes the paged cache from `cache_budget_bytes`; with `mixed_steps`, new
     prompts join the running decodes in one step.
 
-    On a CPU the weights and the cache are kept in float32 (the reference path, exact against
-    transformers); on a GPU the weights are bf16 and the cache takes the plan's dtype.
+    On a CPU the weights are float32 and so is the cache unless `config.kv_cache_dtype` names
+    one (the reference path, exact against transformers); on a GPU the weights are bf16 and the
+    cache takes the plan's dtype.
     """
     hf_config = read_config(model_dir)
     model_config = DeepseekConfig.from_hf_config(hf_config)
@@ -38,7 +39,7 @@ def build_runner(
     print_plan(plan, console)
     device = plan.device.torch_device
     on_cpu = device.type == "cpu"
-    cache_dtype = "fp32" if on_cpu else plan.kv_cache_dtype
+    cache_dtype = "fp32" if on_cpu and config.kv_cache_dtype == AUTO else plan.kv_cache_dtype
     shape = model_config.attention.shape
     pages = num_pages_for_budget(cache_budget_bytes, plan.page_size, shape.kv_cache_dim, model_config.num_layers, cache_dtype)
     cache = PagedLatentCache(
