@@ -22,9 +22,10 @@ from mlakit.bench.decode import (
     run_cases,
     write_results,
 )
+from mlakit.bench.peers import backend_kernel, parse_backends, usable_decode_backends
 from mlakit.bench.decode_targets import anchor_simple_triton_times, check_targets, result_rows
 from mlakit.device import DeviceInfo
-from mlakit.registry.catalog import all_records, get_backend
+from mlakit.errors import ConfigError
 
 if TYPE_CHECKING:
     from mlakit.bench.graphs import GraphBenchSettings
@@ -60,20 +61,7 @@ def _tuned_kernel(spec: str | None) -> KernelFactory:
     return prepare
 
 
-def _backend_kernel(name: str) -> KernelFactory:
-    """A registered backend's decode entry point, everything inside the timed call."""
-    decode = get_backend(name).decode
-
-    def prepare(inputs: DecodeInputs):
-        return lambda: decode(
-            inputs.q, inputs.kv_cache, inputs.block_table, inputs.cache_seqlens,
-            kv_lora_rank=512, softmax_scale=inputs.softmax_scale, kv_scale=inputs.kv_scale,
-        )
-
-    return prepare
-
-
-GRID_OPTIONS = ("quick", "grid_heads", "case_specs", "tunings", "no_baseline", "plot_path")
+GRID_OPTIONS = ("quick", "grid_heads", "case_specs", "backends_spec", "tunings", "no_baseline", "plot_path")
 GRAPH_OPTIONS = ("graph_heads", "graph_context", "graph_q_len", "graph_backend", "graph_layers", "graph_batches", "graph_steps")
 GRAPHS_JSON = Path("decode_graphs_bench.json")
 
@@ -84,6 +72,10 @@ GRAPHS_JSON = Path("decode_graphs_bench.json")
               help="Only the grid's cases with these head counts (repeatable; splits a long run into parts; "
                    "--case entries are kept as given).")
 @click.option("--case", "case_specs", multiple=True, help="heads,batch,seqlen|ragged,q_len,kv_dtype,page_size (repeatable).")
+@click.option("--backends", "backends_spec", default=None,
+              help="Comma-separated decode backends to time side by side, e.g. triton,flashmla,flashinfer_mla; ratios are to "
+                   "the first. Default: triton, then every other decode backend usable here. Named ones not installed here "
+                   "are listed and left out.")
 @click.option("--tuning", "tunings", multiple=True, help="NAME=block_m,block_n,warps,stages[,programs_per_sm[,fixed_splits]][,auto|portable] extra Triton variants.")
 @click.option("--no-baseline", is_flag=True, help=f"Skip the simple split-KV Triton yardstick ({SIMPLE_TRITON}).")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=Path("decode_bench.json"), show_default=True,
@@ -106,6 +98,7 @@ def decode(
     quick: bool,
     grid_heads: tuple[int, ...],
     case_specs: tuple[str, ...],
+    backends_spec: str | None,
     tunings: tuple[str, ...],
     no_baseline: bool,
     json_path: Path,
@@ -119,8 +112,9 @@ def decode(
     graph_batches: str,
     graph_steps: int,
 ) -> None:
-    """Times every decode backend usable here (and the yardstick) over the case grid; with --graphs, the
-    eager vs CUDA-graph time per step of a whole decode attention stack instead."""
+    """Times decode backends side by side (each with its per-step metadata built outside the timed call, as
+    its own API intends) and the yardstick over the case grid; with --graphs, the eager vs CUDA-graph time
+    per step of a whole decode attention stack instead."""
     given = {name for name in (*GRID_OPTIONS, *GRAPH_OPTIONS) if ctx.get_parameter_source(name) != ParameterSource.DEFAULT}
     if graphs and given & set(GRID_OPTIONS):
         flags = ", ".join(sorted("--" + _option_flag(n) for n in given & set(GRID_OPTIONS)))
@@ -140,12 +134,16 @@ def decode(
         return
     device = torch.device("cuda")
     info = DeviceInfo.detect(device)
-    kernels: dict[str, KernelFactory] = {}
-    for record in all_records():
-        usable = "decode" in record.phases and not record.hardware_problems(info) and not record.missing_packages()
-        if usable and record.name not in ("reference", "triton") and record.returns_lse:
-            kernels[record.name] = _backend_kernel(record.name)
-    kernels["triton"] = _tuned_kernel(None)
+    if backends_spec is None:
+        names = ["triton", *(n for n in usable_decode_backends(info) if n != "triton")]
+    else:
+        try:
+            names, notes = parse_backends(backends_spec, info)
+        except ConfigError as exc:
+            raise click.BadParameter(str(exc), param_hint="--backends") from exc
+        for note in notes:
+            click.echo(f"left out: {note}")
+    kernels: dict[str, KernelFactory] = {name: backend_kernel(name, info) for name in names}
     for spec in tunings:
         name, _, fields = spec.partition("=")
         kernels[name] = _tuned_kernel(fields)

@@ -90,6 +90,11 @@ def case_cost(case: DecodeCase) -> tuple[int, int]:
     return tokens * DIM * element, flops
 
 
+class CaseNotSupported(Exception):
+    """A kernel cannot run this case (its backend refuses the page size, KV dtype, heads or q_len); the
+    reasons are the message."""
+
+
 DecodeCall = Callable[[], tuple[torch.Tensor, torch.Tensor | None]]
 # Prepares a kernel for one batch (per-step metadata such as split plans, built outside
 # the timed region as in the anchors) and returns the call that is timed.
@@ -134,20 +139,27 @@ def run_cases(
     ceilings: Ceilings,
     log: Callable[[str], None],
 ) -> list[dict[str, object]]:
-    """Checks then times every kernel on every case; one result row per (case, kernel)."""
+    """Checks then times every kernel on every case; one result row per (case, kernel), with `x_first`, the
+    time over the first kernel's on the same case. A kernel whose preparation raises CaseNotSupported
+    is skipped for that case, with its reason in the log."""
     anchors, anchor_ragged_tokens = anchor_times()
     rows = []
     for case in cases:
         inputs = make_inputs(case, device)
         kv_bytes, flops = case_cost(case)
         floor_us = max(kv_bytes / (ceilings.copy_gb_per_s * 1e3), flops / (ceilings.matmul_tflop_per_s * 1e6))
-        for name, factory in kernels.items():
+        first_us = None
+        for index, (name, factory) in enumerate(kernels.items()):
             try:
                 error = check_against_reference(factory, inputs)
                 time_us = time_graph_replay(factory(inputs))
+            except CaseNotSupported as exc:
+                log(f"{case.label:<28} {name:<10} skipped: {exc}")
+                continue
             except Exception as exc:  # a variant that cannot launch (e.g. out of shared memory) is reported, not fatal
                 log(f"{case.label:<28} {name:<10} failed: {type(exc).__name__}: {str(exc).splitlines()[0]}")
                 continue
+            first_us = time_us if index == 0 else first_us
             row = {
                 "case": case.label, **dataclasses.asdict(case), "kernel": name, "rel_error": error,
                 "time_us": time_us, "floor_us": floor_us, "x_floor": time_us / floor_us,
@@ -155,6 +167,8 @@ def run_cases(
                 "copy_ratio": kv_bytes / time_us / 1e3 / ceilings.copy_gb_per_s,
                 "matmul_ratio": flops / time_us / 1e6 / ceilings.matmul_tflop_per_s,
             }
+            if first_us is not None:
+                row["x_first"] = time_us / first_us
             anchor = anchors.get((case.heads, case.batch, case.seqlen))
             if anchor and case.q_len in (1, 2) and case.kv_dtype == "bf16":
                 flashmla_us = anchor[f"flashmla_q{case.q_len}_us"] * anchor_token_scale(case, anchor_ragged_tokens)
@@ -183,7 +197,8 @@ def anchor_times(path: Path = ANCHORS) -> tuple[dict[tuple[int, int, int | None]
 
 
 def _format_row(row: dict[str, object]) -> str:
-    anchor = f"{row['x_flashmla_anchor']:.2f}x FlashMLA" if "x_flashmla_anchor" in row else ""
+    anchor = f"{row['x_first']:.3f}x first" if "x_first" in row else ""
+    anchor += f"  {row['x_flashmla_anchor']:.2f}x FlashMLA anchor" if "x_flashmla_anchor" in row else ""
     return (
         f"{row['case']:<28} {row['kernel']:<10} {row['time_us']:9.1f} us  {row['x_floor']:5.2f}x floor  "
         f"{row['copy_ratio'] * 100:5.1f}% copy  {row['matmul_ratio'] * 100:5.1f}% matmul  err {row['rel_error']:.1e}  {anchor}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import statistics
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -76,7 +77,7 @@ def check_targets(rows: Iterable[Row], simple_triton_us: dict[tuple[int, int, in
                  [r for r in fp8 if r["heads"] == 128], lambda r: r["time_us"] / bf16_time[_shape(r)]),
     ]
     all_anchored = [r for r in every_page_size if "x_flashmla_anchor" in r]
-    geomean = math.exp(sum(math.log(_x_flashmla(r)) for r in all_anchored) / len(all_anchored)) if all_anchored else math.nan
+    geomean = statistics.geometric_mean(_x_flashmla(r) for r in all_anchored) if all_anchored else math.nan
     checks.append(TargetCheck("geometric mean over the anchored cases, any page size: <= 1.0x FlashMLA",
                               len(all_anchored), geomean <= 1.0, geomean, "every anchored case"))
     return checks

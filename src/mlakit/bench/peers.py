@@ -1,0 +1,140 @@
+"""Decode backends side by side, each called the way its own API intends in a serving step: the
+per-step metadata (our split plan and FlashMLA's scheduler metadata through the registry's
+`decode_metadata`, FlashInfer's `plan()` on a CUDA-graph wrapper) is built before the timed call,
+and only the kernel launch is timed. `mlakit bench decode --backends` uses these."""
+
+from __future__ import annotations
+
+import torch
+
+from mlakit.bench.decode import DIM, KV_LORA_RANK, ROPE_DIM, CaseNotSupported, DecodeCase, DecodeInputs, KernelFactory
+from mlakit.device import DeviceInfo
+from mlakit.errors import ConfigError
+from mlakit.registry.catalog import all_records, get_backend, runnable_problems
+from mlakit.registry.fit import Requirements
+from mlakit.shape import MLAShape
+
+
+def usable_decode_backends(device: DeviceInfo) -> list[str]:
+    """Registered decode backends that run on `device` with their packages installed and return lse,
+    in auto-selection order, reference excluded.
+
+    >>> usable_decode_backends(DeviceInfo.from_arch("cpu"))
+    []
+    """
+    return [
+        r.name for r in all_records()
+        if "decode" in r.phases and r.returns_lse and r.name != "reference" and not r.hardware_problems(device)
+        and not r.missing_packages()
+    ]
+
+
+def case_problems(backend: str, case: DecodeCase, device: DeviceInfo) -> list[str]:
+    """Why `backend` cannot run `case` here (empty when it can), in the registry's words.
+
+    >>> case_problems("flashmla", DecodeCase(128, 1, 1024, page_size=16), DeviceInfo.from_arch("sm90"))[-1]
+    'page_size 16 is not supported; allowed page sizes: {64}'
+    """
+    req = Requirements(
+        device=device, shape=MLAShape.of_latent(case.heads, KV_LORA_RANK, ROPE_DIM), page_size=case.page_size,
+        kv_dtype=case.kv_dtype, decode_q_len=case.q_len, needs_lse=True,
+    )
+    return runnable_problems(get_backend(backend).record, "decode", req)
+
+
+def backend_kernel(backend: str, device: DeviceInfo) -> KernelFactory:
+    """The timed call of `backend` for a batch; raises CaseNotSupported from the preparation for a case
+    the backend's record refuses."""
+    if backend == "flashinfer_mla":
+        prepare_call = _flashinfer_call
+    else:
+        prepare_call = _registry_call(backend)
+
+    def prepare(inputs: DecodeInputs):
+        problems = case_problems(backend, _case_of(inputs), device)
+        if problems:
+            raise CaseNotSupported("; ".join(problems))
+        return prepare_call(inputs)
+
+    return prepare
+
+
+def _case_of(inputs: DecodeInputs) -> DecodeCase:
+    batch, q_len, heads, _ = inputs.q.shape
+    kv_dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(inputs.kv_cache.dtype, "fp8_e4m3")
+    return DecodeCase(heads, batch, None, q_len, kv_dtype, inputs.kv_cache.shape[1])
+
+
+def _registry_call(backend: str) -> KernelFactory:
+    entry = get_backend(backend)
+
+    def prepare(inputs: DecodeInputs):
+        extra = {}
+        if entry.decode_metadata is not None:
+            _, q_len, heads, _ = inputs.q.shape
+            kv_dtype = _case_of(inputs).kv_dtype
+            extra["metadata"] = entry.decode_metadata(inputs.cache_seqlens, q_len=q_len, heads=heads, kv_cache_dtype=kv_dtype)
+        return lambda: entry.decode(
+            inputs.q, inputs.kv_cache, inputs.block_table, inputs.cache_seqlens,
+            kv_lora_rank=KV_LORA_RANK, softmax_scale=inputs.softmax_scale, kv_scale=inputs.kv_scale, **extra,
+        )
+
+    return prepare
+
+
+def _flashinfer_call(inputs: DecodeInputs):
+    """FlashInfer's wrapper in CUDA-graph mode (fixed index buffers), planned once for the batch; the
+    timed call is `run()` alone, its lse left in FlashInfer's base 2."""
+    from flashinfer.mla import BatchMLAPagedAttentionWrapper
+
+    batch, q_len, heads, _ = inputs.q.shape
+    device = inputs.q.device
+    page_size = inputs.kv_cache.shape[1]
+    lengths = inputs.cache_seqlens.long()
+    pages_used = (lengths + page_size - 1) // page_size
+    kv_indptr = torch.zeros(batch + 1, dtype=torch.int32, device=device)
+    kv_indptr[1:] = pages_used.cumsum(0)
+    in_use = torch.arange(inputs.block_table.shape[1], device=device)[None, :] < pages_used[:, None]
+    kv_indices = inputs.block_table[in_use].contiguous()
+    qo_indptr = torch.arange(0, (batch + 1) * q_len, q_len, dtype=torch.int32, device=device)
+    workspace = torch.empty(128 << 20, dtype=torch.uint8, device=device)
+    wrapper = BatchMLAPagedAttentionWrapper(
+        workspace, use_cuda_graph=True, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices,
+        kv_len_arr=inputs.cache_seqlens,
+    )
+    wrapper.plan(
+        qo_indptr, kv_indptr, kv_indices, inputs.cache_seqlens, heads, KV_LORA_RANK, ROPE_DIM, page_size, True,
+        inputs.softmax_scale, inputs.q.dtype, inputs.kv_cache.dtype,
+    )
+    flat_q = inputs.q.reshape(batch * q_len, heads, DIM)
+    q_nope, q_pe = flat_q[..., :KV_LORA_RANK], flat_q[..., KV_LORA_RANK:]
+    ckv, kpe = inputs.kv_cache[..., :KV_LORA_RANK], inputs.kv_cache[..., KV_LORA_RANK:]
+    out = torch.empty(batch * q_len, heads, KV_LORA_RANK, dtype=inputs.q.dtype, device=device)
+    lse = torch.empty(batch * q_len, heads, dtype=torch.float32, device=device)
+
+    def call() -> tuple[torch.Tensor, torch.Tensor]:
+        wrapper.run(q_nope, q_pe, ckv, kpe, out=out, lse=lse, return_lse=True)
+        return out.view(batch, q_len, heads, KV_LORA_RANK), lse
+
+    return call
+
+
+def parse_backends(spec: str, device: DeviceInfo) -> tuple[list[str], list[str]]:
+    """The backends of a `--backends` list that run here, and a note for each named one that does not.
+
+    >>> parse_backends("triton", DeviceInfo.from_arch("cpu"))[1]
+    ['triton: runs on cuda, not on cpu']
+    """
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    if not names:
+        raise ConfigError(f"--backends: expected a comma-separated list of decode backends, got {spec!r}")
+    usable, notes = [], []
+    for name in names:
+        record = get_backend(name).record
+        problems = [] if "decode" in record.phases else ["has no decode kernel"]
+        problems += record.hardware_problems(device) + [f"package {p} is not installed" for p in record.missing_packages()]
+        if not record.returns_lse:
+            problems.append("returns no lse")
+        (notes.append(f"{name}: {'; '.join(problems)}") if problems else usable.append(name))
+    return usable, notes
+
