@@ -1,6 +1,7 @@
 """The Triton decode kernel on a GPU over the full grid, and captured in a CUDA graph."""
 
 import dataclasses
+import importlib.util
 import itertools
 from unittest import mock
 
@@ -85,10 +86,11 @@ def test_long_sequences_with_forced_split_counts(num_sms):
     _check(batch, num_sms=num_sms)
 
 
-def test_auto_picks_triton_on_this_gpu():
+def test_auto_picks_triton_on_this_gpu_unless_flashmla_is_installed():
     batch = make_paged_batch([100], heads=16, page_size=64, kv_lora_rank=512, rope_dim=64, device="cuda")
     plan = mlakit.resolve(mlakit.ServingConfig(), mlakit.MLAShape.preset("deepseek-v3"))
-    assert plan.decode_backend == "triton"
+    flashmla_fits = importlib.util.find_spec("flash_mla") is not None and torch.cuda.get_device_capability()[0] in (9, 10)
+    assert plan.decode_backend == ("flashmla" if flashmla_fits else "triton")
     out, _ = mlakit.mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens, softmax_scale=batch.softmax_scale)
     assert relative_error(out, _reference(batch)[0]) < 1e-2
 

@@ -47,8 +47,8 @@ def test_warm_up_without_latent_extends_runs_none():
 @pytest.mark.parametrize("kv_dtype, draft_tokens", [("bf16", 0), ("fp8_e4m3", 3)])
 def test_after_warm_up_no_step_compiles_a_kernel(kv_dtype, draft_tokens):
     shape = MLAShape.preset("deepseek-v3").for_tp(8)
-    plan = resolve(ServingConfig(max_batch_size=64, kv_cache_dtype=kv_dtype, speculative_num_draft_tokens=draft_tokens,
-                                 page_size=64), shape)
+    plan = resolve(ServingConfig(attention_backend="triton", max_batch_size=64, kv_cache_dtype=kv_dtype,
+                                 speculative_num_draft_tokens=draft_tokens, page_size=64), shape)
     assert plan.decode_backend == "triton" and plan.prefill_backend == "triton"
     plan = warm_up(plan)
     before = compiled_variants()
