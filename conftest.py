@@ -2,6 +2,7 @@
 marked `gpu` are skipped without CUDA, and pytest-xdist workers share the CPU's cores."""
 
 import os
+import sys
 
 import pytest
 import torch
@@ -22,6 +23,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The fuzz tests' probe counts per entry point (tests/fuzz_outcomes.py), when they ran."""
+    outcomes = sys.modules.get("fuzz_outcomes")
+    if outcomes is not None and outcomes.OUTCOMES:
+        terminalreporter.section("fuzz probes")
+        for line in outcomes.summary_lines():
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture

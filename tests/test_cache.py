@@ -108,7 +108,8 @@ def test_fp8_per_group_scales_follow_each_groups_magnitude():
 
 def test_cache_feeds_decode_for_each_dtype():
     for dtype, layout in (("bf16", "tensor"), ("fp16", "tensor"), ("fp8_e4m3", "tensor"), ("fp8_e4m3", "group")):
-        cache = PagedLatentCache(10, 8, 512, 64, dtype=dtype, scale_layout=layout, fp8_scale=0.25)
+        fp8_scale = 0.25 if (dtype, layout) == ("fp8_e4m3", "tensor") else None
+        cache = PagedLatentCache(10, 8, 512, 64, dtype=dtype, scale_layout=layout, fp8_scale=fp8_scale)
         for seq_id, n in enumerate((13, 1, 0)):
             cache.append(seq_id, *_rows(n, r=512, dr=64, seed=seq_id + 10))
         q = torch.randn(3, 1, 4, 576, dtype=torch.bfloat16)

@@ -9,7 +9,7 @@ from mlakit.attention.functional import DecodeMetadata, mla_decode, mla_decode_m
 from mlakit.cache import PageAllocator, PagedLatentCache
 from mlakit.config import ServingConfig
 from mlakit.device import DeviceInfo
-from mlakit.errors import CacheFullError, ConfigError, MLAInputError, MLAKitError, WorkspaceError
+from mlakit.errors import CacheFullError, ConfigError, FP8SaturationWarning, MLAInputError, MLAKitError, WorkspaceError
 from mlakit.plan import Plan, WorkspaceRequest
 from mlakit.prefill_metadata import PrefillMetadata, plan_prefill
 from mlakit.reference import merge_attention_states, reference_decode, reference_extend
@@ -22,6 +22,7 @@ __all__ = [
     "ConfigError",
     "DecodeMetadata",
     "DeviceInfo",
+    "FP8SaturationWarning",
     "MLAInputError",
     "MLAKitError",
     "MLAShape",

@@ -76,7 +76,10 @@ class DeviceInfo:
                 requested = "xpu"
             else:
                 requested = "cpu"
-        dev = torch.device(requested)
+        try:
+            dev = torch.device(requested)
+        except RuntimeError as exc:
+            raise ConfigError(f"device: expected 'auto', 'cpu', 'cuda[:N]' or 'xpu[:N]', got {requested!r}") from exc
         if dev.type == "cpu":
             return cls(kind="cpu", arch="cpu", name="cpu", local=True)
         if dev.type == "cuda":

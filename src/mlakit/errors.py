@@ -1,5 +1,7 @@
 """Exceptions raised by mlakit. Each message names the bad value, what was expected and the fix."""
 
+import numbers
+
 
 class MLAKitError(Exception):
     """Base class of every error mlakit raises on purpose."""
@@ -19,3 +21,16 @@ class CacheFullError(MLAKitError, RuntimeError):
 
 class WorkspaceError(MLAKitError, RuntimeError):
     """A workspace would have to grow where growing is not allowed (during CUDA-graph capture)."""
+
+
+class FP8SaturationWarning(UserWarning):
+    """An fp8 KV cache layer saturated values at +-448 or stored non-finite inputs as NaN."""
+
+
+def is_int(value: object) -> bool:
+    """Whether an argument is an integer (Python or NumPy); bools and floats are not.
+
+    >>> is_int(3), is_int(True), is_int(3.0)
+    (True, False, False)
+    """
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)

@@ -48,7 +48,9 @@ def mla_forward(
     >>> out.shape
     torch.Size([3, 2, 8])
     """
-    _check_forward_inputs(q_nope, q_pe, step, decode_backend)
+    if not isinstance(kv_cache, torch.Tensor):
+        raise MLAInputError(f"kv_cache: expected a torch.Tensor, got {type(kv_cache).__name__}")
+    _check_forward_inputs(q_nope, q_pe, kv_cache, kv_b_weight, step, decode_backend, prefill_backend)
     softmax_scale = checked_softmax_scale(softmax_scale)
     heads, nope_dim = q_nope.shape[1], q_nope.shape[2]
     per_head = kv_b_weight.view(heads, -1, kv_b_weight.shape[1])
@@ -79,13 +81,33 @@ def mla_forward(
     return out
 
 
-def _check_forward_inputs(q_nope: torch.Tensor, q_pe: torch.Tensor, step: AttentionStep, decode_backend: str) -> None:
+def _check_forward_inputs(
+    q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, kv_b_weight: torch.Tensor, step: AttentionStep,
+    decode_backend: str, prefill_backend: str,
+) -> None:
+    if not isinstance(step, AttentionStep):
+        raise MLAInputError(f"step: expected an AttentionStep, got {type(step).__name__}")
+    for name, backend in (("decode_backend", decode_backend), ("prefill_backend", prefill_backend)):
+        if not isinstance(backend, str):
+            raise MLAInputError(f"{name}: expected a registered backend name or {AUTO!r}, got {backend!r}")
+        if backend != AUTO:
+            get_backend(backend)  # raises ConfigError listing the registered names
+    for name, q in (("q_nope", q_nope), ("q_pe", q_pe), ("kv_b_weight", kv_b_weight)):
+        if not isinstance(q, torch.Tensor) or not q.is_floating_point():
+            got = q.dtype if isinstance(q, torch.Tensor) else type(q).__name__
+            raise MLAInputError(f"{name}: expected a floating-point tensor, got {got}")
     for name, q in (("q_nope", q_nope), ("q_pe", q_pe)):
         if q.dim() != 3 or q.shape[0] != step.num_tokens or q.shape[1] != q_nope.shape[1]:
             raise MLAInputError(
                 f"{name}: expected [{step.num_tokens} tokens (the step's new tokens), heads, dim] with q_nope's heads, "
                 f"got shape {tuple(q.shape)}"
             )
+    heads, nope_dim, rank = q_nope.shape[1], q_nope.shape[2], kv_cache.shape[-1] - q_pe.shape[2]
+    if kv_b_weight.dim() != 2 or kv_b_weight.shape[1] != rank or kv_b_weight.shape[0] % heads or kv_b_weight.shape[0] // heads <= nope_dim:
+        raise MLAInputError(
+            f"kv_b_weight: expected [{heads} heads x (d_nope {nope_dim} + d_v), kv_lora_rank {rank}] (kv_b_proj.weight), "
+            f"got shape {tuple(kv_b_weight.shape)}"
+        )
     has_extend_part = any(part.kind == "latent_extend" for part in step.parts)
     if has_extend_part and decode_backend != AUTO and get_backend(decode_backend).extend is None:
         raise MLAInputError(

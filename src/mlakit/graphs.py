@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from mlakit.errors import ConfigError, MLAInputError
+from mlakit.errors import ConfigError, MLAInputError, is_int
 from mlakit.registry.catalog import all_records, get_backend
 
 DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -120,13 +120,18 @@ class DecodeGraphs:
         dim: int,
         max_pages: int,
         dtype: torch.dtype,
-        device: torch.device,
+        device: torch.device | str,
         buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
     ) -> None:
         require_capturable(backend)
-        if device.type != "cuda":
-            raise ConfigError(f"CUDA graphs need a CUDA device, got {device}")
-        if max_batch < 1 or q_len < 1 or min(buckets, default=1) < 1:
+        if not isinstance(device, torch.device):
+            try:
+                device = torch.device(device)
+            except (RuntimeError, TypeError) as exc:
+                raise ConfigError(f"device: expected a torch.device or a device string such as 'cuda:0', got {device!r}") from exc
+        if device.type != "cuda" or not torch.cuda.is_available():
+            raise ConfigError(f"device: CUDA graphs need a CUDA device, got {device}{'' if device.type != 'cuda' else ' (torch sees none)'}")
+        if not all(is_int(v) for v in (max_batch, q_len, *buckets)) or max_batch < 1 or q_len < 1 or min(buckets, default=1) < 1:
             raise ConfigError(f"max_batch, q_len and buckets: expected >= 1, got {max_batch}, {q_len} and {tuple(buckets)}")
         chosen = sorted({b for b in buckets if b <= max_batch} | {max_batch})
         self.buckets = tuple(chosen)

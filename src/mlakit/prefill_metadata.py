@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import torch
 
-from mlakit.errors import MLAInputError
+from mlakit.errors import MLAInputError, is_int
 
 DEFAULT_PREFIX_CHUNK_TOKENS = 8192
 PREFILL_BLOCK_ROWS = 128  # query rows per program of the prefill kernel on GPUs
@@ -109,10 +109,12 @@ def plan_prefill(
     >>> meta.causal_keys.slots.tolist()
     [0, 1, 4, 5, 6]
     """
-    new_tokens, cache_lens = tuple(int(n) for n in new_tokens), tuple(int(c) for c in cache_lens)
     check_step_counts(new_tokens, cache_lens, block_table, page_size)
-    if prefix_chunk_tokens < 1 or (heads is not None and heads < 1):
-        raise MLAInputError(f"prefix_chunk_tokens and heads: expected >= 1, got {prefix_chunk_tokens} and {heads}")
+    new_tokens, cache_lens = tuple(int(n) for n in new_tokens), tuple(int(c) for c in cache_lens)
+    if not is_int(prefix_chunk_tokens) or prefix_chunk_tokens < 1:
+        raise MLAInputError(f"prefix_chunk_tokens: expected an integer >= 1, got {prefix_chunk_tokens!r}")
+    if heads is not None and (not is_int(heads) or heads < 1):
+        raise MLAInputError(f"heads: expected >= 1 (an integer, or None), got {heads!r}")
     device = block_table.device
     prefixes = [total - new if new else 0 for new, total in zip(new_tokens, cache_lens)]  # no queries: nothing to read
     queries = _segments(new_tokens, device)
@@ -131,13 +133,22 @@ def plan_prefill(
 def check_step_counts(new_tokens: Sequence[int], cache_lens: Sequence[int], block_table: torch.Tensor, page_size: int) -> None:
     """Raises MLAInputError unless there is one count per sequence, 0 <= new <= cache length, and
     every cache length fits the block table's pages (host ints only, no device read)."""
+    if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2 or block_table.dtype != torch.int32:
+        got = f"{block_table.dtype} of shape {tuple(block_table.shape)}" if isinstance(block_table, torch.Tensor) else type(block_table).__name__
+        raise MLAInputError(f"block_table: expected an int32 tensor [batch, max_pages], got {got}")
+    for name, counts in (("new_tokens", new_tokens), ("cache_lens", cache_lens)):
+        if not isinstance(counts, Sequence) or isinstance(counts, str):
+            raise MLAInputError(f"{name}: expected a sequence of ints (one per sequence), got {type(counts).__name__}")
+        bad = next((b for b, value in enumerate(counts) if not is_int(value)), None)
+        if bad is not None:
+            raise MLAInputError(f"{name}[{bad}]: expected an integer, got {counts[bad]!r}")
     if len(new_tokens) != len(cache_lens) or not new_tokens or block_table.dim() != 2 or len(new_tokens) != block_table.shape[0]:
         raise MLAInputError(
             f"new_tokens, cache_lens and block_table: expected one entry (row) per sequence, at least one, got "
             f"{len(new_tokens)}, {len(cache_lens)} and a table of shape {tuple(block_table.shape)}"
         )
-    if page_size < 1:
-        raise MLAInputError(f"page_size: expected >= 1, got {page_size}")
+    if not is_int(page_size) or page_size < 1:
+        raise MLAInputError(f"page_size: expected an integer >= 1, got {page_size!r}")
     capacity = block_table.shape[1] * page_size
     for b, (new, total) in enumerate(zip(new_tokens, cache_lens)):
         if new < 0 or total < new:

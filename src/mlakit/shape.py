@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mlakit.errors import ConfigError
+from mlakit.errors import ConfigError, is_int
 
 
 def yarn_mscale(factor: float, mscale: float) -> float:
@@ -125,22 +125,51 @@ class MLAShape:
         # As transformers' DeepSeek attention: any non-default rope type with mscale_all_dim rescales softmax.
         is_yarn = rope.get("rope_type", rope.get("type")) not in (None, "default")
         return cls(
-            num_heads=_config_int(data, "num_attention_heads"),
-            kv_lora_rank=_config_int(data, "kv_lora_rank"),
-            qk_nope_head_dim=_config_int(data, "qk_nope_head_dim"),
-            qk_rope_head_dim=_config_int(data, "qk_rope_head_dim"),
-            v_head_dim=_config_int(data, "v_head_dim"),
-            q_lora_rank=None if data.get("q_lora_rank") is None else _config_int(data, "q_lora_rank"),
+            num_heads=config_int(data, "num_attention_heads"),
+            kv_lora_rank=config_int(data, "kv_lora_rank"),
+            qk_nope_head_dim=config_int(data, "qk_nope_head_dim"),
+            qk_rope_head_dim=config_int(data, "qk_rope_head_dim"),
+            v_head_dim=config_int(data, "v_head_dim"),
+            q_lora_rank=None if data.get("q_lora_rank") is None else config_int(data, "q_lora_rank"),
             rope_scaling_factor=_config_float(rope, "factor", 1.0) if is_yarn else 1.0,
             mscale_all_dim=_config_float(rope, "mscale_all_dim", 0.0) if is_yarn else 0.0,
         )
 
 
-def _config_int(data: Mapping[str, Any], key: str) -> int:
-    value = data[key]
-    if isinstance(value, bool) or not isinstance(value, int):
+def config_int(data: Mapping[str, Any], key: str, default: int | None = None, *, minimum: int = 1) -> int:
+    """`data[key]` as an integer >= `minimum`; `default` when the key is absent or null (None: required).
+
+    >>> config_int({"n_group": 8}, "n_group"), config_int({}, "n_group", 1)
+    (8, 1)
+    >>> config_int({}, "vocab_size")
+    Traceback (most recent call last):
+    ...
+    mlakit.errors.ConfigError: config is missing the required key 'vocab_size'
+    """
+    value = data.get(key)
+    if value is None:
+        if default is None:
+            raise ConfigError(f"config is missing the required key {key!r}")
+        return default
+    if not is_int(value):
         raise ConfigError(f"config {key} must be an integer, got {value!r}")
-    return value
+    if value < minimum:
+        raise ConfigError(f"config {key} must be >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def config_number(data: Mapping[str, Any], key: str, default: float, *, positive: bool = True) -> float:
+    """`data[key]` as a finite float (> 0 when `positive`); `default` when absent or null.
+
+    >>> config_number({"rope_theta": 10000}, "rope_theta", 1.0)
+    10000.0
+    """
+    value = data.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or (positive and value <= 0):
+        raise ConfigError(f"config {key} must be a finite number{' > 0' if positive else ''}, got {value!r}")
+    return float(value)
 
 
 def _config_float(data: Mapping[str, Any], key: str, default: float) -> float:

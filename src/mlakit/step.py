@@ -30,7 +30,7 @@ from typing import Literal
 import torch
 
 from mlakit.attention.functional import DecodeMetadata, mla_decode_metadata
-from mlakit.errors import MLAInputError
+from mlakit.errors import MLAInputError, is_int
 from mlakit.prefill_metadata import (
     DEFAULT_PREFIX_CHUNK_TOKENS,
     PrefillMetadata,
@@ -118,10 +118,16 @@ class AttentionStep:
 
     def __post_init__(self) -> None:
         check_step_counts(self.new_tokens, self.cache_lens, self.block_table, self.page_size)
-        if self.slots.shape != (self.num_tokens,):
-            raise MLAInputError(f"slots: expected shape [{self.num_tokens}], got {tuple(self.slots.shape)}")
-        if self.decode_q_len is not None and self.decode_q_len < 1:
-            raise MLAInputError(f"decode_q_len: expected None or >= 1, got {self.decode_q_len}")
+        if not isinstance(self.slots, torch.Tensor) or self.slots.shape != (self.num_tokens,) or (
+            self.num_tokens and self.slots.dtype != torch.int64  # an empty step may spell its slots torch.tensor([])
+        ):
+            got = f"{self.slots.dtype} of shape {tuple(self.slots.shape)}" if isinstance(self.slots, torch.Tensor) else type(self.slots).__name__
+            raise MLAInputError(f"slots: expected shape [{self.num_tokens}] and dtype int64, got {got}")
+        for name, minimum, optional in (("decode_q_len", 1, True), ("max_latent_extend_tokens", 0, False),
+                                        ("prefix_chunk_tokens", 1, False), ("heads", 1, True)):
+            value = getattr(self, name)
+            if not (optional and value is None) and (not is_int(value) or value < minimum):
+                raise MLAInputError(f"{name}: expected {'None or ' if optional else ''}an integer >= {minimum}, got {value!r}")
         if self.prefill_form not in ("auto", "latent", "mha"):
             raise MLAInputError(f"prefill_form: expected 'auto', 'latent' or 'mha', got {self.prefill_form!r}")
         self._check_spec_mode()

@@ -12,7 +12,7 @@ import numbers
 
 import torch
 
-from mlakit.errors import MLAInputError
+from mlakit.errors import MLAInputError, is_int
 from mlakit.cache.kv_quant import FP8_DTYPE, num_scale_groups
 from mlakit.prefill_metadata import PrefillMetadata
 from mlakit.reference import pages_view
@@ -118,9 +118,14 @@ def check_extend_inputs(
     _check_tensor("cu_seqlens_q", cu_seqlens_q, 1, (torch.int32,), q.device)
     if cu_seqlens_q.shape[0] < 2:
         raise _fail("cu_seqlens_q", "[batch + 1] offsets with batch >= 1", f"shape {tuple(cu_seqlens_q.shape)}")
-    if not isinstance(max_q_len, int) or max_q_len < 1:
-        raise _fail("max_q_len", "an integer >= 1 (the most new tokens of any sequence)", max_q_len)
+    if not is_int(max_q_len) or max_q_len < 1:
+        raise _fail("max_q_len", "an integer >= 1 (the most new tokens of any sequence)", repr(max_q_len))
     batch = cu_seqlens_q.shape[0] - 1
+    if isinstance(block_table, torch.Tensor) and block_table.dim() == 2 and block_table.shape[0] != batch:
+        raise _fail(
+            "cu_seqlens_q", f"{block_table.shape[0] + 1} offsets (batch + 1, block_table has {block_table.shape[0]} rows)",
+            f"shape {tuple(cu_seqlens_q.shape)}",
+        )
     _check_paged_operands(q, kv_cache, block_table, cache_seqlens, kv_scale, kv_lora_rank, batch, check_values)
     if check_values:
         offsets = cu_seqlens_q.long()
@@ -128,8 +133,10 @@ def check_extend_inputs(
         first, last, shortest, longest, beyond = torch.stack(
             [offsets[0], offsets[-1], new.min(), new.max(), (new > cache_seqlens.long()).sum()]
         ).tolist()
-        if first != 0 or last != q.shape[0]:
-            raise _fail("cu_seqlens_q", f"the last offset to equal q's {q.shape[0]} tokens", last if first == 0 else f"first offset {first}")
+        if first != 0:
+            raise _fail("cu_seqlens_q", "offsets starting at 0", f"first offset {first}")
+        if last != q.shape[0]:
+            raise _fail("cu_seqlens_q", f"the last offset to equal q's {q.shape[0]} tokens", last)
         if shortest < 0:
             raise _fail("cu_seqlens_q", "non-decreasing offsets", cu_seqlens_q.tolist())
         if longest > max_q_len:
@@ -149,8 +156,8 @@ def _check_paged_operands(
     check_values: bool,
 ) -> None:
     device, dim = q.device, q.shape[-1]
-    if not 0 < kv_lora_rank < dim:
-        raise _fail("kv_lora_rank", f"an integer in 1..{dim - 1} (q's last dim is {dim} = latent + rope)", kv_lora_rank)
+    if not is_int(kv_lora_rank) or not 0 < kv_lora_rank < dim:
+        raise _fail("kv_lora_rank", f"an integer in 1..{dim - 1} (q's last dim is {dim} = latent + rope)", repr(kv_lora_rank))
     if not isinstance(kv_cache, torch.Tensor):
         raise _fail("kv_cache", "a torch.Tensor", type(kv_cache).__name__)
     if kv_cache.dim() == 4 and kv_cache.shape[2] != 1:
@@ -240,6 +247,10 @@ def check_prefill_inputs(
     mlakit.errors.MLAInputError: q: expected 3 tokens (the prefill metadata's new tokens), got shape (2, 4, 192)
     """
     _check_tensor("q", q, 3, query_dtypes, q.device if isinstance(q, torch.Tensor) else torch.device("cpu"))
+    if not isinstance(meta, PrefillMetadata):
+        raise _fail("meta", "a PrefillMetadata (from plan_prefill)", type(meta).__name__)
+    if not isinstance(kv_cache, torch.Tensor):
+        raise _fail("kv_cache", "a torch.Tensor", type(kv_cache).__name__)
     tokens, heads, qk_dim = q.shape
     if tokens != meta.queries.total:
         raise _fail("q", f"{meta.queries.total} tokens (the prefill metadata's new tokens)", f"shape {tuple(q.shape)}")

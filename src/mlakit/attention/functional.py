@@ -106,7 +106,7 @@ def mla_decode(
     cache_dtype = storage_name(pages.dtype)
     name = _backend_for(
         "decode",
-        backend,
+        _checked_backend(backend),
         str(q.device),
         cache_dtype,
         pages.shape[1],
@@ -120,6 +120,8 @@ def mla_decode(
     backend_entry = get_backend(name)
     extra = {}
     if metadata is not None:
+        if not isinstance(metadata, DecodeMetadata):
+            raise MLAInputError(f"metadata: expected a DecodeMetadata from mla_decode_metadata, got {type(metadata).__name__}")
         if (metadata.backend, metadata.batch, metadata.q_len, metadata.heads, metadata.kv_cache_dtype) != (
             name, *q.shape[:3], cache_dtype
         ):
@@ -176,7 +178,7 @@ def mla_extend(
                         check_values=check_inputs)
     pages = pages_view(kv_cache)
     name = _backend_for(
-        "extend", backend, str(q.device), storage_name(pages.dtype), pages.shape[1], 1, q.shape[1], kv_lora_rank,
+        "extend", _checked_backend(backend), str(q.device), storage_name(pages.dtype), pages.shape[1], 1, q.shape[1], kv_lora_rank,
         dim - kv_lora_rank, True,
     )
     scale = checked_softmax_scale(softmax_scale, default=dim**-0.5)
@@ -220,12 +222,18 @@ def mla_prefill(
     pages = pages_view(kv_cache)
     rank = kv_b_weight.shape[1]
     name = _backend_for(
-        "prefill", backend, str(q.device), storage_name(pages.dtype), pages.shape[1], 1, q.shape[1], rank,
+        "prefill", _checked_backend(backend), str(q.device), storage_name(pages.dtype), pages.shape[1], 1, q.shape[1], rank,
         pages.shape[-1] - rank, True,
     )
     kernel = get_backend(name).prefill
     assert kernel is not None  # _backend_for only returns backends with a prefill kernel
     return kernel(q, kv_cache, kv_b_weight, meta, softmax_scale=scale, kv_scale=kv_scale)
+
+
+def _checked_backend(backend: object) -> str:
+    if not isinstance(backend, str):
+        raise MLAInputError(f"backend: expected a registered backend name or {AUTO!r}, got {backend!r}")
+    return backend
 
 
 def _latent_rank(dim: int, kv_lora_rank: int | None) -> int:

@@ -50,7 +50,8 @@ def decode(
         q, k_cache, block_table, cache_seqlens, kv_lora_rank, schedule, num_splits,
         softmax_scale=softmax_scale, causal=True,
     )
-    return out, lse
+    # FlashMLA writes lse = +inf for a query that sees no key; mlakit's convention is -inf.
+    return out, lse.masked_fill(lse == float("inf"), float("-inf"))
 
 
 def decode_metadata(cache_seqlens: torch.Tensor, *, q_len: int, heads: int, kv_cache_dtype: str = "bf16") -> tuple[object, object]:

@@ -2,19 +2,53 @@
 
 from __future__ import annotations
 
+import math
+import numbers
+from collections.abc import Sequence
+from typing import NamedTuple
+
 import torch
 
-from mlakit.errors import CacheFullError, ConfigError, MLAInputError
+from mlakit.errors import CacheFullError, ConfigError, MLAInputError, is_int
 from mlakit.cache.kv_quant import (
+    AUTO_SCALE_HEADROOM,
     FP8_DTYPE,
     STORAGE_DTYPES,
     dequantize,
+    fp8_scale_from_rows,
     num_scale_groups,
     quantize_rows_per_group,
     quantize_rows_per_tensor,
 )
 
 SCALE_LAYOUTS = ("tensor", "group")
+AUTO_SCALE = "auto"
+FP8Scale = float | str | None
+
+
+def _is_finite_number(value: object) -> bool:
+    """A finite real number (Python or NumPy); bools are not."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+class FP8Counts(NamedTuple):
+    """Values one layer's fp8 writes saturated at +-448 and non-finite values they stored as NaN."""
+
+    saturated: int
+    non_finite: int
+
+
+def _check_fp8_scale(fp8_scale: FP8Scale, dtype: str, scale_layout: str) -> None:
+    """A ConfigError unless `fp8_scale` is None, "auto" or a finite float > 0 on a per-tensor fp8 store."""
+    if fp8_scale is None:
+        return
+    if fp8_scale != AUTO_SCALE and not (_is_finite_number(fp8_scale) and fp8_scale > 0):
+        raise ConfigError(f"fp8_scale must be a finite number > 0 or {AUTO_SCALE!r}, got {fp8_scale!r}")
+    if dtype != "fp8_e4m3" or scale_layout != "tensor":
+        raise ConfigError(
+            f"fp8_scale applies to dtype='fp8_e4m3' with scale_layout='tensor', got dtype={dtype!r}, "
+            f"scale_layout={scale_layout!r} (per-group scales are computed on every write); leave fp8_scale unset"
+        )
 
 
 def num_pages_for_budget(budget_bytes: int, page_size: int, dim: int, num_layers: int, dtype: str) -> int:
@@ -41,8 +75,8 @@ class PageAllocator:
     """
 
     def __init__(self, num_pages: int) -> None:
-        if num_pages <= 0:
-            raise ConfigError(f"num_pages must be >= 1, got {num_pages}")
+        if not is_int(num_pages) or num_pages <= 0:
+            raise ConfigError(f"num_pages must be an integer >= 1, got {num_pages!r}")
         self.num_pages = num_pages
         self._free = list(range(num_pages - 1, -1, -1))
 
@@ -66,8 +100,20 @@ class LatentStore:
 
     `dtype` is "bf16", "fp16", "fp8_e4m3", or "fp32" (exact storage for reference runs; the
     decode backends take the other three). fp8 stores `value / scale`, with one float32 scale
-    for the whole tensor (`scale_layout="tensor"`, set by `fp8_scale`) or one per token and
-    128-channel group (`scale_layout="group"`, computed on write).
+    for the whole tensor (`scale_layout="tensor"`) or one per token and 128-channel group
+    (`scale_layout="group"`, computed on write). The per-tensor scale is `fp8_scale`: a float
+    (e.g. a checkpoint's kv scale; 1.0 when unset), or "auto": the first write that holds rows
+    sets it to `amax * AUTO_SCALE_HEADROOM / 448` on the device, and it stays fixed after;
+    `calibrate_fp8_scale` sets it from sample rows instead.
+
+    fp8 writes count, in the int64 device tensor `fp8_counts` (saturated, non-finite), the
+    values that saturated at +-448 and the non-finite inputs (stored as NaN); counting adds no
+    host sync, reading the counts (`PagedLatentCache.fp8_saturation_counts`) does.
+
+    >>> store = LatentStore(2, 4, 8, dtype="fp8_e4m3", fp8_scale="auto")
+    >>> store.write_slots(torch.tensor([0, 1]), torch.tensor([[1.0] * 8, [-448.0] * 8]))
+    >>> store.scale.tolist(), store.fp8_counts.tolist()
+    ([2.0], [0, 0])
     """
 
     def __init__(
@@ -79,21 +125,23 @@ class LatentStore:
         dtype: str = "bf16",
         device: torch.device | str = "cpu",
         scale_layout: str = "tensor",
-        fp8_scale: float = 1.0,
+        fp8_scale: FP8Scale = None,
     ) -> None:
         if dtype not in STORAGE_DTYPES:
             raise ConfigError(f"dtype must be one of {list(STORAGE_DTYPES)}, got {dtype!r}")
         if scale_layout not in SCALE_LAYOUTS:
             raise ConfigError(f"scale_layout must be one of {SCALE_LAYOUTS}, got {scale_layout!r}")
-        if fp8_scale <= 0:
-            raise ConfigError(f"fp8_scale must be > 0, got {fp8_scale}")
+        _check_fp8_scale(fp8_scale, dtype, scale_layout)
         self.dtype = dtype
         self.scale_layout = scale_layout
         self.data = torch.zeros(num_pages, page_size, dim, dtype=STORAGE_DTYPES[dtype], device=device)
         self.scale: torch.Tensor | None = None
+        self.fp8_counts: torch.Tensor | None = None
+        self.awaiting_auto_scale = fp8_scale == AUTO_SCALE
         if dtype == "fp8_e4m3":
+            self.fp8_counts = torch.zeros(2, dtype=torch.int64, device=device)
             self.scale = (
-                torch.full((1,), fp8_scale, dtype=torch.float32, device=device)
+                torch.full((1,), 1.0 if fp8_scale in (None, AUTO_SCALE) else float(fp8_scale), dtype=torch.float32, device=device)
                 if scale_layout == "tensor"
                 else torch.ones(num_pages, page_size, num_scale_groups(dim), dtype=torch.float32, device=device)
             )
@@ -104,11 +152,14 @@ class LatentStore:
 
     def write_slots(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
         """Stores rows `[n, dim]` at flat slots (page * page_size + offset; -1 = padding, skipped),
-        quantizing for fp8. On a GPU this is one fused Triton launch (graph-safe, no host sync)."""
+        quantizing and counting for fp8. On a GPU this is one fused Triton launch (graph-safe, no
+        host sync), after the auto scale's few device ops on the first write of an "auto" store."""
+        if self.awaiting_auto_scale and rows.shape[0] > 0:
+            self._set_auto_scale(slots, rows)
         if self.data.is_cuda:
             from mlakit.kernels.cache_write import write_rows
 
-            write_rows(self.data, self.scale, slots, rows)
+            write_rows(self.data, self.scale, slots, rows, self.fp8_counts)
             return
         keep = slots >= 0
         slots, rows = slots[keep], rows[keep]
@@ -116,11 +167,51 @@ class LatentStore:
         if not self.is_fp8:
             flat[slots] = rows.to(self.data.dtype)
         elif self.scale_layout == "tensor":
-            flat[slots] = quantize_rows_per_tensor(rows, self.scale)
+            flat[slots] = quantize_rows_per_tensor(rows, self.scale, self.fp8_counts)
         else:
-            values, scales = quantize_rows_per_group(rows)
+            values, scales = quantize_rows_per_group(rows, self.fp8_counts)
             flat[slots] = values
             self.scale.view(-1, self.scale.shape[-1])[slots] = scales
+
+    def _set_auto_scale(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
+        """The "auto" scale from a write's non-padding rows, on the device; a write with no finite
+        non-zero value keeps the current scale (1.0)."""
+        if self.data.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise MLAInputError(
+                "fp8_scale='auto': this layer's scale is not set yet and a CUDA graph is being captured "
+                "(the graph would recompute it on every replay); write real rows or call calibrate_fp8_scale first"
+            )
+        scale = fp8_scale_from_rows(torch.where((slots >= 0)[:, None], rows, 0))
+        self.scale.copy_(torch.where(scale > 0, scale, self.scale))
+        self.awaiting_auto_scale = False
+
+    def calibrate_fp8_scale(self, samples: torch.Tensor, headroom: float = AUTO_SCALE_HEADROOM) -> float:
+        """Sets the per-tensor fp8 scale from sample rows `[n, dim]` (e.g. latents of calibration
+        prompts) to `amax * headroom / 448` and returns it; an "auto" store then stays at it.
+        Reads the scale back, so it syncs: calibrate before serving.
+
+        >>> store = LatentStore(2, 4, 8, dtype="fp8_e4m3", fp8_scale="auto")
+        >>> store.calibrate_fp8_scale(torch.full((3, 8), 56.0))
+        0.25
+        """
+        if not self.is_fp8 or self.scale_layout != "tensor":
+            raise ConfigError(
+                f"calibrate_fp8_scale needs dtype='fp8_e4m3' with scale_layout='tensor', got {self.dtype!r}, {self.scale_layout!r}"
+            )
+        if not (_is_finite_number(headroom) and headroom >= 1):
+            raise ConfigError(
+                f"headroom must be a finite number >= 1 (below 1 the samples' own largest values saturate), got {headroom!r}"
+            )
+        dim = self.data.shape[-1]
+        if not isinstance(samples, torch.Tensor) or samples.dim() != 2 or samples.shape[0] == 0 or samples.shape[1] != dim:
+            shape = tuple(samples.shape) if isinstance(samples, torch.Tensor) else type(samples).__name__
+            raise MLAInputError(f"samples: expected a tensor [rows, {dim}] with rows >= 1, got {shape}")
+        scale = float(fp8_scale_from_rows(samples.to(self.data.device), headroom))
+        if scale == 0:
+            raise MLAInputError("samples: expected at least one finite non-zero value, got none")
+        self.scale.fill_(scale)
+        self.awaiting_auto_scale = False
+        return scale
 
     def dequantized(self) -> torch.Tensor:
         """All rows as float32 values (what the stored bytes represent)."""
@@ -132,6 +223,8 @@ class PagedLatentCache:
     shared by `num_layers` LatentStores of `[num_pages, page_size, kv_lora_rank + rope_dim]`.
 
     `data`, `scale`, `write_slots` and `dequantized` are those of layer 0, for single-layer use.
+    `fp8_scale` is one value for every layer (a float, "auto" or None, see LatentStore) or a
+    sequence of per-layer floats (the per-layer kv scales a checkpoint carries).
 
     >>> cache = PagedLatentCache(num_pages=4, page_size=16, kv_lora_rank=512, rope_dim=64)
     >>> cache.append(7, torch.randn(20, 512), torch.randn(20, 64)).tolist()[:2]
@@ -150,21 +243,29 @@ class PagedLatentCache:
         dtype: str = "bf16",
         device: torch.device | str = "cpu",
         scale_layout: str = "tensor",
-        fp8_scale: float = 1.0,
+        fp8_scale: FP8Scale | Sequence[float] = None,
         num_layers: int = 1,
     ) -> None:
-        if page_size <= 0 or kv_lora_rank <= 0 or rope_dim < 0 or num_layers <= 0:
+        if not all(is_int(v) for v in (page_size, kv_lora_rank, rope_dim, num_layers)) or (
+            page_size <= 0 or kv_lora_rank <= 0 or rope_dim < 0 or num_layers <= 0
+        ):
             raise ConfigError(
-                "page_size, kv_lora_rank and num_layers must be >= 1 and rope_dim >= 0, got "
-                f"{page_size}, {kv_lora_rank}, {num_layers} and {rope_dim}"
+                "page_size, kv_lora_rank and num_layers must be integers >= 1 and rope_dim an integer >= 0, got "
+                f"{page_size!r}, {kv_lora_rank!r}, {num_layers!r} and {rope_dim!r}"
             )
         self.page_size = page_size
         self.kv_lora_rank = kv_lora_rank
         self.rope_dim = rope_dim
         self.allocator = PageAllocator(num_pages)
+        if isinstance(fp8_scale, Sequence) and not isinstance(fp8_scale, str):
+            if len(fp8_scale) != num_layers:
+                raise ConfigError(f"fp8_scale: expected one scale per layer ({num_layers}), got {len(fp8_scale)}")
+            per_layer = list(fp8_scale)
+        else:
+            per_layer = [fp8_scale] * num_layers
         self.stores = [
-            LatentStore(num_pages, page_size, self.dim, dtype=dtype, device=device, scale_layout=scale_layout, fp8_scale=fp8_scale)
-            for _ in range(num_layers)
+            LatentStore(num_pages, page_size, self.dim, dtype=dtype, device=device, scale_layout=scale_layout, fp8_scale=scale)
+            for scale in per_layer
         ]
         self._pages: dict[int, list[int]] = {}
         self._lengths: dict[int, int] = {}
@@ -184,6 +285,37 @@ class PagedLatentCache:
     @property
     def scale(self) -> torch.Tensor | None:
         return self.stores[0].scale
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.stores[0].is_fp8
+
+    def fp8_saturation_counts(self) -> list[FP8Counts]:
+        """Per layer, the values fp8 writes saturated at +-448 and the non-finite inputs they
+        stored as NaN, since the cache was made. One host sync (one copy of every layer's
+        counters): call it where a step already syncs, as Runner does after sampling.
+
+        >>> cache = PagedLatentCache(2, 16, 8, 8, dtype="fp8_e4m3", num_layers=2)
+        >>> cache.layer(1).write_slots(cache.reserve(0, 1), torch.tensor([[1e6] * 3 + [float("nan")] + [1.0] * 12]))
+        >>> cache.fp8_saturation_counts()
+        [FP8Counts(saturated=0, non_finite=0), FP8Counts(saturated=3, non_finite=1)]
+        """
+        if not self.is_fp8:
+            raise ConfigError(f"fp8_saturation_counts needs an fp8_e4m3 cache, this one holds {self.stores[0].dtype}")
+        return [FP8Counts(*layer) for layer in torch.stack([s.fp8_counts for s in self.stores]).tolist()]
+
+    def calibrate_fp8_scale(self, samples: Sequence[torch.Tensor], headroom: float = AUTO_SCALE_HEADROOM) -> list[float]:
+        """Sets each layer's per-tensor fp8 scale from its sample rows `[n, kv_lora_rank + rope_dim]`
+        (`samples[i]` for layer i, e.g. `[c_kv ; k_pe]` of calibration prompts) and returns the scales;
+        see `LatentStore.calibrate_fp8_scale`.
+
+        >>> cache = PagedLatentCache(2, 16, 8, 8, dtype="fp8_e4m3", num_layers=2)
+        >>> cache.calibrate_fp8_scale([torch.full((4, 16), 224.0), torch.full((4, 16), -2.0)], headroom=1.0)
+        [0.5, 0.004464285913854837]
+        """
+        if len(samples) != len(self.stores):
+            raise MLAInputError(f"samples: expected one tensor per layer ({len(self.stores)}), got {len(samples)}")
+        return [store.calibrate_fp8_scale(rows, headroom) for store, rows in zip(self.stores, samples)]
 
     def layer(self, index: int) -> LatentStore:
         """The rows of layer `index`."""
@@ -211,6 +343,10 @@ class PagedLatentCache:
         Allocates pages as needed. When too few pages are free, raises CacheFullError
         before anything is written or allocated.
         """
+        for name, tensor in (("c_kv", c_kv), ("k_pe", k_pe)):
+            if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
+                got = tensor.dtype if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+                raise MLAInputError(f"{name}: expected a floating-point tensor, got {got}")
         n = c_kv.shape[0] if c_kv.dim() == 2 else -1
         if c_kv.dim() != 2 or c_kv.shape[1] != self.kv_lora_rank:
             raise MLAInputError(f"c_kv: expected shape [tokens, {self.kv_lora_rank}], got {tuple(c_kv.shape)}")
@@ -226,8 +362,9 @@ class PagedLatentCache:
     def reserve(self, seq_id: int, n: int) -> torch.Tensor:
         """Extends a sequence by `n` tokens and returns their flat slots (int64), for a caller that
         writes the rows itself (e.g. an attention layer). Nothing changes when pages run out."""
-        if n < 0:
-            raise MLAInputError(f"n: expected a token count >= 0, got {n}")
+        _check_seq_id(seq_id)
+        if not is_int(n) or n < 0:
+            raise MLAInputError(f"n: expected a token count (an integer >= 0), got {n!r}")
         start = self.seq_len(seq_id)
         pages = self._pages.get(seq_id, [])
         needed = -(-(start + n) // self.page_size) - len(pages)
@@ -257,6 +394,7 @@ class PagedLatentCache:
         ...
         mlakit.errors.MLAInputError: seq_id: expected a sequence this cache holds (none held), got 3 (never appended, or already freed)
         """
+        _check_seq_id(seq_id)
         if seq_id not in self._lengths:
             if missing_ok:
                 return
@@ -268,6 +406,9 @@ class PagedLatentCache:
 
     def block_table(self, seq_ids: list[int], max_pages: int | None = None) -> torch.Tensor:
         """int32 `[len(seq_ids), max_pages]` page table; unused entries are 0 (never read)."""
+        _check_seq_ids(seq_ids)
+        if max_pages is not None and not is_int(max_pages):
+            raise MLAInputError(f"max_pages: expected an integer or None, got {max_pages!r}")
         width = max([len(self._pages.get(s, [])) for s in seq_ids] + [1])
         if max_pages is not None:
             if max_pages < width:
@@ -281,4 +422,17 @@ class PagedLatentCache:
 
     def seq_lens(self, seq_ids: list[int]) -> torch.Tensor:
         """int32 `[len(seq_ids)]` token counts, the `cache_seqlens` of a decode call."""
+        _check_seq_ids(seq_ids)
         return torch.tensor([self.seq_len(s) for s in seq_ids], dtype=torch.int32, device=self.device)
+
+
+def _check_seq_id(seq_id: object, name: str = "seq_id") -> None:
+    if not is_int(seq_id):
+        raise MLAInputError(f"{name}: expected an integer sequence id, got {seq_id!r}")
+
+
+def _check_seq_ids(seq_ids: object) -> None:
+    if isinstance(seq_ids, (str, bytes)) or not isinstance(seq_ids, Sequence):
+        raise MLAInputError(f"seq_ids: expected a list of sequence ids, got {type(seq_ids).__name__}")
+    for i, seq_id in enumerate(seq_ids):
+        _check_seq_id(seq_id, f"seq_ids[{i}]")

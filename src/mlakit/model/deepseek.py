@@ -15,9 +15,10 @@ import torch
 from torch import nn
 
 from mlakit.cache import PagedLatentCache
-from mlakit.errors import ConfigError
+from mlakit.errors import ConfigError, is_int
 from mlakit.model.mla_attention import MLAAttention, MLALayerConfig, RMSNorm
 from mlakit.model.moe import MLP, MoE, MoEConfig
+from mlakit.shape import config_int, config_number
 from mlakit.step import AttentionStep
 
 SUPPORTED_ARCHITECTURES = ("DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM")
@@ -46,19 +47,23 @@ class DeepseekConfig:
         if config.get("hidden_act", "silu") != "silu":
             raise ConfigError(f"hidden_act {config.get('hidden_act')!r} is not supported (silu)")
         eos = config.get("eos_token_id")
-        num_layers = int(config["num_hidden_layers"])
-        has_moe = config.get("n_routed_experts") and int(config.get("first_k_dense_replace", 0)) < num_layers
+        eos_ids = eos if isinstance(eos, list) else ([] if eos is None else [eos])
+        if not all(is_int(token) for token in eos_ids):
+            raise ConfigError(f"config eos_token_id must be a token id, a list of them or null, got {eos!r}")
+        num_layers = config_int(config, "num_hidden_layers")
+        first_dense = config_int(config, "first_k_dense_replace", 0, minimum=0)
+        has_moe = config_int(config, "n_routed_experts", 0, minimum=0) and first_dense < num_layers
         return cls(
-            vocab_size=int(config["vocab_size"]),
-            hidden_size=int(config["hidden_size"]),
+            vocab_size=config_int(config, "vocab_size"),
+            hidden_size=config_int(config, "hidden_size"),
             num_layers=num_layers,
-            intermediate_size=int(config["intermediate_size"]),
-            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-            first_dense_layers=int(config.get("first_k_dense_replace", 0)),
+            intermediate_size=config_int(config, "intermediate_size"),
+            rms_norm_eps=config_number(config, "rms_norm_eps", 1e-6),
+            first_dense_layers=first_dense,
             moe=MoEConfig.from_hf_config(config) if has_moe else None,
             attention=MLALayerConfig.from_hf_config(config, tp_size),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),)),
+            eos_token_ids=tuple(int(token) for token in eos_ids),
         )
 
 

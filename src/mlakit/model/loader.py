@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -23,7 +24,13 @@ def read_config(directory: str | Path) -> dict:
     path = Path(directory) / "config.json"
     if not path.is_file():
         raise ConfigError(f"{path} does not exist; a checkpoint directory holds config.json and *.safetensors")
-    return json.loads(path.read_text())
+    try:
+        config = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path} must hold a JSON object, got {type(config).__name__}")
+    return config
 
 
 def load_model(directory: str | Path, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> DeepseekForCausalLM:
@@ -31,10 +38,12 @@ def load_model(directory: str | Path, *, dtype: torch.dtype = torch.float32, dev
 
     Multi-token-prediction layers past `num_hidden_layers` are skipped.
     """
-    from safetensors import safe_open
-
     directory = Path(directory)
-    config = DeepseekConfig.from_hf_config(read_config(directory))
+    try:
+        config = DeepseekConfig.from_hf_config(read_config(directory))
+    except ConfigError as exc:
+        message = str(exc)
+        raise ConfigError(message if str(directory) in message else f"{directory / 'config.json'}: {message}") from exc
     shards = sorted(directory.glob("*.safetensors"))
     if not shards:
         raise ConfigError(f"no *.safetensors files in {directory}")
@@ -45,20 +54,16 @@ def load_model(directory: str | Path, *, dtype: torch.dtype = torch.float32, dev
         expected.pop("lm_head.weight")
     loaded: dict[str, torch.Tensor] = {}
     for shard in shards:
-        with safe_open(str(shard), framework="pt") as handle:
-            for name in handle.keys():
-                if _is_extra_layer(name, config.num_layers):
-                    continue
-                if name.endswith("weight_scale_inv"):
-                    raise ConfigError(f"tensor {name} in {shard.name}: block-quantized fp8 weights are not supported; dequantize the checkpoint to bf16 first")
-                if name not in expected:
-                    raise ConfigError(f"unexpected tensor {name} in {shard.name}: not part of a {config.num_layers}-layer DeepSeek model")
-                tensor = handle.get_tensor(name)
-                if tuple(tensor.shape) != tuple(expected[name]):
-                    raise ConfigError(
-                        f"tensor {name} in {shard.name} has shape {tuple(tensor.shape)}, expected {tuple(expected[name])}"
-                    )
-                loaded[name] = tensor.to(dtype=dtype, device=device)
+        for name, tensor in _shard_tensors(shard, config.num_layers):
+            if name.endswith("weight_scale_inv"):
+                raise ConfigError(f"tensor {name} in {shard.name}: block-quantized fp8 weights are not supported; dequantize the checkpoint to bf16 first")
+            if name not in expected:
+                raise ConfigError(f"unexpected tensor {name} in {shard.name}: not part of a {config.num_layers}-layer DeepSeek model")
+            if tuple(tensor.shape) != tuple(expected[name]):
+                raise ConfigError(
+                    f"tensor {name} in {shard.name} has shape {tuple(tensor.shape)}, expected {tuple(expected[name])}"
+                )
+            loaded[name] = tensor.to(dtype=dtype, device=device)
     missing = sorted(set(expected) - set(loaded))
     if missing:
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
@@ -70,6 +75,20 @@ def load_model(directory: str | Path, *, dtype: torch.dtype = torch.float32, dev
         layer.self_attn.rotary.to_empty(device=device)
         layer.self_attn.rotary.inv_freq.copy_(layer.self_attn.config.rope.inverse_frequencies())
     return model.eval()
+
+
+def _shard_tensors(shard: Path, num_layers: int) -> Iterator[tuple[str, torch.Tensor]]:
+    """The shard's tensors one at a time, layers past `num_layers` (multi-token prediction) left out;
+    a file safetensors cannot read (truncated, corrupt header) raises ConfigError naming it."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(shard), framework="pt") as handle:
+            for name in handle.keys():
+                if not _is_extra_layer(name, num_layers):
+                    yield name, handle.get_tensor(name)
+    except (SafetensorError, OSError) as exc:
+        raise ConfigError(f"{shard} is not a readable safetensors file (truncated or corrupt?): {exc}") from exc
 
 
 def _is_extra_layer(name: str, num_layers: int) -> bool:

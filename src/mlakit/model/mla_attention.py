@@ -19,7 +19,7 @@ from mlakit.config import AUTO
 from mlakit.errors import ConfigError
 from mlakit.forward import mla_forward
 from mlakit.model.rope import RopeConfig, RopeLayout, RotaryEmbedding
-from mlakit.shape import MLAShape
+from mlakit.shape import MLAShape, config_int
 from mlakit.step import AttentionStep
 
 LATENT_NORM_EPS = 1e-6
@@ -64,7 +64,7 @@ class MLALayerConfig:
         if model_type == "deepseek_v3":
             layout = "deinterleave" if config.get("rope_interleave", True) else "halves"
         return cls(
-            hidden_size=int(config["hidden_size"]),
+            hidden_size=config_int(config, "hidden_size"),
             shape=MLAShape.from_hf_config(config).for_tp(tp_size),
             rope=RopeConfig.from_hf_config(config, layout),
             attention_bias=bool(config.get("attention_bias", False)),

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from mlakit.errors import ConfigError
+from mlakit.shape import config_int, config_number
 
 Scoring = Literal["sigmoid_group_sum", "softmax_greedy", "softmax_group_max"]
 
@@ -59,15 +60,15 @@ class MoEConfig:
         else:
             raise ConfigError(f"topk_method {config.get('topk_method')!r} is not supported (greedy, group_limited_greedy)")
         return cls(
-            num_experts=int(config["n_routed_experts"]),
-            top_k=int(config["num_experts_per_tok"]),
-            intermediate_size=int(config["moe_intermediate_size"]),
-            shared_experts=int(config.get("n_shared_experts") or 0),
+            num_experts=config_int(config, "n_routed_experts"),
+            top_k=config_int(config, "num_experts_per_tok"),
+            intermediate_size=config_int(config, "moe_intermediate_size"),
+            shared_experts=config_int(config, "n_shared_experts", 0, minimum=0),
             scoring=scoring,
-            num_groups=int(config.get("n_group") or 1),
-            top_groups=int(config.get("topk_group") or 1),
+            num_groups=config_int(config, "n_group", 1),
+            top_groups=config_int(config, "topk_group", 1),
             normalize_top_k=bool(config.get("norm_topk_prob", False)) and model_type == "deepseek_v3",
-            routed_scaling_factor=float(config.get("routed_scaling_factor", 1.0)),
+            routed_scaling_factor=config_number(config, "routed_scaling_factor", 1.0),
         )
 
 

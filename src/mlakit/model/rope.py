@@ -18,7 +18,7 @@ from typing import Any, Literal
 import torch
 
 from mlakit.errors import ConfigError
-from mlakit.shape import yarn_mscale
+from mlakit.shape import config_int, config_number, yarn_mscale
 
 RopeLayout = Literal["interleaved", "deinterleave", "halves"]
 ROPE_LAYOUTS = ("interleaved", "deinterleave", "halves")
@@ -55,17 +55,17 @@ class RopeConfig:
     def from_hf_config(cls, config: Mapping[str, Any], layout: RopeLayout) -> RopeConfig:
         """Reads `qk_rope_head_dim`, `rope_theta` and `rope_scaling`/`rope_parameters`."""
         rope = dict(config.get("rope_parameters") or {}) | dict(config.get("rope_scaling") or {})
-        theta = float(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
+        theta = config_number(rope, "rope_theta", config_number(config, "rope_theta", 10000.0))
         rope_type = rope.get("rope_type", rope.get("type", "default"))
-        common = dict(dim=int(config["qk_rope_head_dim"]), theta=theta, layout=layout)
+        common = dict(dim=config_int(config, "qk_rope_head_dim"), theta=theta, layout=layout)
         if rope_type in (None, "default"):
             return cls(**common)
         if rope_type != "yarn":
             raise ConfigError(f"rope type {rope_type!r} is not supported; supported: default, yarn")
         return cls(
             **common,
-            yarn_factor=float(rope["factor"]),
-            yarn_original_max_position=int(rope["original_max_position_embeddings"]),
+            yarn_factor=config_number(rope, "factor", 1.0),
+            yarn_original_max_position=config_int(rope, "original_max_position_embeddings"),
             yarn_beta_fast=float(rope.get("beta_fast") or 32),
             yarn_beta_slow=float(rope.get("beta_slow") or 1),
             yarn_mscale=rope.get("mscale"),

@@ -5,18 +5,24 @@ Each step is either a prefill of newly admitted requests or a decode of every ru
 running requests' decode tokens and the admitted requests' prompts. A request is admitted only when the free pages hold its
 prompt plus `max_new_tokens`, so a running request never runs out of cache; finished requests
 free their pages at once for the next ones.
+
+With an fp8 cache, each step reads the layers' saturation counters after sampling (which has
+already waited for the step) and warns (FP8SaturationWarning) once per layer whose count grew.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 import time
+import warnings
 from collections.abc import Callable, Sequence
 
 import torch
 
-from mlakit.cache import PagedLatentCache
-from mlakit.errors import ConfigError
+from mlakit.cache import FP8Counts, PagedLatentCache
+from mlakit.errors import ConfigError, is_int, FP8SaturationWarning
 from mlakit.model.deepseek import DeepseekForCausalLM
 from mlakit.registry.catalog import get_backend
 from mlakit.step import DEFAULT_MAX_LATENT_EXTEND_TOKENS, AttentionStep
@@ -36,12 +42,29 @@ class Request:
     finished: bool = False
 
     def __post_init__(self) -> None:
-        if not self.prompt_ids:
-            raise ConfigError("prompt_ids must hold at least one token")
-        if self.max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise ConfigError(f"temperature must be >= 0 and top_p in (0, 1], got {self.temperature} and {self.top_p}")
+        self.check()
+
+    def check(self, name: str = "Request") -> None:
+        """Raises ConfigError naming the first bad field as `name.field` (`Runner.generate` passes
+        `requests[i]`, so a field changed after construction is caught before any step runs)."""
+        prompt = self.prompt_ids
+        if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Sequence) or not prompt:
+            raise ConfigError(f"{name}.prompt_ids: expected a non-empty list of token ids, got {prompt!r}")
+        bad = next((t for t in prompt if not is_int(t) or t < 0), None)
+        if bad is not None:
+            raise ConfigError(f"{name}.prompt_ids: expected token ids >= 0, got {bad!r}")
+        for field, minimum in (("max_new_tokens", 1), ("seed", 0), ("arrival_step", 0)):
+            value = getattr(self, field)
+            if not is_int(value) or value < minimum:
+                raise ConfigError(f"{name}.{field}: expected an integer >= {minimum}, got {value!r}")
+        if not _is_number(self.temperature) or not 0 <= self.temperature < math.inf:
+            raise ConfigError(f"{name}.temperature: expected a finite number >= 0 (0: greedy), got {self.temperature!r}")
+        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
+            raise ConfigError(f"{name}.top_p: expected a number in (0, 1], got {self.top_p!r}")
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 @dataclasses.dataclass
@@ -71,6 +94,13 @@ class Runner:
     ) -> None:
         if len(cache.stores) != model.config.num_layers:
             raise ConfigError(f"cache has {len(cache.stores)} layers, the model {model.config.num_layers}")
+        if not is_int(max_batch_size) or max_batch_size < 1:
+            raise ConfigError(f"max_batch_size: expected an integer >= 1, got {max_batch_size!r}")
+        for name, backend in (("decode_backend", decode_backend), ("prefill_backend", prefill_backend)):
+            if not isinstance(backend, str):
+                raise ConfigError(f"{name}: expected a registered backend name or 'auto', got {backend!r}")
+            if backend != "auto":
+                get_backend(backend)  # raises ConfigError listing the registered names
         self.model = model
         self.cache = cache
         self.decode_backend = decode_backend
@@ -80,25 +110,26 @@ class Runner:
         has_extend = decode_backend == "auto" or get_backend(decode_backend).extend is not None
         self._max_latent_extend_tokens = DEFAULT_MAX_LATENT_EXTEND_TOKENS if has_extend else 0
         self.stats = GenerationStats()
+        self._fp8_counts = [FP8Counts(0, 0)] * len(cache.stores) if cache.is_fp8 else None
 
     @torch.no_grad()
     def generate(self, requests: Sequence[Request], on_token: Callable[[], None] | None = None) -> list[list[int]]:
         """Runs every request to EOS or `max_new_tokens`; returns each request's new token ids.
 
         A request joins at the first step >= its `arrival_step` when pages and batch room allow.
+        Every request is checked first (its fields, its token ids against the vocabulary, its
+        prompt plus `max_new_tokens` against the free pages): one that could never run fails the
+        whole call with a ConfigError naming it, before any step runs or any page is taken.
         """
-        capacity = self.cache.allocator.num_pages * self.cache.page_size
-        for request in requests:
-            if len(request.prompt_ids) + request.max_new_tokens > capacity:
-                raise ConfigError(
-                    f"a request needs {len(request.prompt_ids) + request.max_new_tokens} tokens of cache, "
-                    f"the cache holds {capacity}; allocate more pages"
-                )
+        self._check_requests(requests)
         waiting = list(range(len(requests)))
         running: list[int] = []
         step_index = 0
         while waiting or running:
             admitted = self._admit(requests, waiting, running, step_index)
+            if not admitted and not running:  # idle until the next arrival: skip the empty steps
+                step_index = min(requests[i].arrival_step for i in waiting)
+                continue
             if admitted and self.mixed_steps:
                 self._run_step(requests, decoding=list(running), prefilling=admitted)
                 running.extend(admitted)
@@ -114,6 +145,25 @@ class Runner:
                 on_token()
             step_index += 1
         return [r.output_ids for r in requests]
+
+    def _check_requests(self, requests: Sequence[Request]) -> None:
+        capacity = self.cache.allocator.num_free * self.cache.page_size
+        vocab = self.model.config.vocab_size
+        for index, request in enumerate(requests):
+            name = f"requests[{index}]"
+            if not isinstance(request, Request):
+                raise ConfigError(f"{name}: expected a Request, got {type(request).__name__}")
+            request.check(name)
+            if max(request.prompt_ids) >= vocab:
+                raise ConfigError(f"{name}.prompt_ids: expected token ids < the vocabulary size {vocab}, got {max(request.prompt_ids)}")
+            needed = len(request.prompt_ids) + request.max_new_tokens
+            if needed > capacity:
+                raise ConfigError(
+                    f"{name}: needs {needed} tokens of cache ({len(request.prompt_ids)} prompt + {request.max_new_tokens} new), "
+                    f"the cache's free pages hold {capacity}; allocate more pages or shorten it"
+                )
+            if self.cache.pages_of(index) or self.cache.seq_len(index):
+                raise ConfigError(f"{name}: the cache already holds sequence {index} (the runner uses request indices as sequence ids); free it first")
 
     def _admit(self, requests: Sequence[Request], waiting: list[int], running: list[int], step_index: int) -> list[int]:
         admitted = []
@@ -162,6 +212,8 @@ class Runner:
             request.output_ids.append(token)
             eos = token in self.model.config.eos_token_ids
             request.finished = eos or len(request.output_ids) >= request.max_new_tokens
+        if self._fp8_counts is not None:
+            self._warn_on_fp8_saturation()
         if prefilling:
             self.stats.prefill_steps += 1
         else:
@@ -170,6 +222,25 @@ class Runner:
             self.stats.decode_steps += 1
             self.stats.decode_tokens += len(indices)
             self.stats.decode_seconds += time.perf_counter() - began
+
+    def _warn_on_fp8_saturation(self) -> None:
+        """One FP8SaturationWarning per layer whose saturated or non-finite count grew this step."""
+        counts = self.cache.fp8_saturation_counts()
+        for layer, (now, before) in enumerate(zip(counts, self._fp8_counts)):
+            problems = []
+            if now.saturated > before.saturated:
+                problems.append(
+                    f"{now.saturated - before.saturated} latent values saturated at +-448 ({now.saturated} in all); "
+                    "use a larger fp8_scale, fp8_scale='auto' or calibrate_fp8_scale, or scale_layout='group'"
+                )
+            if now.non_finite > before.non_finite:
+                problems.append(
+                    f"{now.non_finite - before.non_finite} non-finite latent values (inf or NaN) stored as NaN "
+                    f"({now.non_finite} in all); the model's activations overflowed before the cache write"
+                )
+            if problems:
+                warnings.warn(f"fp8 KV cache layer {layer}: " + "; ".join(problems), FP8SaturationWarning, stacklevel=2)
+        self._fp8_counts = counts
 
 
 def sample(logits: torch.Tensor, request: Request, position: int) -> int:
@@ -180,6 +251,6 @@ def sample(logits: torch.Tensor, request: Request, position: int) -> int:
     sorted_probs, order = probs.sort(descending=True)
     keep = sorted_probs.cumsum(0) - sorted_probs < request.top_p
     sorted_probs = torch.where(keep, sorted_probs, 0)
-    generator = torch.Generator(device="cpu").manual_seed(request.seed * 1_000_003 + position)
+    generator = torch.Generator(device="cpu").manual_seed((request.seed * 1_000_003 + position) % 2**64)
     choice = torch.multinomial(sorted_probs.cpu(), 1, generator=generator)
     return int(order[choice.to(order.device)])

@@ -151,6 +151,6 @@ def all_records() -> list[BackendRecord]:
 def get_backend(name: str) -> RegisteredBackend:
     """The registered backend called `name`, or a ConfigError listing the known names."""
     _ensure_loaded()
-    if name not in _REGISTRY:
+    if not isinstance(name, str) or name not in _REGISTRY:
         raise ConfigError(f"unknown backend {name!r}; registered backends: {backend_names()} (or 'auto')")
     return _REGISTRY[name]

@@ -1,0 +1,287 @@
+"""FlashMLA's decode API on mlakit's kernels: swap the import, keep the call sites.
+
+    from mlakit.compat.flash_mla import get_mla_metadata, flash_mla_with_kvcache
+
+`get_mla_metadata` and `flash_mla_with_kvcache` take FlashMLA's argument names, defaults and
+shapes and return what FlashMLA returns: out `[b, s_q, h_q, head_dim_v]` in q's dtype and lse
+`[b, h_q, s_q]` float32 (natural log; +inf where a query sees no key, as FlashMLA writes it).
+The work runs on mlakit's `triton` backend when q is on a CUDA device and on the `reference`
+backend elsewhere (so an engine's CPU tests can call them), never on FlashMLA itself.
+
+Beyond FlashMLA: any page size, any head count, latent widths other than 512 + 64 (pass
+`head_dim_v`), up to 8 and more query tokens, fp16 or bf16, and plain fp8-e4m3 caches of
+`q.shape[-1]` columns with `is_fp8_kvcache=True` and the keyword `kv_scale=` (a per-tensor scale
+`[1]` or per-group scales, as `mlakit.mla_decode` takes them). Sparse attention (`indices`,
+`topk_length`, `topk`), `attn_sink`, extra caches and FlashMLA's packed 656-byte fp8 layout raise
+MLAInputError naming them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+
+import torch
+
+from mlakit.attention.functional import DecodeMetadata, mla_decode, mla_decode_metadata
+from mlakit.cache.kv_quant import FP8_DTYPE, storage_name
+from mlakit.errors import MLAInputError
+
+# FlashMLA's packed fp8 row for DeepSeek's 512 + 64 widths: 512 e4m3 values, 4 float32 scales, 64 bf16 rope values.
+_PACKED_FP8_ROW_BYTES = 656
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleLayout:
+    """What a schedule was filled for; later calls sharing the schedule must match it."""
+
+    batch: int
+    s_q: int
+    h_q: int
+    page_block_size: int
+    causal: bool
+    kv_cache_dtype: str
+
+
+@dataclasses.dataclass
+class FlashMLASchedule:
+    """One decode step's schedule, from `get_mla_metadata`: empty until the first
+    `flash_mla_with_kvcache` call fills it (mlakit's `DecodeMetadata` for that call's lengths
+    and layout), then shared by every later call (every layer of the step) with the same
+    lengths and layout. Make a new one per step, as FlashMLA's callers do.
+
+    The older call form of `get_mla_metadata` records what its arguments declared
+    (`cache_seqlens`, query rows per KV head, `num_heads_q`, `is_fp8_kvcache`); the first call is
+    checked against them and plans from those lengths.
+    """
+
+    cache_seqlens: torch.Tensor | None = None
+    rows_per_head_k: int | None = None
+    num_heads_q: int | None = None
+    is_fp8_kvcache: bool | None = None
+    layout: ScheduleLayout | None = None
+    metadata: DecodeMetadata | None = None
+
+    def __post_init__(self) -> None:
+        if self.cache_seqlens is not None and (
+            not isinstance(self.cache_seqlens, torch.Tensor) or self.cache_seqlens.dim() != 1 or self.cache_seqlens.dtype != torch.int32
+        ):
+            raise MLAInputError(f"cache_seqlens: expected an int32 tensor [batch], got {_describe(self.cache_seqlens)}")
+        for name in ("rows_per_head_k", "num_heads_q"):
+            value = getattr(self, name)
+            if value is not None and not _positive_int(value):
+                raise MLAInputError(f"{name}: expected an integer >= 1, got {value!r}")
+
+    @property
+    def have_initialized(self) -> bool:
+        """Whether a call has filled the schedule (FlashMLA's name for it)."""
+        return self.metadata is not None
+
+
+def get_mla_metadata(
+    cache_seqlens: torch.Tensor | None = None,
+    num_q_tokens_per_head_k: int | None = None,
+    num_heads_k: int | None = None,
+    num_heads_q: int | None = None,
+    is_fp8_kvcache: bool = False,
+    topk: int | None = None,
+    *,
+    num_heads_per_head_k: int | None = None,
+) -> tuple[FlashMLASchedule, None]:
+    """A new, empty schedule for one decode step, as the pair FlashMLA returns: pass both items
+    on to every layer's `flash_mla_with_kvcache` (the second is always None).
+
+    Both of FlashMLA's call forms work: the current `get_mla_metadata()` with no arguments, and
+    the older `get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_heads_q=None,
+    is_fp8_kvcache=False, topk=None)` (first releases: `num_heads_per_head_k` for the second
+    argument), whose values the first call is checked against. `num_heads_k` must be 1 (MLA's
+    one latent KV head); `topk` (sparse attention) is not supported and raises.
+
+    >>> schedule, second = get_mla_metadata()
+    >>> schedule.have_initialized, second
+    (False, None)
+    >>> schedule, _ = get_mla_metadata(torch.tensor([70, 3], dtype=torch.int32), 2 * 16, 1)
+    >>> schedule.rows_per_head_k
+    32
+    """
+    if topk is not None:
+        raise _unsupported("topk", "sparse attention")
+    if num_q_tokens_per_head_k is not None and num_heads_per_head_k is not None:
+        raise MLAInputError("num_heads_per_head_k: the older name of num_q_tokens_per_head_k; pass one of them, got both")
+    rows = num_q_tokens_per_head_k if num_q_tokens_per_head_k is not None else num_heads_per_head_k
+    if cache_seqlens is None:
+        if rows is not None or num_heads_k is not None or num_heads_q is not None:
+            raise MLAInputError("cache_seqlens: the older call form of get_mla_metadata needs it; call get_mla_metadata() without arguments instead")
+        return FlashMLASchedule(), None
+    if rows is None or num_heads_k is None:
+        raise MLAInputError(
+            "get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k): the older call form needs all three "
+            f"(got num_q_tokens_per_head_k={rows!r}, num_heads_k={num_heads_k!r})"
+        )
+    if num_heads_k != 1:
+        raise MLAInputError(f"num_heads_k: expected 1 (an MLA cache holds one latent KV head), got {num_heads_k!r}")
+    return FlashMLASchedule(cache_seqlens, rows, num_heads_q, bool(is_fp8_kvcache)), None
+
+
+def flash_mla_with_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    block_table: torch.Tensor | None,
+    cache_seqlens: torch.Tensor | None,
+    head_dim_v: int,
+    tile_scheduler_metadata: FlashMLASchedule,
+    num_splits: None = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    is_fp8_kvcache: bool = False,
+    indices: torch.Tensor | None = None,
+    attn_sink: torch.Tensor | None = None,
+    extra_k_cache: torch.Tensor | None = None,
+    extra_indices_in_kvcache: torch.Tensor | None = None,
+    topk_length: torch.Tensor | None = None,
+    extra_topk_length: torch.Tensor | None = None,
+    *,
+    kv_scale: torch.Tensor | None = None,
+    check_inputs: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense MLA decode with FlashMLA's signature, run by `mlakit.mla_decode`.
+
+    q `[b, s_q, h_q, d]` bf16/fp16 (d = latent + rope, 576 for DeepSeek); k_cache `[num_blocks,
+    page_block_size, 1, d]` (or without the head axis) of any page size; block_table `[b,
+    max_blocks]` and cache_seqlens `[b]` int32; head_dim_v the latent width (512). The schedule
+    pair comes from `get_mla_metadata` (current or older form) and is filled by the first call.
+    softmax_scale defaults to `d ** -0.5`. With `causal=True` and s_q > 1, query token i of a
+    length-L sequence sees keys `0 .. L - s_q + i`; otherwise every query token sees all L keys.
+    Returns out `[b, s_q, h_q, head_dim_v]` in q's dtype and lse `[b, h_q, s_q]` float32
+    (natural log), with zeros and lse = +inf where a query sees no key, as FlashMLA.
+
+    mlakit's additions, keyword-only: `kv_scale` (required with an fp8-e4m3 cache of d columns,
+    which also needs `is_fp8_kvcache=True`), and `check_inputs`: None (default) reads lengths and
+    page indices for a check when q is on the CPU and never on a GPU (the check would cost a host
+    sync per call; FlashMLA checks no values either), True or False forces it.
+
+    >>> q = torch.randn(2, 1, 4, 576, dtype=torch.bfloat16)
+    >>> cache = torch.randn(8, 16, 1, 576, dtype=torch.bfloat16)
+    >>> table, lengths = torch.tensor([[0, 1], [5, 2]], dtype=torch.int32), torch.tensor([20, 0], dtype=torch.int32)
+    >>> schedule, num_splits = get_mla_metadata()
+    >>> out, lse = flash_mla_with_kvcache(q, cache, table, lengths, 512, schedule, num_splits)
+    >>> out.shape, lse.shape, lse[1].tolist()
+    (torch.Size([2, 1, 4, 512]), torch.Size([2, 4, 1]), [[inf], [inf], [inf], [inf]])
+    """
+    _refuse_unsupported(
+        indices=indices, attn_sink=attn_sink, extra_k_cache=extra_k_cache, extra_indices_in_kvcache=extra_indices_in_kvcache,
+        topk_length=topk_length, extra_topk_length=extra_topk_length,
+    )
+    schedule = _checked_schedule(tile_scheduler_metadata, num_splits)
+    if block_table is None or cache_seqlens is None:
+        missing = "block_table" if block_table is None else "cache_seqlens"
+        raise MLAInputError(f"{missing}: required for dense decode (None is only for FlashMLA's sparse attention, which mlakit does not support)")
+    if not isinstance(q, torch.Tensor) or q.dim() != 4:
+        raise MLAInputError(f"q: expected a tensor [batch, s_q, h_q, d], got {_describe(q)}")
+    if not _positive_int(head_dim_v):
+        raise MLAInputError(f"head_dim_v: expected an integer >= 1 (the latent width, 512 for DeepSeek), got {head_dim_v!r}")
+    kv_cache_dtype = _cache_dtype(k_cache, q, is_fp8_kvcache, kv_scale)
+    batch, s_q, h_q, dim = q.shape
+    rows_are_causal = causal and s_q > 1
+    # Without a causal mask every query token sees the same keys: fold the tokens into the heads.
+    query = q if rows_are_causal else q.reshape(batch, 1, s_q * h_q, dim)
+    backend = "triton" if q.is_cuda else "reference"
+    layout = ScheduleLayout(batch, s_q, h_q, k_cache.shape[1], bool(causal), kv_cache_dtype)
+    metadata = _filled(schedule, layout, cache_seqlens, query, backend, is_fp8_kvcache)
+    out, lse = mla_decode(
+        query, k_cache, block_table, cache_seqlens, softmax_scale=softmax_scale, backend=backend, kv_scale=kv_scale,
+        kv_lora_rank=head_dim_v, check_inputs=q.device.type == "cpu" if check_inputs is None else check_inputs,
+        metadata=metadata,
+    )
+    assert lse is not None  # mla_decode returns lse unless asked not to
+    lse = lse if rows_are_causal else lse.view(batch, s_q, h_q).transpose(1, 2)
+    return out.reshape(batch, s_q, h_q, head_dim_v), lse.masked_fill(lse == float("-inf"), float("inf")).contiguous()
+
+
+def _filled(
+    schedule: FlashMLASchedule, layout: ScheduleLayout, cache_seqlens: torch.Tensor, query: torch.Tensor, backend: str,
+    is_fp8_kvcache: bool,
+) -> DecodeMetadata:
+    """The schedule's metadata, built by this call if it is the first, after checking the layout."""
+    if schedule.metadata is None:
+        _check_declared(schedule, layout, is_fp8_kvcache, query.device)
+        lengths = cache_seqlens if schedule.cache_seqlens is None else schedule.cache_seqlens
+        schedule.metadata = mla_decode_metadata(
+            lengths, q_len=query.shape[1], heads=query.shape[2], backend=backend, kv_cache_dtype=layout.kv_cache_dtype
+        )
+        schedule.layout = layout
+    elif schedule.layout != layout:
+        raise MLAInputError(
+            f"tile_scheduler_metadata: filled for {schedule.layout}, reused for {layout}; a schedule serves calls with the "
+            "same lengths and layout only (make one per step with get_mla_metadata())"
+        )
+    elif schedule.metadata.backend != backend:
+        raise MLAInputError(f"tile_scheduler_metadata: filled for the {schedule.metadata.backend!r} backend, reused on {backend!r} (q moved device)")
+    return schedule.metadata
+
+
+def _check_declared(schedule: FlashMLASchedule, layout: ScheduleLayout, is_fp8_kvcache: bool, device: torch.device) -> None:
+    """The first call against what the older form of `get_mla_metadata` declared."""
+    if schedule.rows_per_head_k is not None and schedule.rows_per_head_k != layout.s_q * layout.h_q:
+        raise MLAInputError(
+            f"num_q_tokens_per_head_k: get_mla_metadata got {schedule.rows_per_head_k}, the call has s_q * h_q = "
+            f"{layout.s_q} * {layout.h_q} = {layout.s_q * layout.h_q}"
+        )
+    if schedule.num_heads_q is not None and schedule.num_heads_q != layout.h_q:
+        raise MLAInputError(f"num_heads_q: get_mla_metadata got {schedule.num_heads_q}, q has {layout.h_q} heads")
+    if schedule.is_fp8_kvcache is not None and schedule.is_fp8_kvcache != bool(is_fp8_kvcache):
+        raise MLAInputError(f"is_fp8_kvcache: get_mla_metadata got {schedule.is_fp8_kvcache}, the call {bool(is_fp8_kvcache)}")
+    if schedule.cache_seqlens is not None and tuple(schedule.cache_seqlens.shape) != (layout.batch,):
+        raise MLAInputError(f"cache_seqlens: get_mla_metadata got {schedule.cache_seqlens.shape[0]} lengths, q has batch {layout.batch}")
+    if schedule.cache_seqlens is not None and schedule.cache_seqlens.device != device:
+        raise MLAInputError(f"cache_seqlens: get_mla_metadata got them on {schedule.cache_seqlens.device}, q is on {device}")
+
+
+def _cache_dtype(k_cache: torch.Tensor, q: torch.Tensor, is_fp8_kvcache: bool, kv_scale: torch.Tensor | None) -> str:
+    """The cache's storage name, after the checks FlashMLA's layout rules call for."""
+    if not isinstance(k_cache, torch.Tensor) or k_cache.dim() not in (3, 4):
+        raise MLAInputError(f"k_cache: expected a tensor [num_blocks, page_block_size, 1, d], got {_describe(k_cache)}")
+    if k_cache.dim() == 4 and k_cache.shape[2] != 1:
+        raise MLAInputError(f"k_cache: expected one KV head ([num_blocks, page_block_size, 1, d]: MLA's shared latent), got shape {tuple(k_cache.shape)}")
+    if is_fp8_kvcache and k_cache.shape[-1] * k_cache.element_size() == _PACKED_FP8_ROW_BYTES:
+        raise _unsupported(
+            "is_fp8_kvcache", f"FlashMLA's packed {_PACKED_FP8_ROW_BYTES}-byte fp8 layout; store a plain float8_e4m3fn cache of "
+            f"{q.shape[-1]} columns and pass its scale as kv_scale="
+        )
+    fp8 = k_cache.dtype == FP8_DTYPE
+    if bool(is_fp8_kvcache) != fp8:
+        fix = "pass is_fp8_kvcache=True with an fp8 cache" if fp8 else "is_fp8_kvcache=True needs a float8_e4m3fn cache"
+        raise MLAInputError(f"is_fp8_kvcache: got {is_fp8_kvcache!r} for a {k_cache.dtype} cache; {fix}")
+    if fp8 and kv_scale is None:
+        raise MLAInputError("kv_scale: required with an fp8 cache (mlakit's keyword: a float32 per-tensor scale [1] or per-group scales)")
+    try:
+        return storage_name(k_cache.dtype)
+    except KeyError:
+        raise MLAInputError(f"k_cache: expected dtype bfloat16, float16 or float8_e4m3fn, got {k_cache.dtype}") from None
+
+
+def _checked_schedule(tile_scheduler_metadata: object, num_splits: object) -> FlashMLASchedule:
+    origin = "the pair from mlakit.compat.flash_mla.get_mla_metadata (metadata from the flash_mla package cannot drive mlakit's kernels)"
+    if not isinstance(tile_scheduler_metadata, FlashMLASchedule):
+        raise MLAInputError(f"tile_scheduler_metadata: expected the first item of {origin}, got {type(tile_scheduler_metadata).__name__}")
+    if num_splits is not None:
+        raise MLAInputError(f"num_splits: expected None, the second item of {origin}, got {type(num_splits).__name__}")
+    return tile_scheduler_metadata
+
+
+def _refuse_unsupported(**arguments: object) -> None:
+    given = [name for name, value in arguments.items() if value is not None]
+    if given:
+        raise _unsupported(", ".join(given), "sparse attention, attention sinks and extra caches")
+
+
+def _unsupported(argument: str, what: str) -> MLAInputError:
+    return MLAInputError(f"{argument}: not supported by mlakit.compat.flash_mla ({what}); leave it unset")
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1
+
+
+def _describe(value: object) -> str:
+    return f"shape {tuple(value.shape)} {value.dtype}" if isinstance(value, torch.Tensor) else type(value).__name__

@@ -1,0 +1,177 @@
+"""mlakit.compat.flash_mla on the CPU (reference backend): FlashMLA's signatures, shapes, masking
+and metadata styles, checked against a float64 oracle on fresh random paged data (shuffled pages,
+NaN in every unused slot, garbage page indices past each sequence's pages)."""
+
+from __future__ import annotations
+
+import dataclasses
+from unittest import mock
+
+import pytest
+import torch
+
+from mlakit.compat import flash_mla as compat
+from mlakit.compat.flash_mla import flash_mla_with_kvcache, get_mla_metadata
+from mlakit.errors import MLAInputError
+from flash_mla_oracle import LENGTHS, assert_matches_oracle, run
+from paged_inputs import PagedBatch, make_paged_batch
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("s_q", [1, 2, 4, 8])
+def test_causal_and_full_masks_against_the_oracle(s_q, causal):
+    batch = make_paged_batch(LENGTHS, heads=3, q_len=s_q, page_size=16, kv_lora_rank=512, rope_dim=64, seed=s_q)
+    out, lse = run(batch, causal=causal)
+    assert_matches_oracle(batch, out, lse, causal)
+
+
+@pytest.mark.parametrize("heads, page_size", [(1, 1), (5, 7), (16, 64), (33, 128), (128, 32)])
+def test_any_head_count_and_page_size(heads, page_size):
+    batch = make_paged_batch([40, 0, 3], heads=heads, q_len=2, page_size=page_size, kv_lora_rank=512, rope_dim=64, seed=heads)
+    assert_matches_oracle(batch, *run(batch, causal=True), causal=True)
+
+
+@pytest.mark.parametrize("q_dtype", [torch.float16, torch.bfloat16])
+def test_fp16_and_bf16(q_dtype):
+    batch = make_paged_batch(LENGTHS, heads=4, q_len=2, kv_lora_rank=512, rope_dim=64, kv_dtype="fp16" if q_dtype == torch.float16 else "bf16", q_dtype=q_dtype)
+    assert_matches_oracle(batch, *run(batch, causal=True), causal=True)
+
+
+@pytest.mark.parametrize("layout", ["tensor", "group"])
+def test_fp8_cache_with_kv_scale(layout):
+    batch = make_paged_batch(LENGTHS, heads=4, q_len=2, kv_lora_rank=512, rope_dim=64, kv_dtype="fp8_e4m3", scale_layout=layout)
+    assert_matches_oracle(batch, *run(batch, causal=True), causal=True)
+
+
+def test_other_latent_widths_through_head_dim_v():
+    batch = make_paged_batch([33, 2], heads=4, q_len=2, kv_lora_rank=256, rope_dim=32)
+    assert_matches_oracle(batch, *run(batch, causal=True), causal=True)
+
+
+def test_defaults_softmax_scale_and_cache_without_head_axis():
+    batch = make_paged_batch([33, 2], heads=4, kv_lora_rank=512, rope_dim=64)
+    batch = dataclasses.replace(batch, softmax_scale=576**-0.5)
+    out, lse = flash_mla_with_kvcache(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens, 512, *get_mla_metadata())
+    assert_matches_oracle(batch, out, lse, causal=False)
+
+
+OLDER_FORMS = {
+    "current": lambda lengths, rows: get_mla_metadata(),
+    "first release": lambda lengths, rows: get_mla_metadata(lengths, rows, 1),
+    "first release, keywords": lambda lengths, rows: get_mla_metadata(cache_seqlens=lengths, num_heads_per_head_k=rows, num_heads_k=1),
+    "sparse-era release": lambda lengths, rows: get_mla_metadata(lengths, rows, 1, num_heads_q=rows // 2, is_fp8_kvcache=False, topk=None),
+}
+
+
+@pytest.mark.parametrize("form", sorted(OLDER_FORMS))
+def test_every_metadata_call_form_serves_every_layer(form):
+    """Three layers (own caches and queries, the same lengths and pages) share one schedule,
+    whose metadata is built by the first call only."""
+    layers = [make_paged_batch(LENGTHS, heads=6, q_len=2, kv_lora_rank=512, rope_dim=64, seed=layer) for layer in range(3)]
+    schedule = OLDER_FORMS[form](layers[0].cache_seqlens, 2 * 6)
+    with mock.patch.object(compat, "mla_decode_metadata", wraps=compat.mla_decode_metadata) as build:
+        for batch in layers:
+            assert_matches_oracle(batch, *run(batch, schedule, causal=True), causal=True)
+    assert build.call_count == 1
+    assert schedule[0].have_initialized and schedule[0].metadata.backend == "reference"
+
+
+def test_cpu_calls_check_values_by_default_and_can_skip_them():
+    batch = make_paged_batch([70, 3], heads=2, kv_lora_rank=512, rope_dim=64)
+    batch.cache_seqlens[1] = 1000
+    with pytest.raises(MLAInputError, match="cache_seqlens"):
+        run(batch)
+    with mock.patch.object(compat, "mla_decode", wraps=compat.mla_decode) as decode:
+        batch.cache_seqlens[1] = 3
+        run(batch, check_inputs=False)
+    assert decode.call_args.kwargs["check_inputs"] is False
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(causal=False), "reused for"),
+        (dict(q_len=1), "reused for"),
+        (dict(heads=3), "reused for"),
+        (dict(kv_dtype="fp16", q_dtype=torch.float16), "reused for"),
+    ],
+)
+def test_reusing_a_schedule_for_another_layout_raises(change, message):
+    causal = change.pop("causal", True)
+    first = make_paged_batch([9, 4], heads=4, q_len=2, kv_lora_rank=512, rope_dim=64)
+    other = make_paged_batch([9, 4], **{**dict(heads=4, q_len=2, kv_lora_rank=512, rope_dim=64), **change})
+    schedule = get_mla_metadata()
+    run(first, schedule, causal=True)
+    with pytest.raises(MLAInputError, match=f"tile_scheduler_metadata: filled for .* {message}"):
+        run(other, schedule, causal=causal)
+
+
+@pytest.mark.parametrize(
+    "declared, message",
+    [
+        (lambda n: get_mla_metadata(n, 7, 1), "num_q_tokens_per_head_k: get_mla_metadata got 7"),
+        (lambda n: get_mla_metadata(n, 8, 1, num_heads_q=2), "num_heads_q: get_mla_metadata got 2"),
+        (lambda n: get_mla_metadata(n, 8, 1, is_fp8_kvcache=True), "is_fp8_kvcache: get_mla_metadata got True"),
+        (lambda n: get_mla_metadata(n[:1], 8, 1), "cache_seqlens: get_mla_metadata got 1 lengths"),
+        (lambda n: get_mla_metadata(n.to("meta"), 8, 1), "cache_seqlens: get_mla_metadata got them on meta"),
+    ],
+)
+def test_first_call_is_checked_against_what_the_older_form_declared(declared, message):
+    batch = make_paged_batch([9, 4], heads=4, q_len=2, kv_lora_rank=512, rope_dim=64)
+    with pytest.raises(MLAInputError, match=message):
+        run(batch, declared(batch.cache_seqlens), causal=True)
+
+
+UNSUPPORTED = ["indices", "attn_sink", "extra_k_cache", "extra_indices_in_kvcache", "topk_length", "extra_topk_length"]
+
+
+@pytest.mark.parametrize("argument", UNSUPPORTED)
+def test_unsupported_arguments_raise_naming_them(argument):
+    batch = make_paged_batch([9], heads=2, kv_lora_rank=512, rope_dim=64)
+    with pytest.raises(MLAInputError, match=f"{argument}: not supported by mlakit.compat.flash_mla"):
+        run(batch, **{argument: torch.zeros(1, dtype=torch.int32)})
+
+
+def test_packed_fp8_layout_raises_naming_it():
+    batch = make_paged_batch([9], heads=2, kv_lora_rank=512, rope_dim=64)
+    packed = torch.zeros(4, 64, 1, 656, dtype=torch.float8_e4m3fn)
+    with pytest.raises(MLAInputError, match="is_fp8_kvcache: .*packed 656-byte fp8 layout.*kv_scale="):
+        flash_mla_with_kvcache(batch.q, packed, batch.block_table, batch.cache_seqlens, 512, *get_mla_metadata(), is_fp8_kvcache=True)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda b: get_mla_metadata(b.cache_seqlens, 2, 1, topk=2048), "topk: not supported"),
+        (lambda b: get_mla_metadata(b.cache_seqlens, 2, 2), "num_heads_k: expected 1"),
+        (lambda b: get_mla_metadata(b.cache_seqlens, 2), "the older call form needs all three"),
+        (lambda b: get_mla_metadata(b.cache_seqlens.long(), 2, 1), "cache_seqlens: expected an int32 tensor"),
+        (lambda b: get_mla_metadata(b.cache_seqlens, 2, 1, num_heads_per_head_k=2), "pass one of them, got both"),
+        (lambda b: get_mla_metadata(num_heads_k=1), "cache_seqlens: the older call form"),
+        (lambda b: flash_mla_with_kvcache(b.q, b.kv_cache.unsqueeze(2), b.block_table, b.cache_seqlens, 512, *torch_metadata(b)),
+         "tile_scheduler_metadata: expected the first item of the pair from mlakit.compat.flash_mla.get_mla_metadata"),
+        (lambda b: flash_mla_with_kvcache(b.q, b.kv_cache.unsqueeze(2), b.block_table, b.cache_seqlens, 512, get_mla_metadata()[0],
+                                          torch.zeros(2, dtype=torch.int32)), "num_splits: expected None"),
+        (lambda b: flash_mla_with_kvcache(b.q, b.kv_cache.unsqueeze(2), None, b.cache_seqlens, 512, *get_mla_metadata()),
+         "block_table: required for dense decode"),
+        (lambda b: flash_mla_with_kvcache(b.q, b.kv_cache.unsqueeze(2).expand(-1, -1, 2, -1), b.block_table, b.cache_seqlens, 512,
+                                          *get_mla_metadata()), "k_cache: expected one KV head"),
+        (lambda b: flash_mla_with_kvcache(b.q, b.kv_cache.unsqueeze(2), b.block_table, b.cache_seqlens, 512, *get_mla_metadata(),
+                                          is_fp8_kvcache=True), "is_fp8_kvcache: got True for a torch.bfloat16 cache"),
+        (lambda b: flash_mla_with_kvcache(b.q, b.kv_cache.unsqueeze(2).to(torch.float8_e4m3fn), b.block_table, b.cache_seqlens, 512,
+                                          *get_mla_metadata()), "pass is_fp8_kvcache=True"),
+        (lambda b: flash_mla_with_kvcache(b.q, b.kv_cache.unsqueeze(2).to(torch.float8_e4m3fn), b.block_table, b.cache_seqlens, 512,
+                                          *get_mla_metadata(), is_fp8_kvcache=True), "kv_scale: required with an fp8 cache"),
+        (lambda b: flash_mla_with_kvcache(b.q, b.kv_cache.unsqueeze(2), b.block_table, b.cache_seqlens, 512.0, *get_mla_metadata()),
+         "head_dim_v: expected an integer"),
+    ],
+)
+def test_bad_calls_raise_naming_the_argument(call, message):
+    batch = make_paged_batch([9, 4], heads=2, kv_lora_rank=512, rope_dim=64)
+    with pytest.raises(MLAInputError, match=message):
+        call(batch)
+
+
+def torch_metadata(batch: PagedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the flash_mla package's older get_mla_metadata returned: two int32 tensors."""
+    return torch.zeros(132, 8, dtype=torch.int32), torch.zeros(batch.q.shape[0] + 1, dtype=torch.int32)
+
