@@ -16,6 +16,7 @@ from mlakit.reference import merge_attention_states, reference_decode, reference
 from mlakit.registry.resolve import resolve
 from mlakit.shape import MLAShape
 from mlakit.workspace import WorkspacePool
+from mlakit import distributed  # the multi-GPU helpers: mlakit.distributed.merge_across_ranks, ...
 
 __all__ = [
     "CacheFullError",
@@ -34,6 +35,7 @@ __all__ = [
     "WorkspaceError",
     "WorkspacePool",
     "WorkspaceRequest",
+    "distributed",
     "merge_attention_states",
     "mla_decode",
     "mla_decode_metadata",

@@ -77,6 +77,8 @@ def backends(as_json: bool) -> None:
 @click.option("--kv-cache-dtype", type=click.Choice(KV_CACHE_DTYPES), default=AUTO, show_default=True)
 @click.option("--device-arch", default=None, help="Check for hardware you may not have: cpu, xpu, sm80, sm90, sm100, ...")
 @click.option("--tp-size", type=int, default=1, show_default=True)
+@click.option("--dcp-size", type=int, default=1, show_default=True, help="Decode context parallelism: ranks of a TP group that split the cache.")
+@click.option("--dcp-interleave", type=int, default=1, show_default=True, help="Tokens per block dealt round-robin to the DCP ranks.")
 @click.option("--speculative-num-draft-tokens", type=int, default=0, show_default=True)
 @click.option("--speculative-eagle-topk", type=int, default=1, show_default=True, help="Draft candidates per step; > 1 is tree drafts.")
 @click.option(
@@ -99,6 +101,8 @@ def check(
     kv_cache_dtype: str,
     device_arch: str | None,
     tp_size: int,
+    dcp_size: int,
+    dcp_interleave: int,
     speculative_num_draft_tokens: int,
     speculative_eagle_topk: int,
     speculative_uneven_drafts: bool,
@@ -119,6 +123,8 @@ def check(
             page_size=page_size,
             kv_cache_dtype=kv_cache_dtype,
             tp_size=tp_size,
+            dcp_size=dcp_size,
+            dcp_interleave=dcp_interleave,
             speculative_num_draft_tokens=speculative_num_draft_tokens,
             speculative_eagle_topk=speculative_eagle_topk,
             speculative_uneven_drafts=speculative_uneven_drafts,

@@ -21,6 +21,10 @@ class ServingConfig:
     `speculative_eagle_topk > 1` asks for tree drafts (several candidates per draft step,
     verified with a per-sequence tree mask); `speculative_uneven_drafts` asks for verify
     batches whose sequences carry different numbers of draft tokens (a latent extend).
+    `dcp_size > 1` is decode context parallelism over the TP ranks (as vLLM's): each group of
+    `dcp_size` consecutive TP ranks splits every sequence's cached tokens, `dcp_interleave`
+    tokens at a time, and merges the partial attention results by their log-sum-exps
+    (`mlakit.distributed`); it must divide `tp_size`.
 
     >>> ServingConfig(decode_backend="flashmla", speculative_num_draft_tokens=1).decode_q_len
     2
@@ -33,6 +37,8 @@ class ServingConfig:
     kv_cache_dtype: str = AUTO
     device: str = AUTO
     tp_size: int = 1
+    dcp_size: int = 1
+    dcp_interleave: int = 1
     speculative_num_draft_tokens: int = 0
     speculative_eagle_topk: int = 1
     speculative_uneven_drafts: bool = False
@@ -45,10 +51,19 @@ class ServingConfig:
             raise ConfigError(f"kv_cache_dtype must be one of {list(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         if self.page_size is not None and (not _is_int(self.page_size) or self.page_size <= 0):
             raise ConfigError(f"page_size must be a positive integer or None (choose automatically), got {self.page_size!r}")
-        for name, minimum in (("tp_size", 1), ("speculative_num_draft_tokens", 0), ("speculative_eagle_topk", 1), ("max_batch_size", 1), ("max_context_len", 1)):
+        for name, minimum in (
+            ("tp_size", 1), ("dcp_size", 1), ("dcp_interleave", 1), ("speculative_num_draft_tokens", 0),
+            ("speculative_eagle_topk", 1), ("max_batch_size", 1), ("max_context_len", 1),
+        ):
             value = getattr(self, name)
             if not _is_int(value) or value < minimum:
                 raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        if self.tp_size % self.dcp_size:
+            divisors = [d for d in range(1, self.tp_size + 1) if self.tp_size % d == 0]
+            raise ConfigError(
+                f"dcp_size={self.dcp_size} does not divide tp_size={self.tp_size}: decode context parallelism splits "
+                f"each TP group's ranks into DCP groups; use a dcp_size in {divisors}"
+            )
         if self.cuda_graphs is not None and not isinstance(self.cuda_graphs, bool):
             raise ConfigError(f"cuda_graphs must be True, False or None (automatic), got {self.cuda_graphs!r}")
         if not isinstance(self.speculative_uneven_drafts, bool):

@@ -34,7 +34,8 @@ class Plan:
     """The outcome of `resolve()`: backends, cache layout, graph mode, workspaces and notes.
 
     `rank_shape` is the per-rank shape (heads divided by `tp_size`); `notes` says why
-    each automatic choice was made and why other backends were skipped.
+    each automatic choice was made and why other backends were skipped. `dcp_size` and
+    `dcp_interleave` are the decode context parallelism (1: none; `mlakit.distributed`).
     """
 
     model_shape: MLAShape
@@ -52,6 +53,8 @@ class Plan:
     workspaces: tuple[WorkspaceRequest, ...]
     notes: tuple[str, ...]
     warmup: WarmupReport | None = None
+    dcp_size: int = 1
+    dcp_interleave: int = 1
 
     def reserve_workspaces(self, pool: WorkspacePool) -> None:
         """Allocates every workspace of the plan in `pool` on the plan's (local) device."""
@@ -63,6 +66,8 @@ class Plan:
             "device": {"kind": self.device.kind, "arch": self.device.arch, "name": self.device.name, "local": self.device.local},
             "model_heads": self.model_shape.num_heads,
             "tp_size": self.tp_size,
+            "dcp_size": self.dcp_size,
+            "dcp_interleave": self.dcp_interleave,
             "heads_per_rank": self.rank_shape.num_heads,
             "kv_lora_rank": self.rank_shape.kv_lora_rank,
             "qk_rope_head_dim": self.rank_shape.qk_rope_head_dim,

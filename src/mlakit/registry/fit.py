@@ -16,6 +16,8 @@ class Requirements:
 
     `speculative_eagle_topk > 1` is tree drafts (decode needs a per-sequence tree mask);
     `speculative_uneven_drafts` is verify with uneven draft lengths (needs a latent extend).
+    `dcp_size > 1` (decode context parallelism) makes each decode call run the heads of the
+    whole DCP group (`shape.num_heads * dcp_size`) and merge partial results by their lse.
     """
 
     device: DeviceInfo
@@ -27,6 +29,7 @@ class Requirements:
     speculative_uneven_drafts: bool = False
     cuda_graphs: bool = False
     needs_lse: bool = False
+    dcp_size: int = 1
 
 
 def common_page_sizes(a: BackendRecord, b: BackendRecord, fixed: int | None = None) -> list[int]:
@@ -86,7 +89,12 @@ def backend_problems(record: BackendRecord, phase: Phase, req: Requirements, par
         )
     if phase == "decode" and req.speculative_uneven_drafts and not record.latent_extend:
         problems.append("speculative_uneven_drafts needs a latent-form extend kernel, which it lacks")
-    problems += _shape_problems(record, req.shape)
+    if phase == "decode" and req.dcp_size > 1 and not record.returns_lse:
+        problems.append(
+            f"does not return the log-sum-exp, which dcp_size={req.dcp_size} needs to merge the ranks' partial results; "
+            "pick a decode backend that returns lse or set dcp_size=1"
+        )
+    problems += _shape_problems(record, req.shape, req.dcp_size if phase == "decode" else 1)
     if phase == "decode" and req.cuda_graphs and not record.cuda_graphs:
         problems.append("cannot be captured in a CUDA graph; set cuda_graphs off or pick a backend that can")
     if req.needs_lse and not record.returns_lse:
@@ -101,12 +109,18 @@ def backend_problems(record: BackendRecord, phase: Phase, req: Requirements, par
     return problems
 
 
-def _shape_problems(record: BackendRecord, shape: MLAShape) -> list[str]:
+def _shape_problems(record: BackendRecord, shape: MLAShape, dcp_size: int) -> list[str]:
     problems = []
-    if record.max_heads is not None and shape.num_heads > record.max_heads:
-        problems.append(
-            f"takes at most {record.max_heads} heads per rank, got {shape.num_heads}; raise tp_size so heads per rank fit"
-        )
+    if record.max_heads is not None and shape.num_heads * dcp_size > record.max_heads:
+        if dcp_size == 1:
+            problems.append(
+                f"takes at most {record.max_heads} heads per rank, got {shape.num_heads}; raise tp_size so heads per rank fit"
+            )
+        else:
+            problems.append(
+                f"takes at most {record.max_heads} heads per call, got {shape.num_heads * dcp_size} ({shape.num_heads} heads "
+                f"per rank x dcp_size {dcp_size}: DCP decodes its whole group's heads); raise tp_size or lower dcp_size"
+            )
     if record.kv_lora_ranks is not None and shape.kv_lora_rank not in record.kv_lora_ranks:
         problems.append(f"kv_lora_rank {shape.kv_lora_rank} is not supported; allowed: {sorted(record.kv_lora_ranks)}")
     if record.rope_dims is not None and shape.qk_rope_head_dim not in record.rope_dims:

@@ -11,12 +11,16 @@ Rules:
   its decode takes, tree drafts (speculative_eagle_topk > 1) without a tree mask, uneven
   draft lengths without a latent extend; the plan notes the speculative mode it serves;
 - "auto" takes the registered backends in `auto_rank` order (hardware-specific kernels
-  first, the reference last) and notes why each higher-ranked one was skipped.
+  first, the reference last) and notes why each higher-ranked one was skipped;
+- decode context parallelism (`dcp_size > 1`) needs a decode backend that returns the lse and
+  takes the whole DCP group's heads per call, and a page size that is a multiple of
+  `dcp_interleave` (so one page table can serve every rank of a DCP group, as in vLLM).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from mlakit.config import AUTO, ServingConfig
 from mlakit.device import DeviceInfo
@@ -51,10 +55,12 @@ def resolve(config: ServingConfig, shape: MLAShape, device: DeviceInfo | None = 
         speculative_eagle_topk=config.speculative_eagle_topk,
         speculative_uneven_drafts=config.speculative_uneven_drafts,
         cuda_graphs=bool(config.cuda_graphs),
+        dcp_size=config.dcp_size,
     )
     notes: list[str] = []
     if config.tp_size > 1:
         notes.append(f"heads per rank: {rank_shape.num_heads} ({shape.num_heads} heads / tp_size {config.tp_size})")
+    interleave = config.dcp_interleave if config.dcp_size > 1 else 1
 
     prefill_explicit = config.prefill_backend is not None and config.prefill_backend != AUTO
     decode_explicit = config.requested_decode_backend != AUTO
@@ -66,11 +72,14 @@ def resolve(config: ServingConfig, shape: MLAShape, device: DeviceInfo | None = 
         prefill = _choose_prefill(config, decode, req, notes)
     _note_speculative_mode(config, decode, prefill, notes)
 
-    page_size = _choose_page_size(decode, prefill, req, notes)
+    page_size = _choose_page_size(decode, prefill, req, notes, interleave)
     kv_dtype = _choose_kv_dtype(decode, prefill, req, notes)
     cuda_graphs = _choose_cuda_graphs(config, decode, device, notes)
     _note_backend_caveats(device, (prefill, decode), notes)
-    inputs = WorkspaceInputs(rank_shape, device, page_size, config.max_batch_size, config.max_context_len, config.decode_q_len)
+    _note_dcp(config, rank_shape, decode, notes)
+    # Under DCP a decode call runs the whole DCP group's heads: size the workspaces for that many.
+    call_shape = dataclasses.replace(rank_shape, num_heads=rank_shape.num_heads * config.dcp_size)
+    inputs = WorkspaceInputs(call_shape, device, page_size, config.max_batch_size, config.max_context_len, config.decode_q_len)
     return Plan(
         model_shape=shape,
         rank_shape=rank_shape,
@@ -86,6 +95,8 @@ def resolve(config: ServingConfig, shape: MLAShape, device: DeviceInfo | None = 
         max_context_len=config.max_context_len,
         workspaces=_workspaces((prefill, decode), inputs),
         notes=tuple(notes),
+        dcp_size=config.dcp_size,
+        dcp_interleave=config.dcp_interleave,
     )
 
 
@@ -154,13 +165,44 @@ def _choose_prefill(config: ServingConfig, decode: BackendRecord, req: Requireme
     return _choose_auto("prefill", req, decode, notes, reason=reason)
 
 
-def _choose_page_size(decode: BackendRecord, prefill: BackendRecord, req: Requirements, notes: list[str]) -> int:
+def _choose_page_size(
+    decode: BackendRecord, prefill: BackendRecord, req: Requirements, notes: list[str], interleave: int
+) -> int:
     if req.page_size is not None:
+        if req.page_size % interleave:
+            raise ConfigError(
+                f"page_size={req.page_size} is not a multiple of dcp_interleave={interleave}: a page must hold whole "
+                f"interleave blocks of a rank's tokens; set page_size to a multiple of {interleave} or dcp_interleave "
+                f"to a divisor of {req.page_size}"
+            )
         return req.page_size
-    page_size = common_page_sizes(decode, prefill)[0]
     takers = " and ".join(f"{r.name} {r.page_sizes.describe()}" for r in dict.fromkeys((decode, prefill)))
-    notes.append(f"page_size: {page_size} (chosen: first size that {takers} take, the decode backend's preference first)")
+    lcm = math.lcm(interleave, decode.page_sizes.multiple_of, prefill.page_sizes.multiple_of)
+    fitting = [p for p in common_page_sizes(decode, prefill) + common_page_sizes(decode, prefill, lcm) if p % interleave == 0]
+    if not fitting:
+        raise ConfigError(
+            f"no page size that {takers} take is a multiple of dcp_interleave={interleave}; "
+            f"set dcp_interleave to a divisor of one of their page sizes"
+        )
+    page_size = fitting[0]
+    multiple = f", a multiple of dcp_interleave {interleave}" if interleave > 1 else ""
+    notes.append(f"page_size: {page_size} (chosen: first size that {takers} take{multiple}, the decode backend's preference first)")
     return page_size
+
+
+def _note_dcp(config: ServingConfig, rank_shape: MLAShape, decode: BackendRecord, notes: list[str]) -> None:
+    dcp = config.dcp_size
+    if dcp == 1:
+        return
+    notes.append(
+        f"decode context parallelism: dcp_size {dcp}, {config.tp_size // dcp} DCP group(s) of {dcp} consecutive TP ranks; "
+        f"each rank caches the "
+        f"tokens at positions p with (p // {config.dcp_interleave}) % {dcp} == its DCP rank (about 1/{dcp} of every "
+        f"sequence); {decode.name} decodes the group's {rank_shape.num_heads * dcp} heads ({rank_shape.num_heads} per rank "
+        f"x {dcp}) over the rank's shard, one single-token row per query token, so causal masking stays by global "
+        "position; per layer: an all-gather of the queries and an all-to-all of the partial outputs and lse "
+        "(mlakit.distributed)"
+    )
 
 
 def _choose_kv_dtype(decode: BackendRecord, prefill: BackendRecord, req: Requirements, notes: list[str]) -> str:

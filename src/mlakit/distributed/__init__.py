@@ -1,0 +1,30 @@
+"""Multi-GPU MLA on torch.distributed: process groups, decode context parallelism (DCP).
+
+- `init_parallel(config)` checks the world against `ServingConfig.tp_size` / `dcp_size` and
+  builds the TP and DCP groups (`ParallelGroups`);
+- `TokenSharding`: which DCP rank caches which token (position -> rank, local position;
+  local lengths), on ints or device tensors;
+- `dcp_step` / `dcp_decode_step`: one step's per-rank metadata (local lengths, visible keys
+  per query token, local cache slots with -1 for other ranks' tokens), no host sync;
+- `dcp_attention`: one layer's exact attention over the sharded cache;
+- `gather_heads` / `merge_across_ranks`: its two collectives, for engines with their own kernels.
+"""
+
+from mlakit.distributed.attention import dcp_attention
+from mlakit.distributed.collectives import gather_heads, merge_across_ranks
+from mlakit.distributed.groups import ParallelGroups, dcp_group_ranks, init_parallel
+from mlakit.distributed.ownership import TokenSharding
+from mlakit.distributed.step import DCPStep, dcp_decode_step, dcp_step
+
+__all__ = [
+    "DCPStep",
+    "ParallelGroups",
+    "TokenSharding",
+    "dcp_attention",
+    "dcp_decode_step",
+    "dcp_group_ranks",
+    "dcp_step",
+    "gather_heads",
+    "init_parallel",
+    "merge_across_ranks",
+]
