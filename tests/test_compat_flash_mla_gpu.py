@@ -100,7 +100,7 @@ def assert_graph_replays_match_eager(decode: DecodeFn, make_schedule: Callable[[
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = graph_step(decode, make_schedule, layers, causal)
-    layers[0].cache_seqlens.copy_(torch.tensor([640, 0, 1, 65], dtype=torch.int32))
+    layers[0].cache_seqlens.copy_(torch.tensor([640, 0, 0, 65], dtype=torch.int32))  # within each sequence's pages
     graph.replay()
     eager = graph_step(decode, make_schedule, layers, causal)
     for out, lse, eager_out, eager_lse in zip(captured[0::2], captured[1::2], eager[0::2], eager[1::2]):

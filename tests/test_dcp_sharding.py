@@ -55,7 +55,7 @@ def test_sharding_rejects_bad_values() -> None:
 def test_dcp_step_against_a_brute_force_walk(dcp_size: int, interleave: int, rank: int) -> None:
     """Visible local keys and local slots of every query token, by walking the positions one by one."""
     sharding, page_size = TokenSharding(dcp_size, interleave), 4
-    lengths, new = [9, 1, 14, 0, 6], [3, 1, 5, 0, 1]
+    lengths, new = [9, 1, 14, 0, 6, 1], [3, 1, 5, 0, 1, 3]  # the last is shorter than its queries: two see no key
     max_pages = 4
     table = torch.randperm(len(lengths) * max_pages, generator=torch.Generator().manual_seed(rank)).view(-1, max_pages)
     cu = torch.tensor([0, *itertools.accumulate(new)], dtype=torch.int32)

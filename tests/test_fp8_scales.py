@@ -253,9 +253,11 @@ def test_cuda_auto_scale_write_does_not_sync_and_refuses_capture_before_it_is_se
         with torch.cuda.graph(graph):
             store.write_slots(torch.arange(4, device="cuda"), rows)
     store = LatentStore(8, 16, 576, dtype="fp8_e4m3", fp8_scale="auto", device="cuda")
+    slots = torch.tensor([0, -1, 2, 3], device="cuda")
+    torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        store.write_slots(torch.tensor([0, -1, 2, 3], device="cuda"), rows)
+        store.write_slots(slots, rows)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     amax = rows[[0, 2, 3]].abs().amax()

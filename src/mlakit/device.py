@@ -86,6 +86,8 @@ class DeviceInfo:
             if not torch.cuda.is_available():
                 raise ConfigError(f"device {requested!r} asked for, but torch sees no CUDA device here")
             index = dev.index if dev.index is not None else torch.cuda.current_device()
+            if index >= torch.cuda.device_count():
+                raise ConfigError(f"device: expected cuda:N with N < {torch.cuda.device_count()} (the CUDA devices here), got {requested!r}")
             props = torch.cuda.get_device_properties(index)
             return cls(
                 kind="cuda",

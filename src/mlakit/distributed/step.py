@@ -79,7 +79,10 @@ def dcp_step(
     new_counts = starts[1:] - starts[:-1]
     token_seq = torch.arange(new_counts.numel(), device=device).repeat_interleave(new_counts, output_size=num_tokens)
     positions = cache_seqlens.long()[token_seq] - new_counts[token_seq] + torch.arange(num_tokens, device=device) - starts[token_seq]
-    owner, local = sharding.owner(positions)
+    # A sequence shorter than its new tokens (a query that sees no key, as mla_decode allows) gives
+    # negative positions: they see nothing and are written nowhere.
+    in_cache = positions >= 0
+    owner, local = sharding.owner(positions.clamp(min=0))
     table = block_table[token_seq]
     page = (local // page_size).clamp(max=block_table.shape[1] - 1)  # another rank's token may lie past this rank's pages
     slots = table.gather(1, page[:, None])[:, 0].long() * page_size + local % page_size
@@ -89,8 +92,8 @@ def dcp_step(
         cache_seqlens=sharding.local_length(cache_seqlens, rank),
         positions=positions,
         block_table=table,
-        visible=sharding.local_length(positions + 1, rank).int(),
-        slots=torch.where(owner == rank, slots, -1),
+        visible=sharding.local_length((positions + 1).clamp(min=0), rank).int(),
+        slots=torch.where((owner == rank) & in_cache, slots, -1),
     )
 
 

@@ -528,9 +528,11 @@ def split_kernel_for(
     over the same split counts.
 
     >>> from mlakit.cache.kv_quant import SCALE_NONE
-    >>> plan = plan_decode(torch.tensor([300, 0], dtype=torch.int32), q_len=1, heads=16)
-    >>> split_kernel_for(torch.zeros(2, 16, 576), torch.zeros(10, 64, 576), 512, SCALE_NONE, plan)[0]
-    'portable'
+    >>> device = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU interpreter runs the portable kernel only
+    >>> plan = plan_decode(torch.tensor([300, 0], dtype=torch.int32, device=device), q_len=1, heads=16)
+    >>> q, pages = torch.zeros(2, 16, 576, device=device), torch.zeros(10, 64, 576, device=device)
+    >>> split_kernel_for(q, pages, 512, SCALE_NONE, plan)[0] in (("portable",) if device == "cpu" else ("narrow", "hopper", "portable"))
+    True
     """
     tuning, geometry = plan.tuning, plan.geometry
     for kernel in ("narrow", "hopper"):
