@@ -36,7 +36,7 @@ def assert_matches_oracle(batch: PagedBatch, out: torch.Tensor, lse: torch.Tenso
     expected_out, expected_lse = oracle(batch, causal)
     assert out.shape == expected_out.shape and out.dtype == batch.q.dtype
     assert out.device == lse.device == batch.q.device
-    assert lse.shape == expected_lse.shape and lse.dtype == torch.float32 and lse.is_contiguous()
+    assert lse.shape == expected_lse.shape and lse.dtype == torch.float32  # FlashMLA's own lse is a strided view
     fp8 = batch.kv_scale is not None
     assert relative_error(out, expected_out) < (3e-2 if fp8 else 1e-2)
     out, lse, infinite = out.float().cpu(), lse.cpu(), torch.isposinf(expected_lse)
