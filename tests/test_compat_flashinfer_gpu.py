@@ -133,3 +133,22 @@ def test_same_fp8_results_as_flashinfer():
     out, lse = ours.run(*step.split_query(), stored[..., :512], stored[..., 512:], return_lse=True, **scales)
     assert relative_error(out, want_out) < 3e-2
     assert (lse - want_lse).abs().max().item() < 3e-2
+
+
+@pytest.mark.parametrize("heads, q_len", [(h, q) for h in (16, 64, 128) for q in (1, 2)])
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+def test_flashinfer_mla_backend_through_mla_decode(heads, q_len, page_size):
+    """The registry's flashinfer_mla adapter (the real FlashInfer) on the backend grid, with zero and ragged lengths."""
+    pytest.importorskip("flashinfer.mla", reason="flashinfer is not installed here")
+    import mlakit
+    from paged_inputs import assert_lse_close, make_paged_batch
+
+    batch = make_paged_batch([1000, 0, 5, 257, 64], heads=heads, q_len=q_len, page_size=page_size, kv_lora_rank=512, rope_dim=64,
+                             device="cuda", seed=heads + q_len + page_size)
+    args = (batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens)
+    expected_out, expected_lse = mlakit.reference_decode(*args, kv_lora_rank=512, softmax_scale=batch.softmax_scale)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        out, lse = mlakit.mla_decode(*args, softmax_scale=batch.softmax_scale, backend="flashinfer_mla")
+    assert relative_error(out, expected_out) < 1e-2
+    assert_lse_close(lse, expected_lse, atol=1e-3)

@@ -276,6 +276,7 @@ def _backend_for(
         return found
 
     if backend != AUTO:
+        req = dataclasses.replace(req, named=True)
         refusals = problems(get_backend(backend).record)
         if refusals:
             raise ConfigError(f"backend {backend!r} cannot run this {call} call: " + "; ".join(refusals))

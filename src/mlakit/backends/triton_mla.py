@@ -31,6 +31,7 @@ RECORD = BackendRecord(
     tree_drafts=False,  # the decode kernel is causal over the draft tokens: chains only
     auto_rank=60,
     preferred_page_size=64,
+    cpu_interpreter=True,
     verified="CPU interpreter (make test) and H100 (GPU tests)",
 )
 

@@ -135,8 +135,8 @@ def _flashinfer_call(inputs: DecodeInputs):
 def parse_backends(spec: str, device: DeviceInfo) -> tuple[list[str], list[str]]:
     """The backends of a `--backends` list that run here, and a note for each named one that does not.
 
-    >>> parse_backends("triton", DeviceInfo.from_arch("cpu"))[1]
-    ['triton: runs on cuda, not on cpu']
+    >>> parse_backends("triton", DeviceInfo.from_arch("xpu"))[1]
+    ['triton: runs on cuda, not on xpu']
     """
     names = [n.strip() for n in spec.split(",") if n.strip()]
     if not names:

@@ -18,6 +18,7 @@ class Requirements:
     `speculative_uneven_drafts` is verify with uneven draft lengths (needs a latent extend).
     `dcp_size > 1` (decode context parallelism) makes each decode call run the heads of the
     whole DCP group (`shape.num_heads * dcp_size`) and merge partial results by their lse.
+    `named`: the backend was asked for by name (see `BackendRecord.cpu_interpreter`).
     """
 
     device: DeviceInfo
@@ -30,6 +31,7 @@ class Requirements:
     cuda_graphs: bool = False
     needs_lse: bool = False
     dcp_size: int = 1
+    named: bool = False
 
 
 def common_page_sizes(a: BackendRecord, b: BackendRecord, fixed: int | None = None) -> list[int]:
@@ -59,7 +61,7 @@ def backend_problems(record: BackendRecord, phase: Phase, req: Requirements, par
     if phase not in record.phases:
         fallback = f"; its declared prefill fallback is {record.prefill_fallback}" if record.prefill_fallback else ""
         problems.append(f"does not do {phase} (it is {'/'.join(sorted(record.phases))} only{fallback})")
-    problems += record.hardware_problems(req.device)
+    problems += record.hardware_problems(req.device, named=req.named)
     if req.device.local and (missing := record.missing_packages()):
         problems.append(f"needs package {', '.join(missing)}, not installed here ({record.install_hint})")
     if req.page_size is not None and not record.page_sizes.accepts(req.page_size):

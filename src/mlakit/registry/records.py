@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os
 from collections.abc import Callable
 from typing import Literal
 
@@ -70,6 +71,15 @@ class WorkspaceSpec:
     zero_filled: bool = False
 
 
+def triton_interpreter_on() -> bool:
+    """Whether Triton kernels run in its CPU interpreter in this process (TRITON_INTERPRET=1).
+
+    >>> isinstance(triton_interpreter_on(), bool)
+    True
+    """
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 @dataclasses.dataclass(frozen=True)
 class BackendRecord:
     """Everything resolve() needs to know about a backend, without importing it.
@@ -81,7 +91,10 @@ class BackendRecord:
     segments over their cached prefix in the latent form (`mlakit.mla_extend`; speculative
     verify with uneven draft lengths needs it); `tree_drafts` says its decode takes a
     per-sequence tree mask (EAGLE tree drafts, topk > 1);
-    `prefill_fallback` names the backend that serves prefill for a decode-only backend.
+    `prefill_fallback` names the backend that serves prefill for a decode-only backend;
+    `cpu_interpreter` says Triton's CPU interpreter runs its kernels, so a caller that names it
+    may run it on the CPU when TRITON_INTERPRET=1 was set before mlakit was imported (auto
+    never picks it there).
     """
 
     name: str
@@ -106,6 +119,7 @@ class BackendRecord:
     tree_drafts: bool = False
     prefill_fallback: str | None = None
     workspace: WorkspaceSpec | None = None
+    cpu_interpreter: bool = False
     verified: str = "not run here"
 
     def __post_init__(self) -> None:
@@ -122,10 +136,16 @@ class BackendRecord:
         """The import names among `packages` that are not installed here."""
         return [p for p in self.packages if importlib.util.find_spec(p) is None]
 
-    def hardware_problems(self, device: DeviceInfo) -> list[str]:
-        """Why this backend cannot run on `device` at all (empty when it can)."""
+    def hardware_problems(self, device: DeviceInfo, *, named: bool = False) -> list[str]:
+        """Why this backend cannot run on `device` at all (empty when it can); `named`: the caller
+        asked for this backend by name, which lets a `cpu_interpreter` backend run on this
+        machine's CPU under TRITON_INTERPRET=1."""
+        if device.kind == "cpu" and device.local and self.cpu_interpreter and named and triton_interpreter_on():
+            return []
         if device.kind not in self.device_kinds:
-            return [f"runs on {' or '.join(sorted(self.device_kinds))}, not on {device.kind}"]
+            interpretable = self.cpu_interpreter and device.kind == "cpu"
+            hint = " (or name it with TRITON_INTERPRET=1 set to run Triton's CPU interpreter)" if interpretable else ""
+            return [f"runs on {' or '.join(sorted(self.device_kinds))}, not on {device.kind}{hint}"]
         if self.capability_majors is not None and device.compute_capability is not None:
             if device.compute_capability[0] not in self.capability_majors:
                 wanted = "/".join(f"SM{m}x" for m in sorted(self.capability_majors))

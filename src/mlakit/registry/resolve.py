@@ -103,7 +103,7 @@ def resolve(config: ServingConfig, shape: MLAShape, device: DeviceInfo | None = 
 def _choose(phase: Phase, requested: str, req: Requirements, partner: BackendRecord | None, notes: list[str]) -> BackendRecord:
     if requested != AUTO:
         record = get_backend(requested).record
-        problems = runnable_problems(record, phase, req, partner)
+        problems = runnable_problems(record, phase, dataclasses.replace(req, named=True), partner)
         if problems:
             raise ConfigError(
                 f"{phase}_backend {requested!r} cannot serve this configuration on {req.device.arch}:\n"
