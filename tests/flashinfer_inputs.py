@@ -5,10 +5,10 @@ queries, and the oracle (mlakit's reference, natural-log lse)."""
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 
+from paged_inputs import page_table, relative_error, shuffled_pages
 import mlakit
 from mlakit.cache.kv_quant import FP8_DTYPE
 from mlakit.reference import attend_tokens
@@ -67,22 +67,12 @@ def make_step(
 ) -> FlashInferStep:
     gen = torch.Generator().manual_seed(seed)
     dim = head_dim_ckv + head_dim_kpe
-    pages_per_request = [math.ceil(n / page_size) for n in kv_lens]
-    num_pages = sum(pages_per_request) + spare_pages
-    order = torch.randperm(num_pages, generator=gen).tolist()
-    values = torch.full((num_pages, page_size, dim), float("nan"))
-    table = torch.zeros(len(kv_lens), max(pages_per_request + [1]), dtype=torch.int32)
-    indices: list[int] = []
-    for b, (length, count) in enumerate(zip(kv_lens, pages_per_request)):
-        for p in range(count):
-            page = order.pop()
-            indices.append(page)
-            table[b, p] = page
-            used = min(page_size, length - p * page_size)
-            values[page, :used] = torch.randn(used, dim, generator=gen) * 2
+    pages, values = shuffled_pages(kv_lens, page_size, dim, spare_pages, gen)
+    table = page_table(pages, fill=0, padding_columns=0)
+    indices = [page for row in pages for page in row]
     offsets = [0]
-    for count in pages_per_request:
-        offsets.append(offsets[-1] + count)
+    for row in pages:
+        offsets.append(offsets[-1] + len(row))
     q_offsets = [0]
     for n in q_lens:
         q_offsets.append(q_offsets[-1] + n)
@@ -123,11 +113,6 @@ def fp8_cache(step: FlashInferStep, ckv_scale: float, kpe_scale: float) -> tuple
     ckv_stored, kpe_stored = stored[..., : step.head_dim_ckv], stored[..., step.head_dim_ckv :]
     dequantized = torch.cat([ckv_stored.float() * ckv_scale, kpe_stored.float() * kpe_scale], dim=-1)
     return stored, dequantized
-
-
-def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    actual, expected = actual.double().cpu(), expected.double().cpu()
-    return float((actual - expected).norm() / expected.norm().clamp(min=1e-30))
 
 
 def assert_matches(out: torch.Tensor, lse: torch.Tensor, expected: tuple[torch.Tensor, torch.Tensor], *,

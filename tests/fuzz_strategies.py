@@ -71,6 +71,28 @@ def value_mutation(argument: str, values: st.SearchStrategy[Any], blamed: tuple[
     return Mutation(f"bad {argument}", (argument, *blamed), apply)
 
 
+def valid_value_mutation(argument: str, values: st.SearchStrategy[Any]) -> Mutation:
+    """Replaces an argument by a drawn valid value that must not change the result (a policy knob)."""
+
+    def apply(draw: st.DrawFn, kwargs: dict[str, Any]) -> Expect:
+        kwargs[argument] = draw(values)
+        return "same"
+
+    return Mutation(f"valid {argument}", (), apply)
+
+
+def count_entry_mutation(argument: str, values: st.SearchStrategy[Any]) -> Mutation:
+    """Replaces one entry of a per-sequence count list or tuple by a drawn bad value."""
+
+    def apply(draw: st.DrawFn, kwargs: dict[str, Any]) -> Expect:
+        counts = list(kwargs[argument])
+        counts[draw(st.integers(0, len(counts) - 1))] = draw(values)
+        kwargs[argument] = type(kwargs[argument])(counts)
+        return "error"
+
+    return Mutation(f"{argument} entry", (argument, "sequence"), apply)
+
+
 @st.composite
 def paged_batches(draw: st.DrawFn, q_len: int | None = None) -> PagedBatch:
     """A small valid paged batch (bf16, fp16 or fp8 cache; garbage past each sequence's pages)."""

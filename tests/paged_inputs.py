@@ -44,20 +44,9 @@ def make_paged_batch(
 ) -> PagedBatch:
     gen = torch.Generator().manual_seed(seed)
     dim = kv_lora_rank + rope_dim
-    pages_per_seq = [math.ceil(n / page_size) for n in seq_lens]
-    num_pages = sum(pages_per_seq) + spare_pages
-    order = torch.randperm(num_pages, generator=gen).tolist()
-    max_pages = max(pages_per_seq + [1]) + 1
-    table = torch.full((len(seq_lens), max_pages), GARBAGE_PAGE_INDEX, dtype=torch.int32)
-    values = torch.full((num_pages, page_size, dim), float("nan"))
-    next_page = 0
-    for b, (length, count) in enumerate(zip(seq_lens, pages_per_seq)):
-        for p in range(count):
-            page = order[next_page]
-            next_page += 1
-            table[b, p] = page
-            used = min(page_size, length - p * page_size)
-            values[page, :used] = torch.randn(used, dim, generator=gen) * 2
+    pages, values = shuffled_pages(seq_lens, page_size, dim, spare_pages, gen)
+    num_pages = values.shape[0]
+    table = page_table(pages, fill=GARBAGE_PAGE_INDEX, padding_columns=1)
     scale = None
     if kv_dtype == "fp8_e4m3" and scale_layout == "group":
         flat = values.view(-1, dim)
@@ -81,6 +70,32 @@ def make_paged_batch(
         kv_lora_rank=kv_lora_rank,
         softmax_scale=(dim + 64) ** -0.5,
     )
+
+
+def shuffled_pages(
+    lengths: list[int], page_size: int, dim: int, spare_pages: int, gen: torch.Generator
+) -> tuple[list[list[int]], torch.Tensor]:
+    """Each sequence's pages (distinct, in random order) and the pages' values `[num_pages,
+    page_size, dim]`: random (times 2) in the slots a sequence holds, NaN in every other slot
+    and in the `spare_pages` no sequence holds."""
+    pages_per_seq = [math.ceil(n / page_size) for n in lengths]
+    num_pages = sum(pages_per_seq) + spare_pages
+    order = iter(torch.randperm(num_pages, generator=gen).tolist())
+    values = torch.full((num_pages, page_size, dim), float("nan"))
+    pages = [[next(order) for _ in range(count)] for count in pages_per_seq]
+    for length, row in zip(lengths, pages):
+        for p, page in enumerate(row):
+            used = min(page_size, length - p * page_size)
+            values[page, :used] = torch.randn(used, dim, generator=gen) * 2
+    return pages, values
+
+
+def page_table(pages: list[list[int]], *, fill: int, padding_columns: int) -> torch.Tensor:
+    """int32 `[len(pages), max(longest, 1) + padding_columns]`: each sequence's pages, then `fill`."""
+    table = torch.full((len(pages), max([len(row) for row in pages] + [1]) + padding_columns), fill, dtype=torch.int32)
+    for b, row in enumerate(pages):
+        table[b, : len(row)] = torch.tensor(row, dtype=torch.int32)
+    return table
 
 
 def naive_attention(q_tokens: torch.Tensor, keys: torch.Tensor, kv_lora_rank: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:

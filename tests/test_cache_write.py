@@ -6,6 +6,7 @@ import torch
 from mlakit.cache import LatentStore
 from mlakit.kernels.cache_write import write_rows
 from mlakit.cache.kv_quant import dequantize
+from mlakit.errors import MLAInputError
 
 
 @pytest.mark.parametrize("dtype, layout, dim", [("bf16", "tensor", 576), ("fp16", "tensor", 80), ("fp32", "tensor", 288),
@@ -40,30 +41,38 @@ def test_kernel_write_matches_the_torch_write_and_skips_padding(dtype, layout, d
         assert torch.equal(got.scale.cpu(), expected.scale)
 
 
-@pytest.mark.gpu
-def test_cache_write_replays_from_a_cuda_graph_with_new_slots():
-    store = LatentStore(8, 16, 576, dtype="fp8_e4m3", scale_layout="group", device="cuda")
-    slots = torch.full((4,), -1, dtype=torch.int64, device="cuda")
-    rows = torch.zeros(4, 576, device="cuda")
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        store.write_slots(slots, rows)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        with torch.cuda.graph(graph):
-            store.write_slots(slots, rows)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    expected = LatentStore(8, 16, 576, dtype="fp8_e4m3", scale_layout="group")
-    for replay in range(3):
-        new_slots = torch.tensor([replay * 4, -1, 100 + replay, 50 - replay])
-        new_rows = torch.randn(4, 576)
-        slots.copy_(new_slots)
-        rows.copy_(new_rows)
-        graph.replay()
-        expected.write_slots(new_slots, new_rows)
-    assert torch.equal(store.data.cpu().view(torch.uint8), expected.data.view(torch.uint8))
-    assert torch.equal(store.scale.cpu(), expected.scale)
+@pytest.mark.parametrize("dtype, layout", [("bf16", "tensor"), ("fp8_e4m3", "tensor"), ("fp8_e4m3", "group")])
+def test_kernel_write_reads_column_strided_rows(dtype, layout, kernel_device):
+    """Rows that are a transposed view (column stride != 1) are stored as their values, not their memory order."""
+    fp8_scale = 0.25 if (dtype, layout) == ("fp8_e4m3", "tensor") else None
+    expected = LatentStore(4, 4, 80, dtype=dtype, scale_layout=layout, fp8_scale=fp8_scale)
+    got = LatentStore(4, 4, 80, dtype=dtype, scale_layout=layout, fp8_scale=fp8_scale, device=kernel_device)
+    columns = torch.randn(80, 5, generator=torch.Generator().manual_seed(3)) * 3
+    slots = torch.tensor([9, 0, -1, 15, 4])
+    expected.write_slots(slots, columns.t().contiguous())
+    write_rows(got.data, got.scale, slots.to(kernel_device), columns.to(kernel_device).t(), got.fp8_counts)
+    got_values = dequantize(got.data.cpu(), None if got.scale is None else got.scale.cpu())
+    step = {"bf16": 2**-7, "fp8_e4m3": 0.0}[dtype]  # the interpreter truncates fp32 -> bf16 (see above)
+    assert ((got_values - expected.dequantized()).abs() <= step * expected.dequantized().abs()).all()
+
+
+@pytest.mark.parametrize("device", ["cpu", "kernel"])
+@pytest.mark.parametrize(
+    "slots, rows, message",
+    [
+        (torch.tensor([0, 1]), torch.randn(2, 10), r"rows: expected a floating-point tensor \[n, 8\] .*shape \(2, 10\)"),
+        (torch.tensor([0, 1]), torch.randn(8), r"rows: expected a floating-point tensor \[n, 8\]"),
+        (torch.tensor([0, 1]), torch.ones(2, 8, dtype=torch.int32), r"rows: expected a floating-point tensor .*torch\.int32"),
+        (torch.tensor([0]), torch.randn(2, 8), r"slots: expected an int32 or int64 tensor \[2\] .*shape \(1,\)"),
+        (torch.tensor([0.0, 1.0]), torch.randn(2, 8), r"slots: expected an int32 or int64 tensor \[2\] .*torch\.float32"),
+        ([0, 1], torch.randn(2, 8), r"slots: expected an int32 or int64 tensor \[2\] .*got list"),
+    ],
+)
+def test_write_slots_refuses_rows_and_slots_that_do_not_fit_naming_them(device, slots, rows, message, kernel_device):
+    """Before: a wider row was cut silently on the GPU path and too few slots read past the slot tensor."""
+    store = LatentStore(2, 4, 8, dtype="bf16", device=kernel_device if device == "kernel" else "cpu")
+    moved = [t.to(store.data.device) if isinstance(t, torch.Tensor) else t for t in (slots, rows)]
+    before = store.data.clone()
+    with pytest.raises(MLAInputError, match=message):
+        store.write_slots(*moved)
+    assert torch.equal(store.data, before)

@@ -314,6 +314,12 @@ def _plan_with(**overrides):
         ("qo_indptr", dict(qo_indptr=None, kv_indptr=None, kv_indices=None, kv_len_arr=None)),
         ("block_tables", dict(qo_indptr=None, kv_indptr=None, kv_indices=None, kv_len_arr=None, cum_seq_lens_q=STEP.qo_indptr,
                               block_tables=STEP.block_table[:1], seq_lens=STEP.kv_len_arr)),
+        # before: the dense form's negative length was blamed on kv_len_arr, its empty batch raised max()'s ValueError
+        ("seq_lens", dict(qo_indptr=None, kv_indptr=None, kv_indices=None, kv_len_arr=None, cum_seq_lens_q=STEP.qo_indptr,
+                          block_tables=STEP.block_table, seq_lens=torch.tensor([30, -1], dtype=torch.int32))),
+        ("seq_lens", dict(qo_indptr=None, kv_indptr=None, kv_indices=None, kv_len_arr=None,
+                          metadata=MLAPlanMetadata.dense(torch.tensor([0], dtype=torch.int32), STEP.block_table[:0],
+                                                         torch.tensor([], dtype=torch.int32)))),
         ("max_q_len", dict(qo_indptr=None, kv_indptr=None, kv_indices=None, kv_len_arr=None,
                            metadata=MLAPlanMetadata.dense(torch.tensor([0, 1, 3], dtype=torch.int32), STEP.block_table,
                                                           STEP.kv_len_arr, max_q_len=1))),

@@ -50,6 +50,17 @@ def test_verdict_fails_when_attention_is_wrong(demo_dir, monkeypatch):
     assert "OUTSIDE the bound 0.0001" in text
 
 
+def test_demo_fails_when_an_output_stops_early_without_eos(demo_dir, monkeypatch):
+    """Before: the verdict compared only the tokens that came, so truncated outputs passed."""
+    from mlakit.model.runner import Runner
+
+    generate = Runner.generate
+    monkeypatch.setattr(Runner, "generate", lambda self, requests: [out[:3] for out in generate(self, requests)])
+    code, text = _demo(demo_dir, "cpu")
+    assert code == 1
+    assert "12/12 tokens identical" in text and "stop before 16 tokens without an EOS token" in text
+
+
 GPU_RUNS = [("triton", "bf16"), ("triton", "fp8_e4m3"), ("flashmla", "bf16")]
 
 

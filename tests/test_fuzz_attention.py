@@ -21,6 +21,8 @@ from fuzz_strategies import (
     Mutation,
     paged_batches,
     tensor_mutations,
+    count_entry_mutation,
+    valid_value_mutation,
     value_mutation,
 )
 from paged_inputs import PagedBatch, assert_lse_close, naive_attention, naive_decode, relative_error, sequence_keys
@@ -152,6 +154,18 @@ def _query_mutations(ndim: int) -> list[Mutation]:
     ]
 
 
+def _fuzz_each(mutations: list[Mutation], **cases: st.SearchStrategy[Any]):
+    """Parametrizes a test over the targets and `mutations`, each with EXAMPLES_PER_MUTATION drawn
+    `cases` and a `data` strategy for the mutation's own draws."""
+
+    def decorate(test):
+        test = settings(FUZZ, max_examples=EXAMPLES_PER_MUTATION)(given(data=st.data(), **cases)(test))
+        test = pytest.mark.parametrize("mutation", mutations, ids=lambda m: m.label)(test)
+        return pytest.mark.parametrize("device, backend", TARGETS)(test)
+
+    return decorate
+
+
 def _run_probe(entry: str, mutation: Mutation, draw: st.DrawFn, kwargs: dict[str, Any], call, oracle=None) -> None:
     """Applies `mutation` to a copy of `kwargs` and probes `call(**mutated)` against its expectation."""
     mutated = dict(kwargs)
@@ -212,10 +226,7 @@ DECODE_MUTATIONS = [
 ]
 
 
-@pytest.mark.parametrize("device, backend", TARGETS)
-@pytest.mark.parametrize("mutation", DECODE_MUTATIONS, ids=lambda m: m.label)
-@settings(FUZZ, max_examples=EXAMPLES_PER_MUTATION)
-@given(batch=paged_batches(), data=st.data())
+@_fuzz_each(DECODE_MUTATIONS, batch=paged_batches())
 def test_fuzz_mla_decode(device, backend, batch, mutation, data):
     kwargs = _paged_kwargs(batch, backend, device) | {"q": batch.q.to(device)}
     _run_probe("mla_decode", mutation, data.draw, kwargs, mla_decode, _decode_oracle)
@@ -316,10 +327,7 @@ EXTEND_MUTATIONS = [
 ]
 
 
-@pytest.mark.parametrize("device, backend", TARGETS)
-@pytest.mark.parametrize("mutation", EXTEND_MUTATIONS, ids=lambda m: m.label)
-@settings(FUZZ, max_examples=EXAMPLES_PER_MUTATION)
-@given(case=_extend_cases(), data=st.data())
+@_fuzz_each(EXTEND_MUTATIONS, case=_extend_cases())
 def test_fuzz_mla_extend(device, backend, case, mutation, data):
     batch, new = case
     offsets = torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()], dtype=torch.int32, device=device)
@@ -341,28 +349,10 @@ def _prefill(q, kv_cache, kv_b_weight, kv_scale, softmax_scale, backend, new_tok
     return mla_prefill(q, kv_cache, kv_b_weight, meta, softmax_scale=softmax_scale, backend=backend, kv_scale=kv_scale)
 
 
-def _count_edit(argument: str, values: st.SearchStrategy[Any]) -> Mutation:
-    def apply(draw: st.DrawFn, kw: dict[str, Any]) -> Expect:
-        counts = list(kw[argument])
-        counts[draw(st.integers(0, len(counts) - 1))] = draw(values)
-        kw[argument] = counts
-        return "error"
-
-    return Mutation(f"{argument} entry", (argument, "sequence"), apply)
-
-
 def _counts_mismatch(draw: st.DrawFn, kw: dict[str, Any]) -> Expect:
     argument = draw(st.sampled_from(["new_tokens", "cache_lens"]))
     kw[argument] = draw(st.sampled_from([list(kw[argument]) + [1], list(kw[argument])[:-1], 3, None]))
     return "error"
-
-
-def _chunked(argument: str, values: st.SearchStrategy[int]) -> Mutation:
-    def apply(draw: st.DrawFn, kw: dict[str, Any]) -> Expect:
-        kw[argument] = draw(values)
-        return "same"
-
-    return Mutation(f"valid {argument}", (), apply)
 
 
 def _foreign_meta(draw: st.DrawFn, kw: dict[str, Any]) -> Expect:
@@ -382,23 +372,20 @@ PREFILL_MUTATIONS = [
     *[m for m in PAGED_MUTATIONS if m.blamed[:1] not in (("cache_seqlens",), ("kv_lora_rank",))],
     *_query_mutations(3)[:4],
     *tensor_mutations("kv_b_weight", (torch.bfloat16, torch.float16, torch.float32)),
-    _count_edit("new_tokens", st.sampled_from([-1, 10**9]) | NOT_AN_INT),
-    _count_edit("cache_lens", st.sampled_from([-1, 10**9]) | NOT_AN_INT),
+    count_entry_mutation("new_tokens", st.sampled_from([-1, 10**9]) | NOT_AN_INT),
+    count_entry_mutation("cache_lens", st.sampled_from([-1, 10**9]) | NOT_AN_INT),
     Mutation("counts per sequence", ("new_tokens", "cache_lens"), _counts_mismatch),
     value_mutation("page_size", st.sampled_from([0, -4]) | NOT_AN_INT),
     value_mutation("prefix_chunk_tokens", st.sampled_from([0, -1]) | NOT_AN_INT),
     value_mutation("heads", st.sampled_from([0, -2]) | NOT_AN_INT.filter(lambda v: v is not None)),
-    _chunked("prefix_chunk_tokens", st.integers(1, 64)),
-    _chunked("heads", st.integers(1, 1000)),
+    valid_value_mutation("prefix_chunk_tokens", st.integers(1, 64)),
+    valid_value_mutation("heads", st.integers(1, 1000)),
     Mutation("foreign meta", ("meta", "q"), _foreign_meta),
     Mutation("kv_b_weight shape", ("kv_b_weight",), _weight_rows),
 ]
 
 
-@pytest.mark.parametrize("device, backend", TARGETS)
-@pytest.mark.parametrize("mutation", PREFILL_MUTATIONS, ids=lambda m: m.label)
-@settings(FUZZ, max_examples=EXAMPLES_PER_MUTATION)
-@given(case=_extend_cases(), data=st.data())
+@_fuzz_each(PREFILL_MUTATIONS, case=_extend_cases())
 def test_fuzz_plan_prefill_and_mla_prefill(device, backend, case, mutation, data):
     batch, new = case
     heads, rank = batch.q.shape[2], batch.kv_lora_rank

@@ -12,7 +12,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fuzz_outcomes import FUZZ, assert_unchanged, probe, snapshot
-from fuzz_strategies import NOT_A_BACKEND, NOT_A_POSITIVE_NUMBER, NOT_AN_INT, Expect, Mutation, tensor_mutations, value_mutation
+from fuzz_strategies import (
+    NOT_A_BACKEND,
+    NOT_A_POSITIVE_NUMBER,
+    NOT_AN_INT,
+    Expect,
+    Mutation,
+    count_entry_mutation,
+    tensor_mutations,
+    valid_value_mutation,
+    value_mutation,
+)
 from paged_inputs import relative_error
 from mlakit import MLAKitError, PagedLatentCache
 from mlakit.forward import mla_forward
@@ -48,24 +58,6 @@ def _steps(draw: st.DrawFn) -> dict[str, Any]:
                 decode_backend="reference", prefill_backend="reference")
 
 
-def _count_entry(argument: str, values: st.SearchStrategy[Any]) -> Mutation:
-    def apply(draw: st.DrawFn, kw: dict[str, Any]) -> Expect:
-        counts = list(kw[argument])
-        counts[draw(st.integers(0, len(counts) - 1))] = draw(values)
-        kw[argument] = tuple(counts)
-        return "error"
-
-    return Mutation(f"{argument} entry", (argument, "sequence"), apply)
-
-
-def _valid(argument: str, values: st.SearchStrategy[Any]) -> Mutation:
-    def apply(draw: st.DrawFn, kw: dict[str, Any]) -> Expect:
-        kw[argument] = draw(values)
-        return "same"
-
-    return Mutation(f"valid {argument}", (), apply)
-
-
 def _foreign_step(draw: st.DrawFn, kw: dict[str, Any]) -> Expect:
     kw["new_tokens"] = draw(st.sampled_from([None, "1", 3]))
     return "error"
@@ -78,8 +70,8 @@ def _weight_rows(draw: st.DrawFn, kw: dict[str, Any]) -> Expect:
 
 
 STEP_MUTATIONS = [
-    _count_entry("new_tokens", st.sampled_from([-1, 10**6]) | NOT_AN_INT),
-    _count_entry("cache_lens", st.sampled_from([-1, 10**6]) | NOT_AN_INT),
+    count_entry_mutation("new_tokens", st.sampled_from([-1, 10**6]) | NOT_AN_INT),
+    count_entry_mutation("cache_lens", st.sampled_from([-1, 10**6]) | NOT_AN_INT),
     Mutation("new_tokens not a sequence", ("new_tokens",), _foreign_step),
     *tensor_mutations("slots", (torch.int64,)),
     *tensor_mutations("block_table", (torch.int32,)),
@@ -97,9 +89,9 @@ STEP_MUTATIONS = [
     value_mutation("softmax_scale", NOT_A_POSITIVE_NUMBER),
     value_mutation("decode_backend", NOT_A_BACKEND, blamed=("backend",)),
     value_mutation("prefill_backend", NOT_A_BACKEND, blamed=("backend",)),
-    _valid("prefill_form", st.sampled_from(["auto", "latent", "mha"])),
-    _valid("max_latent_extend_tokens", st.integers(0, 25)),
-    _valid("prefix_chunk_tokens", st.integers(1, 40)),
+    valid_value_mutation("prefill_form", st.sampled_from(["auto", "latent", "mha"])),
+    valid_value_mutation("max_latent_extend_tokens", st.integers(0, 25)),
+    valid_value_mutation("prefix_chunk_tokens", st.integers(1, 40)),
 ]
 
 

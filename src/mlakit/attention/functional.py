@@ -95,11 +95,7 @@ def mla_decode(
     >>> out.shape, lse.shape
     (torch.Size([2, 1, 4, 512]), torch.Size([2, 4, 1]))
     """
-    if not isinstance(q, torch.Tensor) or q.dim() != 4:
-        raise MLAInputError(f"q: expected a 4-dimensional tensor [batch, q_len, heads, dim], got {getattr(q, 'shape', type(q).__name__)}")
-    if q.dtype not in (torch.bfloat16, torch.float16):
-        raise MLAInputError(f"q: expected dtype bfloat16 or float16, got {q.dtype}")
-    dim = q.shape[-1]
+    dim = _query_width(q, 4, "[batch, q_len, heads, dim]")
     kv_lora_rank = _latent_rank(dim, kv_lora_rank)
     check_decode_inputs(q, kv_cache, block_table, cache_seqlens, kv_scale, kv_lora_rank, check_values=check_inputs)
     pages = pages_view(kv_cache)
@@ -168,11 +164,7 @@ def mla_extend(
     >>> out.shape, lse.shape
     (torch.Size([3, 4, 512]), torch.Size([3, 4]))
     """
-    if not isinstance(q, torch.Tensor) or q.dim() != 3:
-        raise MLAInputError(f"q: expected a 3-dimensional tensor [tokens, heads, dim], got {getattr(q, 'shape', type(q).__name__)}")
-    if q.dtype not in (torch.bfloat16, torch.float16):
-        raise MLAInputError(f"q: expected dtype bfloat16 or float16, got {q.dtype}")
-    dim = q.shape[-1]
+    dim = _query_width(q, 3, "[tokens, heads, dim]")
     kv_lora_rank = _latent_rank(dim, kv_lora_rank)
     check_extend_inputs(q, kv_cache, block_table, cache_seqlens, cu_seqlens_q, max_q_len, kv_scale, kv_lora_rank,
                         check_values=check_inputs)
@@ -228,6 +220,15 @@ def mla_prefill(
     kernel = get_backend(name).prefill
     assert kernel is not None  # _backend_for only returns backends with a prefill kernel
     return kernel(q, kv_cache, kv_b_weight, meta, softmax_scale=scale, kv_scale=kv_scale)
+
+
+def _query_width(q: object, dims: int, layout: str) -> int:
+    """q's last dim (latent + rope), once q is a bf16 or fp16 tensor of `dims` dimensions."""
+    if not isinstance(q, torch.Tensor) or q.dim() != dims:
+        raise MLAInputError(f"q: expected a {dims}-dimensional tensor {layout}, got {getattr(q, 'shape', type(q).__name__)}")
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        raise MLAInputError(f"q: expected dtype bfloat16 or float16, got {q.dtype}")
+    return q.shape[-1]
 
 
 def _checked_backend(backend: object) -> str:

@@ -154,6 +154,7 @@ class LatentStore:
         """Stores rows `[n, dim]` at flat slots (page * page_size + offset; -1 = padding, skipped),
         quantizing and counting for fp8. On a GPU this is one fused Triton launch (graph-safe, no
         host sync), after the auto scale's few device ops on the first write of an "auto" store."""
+        self._check_write(slots, rows)
         if self.awaiting_auto_scale and rows.shape[0] > 0:
             self._set_auto_scale(slots, rows)
         if self.data.is_cuda:
@@ -172,6 +173,20 @@ class LatentStore:
             values, scales = quantize_rows_per_group(rows, self.fp8_counts)
             flat[slots] = values
             self.scale.view(-1, self.scale.shape[-1])[slots] = scales
+
+    def _check_write(self, slots: object, rows: object) -> None:
+        """MLAInputError unless rows are a floating-point `[n, dim]` tensor and slots an integer
+        `[n]` tensor, both on the store's device (shapes and dtypes only: no host sync)."""
+        dim, device = self.data.shape[-1], self.data.device
+        if not isinstance(rows, torch.Tensor) or rows.dim() != 2 or rows.shape[1] != dim or not rows.is_floating_point():
+            got = f"{rows.dtype} of shape {tuple(rows.shape)}" if isinstance(rows, torch.Tensor) else type(rows).__name__
+            raise MLAInputError(f"rows: expected a floating-point tensor [n, {dim}] (the store's row width), got {got}")
+        if not isinstance(slots, torch.Tensor) or tuple(slots.shape) != (rows.shape[0],) or slots.dtype not in (torch.int32, torch.int64):
+            got = f"{slots.dtype} of shape {tuple(slots.shape)}" if isinstance(slots, torch.Tensor) else type(slots).__name__
+            raise MLAInputError(f"slots: expected an int32 or int64 tensor [{rows.shape[0]}] (one per row), got {got}")
+        for name, tensor in (("rows", rows), ("slots", slots)):
+            if tensor.device != device:
+                raise MLAInputError(f"{name}: expected a tensor on {device} (the store's device), got {tensor.device}")
 
     def _set_auto_scale(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
         """The "auto" scale from a write's non-padding rows, on the device; a write with no finite

@@ -19,12 +19,12 @@ MLAInputError naming them.
 from __future__ import annotations
 
 import dataclasses
-import numbers
 
 import torch
 
 from mlakit.attention.functional import DecodeMetadata, mla_decode, mla_decode_metadata
 from mlakit.cache.kv_quant import FP8_DTYPE, storage_name
+from mlakit.compat._arguments import describe, is_positive_int
 from mlakit.errors import MLAInputError
 
 # FlashMLA's packed fp8 row for DeepSeek's 512 + 64 widths: 512 e4m3 values, 4 float32 scales, 64 bf16 rope values.
@@ -66,10 +66,10 @@ class FlashMLASchedule:
         if self.cache_seqlens is not None and (
             not isinstance(self.cache_seqlens, torch.Tensor) or self.cache_seqlens.dim() != 1 or self.cache_seqlens.dtype != torch.int32
         ):
-            raise MLAInputError(f"cache_seqlens: expected an int32 tensor [batch], got {_describe(self.cache_seqlens)}")
+            raise MLAInputError(f"cache_seqlens: expected an int32 tensor [batch], got {describe(self.cache_seqlens)}")
         for name in ("rows_per_head_k", "num_heads_q"):
             value = getattr(self, name)
-            if value is not None and not _positive_int(value):
+            if value is not None and not is_positive_int(value):
                 raise MLAInputError(f"{name}: expected an integer >= 1, got {value!r}")
 
     @property
@@ -177,8 +177,8 @@ def flash_mla_with_kvcache(
         missing = "block_table" if block_table is None else "cache_seqlens"
         raise MLAInputError(f"{missing}: required for dense decode (None is only for FlashMLA's sparse attention, which mlakit does not support)")
     if not isinstance(q, torch.Tensor) or q.dim() != 4:
-        raise MLAInputError(f"q: expected a tensor [batch, s_q, h_q, d], got {_describe(q)}")
-    if not _positive_int(head_dim_v):
+        raise MLAInputError(f"q: expected a tensor [batch, s_q, h_q, d], got {describe(q)}")
+    if not is_positive_int(head_dim_v):
         raise MLAInputError(f"head_dim_v: expected an integer >= 1 (the latent width, 512 for DeepSeek), got {head_dim_v!r}")
     kv_cache_dtype = _cache_dtype(k_cache, q, is_fp8_kvcache, kv_scale)
     batch, s_q, h_q, dim = q.shape
@@ -240,7 +240,7 @@ def _check_declared(schedule: FlashMLASchedule, layout: ScheduleLayout, is_fp8_k
 def _cache_dtype(k_cache: torch.Tensor, q: torch.Tensor, is_fp8_kvcache: bool, kv_scale: torch.Tensor | None) -> str:
     """The cache's storage name, after the checks FlashMLA's layout rules call for."""
     if not isinstance(k_cache, torch.Tensor) or k_cache.dim() not in (3, 4):
-        raise MLAInputError(f"k_cache: expected a tensor [num_blocks, page_block_size, 1, d], got {_describe(k_cache)}")
+        raise MLAInputError(f"k_cache: expected a tensor [num_blocks, page_block_size, 1, d], got {describe(k_cache)}")
     if k_cache.dim() == 4 and k_cache.shape[2] != 1:
         raise MLAInputError(f"k_cache: expected one KV head ([num_blocks, page_block_size, 1, d]: MLA's shared latent), got shape {tuple(k_cache.shape)}")
     if is_fp8_kvcache and k_cache.shape[-1] * k_cache.element_size() == _PACKED_FP8_ROW_BYTES:
@@ -277,11 +277,3 @@ def _refuse_unsupported(**arguments: object) -> None:
 
 def _unsupported(argument: str, what: str) -> MLAInputError:
     return MLAInputError(f"{argument}: not supported by mlakit.compat.flash_mla ({what}); leave it unset")
-
-
-def _positive_int(value: object) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1
-
-
-def _describe(value: object) -> str:
-    return f"shape {tuple(value.shape)} {value.dtype}" if isinstance(value, torch.Tensor) else type(value).__name__

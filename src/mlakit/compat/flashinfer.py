@@ -40,6 +40,7 @@ import torch
 from mlakit.attention.checks import checked_softmax_scale
 from mlakit.attention.functional import DecodeMetadata, mla_decode, mla_decode_metadata, mla_extend
 from mlakit.cache.kv_quant import FP8_DTYPE, storage_name
+from mlakit.compat._arguments import describe, is_positive_int
 from mlakit.errors import MLAInputError
 
 LOG2E = 1.4426950408889634
@@ -139,7 +140,7 @@ class PlanConfig:
 
     def __post_init__(self) -> None:
         for name in ("num_heads", "head_dim_ckv", "head_dim_kpe", "page_size"):
-            if not _is_positive_int(getattr(self, name)):
+            if not is_positive_int(getattr(self, name)):
                 raise MLAInputError(f"{name}: expected an integer >= 1, got {getattr(self, name)!r}")
         if not isinstance(self.causal, bool):
             raise MLAInputError(f"causal: expected True or False, got {self.causal!r}")
@@ -433,15 +434,15 @@ class _GraphBuffers:
             if not isinstance(buffer, torch.Tensor) or buffer.dim() != 1 or buffer.dtype != torch.int32 or buffer.device != device:
                 raise MLAInputError(
                     f"{name}: expected an int32 tensor [n] on {device} (use_cuda_graph=True needs all four fixed "
-                    f"buffers), got {_describe(buffer)}"
+                    f"buffers), got {describe(buffer)}"
                 )
         assert qo_indptr is not None and kv_indptr is not None and kv_indices is not None and kv_len_arr is not None
         batch = kv_len_arr.shape[0]
         for name in ("qo_indptr", "kv_indptr"):
             if named[name].shape[0] != batch + 1:
-                raise MLAInputError(f"{name}: expected [batch + 1] = [{batch + 1}] (kv_len_arr holds {batch}), got {_describe(named[name])}")
+                raise MLAInputError(f"{name}: expected [batch + 1] = [{batch + 1}] (kv_len_arr holds {batch}), got {describe(named[name])}")
         width = kv_indices.shape[0] if max_pages_per_request is None else max_pages_per_request
-        if not _is_positive_int(width):
+        if not is_positive_int(width):
             raise MLAInputError(f"max_pages_per_request: expected an integer >= 1, got {width!r}")
         return cls(qo_indptr, kv_indptr, kv_indices, kv_len_arr, width)
 
@@ -530,28 +531,30 @@ def _csr_requests(
     indices = _int32_tensor("kv_indices", kv_indices, dims=1)
     total = page_offsets[-1]
     if indices.shape[0] < total:
-        raise MLAInputError(f"kv_indices: expected at least kv_indptr[-1] = {total} page ids, got {_describe(indices)}")
+        raise MLAInputError(f"kv_indices: expected at least kv_indptr[-1] = {total} page ids, got {describe(indices)}")
     counts = torch.tensor([b - a for a, b in zip(page_offsets, page_offsets[1:])], dtype=torch.long)
     table = torch.zeros(len(kv_lens), max(1, int(counts.max()) if len(kv_lens) else 1), dtype=torch.int32, device=device)
     rows = torch.arange(len(kv_lens)).repeat_interleave(counts, output_size=total)
     columns = torch.arange(total) - torch.tensor(page_offsets[:-1], dtype=torch.long).repeat_interleave(counts, output_size=total)
     table[rows.to(device), columns.to(device)] = indices[:total].to(device)
-    return _checked_requests(query_offsets, kv_lens, page_size, table, counts.tolist(), "kv_indices")
+    return _checked_requests(query_offsets, kv_lens, page_size, table, counts.tolist(), "kv_indices", "kv_len_arr")
 
 
 def _dense_requests(
     cum_seq_lens_q: object, block_tables: object, seq_lens: object, max_q_len: object, page_size: int, device: torch.device
 ) -> StepRequests:
     kv_lens = _host_ints("seq_lens", seq_lens)
+    if not kv_lens:
+        raise MLAInputError("seq_lens: expected one length per request and at least one request, got none")
     query_offsets = _host_offsets("cum_seq_lens_q", cum_seq_lens_q, len(kv_lens))
     table = _int32_tensor("block_tables", block_tables, dims=2)
     if table.shape[0] != len(kv_lens):
-        raise MLAInputError(f"block_tables: expected [batch, max_pages] with batch = {len(kv_lens)} (seq_lens), got {_describe(table)}")
+        raise MLAInputError(f"block_tables: expected [batch, max_pages] with batch = {len(kv_lens)} (seq_lens), got {describe(table)}")
     longest = max(b - a for a, b in zip(query_offsets, query_offsets[1:]))
-    if max_q_len is not None and (not _is_positive_int(max_q_len) or max_q_len < longest):
+    if max_q_len is not None and (not is_positive_int(max_q_len) or max_q_len < longest):
         raise MLAInputError(f"max_q_len: expected None or an integer >= the longest query segment ({longest}), got {max_q_len!r}")
     table = table.to(device).contiguous()
-    return _checked_requests(query_offsets, kv_lens, page_size, table, [table.shape[1]] * len(kv_lens), "block_tables")
+    return _checked_requests(query_offsets, kv_lens, page_size, table, [table.shape[1]] * len(kv_lens), "block_tables", "seq_lens")
 
 
 def _checked_requests(
@@ -561,13 +564,14 @@ def _checked_requests(
     table: torch.Tensor,
     pages_given: list[int],
     pages_name: str,
+    lengths_name: str,
 ) -> StepRequests:
     """Checks lengths against the pages each request was given and page ids for sign, and finds
     the largest page id read (one small sync)."""
     requests = StepRequests(query_offsets, kv_lens, page_size, table, -1)
     for b, (length, needed, given) in enumerate(zip(kv_lens, requests.pages_needed, pages_given)):
         if length < 0:
-            raise MLAInputError(f"kv_len_arr: expected lengths >= 0, got kv_len_arr[{b}] = {length}")
+            raise MLAInputError(f"{lengths_name}: expected lengths >= 0, got {lengths_name}[{b}] = {length}")
         if needed > given:
             raise MLAInputError(
                 f"{pages_name}: request {b} holds {length} tokens, which need {needed} pages of {page_size}, "
@@ -663,7 +667,7 @@ def _joined_cache(
         _check_dtype_device(name, part, config.kv_data_type, "kv_data_type", device)
     if ckv.shape[-1:] != (config.head_dim_ckv,) or kpe.shape[-1:] != (config.head_dim_kpe,):
         bad, width = (ckv_name, config.head_dim_ckv) if ckv.shape[-1:] != (config.head_dim_ckv,) else (kpe_name, config.head_dim_kpe)
-        raise MLAInputError(f"{bad}: expected a last dim of {width} (as planned), got {_describe(ckv if bad == ckv_name else kpe)}")
+        raise MLAInputError(f"{bad}: expected a last dim of {width} (as planned), got {describe(ckv if bad == ckv_name else kpe)}")
     joined = _adjacent_view(ckv, kpe)
     if joined is None:
         raise MLAInputError(
@@ -678,7 +682,7 @@ def _joined_cache(
 def _checked_cache(name: str, cache: torch.Tensor, config: PlanConfig, step: PlannedStep, device: torch.device) -> torch.Tensor:
     if cache.dim() != 3 or tuple(cache.shape[1:]) != (config.page_size, config.dim):
         raise MLAInputError(
-            f"{name}: expected [num_pages, page_size {config.page_size}, {config.dim}] (as planned), got {_describe(cache)}"
+            f"{name}: expected [num_pages, page_size {config.page_size}, {config.dim}] (as planned), got {describe(cache)}"
         )
     _check_dtype_device(name, cache, config.kv_data_type, "kv_data_type", device)
     if cache.shape[0] <= step.largest_page:
@@ -733,7 +737,7 @@ def _joined_query(
 def _checked_query(name: str, q: object, shape: tuple[int, int, int], config: PlanConfig, device: torch.device) -> torch.Tensor:
     q = _tensor(name, q)
     if tuple(q.shape) != shape:
-        raise MLAInputError(f"{name}: expected shape {list(shape)} ([total_q, num_heads, dim] as planned), got {_describe(q)}")
+        raise MLAInputError(f"{name}: expected shape {list(shape)} ([total_q, num_heads, dim] as planned), got {describe(q)}")
     _check_dtype_device(name, q, config.q_data_type, "q_data_type", device)
     return q
 
@@ -767,7 +771,7 @@ def _filled(name: str, given: torch.Tensor | None, values: torch.Tensor) -> torc
         return values
     if not isinstance(given, torch.Tensor) or given.shape != values.shape or given.dtype != values.dtype or given.device != values.device:
         raise MLAInputError(
-            f"{name}: expected a {values.dtype} tensor {list(values.shape)} on {values.device}, got {_describe(given)}"
+            f"{name}: expected a {values.dtype} tensor {list(values.shape)} on {values.device}, got {describe(given)}"
         )
     given.copy_(values)
     return given
@@ -788,7 +792,7 @@ def _host_offsets(name: str, tensor: object, batch: int) -> tuple[int, ...]:
 
 def _int32_tensor(name: str, tensor: object, *, dims: int) -> torch.Tensor:
     if not isinstance(tensor, torch.Tensor) or tensor.dim() != dims or tensor.dtype != torch.int32:
-        raise MLAInputError(f"{name}: expected an int32 tensor of {dims} dimension(s), got {_describe(tensor)}")
+        raise MLAInputError(f"{name}: expected an int32 tensor of {dims} dimension(s), got {describe(tensor)}")
     return tensor
 
 
@@ -825,19 +829,9 @@ def _refuse_given(**options: object) -> None:
     for name, value in options.items():
         if value is not None and value is not False:
             hint = _REFUSAL_HINTS.get(name, "leave it unset")
-            raise MLAInputError(f"{name}: not supported by mlakit.compat.flashinfer ({hint}), got {_describe(value)}")
+            raise MLAInputError(f"{name}: not supported by mlakit.compat.flashinfer ({hint}), got {describe(value)}")
 
 
 def _check_choice(name: str, value: object, allowed: tuple[object, ...]) -> None:
     if value not in allowed:
         raise MLAInputError(f"{name}: expected one of {list(allowed)} (what mlakit.compat.flashinfer supports), got {value!r}")
-
-
-def _is_positive_int(value: object) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1
-
-
-def _describe(value: object) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"a {value.dtype} tensor of shape {list(value.shape)} on {value.device}"
-    return repr(value)

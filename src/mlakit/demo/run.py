@@ -53,7 +53,20 @@ def run_model_demo(
     for d in verdict.divergences:
         console.print(f"  prompt {d.prompt}, token {d.position}: mlakit {d.ours}, transformers {d.theirs}, gap {d.gap:.2g}")
     console.print(f"verdict ({_covered(runner)}): {verdict.summary()}")
-    return 0 if verdict.passed and len(outputs) == len(DEMO_PROMPTS) else 1
+    cut_short = _cut_short(outputs, runner.model.config.eos_token_ids)
+    if cut_short:
+        console.print(f"outputs of prompts {cut_short} stop before {DEMO_NEW_TOKENS} tokens without an EOS token")
+    return 0 if verdict.passed and len(outputs) == len(DEMO_PROMPTS) and not cut_short else 1
+
+
+def _cut_short(outputs: list[list[int]], eos_token_ids: tuple[int, ...]) -> list[int]:
+    """The prompts whose output is neither DEMO_NEW_TOKENS long nor ended by an EOS token (the
+    verdict reads only the tokens that came, so it cannot see missing ones).
+
+    >>> _cut_short([[1] * DEMO_NEW_TOKENS, [4, 2], [], [4]], eos_token_ids=(2,))
+    [2, 3]
+    """
+    return [i for i, out in enumerate(outputs) if len(out) != DEMO_NEW_TOKENS and not (out and out[-1] in eos_token_ids)]
 
 
 def _verdict(directory: Path, runner: Runner, outputs: list[list[int]]) -> Verdict:

@@ -53,7 +53,7 @@ def _saturating_fp8(scaled, finite, COUNTS, FP8_TYPE: tl.constexpr, FP8_LIMIT: t
 
 @triton.jit
 def _write_rows_kernel(
-    ROWS, SLOTS, DATA, SCALE, COUNTS, stride_row,
+    ROWS, SLOTS, DATA, SCALE, COUNTS, stride_row, stride_col,
     DIM: tl.constexpr, GROUPS: tl.constexpr, GROUP: tl.constexpr, GROUPS_PAD: tl.constexpr,
     SCALE_MODE: tl.constexpr, FP8_LIMIT: tl.constexpr, SATURATION: tl.constexpr, FINITE_MAX: tl.constexpr,
 ):
@@ -63,7 +63,7 @@ def _write_rows_kernel(
         return
     cols = tl.arange(0, GROUPS_PAD * GROUP)
     in_row = cols < DIM
-    values = tl.load(ROWS + row * stride_row + cols, mask=in_row, other=0.0).to(tl.float32)
+    values = tl.load(ROWS + row * stride_row + cols * stride_col, mask=in_row, other=0.0).to(tl.float32)
     if SCALE_MODE == 0:
         out = values.to(DATA.dtype.element_ty)
     else:
@@ -83,8 +83,8 @@ def _write_rows_kernel(
 def write_rows(
     data: torch.Tensor, scale: torch.Tensor | None, slots: torch.Tensor, rows: torch.Tensor, counts: torch.Tensor | None = None
 ) -> None:
-    """Writes `rows [n, dim]` into contiguous `data [num_pages, page_size, dim]` at flat `slots [n]`
-    (page * page_size + offset, -1 = skip), updating per-group fp8 `scale` in place and adding
+    """Writes `rows [n, dim]` (any strides) into contiguous `data [num_pages, page_size, dim]` at flat
+    `slots [n]` (page * page_size + offset, -1 = skip; shapes checked by `LatentStore.write_slots`), updating per-group fp8 `scale` in place and adding
     the saturated and non-finite value counts to `counts` (int64 `[2]`, required for fp8 data).
 
     Used as `write_rows(store.data, store.scale, slots, torch.cat([c_kv, k_pe], dim=1), store.fp8_counts)`
@@ -100,7 +100,7 @@ def write_rows(
     if rows.shape[0] == 0:
         return
     _write_rows_kernel[(rows.shape[0],)](
-        rows, slots, data, scale if scale is not None else data, counts if counts is not None else data, rows.stride(0),
+        rows, slots, data, scale if scale is not None else data, counts if counts is not None else data, rows.stride(0), rows.stride(1),
         DIM=dim, GROUPS=groups, GROUP=SCALE_GROUP, GROUPS_PAD=triton.next_power_of_2(groups),
         SCALE_MODE=mode, FP8_LIMIT=FP8_MAX, SATURATION=FP8_SATURATION, FINITE_MAX=FLOAT32_MAX,
     )
