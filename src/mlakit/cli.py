@@ -167,12 +167,20 @@ def demo(device: str, decode_backend: str | None, kv_cache_dtype: str) -> None:
 @click.option("--top-p", type=float, default=1.0, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--cache-mb", type=int, default=1024, show_default=True, help="Memory budget of the paged latent cache.")
-@click.option("--device", default=AUTO, show_default=True)
+@click.option("--device", default=AUTO, show_default=True, help="auto: under torchrun, this rank's GPU (cuda:LOCAL_RANK).")
+@click.option("--tp-size", type=int, default=1, show_default=True, help="Tensor-parallel ranks: one process each, started by torchrun.")
+@click.option("--dcp-size", type=int, default=1, show_default=True, help="Decode context parallelism: ranks of a TP group that split the cache.")
+@click.option("--dcp-interleave", type=int, default=1, show_default=True, help="Tokens per block dealt round-robin to the DCP ranks.")
 def generate(
     model_dir: str, prompts: tuple[str, ...], max_new_tokens: int, backend: str, temperature: float, top_p: float,
-    seed: int, cache_mb: int, device: str,
+    seed: int, cache_mb: int, device: str, tp_size: int, dcp_size: int, dcp_interleave: int,
 ) -> None:
-    """Generate from a local DeepSeek-architecture checkpoint (token ids in and out)."""
+    """Generate from a local DeepSeek-architecture checkpoint (token ids in and out).
+
+    Multi-GPU: torchrun --nproc-per-node N -m mlakit.cli generate --model DIR --tp-size N [--dcp-size M] ...
+    """
+    import torch.distributed as dist
+
     from mlakit.model.generate import run_generate
 
     try:
@@ -180,10 +188,14 @@ def generate(
     except ValueError as exc:
         raise click.BadParameter(f"--prompt-ids takes comma-separated integers: {exc}") from exc
     try:
-        run_generate(model_dir, prompt_ids, max_new_tokens, backend, temperature, top_p, seed, cache_mb << 20, device, Console())
+        run_generate(model_dir, prompt_ids, max_new_tokens, backend, temperature, top_p, seed, cache_mb << 20, device, Console(),
+                     tp_size=tp_size, dcp_size=dcp_size, dcp_interleave=dcp_interleave)
     except ConfigError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_CONFIG_ERROR)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 main.add_command(bench)

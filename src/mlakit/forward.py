@@ -52,12 +52,10 @@ def mla_forward(
         raise MLAInputError(f"kv_cache: expected a torch.Tensor, got {type(kv_cache).__name__}")
     _check_forward_inputs(q_nope, q_pe, kv_cache, kv_b_weight, step, decode_backend, prefill_backend)
     softmax_scale = checked_softmax_scale(softmax_scale)
-    heads, nope_dim = q_nope.shape[1], q_nope.shape[2]
-    per_head = kv_b_weight.view(heads, -1, kv_b_weight.shape[1])
-    w_uk, w_uv = per_head[:, :nope_dim], per_head[:, nope_dim:]
-    out = torch.empty(q_nope.shape[0], heads, w_uv.shape[1], dtype=torch.float32, device=q_nope.device)
+    w_uk, w_uv = absorbed_weights(kv_b_weight, q_nope)
+    out = torch.empty(q_nope.shape[0], q_nope.shape[1], w_uv.shape[1], dtype=torch.float32, device=q_nope.device)
     exact = kv_cache.dtype == torch.float32
-    query_dtype = torch.float32 if exact else (torch.float16 if kv_cache.dtype == torch.float16 else torch.bfloat16)
+    query_dtype = query_dtype_for(kv_cache)
     for part in step.parts:
         rows = part.token_rows
         part_nope, part_pe = (q_nope, q_pe) if rows is None else (q_nope[rows], q_pe[rows])
@@ -70,15 +68,57 @@ def mla_forward(
                 part_out, _ = mla_prefill(q, kv_cache, kv_b_weight, part.prefill, softmax_scale=softmax_scale,
                                           backend=prefill_backend, kv_scale=kv_scale, check_inputs=check_inputs)
         else:
-            q_latent = torch.cat([torch.einsum("thd,hdr->thr", part_nope, w_uk.to(part_nope.dtype)), part_pe], dim=-1)
+            q_latent = absorb_query(part_nope, part_pe, w_uk)
             out_latent = _latent_part(q_latent.to(query_dtype), kv_cache, kv_scale, kv_b_weight.shape[1], part, softmax_scale, decode_backend,
                                       exact, check_inputs)
-            part_out = torch.einsum("thr,hvr->thv", out_latent.float(), w_uv.float())
+            part_out = expand_output(out_latent, w_uv)
         if rows is None:
             out.copy_(part_out)
         else:
             out.index_copy_(0, rows, part_out.float())
     return out
+
+
+def absorbed_weights(kv_b_weight: torch.Tensor, q_nope: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """W_UK `[H, d_nope, kv_lora_rank]` and W_UV `[H, d_v, kv_lora_rank]`: views of `kv_b_proj.weight`
+    for the heads and d_nope of `q_nope [T, H, d_nope]`.
+
+    >>> [tuple(w.shape) for w in absorbed_weights(torch.zeros(2 * (16 + 8), 32), torch.zeros(3, 2, 16))]
+    [(2, 16, 32), (2, 8, 32)]
+    """
+    heads, nope_dim = q_nope.shape[1], q_nope.shape[2]
+    per_head = kv_b_weight.view(heads, -1, kv_b_weight.shape[1])
+    return per_head[:, :nope_dim], per_head[:, nope_dim:]
+
+
+def absorb_query(q_nope: torch.Tensor, q_pe: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:
+    """The latent-form query `[T, H, kv_lora_rank + d_rope]`: W_UK^T q_nope per head, then q_pe.
+
+    >>> absorb_query(torch.zeros(3, 2, 16), torch.zeros(3, 2, 4), torch.zeros(2, 16, 32)).shape
+    torch.Size([3, 2, 36])
+    """
+    return torch.cat([torch.einsum("thd,hdr->thr", q_nope, w_uk.to(q_nope.dtype)), q_pe], dim=-1)
+
+
+def expand_output(out_latent: torch.Tensor, w_uv: torch.Tensor) -> torch.Tensor:
+    """The heads' outputs `[T, H, d_v]` (float32) from latent-form outputs `[T, H, kv_lora_rank]`.
+
+    >>> expand_output(torch.zeros(3, 2, 32), torch.zeros(2, 8, 32)).shape
+    torch.Size([3, 2, 8])
+    """
+    return torch.einsum("thr,hvr->thv", out_latent.float(), w_uv.float())
+
+
+def query_dtype_for(kv_cache: torch.Tensor) -> torch.dtype:
+    """The dtype attention queries take for a cache: float32 for a float32 cache (the exact
+    reference path), float16 for float16, else bfloat16 (bf16 and fp8 caches).
+
+    >>> query_dtype_for(torch.zeros(1, dtype=torch.float8_e4m3fn))
+    torch.bfloat16
+    """
+    if kv_cache.dtype in (torch.float32, torch.float16):
+        return kv_cache.dtype
+    return torch.bfloat16
 
 
 def _check_forward_inputs(

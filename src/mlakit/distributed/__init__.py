@@ -6,11 +6,14 @@
   local lengths), on ints or device tensors;
 - `dcp_step` / `dcp_decode_step`: one step's per-rank metadata (local lengths, visible keys
   per query token, local cache slots with -1 for other ranks' tokens), no host sync;
-- `dcp_attention`: one layer's exact attention over the sharded cache;
+- `dcp_attention`: one layer's exact attention over the sharded cache (`dcp_mla_forward`: the
+  same from a model's q_nope / q_pe and `kv_b_proj`, as `mlakit.forward.mla_forward`);
+- `mlakit.distributed.tensor_parallel`: which slice of each model weight a TP rank holds, and
+  the model's all-reduce / all-gather;
 - `gather_heads` / `merge_across_ranks`: its two collectives, for engines with their own kernels.
 """
 
-from mlakit.distributed.attention import dcp_attention
+from mlakit.distributed.attention import dcp_attention, dcp_mla_forward
 from mlakit.distributed.collectives import gather_heads, merge_across_ranks
 from mlakit.distributed.groups import ParallelGroups, dcp_group_ranks, init_parallel
 from mlakit.distributed.ownership import TokenSharding
@@ -21,6 +24,7 @@ __all__ = [
     "ParallelGroups",
     "TokenSharding",
     "dcp_attention",
+    "dcp_mla_forward",
     "dcp_decode_step",
     "dcp_group_ranks",
     "dcp_step",

@@ -20,6 +20,7 @@ from mlakit.config import AUTO
 from mlakit.distributed.collectives import gather_heads, merge_across_ranks
 from mlakit.distributed.step import DCPStep
 from mlakit.errors import MLAInputError
+from mlakit.forward import absorb_query, absorbed_weights, expand_output, query_dtype_for
 from mlakit.reference import attend_tokens, pages_view
 
 
@@ -83,3 +84,40 @@ def dcp_attention(
         out, lse = out.squeeze(1), lse.squeeze(-1)
     out, lse = merge_across_ranks(out, lse, group)
     return out.to(q.dtype), lse
+
+
+def dcp_mla_forward(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    kv_cache: torch.Tensor,
+    kv_scale: torch.Tensor | None,
+    kv_b_weight: torch.Tensor,
+    step: DCPStep,
+    group: dist.ProcessGroup,
+    *,
+    softmax_scale: float,
+    backend: str = AUTO,
+) -> torch.Tensor:
+    """`mlakit.forward.mla_forward` under decode context parallelism: attention output
+    `[T, heads, d_v]` (float32) of this rank's heads for the step's query tokens, whose latent
+    rows this rank already wrote where it owns them (`step.slots`).
+
+    Every query token runs in the latent form (W_UK absorbed into the query, `dcp_attention`
+    over the group's shards, W_UV applied to its output), prefill and extend included: one exact
+    path for every kind of step. With one rank it equals `mla_forward`:
+
+    >>> import torch.distributed as dist
+    >>> from mlakit.distributed import TokenSharding, dcp_decode_step
+    >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    >>> step = dcp_decode_step(TokenSharding(1), 0, torch.tensor([[0]], dtype=torch.int32),
+    ...     torch.tensor([5], dtype=torch.int32), q_len=1, page_size=8)
+    >>> dcp_mla_forward(torch.randn(1, 2, 16), torch.randn(1, 2, 16), torch.randn(1, 8, 48), None,
+    ...     torch.randn(2 * (16 + 8), 32), step, dist.group.WORLD, softmax_scale=0.2).shape
+    torch.Size([1, 2, 8])
+    >>> dist.destroy_process_group()
+    """
+    w_uk, w_uv = absorbed_weights(kv_b_weight, q_nope)
+    q_latent = absorb_query(q_nope, q_pe, w_uk).to(query_dtype_for(kv_cache))
+    out_latent, _ = dcp_attention(q_latent, kv_cache, step, group, kv_lora_rank=kv_b_weight.shape[1],
+                                  softmax_scale=softmax_scale, backend=backend, kv_scale=kv_scale)
+    return expand_output(out_latent, w_uv)

@@ -33,7 +33,9 @@ class DCPStep:
     - `visible [tokens]` int32: how many of the rank's tokens of that sequence the query token sees
       (0 where the rank holds none it may see);
     - `slots [tokens]` int64: this rank's cache slot of each new token, -1 where another rank owns
-      it (cache writes skip -1), e.g. `cache.layer(i).write_slots(step.slots, rows)`.
+      it (cache writes skip -1), e.g. `cache.layer(i).write_slots(step.slots, rows)`;
+    - `cu_seqlens_q [batch + 1]` int32: the offsets of each sequence's query tokens (a model picks
+      each sequence's last token at `cu_seqlens_q[1:] - 1`).
     """
 
     sharding: TokenSharding
@@ -43,6 +45,7 @@ class DCPStep:
     block_table: torch.Tensor
     visible: torch.Tensor
     slots: torch.Tensor
+    cu_seqlens_q: torch.Tensor
 
     @property
     def num_tokens(self) -> int:
@@ -94,6 +97,7 @@ def dcp_step(
         block_table=table,
         visible=sharding.local_length((positions + 1).clamp(min=0), rank).int(),
         slots=torch.where((owner == rank) & in_cache, slots, -1),
+        cu_seqlens_q=cu_seqlens_q,
     )
 
 

@@ -15,6 +15,9 @@ import torch
 from torch import nn
 
 from mlakit.cache import PagedLatentCache
+from mlakit.distributed.groups import ParallelGroups
+from mlakit.distributed.step import DCPStep
+from mlakit.distributed.tensor_parallel import VocabParallelEmbedding, all_reduce, gather_last_axis, shard_size
 from mlakit.errors import ConfigError, is_int
 from mlakit.model.mla_attention import MLAAttention, MLALayerConfig, RMSNorm
 from mlakit.model.moe import MLP, MoE, MoEConfig
@@ -26,7 +29,8 @@ SUPPORTED_ARCHITECTURES = ("DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM")
 
 @dataclasses.dataclass(frozen=True)
 class DeepseekConfig:
-    """The parts of a DeepSeek `config.json` the runner uses."""
+    """The parts of a DeepSeek `config.json` the runner uses; `attention` is the per-rank layer
+    of `tp_size` tensor-parallel ranks, the other sizes are the whole model's."""
 
     vocab_size: int
     hidden_size: int
@@ -38,6 +42,7 @@ class DeepseekConfig:
     attention: MLALayerConfig
     tie_word_embeddings: bool
     eos_token_ids: tuple[int, ...]
+    tp_size: int = 1
 
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any], tp_size: int = 1) -> DeepseekConfig:
@@ -64,37 +69,53 @@ class DeepseekConfig:
             attention=MLALayerConfig.from_hf_config(config, tp_size),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             eos_token_ids=tuple(int(token) for token in eos_ids),
+            tp_size=tp_size,
         )
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: DeepseekConfig, index: int) -> None:
+    def __init__(self, config: DeepseekConfig, index: int, parallel: ParallelGroups | None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = MLAAttention(config.attention)
+        self.self_attn = MLAAttention(config.attention, parallel)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         if config.moe is not None and index >= config.first_dense_layers:
-            self.mlp: nn.Module = MoE(config.hidden_size, config.moe)
+            self.mlp: nn.Module = MoE(config.hidden_size, config.moe, config.tp_size)
         else:
-            self.mlp = MLP(config.hidden_size, config.intermediate_size)
+            self.mlp = MLP(config.hidden_size, shard_size(config.intermediate_size, config.tp_size, "intermediate_size"))
 
 
 class DeepseekBody(nn.Module):
-    def __init__(self, config: DeepseekConfig) -> None:
+    def __init__(self, config: DeepseekConfig, parallel: ParallelGroups | None) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, parallel)
+        self.layers = nn.ModuleList(DecoderLayer(config, i, parallel) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
 class DeepseekForCausalLM(nn.Module):
-    """Embeddings, decoder layers (MLA attention + MLP/MoE), final norm and LM head."""
+    """Embeddings, decoder layers (MLA attention + MLP/MoE), final norm and LM head.
 
-    def __init__(self, config: DeepseekConfig) -> None:
+    With `parallel` (`mlakit.distributed.init_parallel`), this process is one TP rank: `config`
+    must be made with `tp_size=parallel.tp_size`, and the module holds its rank's slices
+    (`mlakit.distributed.tensor_parallel`): per layer one all-reduce after `o_proj` and one after
+    the MLP / MoE block, plus one for the vocabulary-parallel embedding and an all-gather of the
+    logits.
+    """
+
+    def __init__(self, config: DeepseekConfig, parallel: ParallelGroups | None = None) -> None:
         super().__init__()
+        tp_size = 1 if parallel is None else parallel.tp_size
+        if config.tp_size != tp_size:
+            raise ConfigError(
+                f"DeepseekConfig was made for tp_size={config.tp_size}, the process groups have tp_size={tp_size}; "
+                f"make it with DeepseekConfig.from_hf_config(hf_config, tp_size={tp_size})"
+            )
         self.config = config
-        self.model = DeepseekBody(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.parallel = parallel
+        self.model = DeepseekBody(config, parallel)
+        vocab_rows = shard_size(config.vocab_size, tp_size, "vocab_size")
+        self.lm_head = nn.Linear(config.hidden_size, vocab_rows, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
@@ -102,7 +123,7 @@ class DeepseekForCausalLM(nn.Module):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        step: AttentionStep,
+        step: AttentionStep | DCPStep,
         cache: PagedLatentCache,
         *,
         decode_backend: str = "auto",
@@ -111,7 +132,8 @@ class DeepseekForCausalLM(nn.Module):
         """Logits `[batch, vocab]` (float32) of each sequence's last new token.
 
         `input_ids` and `positions` are `[T]`, the step's new tokens packed in sequence
-        order; layer i writes and reads `cache.layer(i)`.
+        order; layer i writes and reads `cache.layer(i)`. Under decode context parallelism the
+        step is this rank's `DCPStep` (`mlakit.model.steps.reserve_step` makes either).
         """
         hidden = self.model.embed_tokens(input_ids)
         for index, layer in enumerate(self.model.layers):
@@ -119,7 +141,10 @@ class DeepseekForCausalLM(nn.Module):
                 layer.input_layernorm(hidden), positions, step, cache.layer(index),
                 decode_backend=decode_backend, prefill_backend=prefill_backend,
             )
-            hidden = hidden + attn
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-        last = torch.tensor(step.new_tokens, device=hidden.device).cumsum(0) - 1
-        return self.lm_head(self.model.norm(hidden[last])).float()
+            hidden = hidden + all_reduce(attn, self.parallel)
+            hidden = hidden + all_reduce(layer.mlp(layer.post_attention_layernorm(hidden)), self.parallel)
+        if isinstance(step, DCPStep):
+            last = step.cu_seqlens_q[1:].long() - 1
+        else:
+            last = torch.tensor(step.new_tokens, device=hidden.device).cumsum(0) - 1
+        return gather_last_axis(self.lm_head(self.model.norm(hidden[last])), self.parallel).float()

@@ -1,16 +1,22 @@
-"""`mlakit generate`: load a checkpoint, resolve a plan, generate with a progress bar."""
+"""`mlakit generate`: load a checkpoint, resolve a plan, generate with a progress bar; under
+torchrun with `tp_size > 1`, one rank per process (all compute, rank 0 prints)."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from rich.console import Console
 from rich.progress import Progress
 
 from mlakit.cache import PagedLatentCache, num_pages_for_budget
 from mlakit.config import AUTO, ServingConfig
+from mlakit.distributed.groups import ParallelGroups, init_parallel
+from mlakit.errors import ConfigError
 from mlakit.model.deepseek import DeepseekConfig
 from mlakit.model.loader import load_model, read_config
 from mlakit.model.runner import Request, Runner
@@ -20,19 +26,53 @@ from mlakit.shape import MLAShape
 from mlakit.warmup import warm_up
 
 
+def join_ranks(config: ServingConfig) -> tuple[ServingConfig, ParallelGroups | None]:
+    """For `tp_size > 1`: joins the torchrun process group, if not yet joined (NCCL when every
+    local rank has its own GPU, else gloo), and builds the TP / DCP groups (`init_parallel`
+    checks the world size); `device='auto'` becomes this rank's GPU, `cuda:LOCAL_RANK` (GPUs
+    shared round-robin when fewer), or the CPU. One process: `config` unchanged and no groups.
+
+    >>> join_ranks(ServingConfig())[1] is None
+    True
+    """
+    if config.tp_size == 1:
+        return config, None
+    if not dist.is_initialized():
+        if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+            raise ConfigError(
+                f"tp_size={config.tp_size} runs one process per rank: start them with torchrun --nproc-per-node "
+                f"{config.tp_size} -m mlakit.cli generate ... --tp-size {config.tp_size}"
+            )
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if config.device == AUTO:
+        config = dataclasses.replace(config, device=f"cuda:{local_rank % gpus}" if gpus else "cpu")
+    if not dist.is_initialized():
+        own_gpu = config.device.startswith("cuda") and gpus >= int(os.environ.get("LOCAL_WORLD_SIZE", config.tp_size))
+        dist.init_process_group("nccl" if own_gpu else "gloo", device_id=torch.device(config.device) if own_gpu else None)
+    return config, init_parallel(config)
+
+
 def build_runner(
-    model_dir: str | Path, config: ServingConfig, cache_budget_bytes: int, console: Console, *, mixed_steps: bool = False
+    model_dir: str | Path,
+    config: ServingConfig,
+    cache_budget_bytes: int,
+    console: Console,
+    *,
+    mixed_steps: bool = False,
+    parallel: ParallelGroups | None = None,
 ) -> Runner:
     """Resolves `config` for the checkpoint's shape, warms its kernels up on a GPU, prints the plan,
     loads the model and sizes the paged cache from `cache_budget_bytes`; with `mixed_steps`, new
-    prompts join the running decodes in one step.
+    prompts join the running decodes in one step; with `parallel`, this rank's part of the model
+    (and of the cache under decode context parallelism).
 
     On a CPU the weights are float32 and so is the cache unless `config.kv_cache_dtype` names
     one (the reference path, exact against transformers); on a GPU the weights are bf16 and the
     cache takes the plan's dtype.
     """
     hf_config = read_config(model_dir)
-    model_config = DeepseekConfig.from_hf_config(hf_config)
+    model_config = DeepseekConfig.from_hf_config(hf_config, config.tp_size)
     plan = resolve(config, MLAShape.from_hf_config(hf_config))
     if plan.device.kind == "cuda":
         plan = warm_up(plan)
@@ -46,9 +86,9 @@ def build_runner(
         pages, plan.page_size, shape.kv_lora_rank, shape.qk_rope_head_dim, dtype=cache_dtype, device=device,
         num_layers=model_config.num_layers,
     )
-    model = load_model(model_dir, dtype=torch.float32 if on_cpu else torch.bfloat16, device=device)
+    model = load_model(model_dir, dtype=torch.float32 if on_cpu else torch.bfloat16, device=device, parallel=parallel)
     console.print(
-        f"model: {model_config.num_layers} layers, {shape.num_heads} heads, latent {shape.kv_lora_rank}+{shape.qk_rope_head_dim}; "
+        f"model: {model_config.num_layers} layers, {shape.num_heads} heads{' per rank' if config.tp_size > 1 else ''}, latent {shape.kv_lora_rank}+{shape.qk_rope_head_dim}; "
         f"cache: {pages} pages of {plan.page_size} tokens in {cache_dtype}"
     )
     return Runner(
@@ -68,12 +108,20 @@ def run_generate(
     cache_budget_bytes: int,
     device: str,
     console: Console,
+    *,
+    tp_size: int = 1,
+    dcp_size: int = 1,
+    dcp_interleave: int = 1,
 ) -> list[list[int]]:
     """Generates for each prompt and prints the plan, the token ids (and text, if the directory
-    has a tokenizer) and decode tokens/s."""
-    runner = build_runner(
-        model_dir, ServingConfig(decode_backend=backend, device=device, max_batch_size=len(prompts)), cache_budget_bytes, console
-    )
+    has a tokenizer) and decode tokens/s. With `tp_size > 1` this process is one torchrun rank
+    (`join_ranks`); every rank computes, rank 0 prints."""
+    config = ServingConfig(decode_backend=backend, device=device, max_batch_size=len(prompts), tp_size=tp_size,
+                           dcp_size=dcp_size, dcp_interleave=dcp_interleave)
+    config, parallel = join_ranks(config)
+    if parallel is not None and parallel.rank != 0:
+        console = Console(quiet=True)
+    runner = build_runner(model_dir, config, cache_budget_bytes, console, parallel=parallel)
     requests = [Request(p, max_new_tokens, temperature=temperature, top_p=top_p, seed=seed + i) for i, p in enumerate(prompts)]
     began = time.perf_counter()
     with Progress(console=console, transient=True) as progress:

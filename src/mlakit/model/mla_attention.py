@@ -16,6 +16,9 @@ from torch import nn
 
 from mlakit.cache import LatentStore
 from mlakit.config import AUTO
+from mlakit.distributed.attention import dcp_mla_forward
+from mlakit.distributed.groups import ParallelGroups
+from mlakit.distributed.step import DCPStep
 from mlakit.errors import ConfigError
 from mlakit.forward import mla_forward
 from mlakit.model.rope import RopeConfig, RopeLayout, RotaryEmbedding
@@ -79,11 +82,18 @@ class MLAAttention(nn.Module):
     reference runs, goes through the torch oracles); longer prefills run in MHA form
     (`mla_prefill`: decompressed K/V, cached prefix in chunks). One step may mix them. The
     absorbed weights W_UK / W_UV are views of `kv_b_proj`, so loading a state dict updates them.
+
+    Under tensor parallelism (`parallel`, with `config.shape` the per-rank shape) the layer holds
+    its rank's heads and returns its PARTIAL `o_proj` output, to be summed over the TP group
+    (`mlakit.distributed.tensor_parallel.all_reduce`); `o_proj`'s bias lives on rank 0 only.
+    Under decode context parallelism the step is a `DCPStep`: the layer writes only the tokens
+    this rank owns and attends through `dcp_mla_forward`.
     """
 
-    def __init__(self, config: MLALayerConfig) -> None:
+    def __init__(self, config: MLALayerConfig, parallel: ParallelGroups | None = None) -> None:
         super().__init__()
         self.config = config
+        self.parallel = parallel
         shape = config.shape
         hidden, heads = config.hidden_size, shape.num_heads
         if shape.q_lora_rank is None:
@@ -95,7 +105,8 @@ class MLAAttention(nn.Module):
         self.kv_a_proj_with_mqa = nn.Linear(hidden, shape.kv_cache_dim, bias=config.attention_bias)
         self.kv_a_layernorm = RMSNorm(shape.kv_lora_rank, LATENT_NORM_EPS)
         self.kv_b_proj = nn.Linear(shape.kv_lora_rank, heads * (shape.qk_nope_head_dim + shape.v_head_dim), bias=False)
-        self.o_proj = nn.Linear(heads * shape.v_head_dim, hidden, bias=config.attention_bias)
+        o_proj_bias = config.attention_bias and (parallel is None or parallel.rank == 0)
+        self.o_proj = nn.Linear(heads * shape.v_head_dim, hidden, bias=o_proj_bias)
         self.rotary = RotaryEmbedding(config.rope)
 
     def project_query(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,7 +130,7 @@ class MLAAttention(nn.Module):
         self,
         x: torch.Tensor,
         positions: torch.Tensor,
-        step: AttentionStep,
+        step: AttentionStep | DCPStep,
         cache: LatentStore,
         *,
         decode_backend: str = AUTO,
@@ -127,14 +138,22 @@ class MLAAttention(nn.Module):
     ) -> torch.Tensor:
         """Attention output `[T, hidden]` for the step's packed new tokens `x [T, hidden]`.
 
-        Writes the new tokens' latent rows into `cache` at `step.slots`, then attends over
-        each sequence's cached tokens (causal among the new ones), each part of the step on
-        its kernel (`mlakit.forward.mla_forward`).
+        Writes the new tokens' latent rows into `cache` at `step.slots` (-1: another DCP rank's
+        token), then attends over each sequence's cached tokens (causal among the new ones),
+        each part of the step on its kernel (`mlakit.forward.mla_forward`), or every token in
+        the latent form over the DCP group's shards (`dcp_mla_forward`).
         """
         q_nope, q_pe = self.project_query(x, positions)
         cache.write_slots(step.slots, self.project_latent(x, positions))
-        out = mla_forward(
-            q_nope, q_pe, cache.data, cache.scale, self.kv_b_proj.weight, step,
-            softmax_scale=self.config.shape.softmax_scale, decode_backend=decode_backend, prefill_backend=prefill_backend,
-        )
+        scale = self.config.shape.softmax_scale
+        if isinstance(step, DCPStep):
+            if self.parallel is None:
+                raise ConfigError("a DCPStep needs a model built with ParallelGroups (decode context parallelism)")
+            out = dcp_mla_forward(q_nope, q_pe, cache.data, cache.scale, self.kv_b_proj.weight, step, self.parallel.dcp_group,
+                                  softmax_scale=scale, backend=decode_backend)
+        else:
+            out = mla_forward(
+                q_nope, q_pe, cache.data, cache.scale, self.kv_b_proj.weight, step,
+                softmax_scale=scale, decode_backend=decode_backend, prefill_backend=prefill_backend,
+            )
         return self.o_proj(out.to(x.dtype).flatten(1))

@@ -15,6 +15,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from mlakit.distributed.tensor_parallel import shard_size
 from mlakit.errors import ConfigError
 from mlakit.shape import config_int, config_number
 
@@ -112,15 +113,19 @@ class Router(nn.Module):
 
 
 class MoE(nn.Module):
-    """Routed experts plus always-on shared experts."""
+    """Routed experts plus always-on shared experts.
 
-    def __init__(self, hidden_size: int, config: MoEConfig) -> None:
+    With `tp_size > 1` every rank routes every token (the router is replicated) and holds a
+    `1/tp_size` slice of each expert's intermediate dimension, so its output is a partial sum
+    for the TP group to all-reduce (SGLang's TP MoE).
+    """
+
+    def __init__(self, hidden_size: int, config: MoEConfig, tp_size: int = 1) -> None:
         super().__init__()
         self.gate = Router(hidden_size, config)
-        self.experts = nn.ModuleList(MLP(hidden_size, config.intermediate_size) for _ in range(config.num_experts))
-        self.shared_experts = (
-            MLP(hidden_size, config.intermediate_size * config.shared_experts) if config.shared_experts else None
-        )
+        expert_size = shard_size(config.intermediate_size, tp_size, "moe_intermediate_size")
+        self.experts = nn.ModuleList(MLP(hidden_size, expert_size) for _ in range(config.num_experts))
+        self.shared_experts = MLP(hidden_size, expert_size * config.shared_experts) if config.shared_experts else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, indices = self.gate(x)

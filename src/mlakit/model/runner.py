@@ -8,6 +8,12 @@ free their pages at once for the next ones.
 
 With an fp8 cache, each step reads the layers' saturation counters after sampling (which has
 already waited for the step) and warns (FP8SaturationWarning) once per layer whose count grew.
+
+A tensor-parallel model (`DeepseekForCausalLM(..., parallel)`) runs one Runner per rank, each
+making the same scheduling decisions; rank 0's sampled tokens are broadcast, so every rank
+continues with the same ones. Under decode context parallelism each rank's cache holds its share
+of every sequence (`mlakit.model.steps`), and admission counts the fullest rank's pages: every
+rank's cache must be made alike (same pages, nothing else held).
 """
 
 from __future__ import annotations
@@ -20,12 +26,14 @@ import warnings
 from collections.abc import Callable, Sequence
 
 import torch
+import torch.distributed as dist
 
 from mlakit.cache import FP8Counts, PagedLatentCache
 from mlakit.errors import ConfigError, is_int, FP8SaturationWarning
 from mlakit.model.deepseek import DeepseekForCausalLM
+from mlakit.model.steps import cached_tokens, reserve_step
 from mlakit.registry.catalog import get_backend
-from mlakit.step import DEFAULT_MAX_LATENT_EXTEND_TOKENS, AttentionStep
+from mlakit.step import DEFAULT_MAX_LATENT_EXTEND_TOKENS
 
 
 @dataclasses.dataclass
@@ -148,6 +156,7 @@ class Runner:
 
     def _check_requests(self, requests: Sequence[Request]) -> None:
         capacity = self.cache.allocator.num_free * self.cache.page_size
+        parallel = self.model.parallel
         vocab = self.model.config.vocab_size
         for index, request in enumerate(requests):
             name = f"requests[{index}]"
@@ -157,9 +166,11 @@ class Runner:
             if max(request.prompt_ids) >= vocab:
                 raise ConfigError(f"{name}.prompt_ids: expected token ids < the vocabulary size {vocab}, got {max(request.prompt_ids)}")
             needed = len(request.prompt_ids) + request.max_new_tokens
-            if needed > capacity:
+            held = cached_tokens(needed, parallel)
+            if held > capacity:
+                on_rank = f", {held} of them on the fullest DCP rank" if held != needed else ""
                 raise ConfigError(
-                    f"{name}: needs {needed} tokens of cache ({len(request.prompt_ids)} prompt + {request.max_new_tokens} new), "
+                    f"{name}: needs {needed} tokens of cache ({len(request.prompt_ids)} prompt + {request.max_new_tokens} new{on_rank}), "
                     f"the cache's free pages hold {capacity}; allocate more pages or shorten it"
                 )
             if self.cache.pages_of(index) or self.cache.seq_len(index):
@@ -172,7 +183,7 @@ class Runner:
             request = requests[index]
             if request.arrival_step > step_index or len(running) + len(admitted) >= self.max_batch_size:
                 continue
-            pages = -(-(len(request.prompt_ids) + request.max_new_tokens) // self.cache.page_size)
+            pages = self._pages_for(request)
             if pages > free_pages:
                 break
             free_pages -= pages
@@ -180,35 +191,38 @@ class Runner:
             waiting.remove(index)
         return admitted
 
+    def _pages_for(self, request: Request) -> int:
+        """The pages the request holds at its longest, on the fullest rank."""
+        tokens = cached_tokens(len(request.prompt_ids) + request.max_new_tokens, self.model.parallel)
+        return -(-tokens // self.cache.page_size)
+
     def _pages_still_needed(self, request: Request, index: int) -> int:
-        total = -(-(len(request.prompt_ids) + request.max_new_tokens) // self.cache.page_size)
-        return total - len(self.cache.pages_of(index))
+        return self._pages_for(request) - len(self.cache.pages_of(index))
 
     def _run_step(self, requests: Sequence[Request], decoding: list[int], prefilling: list[int]) -> None:
         device = self.cache.device
         indices = decoding + prefilling
-        tokens, positions, new_counts = [], [], []
+        tokens, positions, starts, new_counts = [], [], [], []
         for index in indices:
             request = requests[index]
             new = request.prompt_ids if index in prefilling else request.output_ids[-1:]
-            start = self.cache.seq_len(index)
+            start = 0 if index in prefilling else len(request.prompt_ids) + len(request.output_ids) - 1
             tokens.extend(new)
             positions.extend(range(start, start + len(new)))
+            starts.append(start)
             new_counts.append(len(new))
-        slots = torch.cat([self.cache.reserve(index, n) for index, n in zip(indices, new_counts)])
-        step = AttentionStep(
-            tuple(new_counts), tuple(self.cache.seq_len(i) for i in indices), self.cache.block_table(indices), slots,
-            page_size=self.cache.page_size, heads=self.model.config.attention.shape.num_heads,
-            max_latent_extend_tokens=self._max_latent_extend_tokens,
+        step = reserve_step(
+            self.cache, self.model.parallel, indices, starts, new_counts,
+            heads=self.model.config.attention.shape.num_heads, max_latent_extend_tokens=self._max_latent_extend_tokens,
         )
         began = time.perf_counter()
         logits = self.model(
             torch.tensor(tokens, device=device), torch.tensor(positions, device=device), step, self.cache,
             decode_backend=self.decode_backend, prefill_backend=self.prefill_backend,
         )
-        for row, index in enumerate(indices):
+        sampled = [sample(logits[row], requests[index], len(requests[index].output_ids)) for row, index in enumerate(indices)]
+        for index, token in zip(indices, self._agreed(sampled)):
             request = requests[index]
-            token = sample(logits[row], request, len(request.output_ids))
             request.output_ids.append(token)
             eos = token in self.model.config.eos_token_ids
             request.finished = eos or len(request.output_ids) >= request.max_new_tokens
@@ -222,6 +236,15 @@ class Runner:
             self.stats.decode_steps += 1
             self.stats.decode_tokens += len(indices)
             self.stats.decode_seconds += time.perf_counter() - began
+
+    def _agreed(self, sampled: list[int]) -> list[int]:
+        """Rank 0's tokens on every TP rank (one small broadcast), so the ranks never diverge."""
+        parallel = self.model.parallel
+        if parallel is None or parallel.tp_size == 1:
+            return sampled
+        tokens = torch.tensor(sampled, dtype=torch.int64, device=self.cache.device)
+        dist.broadcast(tokens, src=dist.get_global_rank(parallel.tp_group, 0), group=parallel.tp_group)
+        return tokens.tolist()
 
     def _warn_on_fp8_saturation(self) -> None:
         """One FP8SaturationWarning per layer whose saturated or non-finite count grew this step."""
