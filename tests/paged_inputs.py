@@ -8,7 +8,8 @@ import math
 
 import torch
 
-from mlakit.cache.kv_quant import FP8_DTYPE, STORAGE_DTYPES, dequantize, num_scale_groups, quantize_rows_per_group
+from fp8_oracle import dequantize_cache
+from mlakit.cache.kv_quant import FP8_DTYPE, STORAGE_DTYPES, num_scale_groups, quantize_rows_per_group
 
 GARBAGE_PAGE_INDEX = -12345
 
@@ -24,7 +25,8 @@ class PagedBatch:
     softmax_scale: float
 
     def dequantized_cache(self) -> torch.Tensor:
-        return dequantize(self.kv_cache, self.kv_scale, torch.float64)
+        """float64 cache rows by the fp8 oracle (no code shared with mlakit.cache.kv_quant), on the cache's device."""
+        return dequantize_cache(self.kv_cache, self.kv_scale).to(self.kv_cache.device)
 
 
 def make_paged_batch(

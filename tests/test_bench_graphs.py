@@ -4,17 +4,23 @@ wiring, the CPU refusal) and its whole flow on CPU with the reference backend, g
 from __future__ import annotations
 
 import json
+import os
+import socket
 
 import pytest
 import torch
+import torch.distributed as dist
 from click.testing import CliRunner
 
+from bench_graphs_worker import RANK_SETTINGS, EagerGraphs, run_bench_rank, run_once_timer
+from dcp_worker import run_world
+from mlakit import ServingConfig
 from mlakit.bench import graphs as graphs_bench
 from mlakit.bench.ceilings import Ceilings
 from mlakit.bench.cli import bench
 from mlakit.bench.graphs import GraphBatchResult, GraphBenchSettings, StepTime, block_table, format_table, results_json, summary_line
+from mlakit.distributed import ParallelGroups, TokenSharding, join_ranks
 from mlakit.errors import ConfigError
-from mlakit.graphs import DecodeBuffers
 
 cpu_machine_only = pytest.mark.skipif(torch.cuda.is_available(), reason="describes a CPU-only machine")
 
@@ -131,7 +137,8 @@ def test_cli_graphs_needs_cuda():
 def test_cli_graphs_passes_the_settings_and_defaults_its_own_json_file(monkeypatch):
     seen = []
 
-    def fake_run(settings, device, json_path, log):
+    def fake_run(settings, device, json_path, log, parallel):
+        assert parallel is None  # one process: no groups
         seen.append((settings, device, json_path))
         return [_result(1)] if len(seen) == 1 else [_result(1), _result(16, error=0.02)]
 
@@ -166,56 +173,6 @@ def test_cli_option_mistakes_are_usage_errors_before_any_device_work(args, messa
     assert message in result.output
 
 
-class _Replay:
-    """Stands in for a captured graph: reruns the step into the same output tensor."""
-
-    def __init__(self, run, out: torch.Tensor):
-        self.run, self.out = run, out
-
-    def replay(self) -> None:
-        self.out.copy_(self.run())
-
-
-class _EagerGraphs:
-    """DecodeGraphs' interface without CUDA: `capture` runs each bucket once, `run` fills the real
-    buffers and "replays" (reruns the step, output masked as the real graphs do)."""
-
-    made: list[_EagerGraphs] = []
-
-    def __init__(self, step, *, backend, max_batch, q_len, heads, dim, max_pages, dtype, device, buckets):
-        self.step, self.backend = step, backend
-        self.buckets = tuple(sorted({b for b in buckets if b <= max_batch} | {max_batch}))
-        self.buffers = DecodeBuffers.allocate(max_batch, q_len, heads, dim, max_pages, dtype, device)
-        self._graphs: dict[int, tuple[_Replay, torch.Tensor]] = {}
-        _EagerGraphs.made.append(self)
-
-    def bucket_for(self, batch: int) -> int:
-        return min(b for b in self.buckets if b >= batch)
-
-    def capture(self, warm_inputs=None) -> None:
-        q, table, lens = warm_inputs
-        for bucket in self.buckets:
-            view = self.buffers.view(bucket)
-
-            def masked(view=view):
-                out = self.step(view)
-                return torch.where(view.real_rows.view(-1, 1, 1, 1), out, torch.zeros((), dtype=out.dtype))
-
-            self.buffers.fill(q[:bucket], table[:bucket], lens[:bucket], None, bucket)
-            out = masked()
-            self._graphs[bucket] = (_Replay(masked, out), out)
-
-    def run(self, q, block_table, cache_seqlens):
-        bucket = self.bucket_for(q.shape[0])
-        self.buffers.fill(q, block_table, cache_seqlens, None, bucket)
-        return self.replay(q.shape[0])[: q.shape[0]]
-
-    def replay(self, batch):
-        replay, out = self._graphs[self.bucket_for(batch)]
-        replay.replay()
-        return out
-
-
 def test_whole_flow_on_cpu_with_the_reference_backend(monkeypatch, tmp_path):
     calls: list[tuple[int, int]] = []
     real_decode = graphs_bench.mla_decode
@@ -226,16 +183,10 @@ def test_whole_flow_on_cpu_with_the_reference_backend(monkeypatch, tmp_path):
         return real_decode(q, cache, table, lengths, **kwargs)
 
     timed: list[int] = []
-
-    def fake_time(fn, warmup, steps):
-        fn()
-        timed.append(steps)
-        return StepTime(float(len(timed)), float(len(timed)), steps)
-
-    _EagerGraphs.made.clear()
+    EagerGraphs.made.clear()
     monkeypatch.setattr(graphs_bench, "mla_decode", counting_decode)
-    monkeypatch.setattr(graphs_bench, "DecodeGraphs", _EagerGraphs)
-    monkeypatch.setattr(graphs_bench, "time_step", fake_time)
+    monkeypatch.setattr(graphs_bench, "DecodeGraphs", EagerGraphs)
+    monkeypatch.setattr(graphs_bench, "time_step", run_once_timer(timed))
     monkeypatch.setattr(graphs_bench, "measure_ceilings", lambda device: Ceilings(100.0, 10.0))
     monkeypatch.setattr(graphs_bench, "environment", lambda device, ceilings: {"device": "cpu", "ceilings": {"copy_gb_per_s": 100.0}})
     settings = GraphBenchSettings(layers=3, heads=2, batches=(1, 3), context=80, q_len=2, backend="reference", page_size=16,
@@ -247,7 +198,7 @@ def test_whole_flow_on_cpu_with_the_reference_backend(monkeypatch, tmp_path):
     assert [r.batch for r in results] == [1, 3]
     assert all(r.rel_error == 0.0 and r.ok for r in results)  # the same kernels in both paths
     assert timed == [5] * 6  # eager, graph, replay per batch
-    assert _EagerGraphs.made[0].buckets == (1, 3) and _EagerGraphs.made[0].backend == "reference"
+    assert EagerGraphs.made[0].buckets == (1, 3) and EagerGraphs.made[0].backend == "reference"
     checked, steps = calls[0], calls[1:]  # one call with the value checks, then whole steps
     layers = [cache for cache, _ in steps[:3]]
     assert len(set(layers)) == 3 and checked[0] == layers[0]  # every layer reads its own cache
@@ -259,10 +210,12 @@ def test_whole_flow_on_cpu_with_the_reference_backend(monkeypatch, tmp_path):
     assert any("eager ms" in line for line in lines) and lines[-1] == f"wrote {path}"
     data = json.loads(path.read_text())
     assert data["environment"]["device"] == "cpu" and data["settings"]["q_len"] == 2 and len(data["results"]) == 2
+    assert data["environment"]["world_size"] == 1 and data["environment"]["process_group"] is None
+    assert all(row["comm"] is None and row["comm_bytes"] == 0 for row in data["results"])  # no collectives in one process
 
 
 def test_caches_beyond_the_memory_budget_are_refused_before_allocating(monkeypatch):
-    monkeypatch.setattr(graphs_bench, "DecodeGraphs", _EagerGraphs)
+    monkeypatch.setattr(graphs_bench, "DecodeGraphs", EagerGraphs)
     with pytest.raises(ConfigError, match=r"need 18\.6 GB, more than the 10\.0 GB budget"):
         graphs_bench.run_graph_bench(GraphBenchSettings(), torch.device("cpu"), print, memory_budget=10e9)
 
@@ -302,3 +255,133 @@ def test_cli_grid_heads_that_match_no_case_are_a_usage_error(monkeypatch):
     monkeypatch.setattr(bench_cli, "measure_ceilings", lambda device: pytest.fail("no device work before the check"))
     result = CliRunner().invoke(bench, ["decode", "--heads", "7", "--no-baseline"])
     assert result.exit_code == 2 and "the grid has no case with 7 heads" in result.output
+
+
+def test_tp_and_dcp_settings_split_heads_and_cache():
+    one = GraphBenchSettings()
+    s = GraphBenchSettings(tp_size=8, dcp_size=4, dcp_interleave=16)
+    assert s.heads == 128 and s.heads_per_rank == 16 and one.heads_per_rank == 128
+    assert [sum(s.local_lengths(r)) for r in range(4)] != [sum(one.lengths())] * 4
+    assert [sum(n) for n in zip(*(s.local_lengths(r) for r in range(4)))] == one.lengths()  # every token on one rank
+    assert any(n % 16 for n in s.lengths())  # lengths that are not multiples of the interleave
+    assert s.local_lengths(0) >= s.local_lengths(3) and s.pages_per_layer() == sum(-(-n // 64) for n in s.local_lengths(0)) + 1
+    assert s.cache_bytes() < one.cache_bytes() / 3.5
+    assert GraphBenchSettings(tp_size=8).cache_bytes() == one.cache_bytes()  # TP alone: every rank caches every token
+    # README: DeepSeek-V3 at TP8 x DCP8, 64 sequences decoding one token, 15.6 MB per layer.
+    assert GraphBenchSettings(tp_size=8, dcp_size=8, layers=1).exchange_bytes(64) == 7 * 64 * 16 * (1152 + 1024 + 4)
+    assert GraphBenchSettings(tp_size=8).exchange_bytes(64) == 0
+    data = s.to_json()
+    assert (data["tp_size"], data["dcp_size"], data["dcp_interleave"]) == (8, 4, 16)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"tp_size": 3}, "heads: expected a multiple of tp_size=3"),
+        ({"tp_size": 2, "dcp_size": 4}, "dcp_size=4 does not divide tp_size=2"),
+        ({"tp_size": 0}, "tp_size"),
+        ({"dcp_interleave": 0}, "dcp_interleave"),
+    ],
+)
+def test_bad_rank_settings_are_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        GraphBenchSettings(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--tp-size", "2"], "--tp-size only apply with --graphs"),
+        (["--graphs", "--tp-size", "3"], "heads: expected a multiple of tp_size=3"),
+        (["--graphs", "--tp-size", "2", "--dcp-size", "4"], "dcp_size=4 does not divide tp_size=2"),
+    ],
+)
+def test_cli_rank_option_mistakes_are_usage_errors(args, message):
+    result = CliRunner().invoke(bench, ["decode", *args])
+    assert result.exit_code == 2 and message in result.output, result.output
+
+
+def _refusal(monkeypatch, args: list[str]) -> str:
+    """The CLI's one-line error for `args` with a CUDA device pretended; nothing is benchmarked."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(graphs_bench, "run_and_report", lambda *a: pytest.fail("refused before running"))
+    result = CliRunner().invoke(bench, ["decode", "--graphs", *args])
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith("Error: ") and result.output.count("\n") == 1, result.output
+    return result.output
+
+
+def test_cli_tp_size_without_torchrun_is_one_line(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    output = _refusal(monkeypatch, ["--tp-size", "2", "--dcp-size", "2"])
+    assert "start them with torchrun --nproc-per-node 2 -m mlakit.bench decode --graphs --tp-size 2" in output
+
+
+def test_cli_world_size_other_than_tp_size_is_one_line(monkeypatch):
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # as torchrun with one process
+    output = _refusal(monkeypatch, ["--tp-size", "2"])
+    assert "world size 1 does not equal tp_size=2" in output
+    assert not dist.is_initialized()  # the CLI leaves the group it joined
+
+
+def test_cli_dcp_with_a_backend_without_lse_is_one_line_before_joining(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    output = _refusal(monkeypatch, ["--tp-size", "2", "--dcp-size", "2", "--graph-backend", "trtllm_mla"])
+    assert "backend 'trtllm_mla' does not return the log-sum-exp" in output and "--dcp-size 1" in output
+
+
+def test_join_ranks_turns_multicast_off_where_unset(monkeypatch):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                        "NVSHMEM_DISABLE_NVLS": "kept"}.items():
+        monkeypatch.setenv(name, value)
+    for name in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    try:
+        with pytest.raises(ConfigError, match="world size 1 does not equal tp_size=2"):
+            join_ranks(ServingConfig(tp_size=2))
+        assert dist.get_backend() == "gloo"  # no GPU per rank
+    finally:
+        dist.destroy_process_group()
+    assert os.environ["NCCL_NVLS_ENABLE"] == "0" and os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
+    assert os.environ["NVSHMEM_DISABLE_NVLS"] == "kept"
+
+
+def test_two_gloo_ranks_run_the_dcp_stack_eagerly_and_rank_0_reports(tmp_path):
+    """TP2 x DCP2 on CPU (reference backend, graphs and timer faked): per layer the DCP attention's
+    collectives, per batch a comm-only step; rank 0 logs and writes the JSON, rank 1 stays quiet."""
+    reports = run_world(2, tmp_path, target=run_bench_rank)
+    assert [r["dcp_rank"] for r in reports] == [0, 1]
+    assert reports[1]["lines"] == [] and reports[0]["lines"][-1] == f"wrote {tmp_path / 'bench.json'}"
+    assert any("TP2 x DCP2" in line for line in reports[0]["lines"])
+    assert sum("collectives" in line and "rel err 0.0e+00 ok" in line for line in reports[0]["lines"]) == 2
+    for report in reports:
+        assert report["graph_heads"] == [2, 2]  # the attention stack's graphs and the comm-only step's: heads / tp
+        for row, batch in zip(report["results"], (1, 3)):
+            assert row["batch"] == batch and row["rel_error"] == 0.0 and row["ok"]
+            assert row["comm"]["steps"] == 3 and row["comm_bytes"] == RANK_SETTINGS.exchange_bytes(batch) > 0
+            assert row["tokens"] == sum(RANK_SETTINGS.lengths()[:batch])
+    kv = [[row["kv_bytes"] for row in r["results"]] for r in reports]
+    assert kv[0] != kv[1] and sum(kv[0]) + sum(kv[1]) > 0  # each rank reads its own shard
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert data["environment"]["world_size"] == 2 and data["environment"]["process_group"] == "gloo"
+    s = data["settings"]
+    assert (s["tp_size"], s["dcp_size"], s["dcp_interleave"], s["heads"]) == (2, 2, 4, 4)
+    assert data["results"] == reports[0]["results"]
+
+
+def test_dcp_over_gloo_on_a_gpu_is_refused_before_allocating():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        ranks = ParallelGroups(rank=0, tp_size=2, dcp_size=2, sharding=TokenSharding(2), tp_group=dist.group.WORLD,
+                               dcp_group=dist.group.WORLD)
+        settings = GraphBenchSettings(layers=2, batches=(1,), tp_size=2, dcp_size=2)
+        with pytest.raises(ConfigError, match="over NCCL only, and this group runs gloo"):
+            graphs_bench.run_graph_bench(settings, torch.device("cuda"), print, parallel=ranks)
+    finally:
+        dist.destroy_process_group()

@@ -133,3 +133,29 @@ def test_free_of_an_unknown_or_already_freed_sequence_raises_unless_missing_ok()
     cache.free(0, missing_ok=True)
     cache.free(12, missing_ok=True)
     assert cache.allocator.num_free == 3
+
+
+@pytest.mark.parametrize(
+    "pages, refusal",
+    [
+        ([0, 1], r"got page 0, which is already free"),  # freed twice (issue 27: num_free 6 of 4 afterwards)
+        ([3], r"got page 3, which is already free"),  # never handed out
+        ([2, 2], r"got page 2, which is listed twice"),
+        ([4], r"got 4, not a page index in \[0, 4\)"),
+        ([-1], r"got -1, not a page index"),
+        (["2"], r"got '2', not a page index"),
+    ],
+)
+def test_page_allocator_refuses_a_page_it_does_not_hold_and_changes_nothing(pages, refusal):
+    from mlakit.cache import PageAllocator
+    from mlakit.errors import MLAInputError
+
+    allocator = PageAllocator(4)
+    taken = allocator.allocate(3)
+    allocator.free([0, 1])
+    state = (allocator.num_free, list(allocator._free))
+    with pytest.raises(MLAInputError, match=r"^pages: expected pages this allocator handed out and does not hold, " + refusal):
+        allocator.free(pages)
+    assert (allocator.num_free, list(allocator._free)) == state
+    allocator.free([taken[2]])
+    assert sorted(allocator.allocate(4)) == [0, 1, 2, 3]

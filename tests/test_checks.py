@@ -139,3 +139,49 @@ def test_softmax_scale_accepts_python_and_numpy_numbers(entry):
         out = SCALE_CALLS[entry](scale)
         result = out[0] if isinstance(out, tuple) else out
         assert torch.isfinite(result.float()).all()
+
+
+def _decode_args(**overrides):
+    """check_decode_inputs' arguments for a small valid fp8 batch, with `overrides`."""
+    batch = make_paged_batch([9, 4], heads=2, page_size=4, kv_lora_rank=64, rope_dim=16, kv_dtype="fp8_e4m3")
+    args = dict(q=batch.q, kv_cache=batch.kv_cache, block_table=batch.block_table, cache_seqlens=batch.cache_seqlens,
+                kv_scale=batch.kv_scale, kv_lora_rank=64)
+    return args | overrides
+
+
+@pytest.mark.parametrize(
+    "override, pattern",
+    [
+        (lambda a: {"q": a["q"][:0]}, r"q: expected \[batch, q_len, heads, dim\] with batch, q_len and heads >= 1, got shape \(0,"),
+        (lambda a: {"q": a["q"][:, :, :0]}, r"q: expected .* heads >= 1, got shape \(2, 1, 0, 80\)"),
+        (lambda a: {"kv_cache": a["kv_cache"][:0]}, r"kv_cache: expected at least one page of at least one token, got shape \(0, 4, 80\)"),
+        (lambda a: {"kv_cache": a["kv_cache"][:, :0]}, r"kv_cache: expected at least one page .*got shape \(\d+, 0, 80\)"),
+        (lambda a: {"kv_lora_rank": 0}, r"kv_lora_rank: expected an integer in 1\.\.79 .*got 0"),
+        (lambda a: {"kv_lora_rank": 80}, r"kv_lora_rank: expected an integer in 1\.\.79 .*got 80"),
+        (lambda a: {"kv_lora_rank": 64.0}, r"kv_lora_rank: expected an integer in 1\.\.79 .*got 64\.0"),
+        (lambda a: {"kv_scale": a["kv_scale"].double()}, r"kv_scale: expected a float32 tensor, got torch\.float64"),
+        (lambda a: {"kv_scale": 0.5}, r"kv_scale: expected a float32 tensor, got float"),
+        (lambda a: {"kv_scale": a["kv_scale"].to("meta")}, r"kv_scale: expected a tensor on cpu \(the device of q\), got meta"),
+    ],
+)
+def test_every_decode_check_refuses_naming_the_argument(override, pattern):
+    from mlakit.attention.checks import check_decode_inputs
+
+    args = _decode_args()
+    check_decode_inputs(**args)
+    with pytest.raises(MLAInputError, match=pattern):
+        check_decode_inputs(**(args | override(args)))
+
+
+def test_extend_refuses_decreasing_cu_seqlens_q():
+    """Offsets [0, 3, 1, 4]: first 0, last = q's 4 tokens, every segment <= max_q_len and <= its cache
+    length, so only the non-decreasing check can catch the -2 segment."""
+    from mlakit.attention.checks import check_extend_inputs
+
+    batch = make_paged_batch([9, 4, 6], heads=2, page_size=4, kv_lora_rank=64, rope_dim=16)
+    q = batch.q[:, 0].repeat(2, 1, 1)[:4]
+    args = dict(q=q, kv_cache=batch.kv_cache, block_table=batch.block_table, cache_seqlens=batch.cache_seqlens,
+                max_q_len=3, kv_scale=None, kv_lora_rank=64)
+    check_extend_inputs(**args, cu_seqlens_q=torch.tensor([0, 1, 3, 4], dtype=torch.int32))
+    with pytest.raises(MLAInputError, match=r"cu_seqlens_q: expected non-decreasing offsets, got \[0, 3, 1, 4\]"):
+        check_extend_inputs(**args, cu_seqlens_q=torch.tensor([0, 3, 1, 4], dtype=torch.int32))

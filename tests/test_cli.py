@@ -45,7 +45,7 @@ def check_error(*args: str) -> str:
     assert result.exit_code == EXIT_CONFIG_ERROR == 2, (result.exit_code, result.output, repr(result.exception))
     assert isinstance(result.exception, SystemExit)
     message = stderr_of(result)
-    assert message.startswith("error: ")
+    assert message.startswith("error: ") and message.count("\n") == 1, message
     assert "Traceback" not in result.output
     return message
 
@@ -294,7 +294,7 @@ def test_check_tp_size_that_does_not_divide_heads():
 
 
 def test_check_model_and_config_together():
-    assert "give --model or --config, not both" in check_error("--model", "deepseek-v3", "--config", "x")
+    assert "--model and --config: expected one of them, got both" in check_error("--model", "deepseek-v3", "--config", "x")
 
 
 @pytest.mark.parametrize(
@@ -316,8 +316,8 @@ def test_check_model_and_config_together():
         (["--speculative-eagle-topk", "2"], "speculative_eagle_topk=2 (tree drafts) needs speculative decoding"),
         (["--speculative-uneven-drafts"], "speculative_uneven_drafts needs speculative decoding"),
         (["--device-arch", "sm90", "--decode-backend", "flashmla", "--speculative-num-draft-tokens", "1", "--speculative-uneven-drafts"],
-         "decode_backend 'flashmla' cannot serve this configuration on sm90:\n"
-         "  - speculative_uneven_drafts needs a latent-form extend kernel, which it lacks\n"
+         "decode_backend 'flashmla' cannot serve this configuration on sm90: "
+         "speculative_uneven_drafts needs a latent-form extend kernel, which it lacks; "
          "backends that fit this decode configuration: triton, reference"),
         (["--device-arch", "sm9"], "device arch 'sm9' is not one of cpu, xpu, sm80"),
         (["--config", "/nonexistent/mlakit/config.json"], "does not exist; pass a config.json or its directory"),
@@ -346,13 +346,13 @@ def test_check_non_mla_config_is_refused(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096}))
     message = check_error("--config", str(path))
-    assert "config is not an MLA (DeepSeek-style) config: missing ['kv_lora_rank'" in message
+    assert "config.json: not an MLA (DeepSeek-style) config: missing ['kv_lora_rank'" in message
 
 
 def test_check_invalid_json_config_is_refused(tmp_path):
     path = tmp_path / "config.json"
     path.write_text("{not json")
-    assert "is not valid JSON" in check_error("--config", str(path))
+    assert "config.json: not valid JSON" in check_error("--config", str(path))
 
 
 def test_check_minicpm3_config_on_sm90_skips_backends_fixed_to_512(tmp_path):
@@ -371,8 +371,8 @@ def test_check_minicpm3_config_on_sm90_skips_backends_fixed_to_512(tmp_path):
     "content, expected",
     [
         ("[]", "JSON object"),
-        (json.dumps(MLA_CONFIG | {"num_attention_heads": "x"}), "num_attention_heads must be an integer, got 'x'"),
-        (json.dumps(MLA_CONFIG | {"num_attention_heads": 16.5}), "num_attention_heads must be an integer, got 16.5"),
+        (json.dumps(MLA_CONFIG | {"num_attention_heads": "x"}), "config.json: num_attention_heads: expected an integer >= 1, got 'x'"),
+        (json.dumps(MLA_CONFIG | {"num_attention_heads": 16.5}), "config.json: num_attention_heads: expected an integer >= 1, got 16.5"),
         (json.dumps(MLA_CONFIG | {"rope_scaling": "yarn"}), "rope_scaling"),
     ],
     ids=["json-array", "non-integer-heads", "fractional-heads", "string-rope-scaling"],

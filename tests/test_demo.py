@@ -73,3 +73,17 @@ def test_gpu_demo_passes_with_each_installed_decode_backend(demo_dir, backend, k
     print(text)
     assert code == 0, text
     assert f"decode {backend}" in text and f"KV cache {kv_cache_dtype}" in text and "weights bfloat16" in text
+
+
+def test_a_damaged_cached_checkpoint_is_rebuilt_with_one_line_saying_so(tmp_path):
+    """Issue 27: the demo reused a damaged cached checkpoint forever."""
+    directory = ensure_demo_checkpoint(tmp_path / "checkpoint", say=pytest.fail)
+    shard = directory / "model.safetensors"
+    original = shard.read_bytes()
+    ensure_demo_checkpoint(directory, say=pytest.fail)  # an intact checkpoint is reused silently
+    shard.write_bytes(original[: len(original) // 2])
+    said: list[str] = []
+    ensure_demo_checkpoint(directory, say=said.append)
+    assert said == [f"demo checkpoint {directory} is damaged (model.safetensors: expected {len(original)} bytes with the "
+                    f"stamped SHA-256, got {len(original) // 2} bytes); rebuilding it"]
+    assert shard.read_bytes() == original

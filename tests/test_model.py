@@ -129,11 +129,11 @@ def _corrupt_copy(source, target, edit):
         (lambda c, t: (c, {k: v for k, v in t.items() if k != "model.layers.1.self_attn.kv_b_proj.weight"}),
          r"lacks tensor model\.layers\.1\.self_attn\.kv_b_proj\.weight"),
         (lambda c, t: (c, t | {"model.layers.0.self_attn.o_proj.weight": torch.zeros(5, 5)}),
-         r"tensor model\.layers\.0\.self_attn\.o_proj\.weight in model\.safetensors has shape \(5, 5\), expected \(96, 48\)"),
-        (lambda c, t: (c, t | {"model.layers.0.extra.weight": torch.zeros(2)}), r"unexpected tensor model\.layers\.0\.extra\.weight"),
+         r"tensor model\.layers\.0\.self_attn\.o_proj\.weight in \S*model\.safetensors: shape \(5, 5\), expected \(96, 48\)"),
+        (lambda c, t: (c, t | {"model.layers.0.extra.weight": torch.zeros(2)}), r"tensor model\.layers\.0\.extra\.weight in \S*model\.safetensors: unexpected"),
         (lambda c, t: (c, t | {"model.layers.0.mlp.up_proj.weight_scale_inv": torch.zeros(2)}), r"block-quantized fp8"),
-        (lambda c, t: (c | {"architectures": ["LlamaForCausalLM"]}, t), r"architecture \['LlamaForCausalLM'\] is not supported"),
-        (lambda c, t: (c | {"model_type": "llama"}, t), r"model_type 'llama' is not a DeepSeek MLA architecture"),
+        (lambda c, t: (c | {"architectures": ["LlamaForCausalLM"]}, t), r"config\.json: architectures: expected a list naming one of .*, got \['LlamaForCausalLM'\]"),
+        (lambda c, t: (c | {"model_type": "llama"}, t), r"config\.json: model_type: expected one of \['deepseek_v2', 'deepseek_v3'\], got 'llama'"),
     ],
 )
 def test_corrupted_checkpoints_fail_at_load_naming_the_tensor(v3_checkpoint, tmp_path, edit, message):
@@ -142,10 +142,27 @@ def test_corrupted_checkpoints_fail_at_load_naming_the_tensor(v3_checkpoint, tmp
         load_model(_corrupt_copy(directory, tmp_path / "bad", edit))
 
 
-def test_multi_token_prediction_layers_are_skipped(v3_checkpoint, tmp_path):
+def test_declared_multi_token_prediction_layers_are_skipped_undeclared_layers_refused(v3_checkpoint, tmp_path):
+    """Before: any layer past num_hidden_layers was dropped as if it were an MTP layer."""
     directory, _ = v3_checkpoint
-    extra = lambda c, t: (c, t | {"model.layers.3.eh_proj.weight": torch.zeros(2, 2)})  # noqa: E731
-    assert load_model(_corrupt_copy(directory, tmp_path / "mtp", extra)).config.num_layers == 3
+    mtp = lambda c, t: (c | {"num_nextn_predict_layers": 1}, t | {"model.layers.3.eh_proj.weight": torch.zeros(2, 2)})  # noqa: E731
+    assert load_model(_corrupt_copy(directory, tmp_path / "mtp", mtp)).config.num_layers == 3
+    undeclared = lambda c, t: (c, t | {"model.layers.3.eh_proj.weight": torch.zeros(2, 2)})  # noqa: E731
+    with pytest.raises(ConfigError, match=r"layers\.3\.eh_proj\.weight in \S*model\.safetensors: layer 3 is past the config's "
+                       r"num_hidden_layers \(3\) \+ num_nextn_predict_layers \(0\)"):
+        load_model(_corrupt_copy(directory, tmp_path / "undeclared", undeclared))
+    fewer_layers = lambda c, t: (c | {"num_hidden_layers": 2}, t)  # noqa: E731
+    with pytest.raises(ConfigError, match=r"layer 2 is past the config's num_hidden_layers \(2\)"):
+        load_model(_corrupt_copy(directory, tmp_path / "fewer", fewer_layers))
+
+
+def test_non_floating_weights_are_refused_naming_the_tensor(v3_checkpoint, tmp_path):
+    """Before: int8 weights were cast to float and used."""
+    directory, _ = v3_checkpoint
+    for dtype, code in ((torch.int8, "I8"), (torch.float8_e4m3fn, "F8_E4M3")):
+        quantized = lambda c, t: (c, t | {"model.norm.weight": t["model.norm.weight"].to(dtype)})  # noqa: E731
+        with pytest.raises(ConfigError, match=rf"tensor model\.norm\.weight in \S*model\.safetensors: dtype {code}, expected a floating"):
+            load_model(_corrupt_copy(directory, tmp_path / code, quantized))
 
 
 def test_generate_cli_prints_token_ids(v3_checkpoint):

@@ -326,3 +326,19 @@ def test_triton_extend_matches_reference(prefix, new, heads, page_size, kv_dtype
 def test_decode_tuning_names_a_known_tier():
     with pytest.raises(ValueError, match="tier"):
         DecodeTuning(64, 64, 8, tier="hoper")
+
+
+@pytest.mark.parametrize("q_len", [1, 3])
+def test_triton_decode_uses_each_groups_own_fp8_scale(q_len, kernel_device):
+    """Three 128-channel scale groups whose scales differ 16-fold: a kernel that applied group 0's
+    scale to every channel (issue 27's surviving mutant) is far off the oracle."""
+    batch = make_paged_batch([70, 9], heads=3, q_len=q_len, page_size=16, kv_lora_rank=256, rope_dim=32,
+                             kv_dtype="fp8_e4m3", scale_layout="group", seed=5, device=kernel_device)
+    batch.kv_scale = batch.kv_scale * torch.tensor([1.0, 4.0, 0.25], device=kernel_device)
+    out, lse = triton_mla_decode(
+        batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens,
+        kv_lora_rank=256, softmax_scale=batch.softmax_scale, kv_scale=batch.kv_scale, num_sms=4,
+    )
+    expected_out, expected_lse = naive_decode(batch)
+    assert relative_error(out, expected_out) < 3e-2
+    assert_lse_close(lse, expected_lse, atol=3e-2)

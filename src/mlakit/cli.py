@@ -12,7 +12,7 @@ from rich.table import Table
 from mlakit.bench.cli import bench
 from mlakit.config import AUTO, KV_CACHE_DTYPES, ServingConfig
 from mlakit.device import DeviceInfo
-from mlakit.errors import ConfigError
+from mlakit.errors import ConfigError, MLAKitError
 from mlakit.report import print_plan
 from mlakit.registry.catalog import all_records, missing_adapter
 from mlakit.registry.resolve import resolve
@@ -21,7 +21,30 @@ from mlakit.shape import PRESETS, MLAShape
 EXIT_CONFIG_ERROR = 2
 
 
-@click.group()
+class _OneLineErrors(click.Group):
+    """Every refusal is one line on stderr and exit 2: mlakit's errors and click's usage errors
+    (a bad option value, an unknown command) alike, never a usage block or a traceback."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except (MLAKitError, click.UsageError) as exc:
+            message = exc.format_message() if isinstance(exc, click.UsageError) else str(exc)
+            click.echo(f"error: {one_line(message)}", err=True)
+            sys.exit(EXIT_CONFIG_ERROR)
+
+
+def one_line(message: str) -> str:
+    r"""A (possibly multi-line, bulleted) message as one line, its lines joined by "; ".
+
+    >>> one_line("backend x cannot serve this:\n  - no fp8\n  - no sm80\nuse: triton")
+    'backend x cannot serve this: no fp8; no sm80; use: triton'
+    """
+    lines = [line.strip().removeprefix("- ") for line in message.splitlines() if line.strip()]
+    return " ".join(line + ("" if line.endswith(":") or i == len(lines) - 1 else ";") for i, line in enumerate(lines))
+
+
+@click.group(cls=_OneLineErrors)
 def main() -> None:
     """mlakit: Multi-head Latent Attention for LLM serving."""
 
@@ -112,31 +135,27 @@ def check(
     as_json: bool,
 ) -> None:
     """Resolve a serving configuration: print the plan (exit 0) or why it cannot run (exit 2)."""
-    try:
-        if model is not None and config_path is not None:
-            raise ConfigError("give --model or --config, not both")
-        shape = MLAShape.from_hf_config(config_path) if config_path else MLAShape.preset(model or "deepseek-v3")
-        config = ServingConfig(
-            attention_backend=attention_backend,
-            prefill_backend=prefill_backend,
-            decode_backend=decode_backend,
-            page_size=page_size,
-            kv_cache_dtype=kv_cache_dtype,
-            tp_size=tp_size,
-            dcp_size=dcp_size,
-            dcp_interleave=dcp_interleave,
-            speculative_num_draft_tokens=speculative_num_draft_tokens,
-            speculative_eagle_topk=speculative_eagle_topk,
-            speculative_uneven_drafts=speculative_uneven_drafts,
-            max_batch_size=max_batch_size,
-            max_context_len=max_context_len,
-            cuda_graphs=cuda_graphs,
-        )
-        device = DeviceInfo.from_arch(device_arch) if device_arch else DeviceInfo.detect()
-        plan = resolve(config, shape, device)
-    except ConfigError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_CONFIG_ERROR)
+    if model is not None and config_path is not None:
+        raise ConfigError("--model and --config: expected one of them, got both")
+    shape = MLAShape.from_hf_config(config_path) if config_path else MLAShape.preset(model or "deepseek-v3")
+    config = ServingConfig(
+        attention_backend=attention_backend,
+        prefill_backend=prefill_backend,
+        decode_backend=decode_backend,
+        page_size=page_size,
+        kv_cache_dtype=kv_cache_dtype,
+        tp_size=tp_size,
+        dcp_size=dcp_size,
+        dcp_interleave=dcp_interleave,
+        speculative_num_draft_tokens=speculative_num_draft_tokens,
+        speculative_eagle_topk=speculative_eagle_topk,
+        speculative_uneven_drafts=speculative_uneven_drafts,
+        max_batch_size=max_batch_size,
+        max_context_len=max_context_len,
+        cuda_graphs=cuda_graphs,
+    )
+    device = DeviceInfo.from_arch(device_arch) if device_arch else DeviceInfo.detect()
+    plan = resolve(config, shape, device)
     if as_json:
         click.echo(json.dumps(plan.to_dict(), indent=2))
     else:
@@ -151,11 +170,7 @@ def demo(device: str, decode_backend: str | None, kv_cache_dtype: str) -> None:
     """Generate with a small random DeepSeek-V3 model and check every token against transformers."""
     from mlakit.demo.run import run_model_demo
 
-    try:
-        sys.exit(run_model_demo(device, Console(), decode_backend=decode_backend, kv_cache_dtype=kv_cache_dtype))
-    except ConfigError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_CONFIG_ERROR)
+    sys.exit(run_model_demo(device, Console(), decode_backend=decode_backend, kv_cache_dtype=kv_cache_dtype))
 
 
 @main.command()
@@ -186,13 +201,10 @@ def generate(
     try:
         prompt_ids = [[int(t) for t in p.split(",") if t.strip()] for p in prompts]
     except ValueError as exc:
-        raise click.BadParameter(f"--prompt-ids takes comma-separated integers: {exc}") from exc
+        raise ConfigError(f"--prompt-ids: expected comma-separated integers, got {list(prompts)}") from exc
     try:
         run_generate(model_dir, prompt_ids, max_new_tokens, backend, temperature, top_p, seed, cache_mb << 20, device, Console(),
                      tp_size=tp_size, dcp_size=dcp_size, dcp_interleave=dcp_interleave)
-    except ConfigError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_CONFIG_ERROR)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

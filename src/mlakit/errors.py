@@ -1,5 +1,6 @@
 """Exceptions raised by mlakit. Each message names the bad value, what was expected and the fix."""
 
+import math
 import numbers
 
 
@@ -34,3 +35,14 @@ def is_int(value: object) -> bool:
     (True, False, False)
     """
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of `n` >= 1 in increasing order, found in O(sqrt(n)) steps (so an error
+    message can list them even for a config with a billion heads).
+
+    >>> divisors(12), divisors(1_000_000_000)[-3:]
+    ([1, 2, 3, 4, 6, 12], [250000000, 500000000, 1000000000])
+    """
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mlakit.errors import ConfigError, is_int
+from mlakit.errors import ConfigError, divisors
 
 
 def yarn_mscale(factor: float, mscale: float) -> float:
@@ -51,10 +50,10 @@ class MLAShape:
                 raise ConfigError(f"MLAShape.{name} must be a positive integer, got {value!r}")
         if self.q_lora_rank is not None and (not isinstance(self.q_lora_rank, int) or self.q_lora_rank <= 0):
             raise ConfigError(f"MLAShape.q_lora_rank must be a positive integer or None, got {self.q_lora_rank!r}")
-        if self.rope_scaling_factor <= 0:
-            raise ConfigError(f"MLAShape.rope_scaling_factor must be > 0, got {self.rope_scaling_factor!r}")
-        if self.mscale_all_dim < 0:
-            raise ConfigError(f"MLAShape.mscale_all_dim must be >= 0, got {self.mscale_all_dim!r}")
+        if not math.isfinite(self.rope_scaling_factor) or self.rope_scaling_factor <= 0:
+            raise ConfigError(f"MLAShape.rope_scaling_factor must be a finite number > 0, got {self.rope_scaling_factor!r}")
+        if not math.isfinite(self.mscale_all_dim) or self.mscale_all_dim < 0:
+            raise ConfigError(f"MLAShape.mscale_all_dim must be a finite number >= 0, got {self.mscale_all_dim!r}")
 
     @property
     def kv_cache_dim(self) -> int:
@@ -79,10 +78,9 @@ class MLAShape:
         if not isinstance(tp_size, int) or tp_size <= 0:
             raise ConfigError(f"tp_size must be a positive integer, got {tp_size!r}")
         if self.num_heads % tp_size:
-            divisors = [d for d in range(1, self.num_heads + 1) if self.num_heads % d == 0]
             raise ConfigError(
                 f"tp_size={tp_size} does not divide num_heads={self.num_heads}; "
-                f"use one of {divisors}"
+                f"use one of {divisors(self.num_heads)}"
             )
         return dataclasses.replace(self, num_heads=self.num_heads // tp_size)
 
@@ -106,99 +104,16 @@ class MLAShape:
 
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any] | str | Path) -> MLAShape:
-        """Reads a Hugging Face `config.json` (a dict, the file, or its directory).
+        """Reads a Hugging Face `config.json` (a dict, the file, or its directory) through
+        `mlakit.config.hf.HFConfig`, the reader the model loader uses too.
 
         >>> MLAShape.from_hf_config({"num_attention_heads": 16, "kv_lora_rank": 512,
         ...     "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}).num_heads
         16
         """
-        data = _load_hf_config(config)
-        missing = [k for k in _HF_REQUIRED_KEYS if data.get(k) is None]
-        if missing:
-            raise ConfigError(
-                f"config is not an MLA (DeepSeek-style) config: missing {missing}; "
-                f"expected keys {list(_HF_REQUIRED_KEYS)}"
-            )
-        rope = data.get("rope_scaling") or data.get("rope_parameters") or {}
-        if not isinstance(rope, Mapping):
-            raise ConfigError(f"config rope_scaling/rope_parameters must be an object, got {rope!r}")
-        # As transformers' DeepSeek attention: any non-default rope type with mscale_all_dim rescales softmax.
-        is_yarn = rope.get("rope_type", rope.get("type")) not in (None, "default")
-        return cls(
-            num_heads=config_int(data, "num_attention_heads"),
-            kv_lora_rank=config_int(data, "kv_lora_rank"),
-            qk_nope_head_dim=config_int(data, "qk_nope_head_dim"),
-            qk_rope_head_dim=config_int(data, "qk_rope_head_dim"),
-            v_head_dim=config_int(data, "v_head_dim"),
-            q_lora_rank=None if data.get("q_lora_rank") is None else config_int(data, "q_lora_rank"),
-            rope_scaling_factor=_config_float(rope, "factor", 1.0) if is_yarn else 1.0,
-            mscale_all_dim=_config_float(rope, "mscale_all_dim", 0.0) if is_yarn else 0.0,
-        )
+        from mlakit.config.hf import HFConfig  # the reader builds MLAShapes, so it imports this module
 
-
-def config_int(data: Mapping[str, Any], key: str, default: int | None = None, *, minimum: int = 1) -> int:
-    """`data[key]` as an integer >= `minimum`; `default` when the key is absent or null (None: required).
-
-    >>> config_int({"n_group": 8}, "n_group"), config_int({}, "n_group", 1)
-    (8, 1)
-    >>> config_int({}, "vocab_size")
-    Traceback (most recent call last):
-    ...
-    mlakit.errors.ConfigError: config is missing the required key 'vocab_size'
-    """
-    value = data.get(key)
-    if value is None:
-        if default is None:
-            raise ConfigError(f"config is missing the required key {key!r}")
-        return default
-    if not is_int(value):
-        raise ConfigError(f"config {key} must be an integer, got {value!r}")
-    if value < minimum:
-        raise ConfigError(f"config {key} must be >= {minimum}, got {value!r}")
-    return int(value)
-
-
-def config_number(data: Mapping[str, Any], key: str, default: float, *, positive: bool = True) -> float:
-    """`data[key]` as a finite float (> 0 when `positive`); `default` when absent or null.
-
-    >>> config_number({"rope_theta": 10000}, "rope_theta", 1.0)
-    10000.0
-    """
-    value = data.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or (positive and value <= 0):
-        raise ConfigError(f"config {key} must be a finite number{' > 0' if positive else ''}, got {value!r}")
-    return float(value)
-
-
-def _config_float(data: Mapping[str, Any], key: str, default: float) -> float:
-    value = data.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"config rope_scaling.{key} must be a number, got {value!r}")
-    return float(value)
-
-
-_HF_REQUIRED_KEYS = ("num_attention_heads", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
-
-
-def _load_hf_config(config: Mapping[str, Any] | str | Path) -> Mapping[str, Any]:
-    if isinstance(config, Mapping):
-        return config
-    path = Path(config)
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
-        raise ConfigError(f"model config {str(path)!r} does not exist; pass a config.json or its directory")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"model config {str(path)!r} is not valid JSON: {exc}") from exc
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"model config {str(path)!r} must hold a JSON object, got {type(data).__name__}")
-    return data
+        return HFConfig.load(config).mla_shape()
 
 
 PRESETS: dict[str, MLAShape] = {

@@ -62,7 +62,8 @@ def _tuned_kernel(spec: str | None) -> KernelFactory:
 
 
 GRID_OPTIONS = ("quick", "grid_heads", "case_specs", "backends_spec", "tunings", "no_baseline", "plot_path")
-GRAPH_OPTIONS = ("graph_heads", "graph_context", "graph_q_len", "graph_backend", "graph_layers", "graph_batches", "graph_steps")
+GRAPH_OPTIONS = ("graph_heads", "graph_context", "graph_q_len", "graph_backend", "graph_layers", "graph_batches", "graph_steps",
+                 "tp_size", "dcp_size", "dcp_interleave")
 GRAPHS_JSON = Path("decode_graphs_bench.json")
 
 
@@ -84,7 +85,8 @@ GRAPHS_JSON = Path("decode_graphs_bench.json")
 @click.option("--graphs", "graphs", is_flag=True,
               help="Instead of the kernel grid: eager vs CUDA-graph time per decode step of a DeepSeek-V3 attention stack "
                    "(one mla_decode per layer on its own cache; no projections, no MoE).")
-@click.option("--graph-heads", type=int, default=128, show_default=True, help="--graphs: heads per rank (128: TP1, 16: TP8).")
+@click.option("--graph-heads", type=int, default=128, show_default=True,
+              help="--graphs: query heads in all, heads / --tp-size per rank (128: DeepSeek-V3; 16 at TP1: one TP8 rank's share).")
 @click.option("--graph-context", type=int, default=4096, show_default=True,
               help="--graphs: mean tokens per sequence (random lengths within +-25%, fixed seed).")
 @click.option("--graph-q-len", type=int, default=1, show_default=True, help="--graphs: query tokens per sequence (k + 1 for speculative verify).")
@@ -92,6 +94,11 @@ GRAPHS_JSON = Path("decode_graphs_bench.json")
 @click.option("--graph-layers", type=int, default=61, show_default=True, help="--graphs: attention layers per step.")
 @click.option("--graph-batches", default="1,16,64", show_default=True, help="--graphs: batch sizes (one graph bucket each).")
 @click.option("--graph-steps", type=int, default=100, show_default=True, help="--graphs: timed steps per measurement (after 10 warmup steps).")
+@click.option("--tp-size", type=int, default=1, show_default=True,
+              help="--graphs: ranks, one process per GPU under torchrun --nproc-per-node N; each holds heads / N query heads.")
+@click.option("--dcp-size", type=int, default=1, show_default=True,
+              help="--graphs: decode context parallelism; each group of this many ranks splits every sequence's cache.")
+@click.option("--dcp-interleave", type=int, default=1, show_default=True, help="--graphs: tokens dealt to a DCP rank at a time.")
 @click.pass_context
 def decode(
     ctx: click.Context,
@@ -111,6 +118,9 @@ def decode(
     graph_layers: int,
     graph_batches: str,
     graph_steps: int,
+    tp_size: int,
+    dcp_size: int,
+    dcp_interleave: int,
 ) -> None:
     """Times decode backends side by side (each with its per-step metadata built outside the timed call, as
     its own API intends) and the yardstick over the case grid; with --graphs, the eager vs CUDA-graph time
@@ -124,7 +134,8 @@ def decode(
         raise click.UsageError(f"{flags} only apply with --graphs")
     settings = None
     if graphs:
-        settings = _graph_settings(graph_heads, graph_context, graph_q_len, graph_backend, graph_layers, graph_batches, graph_steps)
+        settings = _graph_settings(graph_heads, graph_context, graph_q_len, graph_backend, graph_layers, graph_batches, graph_steps,
+                                   tp_size, dcp_size, dcp_interleave)
     if not torch.cuda.is_available():
         raise click.ClickException("mlakit bench decode needs a CUDA device")
     if settings is not None:
@@ -179,27 +190,42 @@ def _option_flag(name: str) -> str:
     return {"case_specs": "case", "tunings": "tuning", "plot_path": "plot", "grid_heads": "heads"}.get(name, name).replace("_", "-")
 
 
-def _graph_settings(heads: int, context: int, q_len: int, backend: str, layers: int, batches: str, steps: int) -> GraphBenchSettings:
+def _graph_settings(heads: int, context: int, q_len: int, backend: str, layers: int, batches: str, steps: int,
+                    tp_size: int, dcp_size: int, dcp_interleave: int) -> GraphBenchSettings:
     """The --graphs settings from the options (a bad value is a usage error, found before any device work)."""
     from mlakit.bench.graphs import GraphBenchSettings
 
     try:
         batch_sizes = tuple(int(b) for b in batches.split(","))
         return GraphBenchSettings(layers=layers, heads=heads, batches=batch_sizes, context=context, q_len=q_len, backend=backend,
-                                  steps=steps)
+                                  steps=steps, tp_size=tp_size, dcp_size=dcp_size, dcp_interleave=dcp_interleave)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
 
 
 def _decode_graphs(settings: GraphBenchSettings, json_path: Path) -> None:
-    """`bench decode --graphs`: mlakit.bench.graphs does the work; CLI errors for what it refuses."""
+    """`bench decode --graphs`: mlakit.bench.graphs does the work, on every rank under torchrun
+    (`join_ranks`); CLI errors for what it refuses."""
+    import torch.distributed as dist
+
     from mlakit.bench import graphs as graphs_bench
+    from mlakit.distributed import join_ranks
     from mlakit.errors import MLAKitError
 
+    # Refusals: no torchrun or the wrong world size, a backend that cannot run, be captured or merge
+    # the ranks' results, caches beyond the memory budget.
     try:
-        results = graphs_bench.run_and_report(settings, torch.device("cuda"), json_path, click.echo)
-    except MLAKitError as exc:  # a backend that cannot run or be captured, caches beyond the memory budget
+        graphs_bench.check_backend(settings)  # before any process joins
+        config, parallel = join_ranks(settings.serving_config(), "-m mlakit.bench decode --graphs")
+        device = torch.device("cuda" if parallel is None else config.device)
+        if parallel is not None:
+            torch.cuda.set_device(device)
+        results = graphs_bench.run_and_report(settings, device, json_path, click.echo, parallel)
+    except MLAKitError as exc:
         raise click.ClickException(str(exc)) from exc
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
     bad = [r.batch for r in results if not r.ok]
     if bad:
         raise click.ClickException(

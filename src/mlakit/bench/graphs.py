@@ -20,6 +20,14 @@ the 50 MB L2 of an H100, so nothing useful stays cached from one step to the nex
 
 eager - replay is the host overhead (Python, launches) the graph removes; graph - replay is what
 is left of it (the buffer fill and one graph launch).
+
+Under torchrun (`--tp-size N`, one process per GPU, `join_ranks`) each rank holds `heads / N`
+query heads and, with `--dcp-size M`, its shard of every sequence's cache (`TokenSharding`):
+the step is then the rank's `dcp_decode_step` from the global lengths plus, per layer,
+`dcp_attention` (all-gather of the DCP group's query heads, decode over the local shard,
+all-to-all of partial out and lse, exact merge), all of it in the bucket's graph. A fourth
+time, comm, replays a graph of the same step's collectives alone. Rank 0 reports; the
+graph-vs-eager error is the worst over the ranks.
 """
 
 from __future__ import annotations
@@ -33,13 +41,17 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from mlakit.attention.functional import mla_decode, mla_decode_metadata
 from mlakit.bench.ceilings import Ceilings, measure_ceilings
 from mlakit.bench.decode import environment
+from mlakit.cache.kv_quant import storage_name
+from mlakit.config import ServingConfig
+from mlakit.distributed import ParallelGroups, TokenSharding, dcp_attention, dcp_decode_step, gather_heads
 from mlakit.errors import ConfigError
 from mlakit.graphs import DecodeGraphs, require_capturable
-from mlakit.cache.kv_quant import storage_name
+from mlakit.registry.catalog import get_backend
 from mlakit.shape import MLAShape
 
 MAX_REL_ERROR = 1e-2
@@ -56,13 +68,19 @@ StackStep = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 @dataclasses.dataclass(frozen=True)
 class GraphBenchSettings:
-    """What the graph benchmark runs: the stack, the batches and the timing loop.
+    """What the graph benchmark runs: the stack, the batches, the timing loop and the ranks.
+
+    `heads` are all the query heads; each of the `tp_size` ranks holds `heads / tp_size`, and
+    each rank of a DCP group of `dcp_size` caches its share of every sequence's tokens, dealt
+    `dcp_interleave` at a time.
 
     >>> s = GraphBenchSettings()
     >>> s.layers, s.heads, s.batches, s.context, s.dim, round(s.softmax_scale, 4)
     (61, 128, (1, 16, 64), 4096, 576, 0.1352)
     >>> GraphBenchSettings(heads=16, q_len=2).max_batch
     64
+    >>> GraphBenchSettings(tp_size=8, dcp_size=2, dcp_interleave=16).heads_per_rank
+    16
     """
 
     layers: int = 61
@@ -78,6 +96,9 @@ class GraphBenchSettings:
     seed: int = 0
     warmup: int = 10
     steps: int = 100
+    tp_size: int = 1
+    dcp_size: int = 1
+    dcp_interleave: int = 1
 
     def __post_init__(self) -> None:
         positive = {"layers": self.layers, "heads": self.heads, "context": self.context, "q_len": self.q_len,
@@ -93,6 +114,21 @@ class GraphBenchSettings:
             raise ValueError(f"spread: expected 0 <= spread < 1, got {self.spread}")
         if self.context < self.q_len:
             raise ValueError(f"context: expected at least q_len ({self.q_len}) tokens, got {self.context}")
+        self.serving_config()  # tp_size, dcp_size and dcp_interleave, checked as a ServingConfig's
+        if self.heads % self.tp_size:
+            raise ValueError(f"heads: expected a multiple of tp_size={self.tp_size} (each rank holds heads / tp_size), got {self.heads}")
+
+    def serving_config(self) -> ServingConfig:
+        """The ranks' layout as a ServingConfig (what `join_ranks` starts from)."""
+        return ServingConfig(tp_size=self.tp_size, dcp_size=self.dcp_size, dcp_interleave=self.dcp_interleave)
+
+    @property
+    def heads_per_rank(self) -> int:
+        return self.heads // self.tp_size
+
+    @property
+    def sharding(self) -> TokenSharding:
+        return TokenSharding(self.dcp_size, self.dcp_interleave)
 
     @property
     def dim(self) -> int:
@@ -121,21 +157,41 @@ class GraphBenchSettings:
         gen = torch.Generator().manual_seed(self.seed)
         return torch.randint(low, high + 1, (self.max_batch,), generator=gen).tolist()
 
+    def local_lengths(self, dcp_rank: int = 0) -> list[int]:
+        """The tokens of each sequence that DCP rank `dcp_rank` caches (all of them without DCP).
+
+        >>> GraphBenchSettings(context=100, spread=0.0, batches=(2,), tp_size=2, dcp_size=2, dcp_interleave=8).local_lengths(1)
+        [48, 48]
+        """
+        return [self.sharding.local_length(n, dcp_rank) for n in self.lengths()]
+
     def max_pages(self) -> int:
-        """Block-table width: the pages of the longest sequence."""
-        return max(-(-n // self.page_size) for n in self.lengths())
+        """Block-table width: the pages of the longest sequence on the fullest rank (DCP rank 0)."""
+        return max(-(-n // self.page_size) for n in self.local_lengths())
 
     def pages_per_layer(self) -> int:
-        """Pages one layer's cache holds: every page of the largest batch plus one spare."""
-        return sum(-(-n // self.page_size) for n in self.lengths()) + 1
+        """Pages one layer's cache holds on every rank: the fullest rank's pages of the largest
+        batch plus one spare."""
+        return sum(-(-n // self.page_size) for n in self.local_lengths()) + 1
 
     def cache_bytes(self) -> int:
-        """Bytes of all layers' bf16 caches (~18 GB for the defaults).
+        """Bytes of all layers' bf16 caches on one rank (~18 GB for the defaults, ~1/dcp_size of it under DCP).
 
-        >>> round(GraphBenchSettings().cache_bytes() / 1e9, 1)
-        18.6
+        >>> round(GraphBenchSettings().cache_bytes() / 1e9, 1), round(GraphBenchSettings(tp_size=8, dcp_size=8).cache_bytes() / 1e9, 1)
+        (18.6, 2.5)
         """
         return self.layers * self.pages_per_layer() * self.page_size * self.dim * 2
+
+    def exchange_bytes(self, batch: int) -> int:
+        """Bytes one rank receives (and sends) per step under DCP, the README's formula: per layer
+        `(dcp_size - 1) * tokens * heads_per_rank` times the query row (bf16), the partial
+        output (bf16) and its lse (fp32); 0 without DCP.
+
+        >>> GraphBenchSettings(tp_size=8, dcp_size=8, layers=1).exchange_bytes(64)
+        15626240
+        """
+        row = self.dim * 2 + self.kv_lora_rank * 2 + 4
+        return self.layers * (self.dcp_size - 1) * batch * self.q_len * self.heads_per_rank * row
 
     def to_json(self) -> dict[str, object]:
         return {**dataclasses.asdict(self), "dim": self.dim, "softmax_scale": self.softmax_scale,
@@ -154,12 +210,17 @@ class StepTime:
 
 @dataclasses.dataclass(frozen=True)
 class GraphBatchResult:
-    """Eager, graph (fill + replay) and replay-only times of one batch, plus the graph's error.
+    """Eager, graph (fill + replay) and replay-only times of one batch, plus the graph's error;
+    under DCP also `comm`, the replay of the step's collectives alone, and `comm_bytes`, what
+    one rank receives of them per step (`tokens` are the batch's; `kv_bytes` this rank's reads).
 
     >>> r = GraphBatchResult(batch=16, layers=61, tokens=65536, kv_bytes=4_600_000_000, rel_error=0.0,
     ...     eager=StepTime(9.0, 9.1, 100), graph=StepTime(6.0, 6.0, 100), replay=StepTime(5.9, 5.9, 100))
-    >>> r.saved_ms, r.speedup, round(r.eager_us_per_layer, 1), round(r.host_overhead_ms, 2)
-    (3.0, 1.5, 147.5, 3.1)
+    >>> r.saved_ms, r.speedup, round(r.eager_us_per_layer, 1), round(r.host_overhead_ms, 2), r.comm_share
+    (3.0, 1.5, 147.5, 3.1, None)
+    >>> dcp = dataclasses.replace(r, comm=StepTime(1.18, 1.2, 100), comm_bytes=590_000_000)
+    >>> round(dcp.comm_share, 2), round(dcp.comm_gb_per_s)
+    (0.2, 500)
     """
 
     batch: int
@@ -170,6 +231,8 @@ class GraphBatchResult:
     eager: StepTime
     graph: StepTime
     replay: StepTime
+    comm: StepTime | None = None
+    comm_bytes: int = 0
 
     @property
     def saved_ms(self) -> float:
@@ -208,13 +271,23 @@ class GraphBatchResult:
         return self.kv_bytes / self.replay.median_ms / 1e6
 
     @property
+    def comm_share(self) -> float | None:
+        """The collectives' GPU time over the whole step's (replay); None without DCP."""
+        return None if self.comm is None else self.comm.median_ms / self.replay.median_ms
+
+    @property
+    def comm_gb_per_s(self) -> float | None:
+        """Bytes received per step over the collectives' GPU time; None without DCP."""
+        return None if self.comm is None else self.comm_bytes / self.comm.median_ms / 1e6
+
+    @property
     def ok(self) -> bool:
         return self.rel_error <= MAX_REL_ERROR
 
     def to_json(self) -> dict[str, object]:
         data = dataclasses.asdict(self)
         for name in ("saved_ms", "speedup", "eager_us_per_layer", "graph_us_per_layer", "replay_us_per_layer",
-                     "host_overhead_ms", "graph_overhead_ms", "kv_gb_per_s", "ok"):
+                     "host_overhead_ms", "graph_overhead_ms", "kv_gb_per_s", "comm_share", "comm_gb_per_s", "ok"):
             data[name] = getattr(self, name)
         return data
 
@@ -226,12 +299,18 @@ def summary_line(result: GraphBatchResult) -> str:
     ...     StepTime(0.6, 0.6, 100))
     >>> summary_line(r)
     'batch 1: eager 9.15 ms/step, graph 0.61 ms/step (replay 0.60 ms GPU), saved 8.54 ms (15.00x); per layer 150.0 / 10.0 / 9.8 us'
+    >>> summary_line(dataclasses.replace(r, comm=StepTime(0.15, 0.2, 100), comm_bytes=15_000_000)).split("; ")[-1]
+    'collectives 0.15 ms (25% of replay), 15.0 MB in per rank (100 GB/s)'
     """
-    return (
+    line = (
         f"batch {result.batch}: eager {result.eager.median_ms:.2f} ms/step, graph {result.graph.median_ms:.2f} ms/step "
         f"(replay {result.replay.median_ms:.2f} ms GPU), saved {result.saved_ms:.2f} ms ({result.speedup:.2f}x); "
         f"per layer {result.eager_us_per_layer:.1f} / {result.graph_us_per_layer:.1f} / {result.replay_us_per_layer:.1f} us"
     )
+    if result.comm is None:
+        return line
+    return (f"{line}; collectives {result.comm.median_ms:.2f} ms ({100 * result.comm_share:.0f}% of replay), "
+            f"{result.comm_bytes / 1e6:.1f} MB in per rank ({result.comm_gb_per_s:.0f} GB/s)")
 
 
 def format_table(results: Sequence[GraphBatchResult], copy_gb_per_s: float | None = None) -> list[str]:
@@ -276,7 +355,8 @@ class StackInputs:
 
 def block_table(lengths: Sequence[int], page_size: int, seed: int) -> torch.Tensor:
     """int32 `[batch, max_pages]`: every sequence's pages, taken in shuffled order from one pool
-    (page indices `0 .. total - 1`; the spare page `total` stays unused); unused entries are 0.
+    (page indices `0 .. total - 1`; the spare page `total` stays unused); unused entries are 0
+    (at least one column, for a DCP rank that holds no token of any sequence).
 
     >>> t = block_table([130, 64, 1], page_size=64, seed=0)
     >>> t.shape, sorted(t[0].tolist() + t[1, :1].tolist() + t[2, :1].tolist())
@@ -285,7 +365,7 @@ def block_table(lengths: Sequence[int], page_size: int, seed: int) -> torch.Tens
     counts = [-(-n // page_size) for n in lengths]
     gen = torch.Generator().manual_seed(seed)
     order = torch.randperm(sum(counts), generator=gen).to(torch.int32)
-    table = torch.zeros(len(counts), max(counts), dtype=torch.int32)
+    table = torch.zeros(len(counts), max(1, *counts), dtype=torch.int32)
     start = 0
     for row, count in enumerate(counts):
         table[row, :count] = order[start : start + count]
@@ -293,17 +373,19 @@ def block_table(lengths: Sequence[int], page_size: int, seed: int) -> torch.Tens
     return table
 
 
-def make_stack_inputs(settings: GraphBenchSettings, device: torch.device) -> StackInputs:
-    """Random N(0, 1) caches and queries (bf16) for the whole stack, from `settings.seed`."""
+def make_stack_inputs(settings: GraphBenchSettings, device: torch.device, dcp_rank: int = 0) -> StackInputs:
+    """Random N(0, 1) caches and queries (bf16) for the whole stack on DCP rank `dcp_rank`, from
+    `settings.seed`: the block table maps the rank's own tokens (`local_lengths`), the lengths
+    are the global ones (what a step's metadata starts from), q holds the rank's heads."""
     lengths = settings.lengths()
-    table = block_table(lengths, settings.page_size, settings.seed).to(device)
+    table = block_table(settings.local_lengths(dcp_rank), settings.page_size, settings.seed).to(device)
     gen = torch.Generator(device=device).manual_seed(settings.seed)
     pages = settings.pages_per_layer()
     caches = [
         torch.randn(pages, settings.page_size, settings.dim, generator=gen, device=device, dtype=torch.bfloat16)
         for _ in range(settings.layers)
     ]
-    q = torch.randn(settings.max_batch, settings.q_len, settings.heads, settings.dim, generator=gen, device=device,
+    q = torch.randn(settings.max_batch, settings.q_len, settings.heads_per_rank, settings.dim, generator=gen, device=device,
                     dtype=torch.bfloat16)
     return StackInputs(caches, q, table, torch.tensor(lengths, dtype=torch.int32, device=device))
 
@@ -324,6 +406,76 @@ def attention_stack(caches: Sequence[torch.Tensor], settings: GraphBenchSettings
         return out
 
     return step
+
+
+def dcp_attention_stack(caches: Sequence[torch.Tensor], settings: GraphBenchSettings, group: dist.ProcessGroup,
+                        check_inputs: bool = False) -> StackStep:
+    """The step under DCP, on this rank of the DCP `group`: `dcp_decode_step` from the global
+    lengths and the rank's page table, the decode metadata of the group's heads over the local
+    shard, then one `dcp_attention` per layer; returns the last layer's output
+    `[batch, q_len, heads_per_rank, kv_lora_rank]`.
+
+    With one rank (a group of one) it is `attention_stack` plus two collectives per layer:
+
+    >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    >>> settings = GraphBenchSettings(layers=2, heads=4, batches=(2,), context=40, page_size=16, backend="reference")
+    >>> inputs = make_stack_inputs(settings, torch.device("cpu"))
+    >>> out = dcp_attention_stack(inputs.caches, settings, dist.group.WORLD)(*inputs.rows(2))
+    >>> out.shape, relative_error(out, attention_stack(inputs.caches, settings)(*inputs.rows(2))) < 1e-2
+    (torch.Size([2, 1, 4, 512]), True)
+    >>> dist.destroy_process_group()
+    """
+    sharding, rank = TokenSharding(dist.get_world_size(group), settings.dcp_interleave), dist.get_rank(group)
+
+    def step(q: torch.Tensor, table: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        dcp = dcp_decode_step(sharding, rank, table, lengths, q_len=q.shape[1], page_size=settings.page_size)
+        tokens = q.flatten(0, 1)
+        metadata = mla_decode_metadata(dcp.visible, q_len=1, heads=tokens.shape[1] * sharding.dcp_size,
+                                       backend=settings.backend, kv_cache_dtype=storage_name(caches[0].dtype))
+        out = tokens
+        for cache in caches:
+            out, _ = dcp_attention(tokens, cache, dcp, group, kv_lora_rank=settings.kv_lora_rank,
+                                   softmax_scale=settings.softmax_scale, backend=settings.backend,
+                                   check_inputs=check_inputs, metadata=metadata)
+        return out.unflatten(0, q.shape[:2])
+
+    return step
+
+
+def exchange_stack(settings: GraphBenchSettings, group: dist.ProcessGroup) -> StackStep:
+    """The DCP step's communication alone: per layer the all-gather of the query heads and the
+    all-to-alls of partial out (bf16) and lse (fp32) that `dcp_attention` runs, on tensors of the
+    same shapes and no attention; returns the last gathered queries `[batch, q_len, group heads, dim]`.
+
+    >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    >>> q = torch.ones(3, 2, 4, 576, dtype=torch.bfloat16)
+    >>> exchange_stack(GraphBenchSettings(layers=2), dist.group.WORLD)(q, None, None).shape
+    torch.Size([3, 2, 4, 576])
+    >>> dist.destroy_process_group()
+    """
+    size = dist.get_world_size(group)
+
+    def step(q: torch.Tensor, table: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        tokens = q.flatten(0, 1)
+        out = tokens.new_zeros(size, tokens.shape[0], tokens.shape[1], settings.kv_lora_rank)
+        lse = torch.zeros(size, tokens.shape[0], tokens.shape[1], device=q.device)
+        parts_out, parts_lse = torch.empty_like(out), torch.empty_like(lse)
+        gathered = tokens
+        for _ in range(settings.layers):
+            gathered = gather_heads(tokens, group)
+            dist.all_to_all_single(parts_out, out, group=group)
+            dist.all_to_all_single(parts_lse, lse, group=group)
+        return gathered.unflatten(0, q.shape[:2])
+
+    return step
+
+
+def make_stack(caches: Sequence[torch.Tensor], settings: GraphBenchSettings, dcp_group: dist.ProcessGroup | None,
+               check_inputs: bool = False) -> StackStep:
+    """`dcp_attention_stack` on `dcp_group`, or `attention_stack` where there is none (DCP size 1)."""
+    if dcp_group is None:
+        return attention_stack(caches, settings, check_inputs)
+    return dcp_attention_stack(caches, settings, dcp_group, check_inputs)
 
 
 def time_step(fn: Callable[[], object], warmup: int, steps: int) -> StepTime:
@@ -361,12 +513,55 @@ def _replay_of(graphs: DecodeGraphs, batch: int) -> Callable[[], None]:
     return lambda: graphs.replay(batch)
 
 
-def run_graph_bench(settings: GraphBenchSettings, device: torch.device, log: Log,
-                    memory_budget: float | None = None) -> list[GraphBatchResult]:
+def check_backend(settings: GraphBenchSettings) -> None:
+    """Raises ConfigError when the backend cannot be captured, or, under DCP, returns no lse.
+
+    >>> check_backend(GraphBenchSettings(tp_size=2, dcp_size=2))
+    >>> check_backend(GraphBenchSettings(tp_size=2, dcp_size=2, backend="intel_xpu"))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    mlakit.errors.ConfigError: backend 'intel_xpu' cannot be captured in a CUDA graph ...
+    """
+    require_capturable(settings.backend)
+    if settings.dcp_size > 1 and not get_backend(settings.backend).record.returns_lse:
+        raise ConfigError(
+            f"backend {settings.backend!r} does not return the log-sum-exp, which DCP merges the ranks' partial "
+            "results by: pick a decode backend that returns it (triton, reference) or --dcp-size 1"
+        )
+
+
+def worst_over_ranks(value: float, parallel: ParallelGroups | None, device: torch.device) -> float:
+    """The largest `value` over every rank (an all-reduce); `value` itself in one process.
+
+    >>> worst_over_ranks(0.5, None, torch.device("cpu"))
+    0.5
+    """
+    if parallel is None:
+        return value
+    found = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(found, op=dist.ReduceOp.MAX, group=parallel.tp_group)
+    return float(found)
+
+
+def capture_stack(step: StackStep, settings: GraphBenchSettings, device: torch.device, inputs: StackInputs) -> DecodeGraphs:
+    """`step` captured in one graph per batch (the batches are the buckets), warmed on `inputs`."""
+    graphs = DecodeGraphs(
+        lambda b: step(b.q, b.block_table, b.cache_seqlens), backend=settings.backend, max_batch=settings.max_batch,
+        q_len=settings.q_len, heads=settings.heads_per_rank, dim=settings.dim, max_pages=settings.max_pages(),
+        dtype=torch.bfloat16, device=device, buckets=settings.batches,
+    )
+    graphs.capture(warm_inputs=(inputs.q, inputs.block_table, inputs.cache_seqlens))
+    return graphs
+
+
+def run_graph_bench(settings: GraphBenchSettings, device: torch.device, log: Log, memory_budget: float | None = None,
+                    parallel: ParallelGroups | None = None) -> list[GraphBatchResult]:
     """Builds the stack, captures one graph per batch (buckets = the batches), checks the graph's
     output against the eager step's, then times eager, graph and replay for every batch.
 
-    `memory_budget` (bytes) refuses settings whose caches would not fit. On an H100:
+    `memory_budget` (bytes) refuses settings whose caches would not fit. `parallel`: this
+    torchrun rank's groups (`join_ranks`), matching `settings.tp_size` / `dcp_size`; every rank
+    must call this together (the steps run collectives). On an H100:
     `run_graph_bench(GraphBenchSettings(heads=16), torch.device("cuda"), print, 0.85 * 80e9)`.
     """
     need = settings.cache_bytes()
@@ -375,59 +570,85 @@ def run_graph_bench(settings: GraphBenchSettings, device: torch.device, log: Log
             f"{settings.layers} caches of {settings.max_batch} x ~{settings.context} tokens need {need / 1e9:.1f} GB, "
             f"more than the {memory_budget / 1e9:.1f} GB budget: lower --graph-context, --graph-layers or the batches"
         )
-    require_capturable(settings.backend)  # before gigabytes are allocated
+    check_backend(settings)  # before gigabytes are allocated
+    dcp_group = parallel.dcp_group if parallel is not None and parallel.dcp_size > 1 else None
+    if dcp_group is not None and device.type == "cuda" and dist.get_backend(dcp_group) != "nccl":
+        raise ConfigError(
+            f"CUDA graphs capture the DCP collectives over NCCL only, and this group runs {dist.get_backend(dcp_group)} "
+            "(fewer GPUs than ranks): start one rank per GPU"
+        )
     log(f"allocating {settings.layers} caches x {settings.pages_per_layer()} pages x {settings.page_size} x "
-        f"{settings.dim} bf16 = {need / 1e9:.1f} GB; one shared q [{settings.max_batch}, {settings.q_len}, "
-        f"{settings.heads}, {settings.dim}]")
-    inputs = make_stack_inputs(settings, device)
+        f"{settings.dim} bf16 = {need / 1e9:.1f} GB per rank; one shared q [{settings.max_batch}, {settings.q_len}, "
+        f"{settings.heads_per_rank}, {settings.dim}]")
+    inputs = make_stack_inputs(settings, device, parallel.dcp_rank if parallel is not None else 0)
     # One call with the value checks (page indices in range, lengths within the table) before timing.
-    attention_stack(inputs.caches[:1], settings, check_inputs=True)(*inputs.rows(settings.max_batch))
-    step = attention_stack(inputs.caches, settings)
-    graphs = DecodeGraphs(
-        lambda b: step(b.q, b.block_table, b.cache_seqlens), backend=settings.backend, max_batch=settings.max_batch,
-        q_len=settings.q_len, heads=settings.heads, dim=settings.dim, max_pages=settings.max_pages(),
-        dtype=torch.bfloat16, device=device, buckets=settings.batches,
-    )
-    log(f"capturing {settings.layers}-layer decode graphs for buckets {graphs.buckets} ({settings.backend})")
-    graphs.capture(warm_inputs=(inputs.q, inputs.block_table, inputs.cache_seqlens))
+    make_stack(inputs.caches[:1], settings, dcp_group, check_inputs=True)(*inputs.rows(settings.max_batch))
+    step = make_stack(inputs.caches, settings, dcp_group)
+    log(f"capturing {settings.layers}-layer decode graphs for buckets {tuple(sorted(settings.batches))} ({settings.backend}"
+        f"{f', TP{settings.tp_size} x DCP{settings.dcp_size}, interleave {settings.dcp_interleave}' if dcp_group else ''})")
+    graphs = capture_stack(step, settings, device, inputs)
+    exchange = None if dcp_group is None else capture_stack(exchange_stack(settings, dcp_group), settings, device, inputs)
     results = []
-    all_lengths = settings.lengths()
     for batch in sorted(settings.batches):
-        q, table, lengths = inputs.rows(batch)
-        eager_step = functools.partial(step, q, table, lengths)
-        graph_step = functools.partial(graphs.run, q, table, lengths)
-        eager_out = eager_step().clone()
-        graph_out = graph_step().clone()
-        error = relative_error(graph_out, eager_out)
-        del eager_out, graph_out
-        eager = time_step(eager_step, settings.warmup, settings.steps)
-        graph = time_step(graph_step, settings.warmup, settings.steps)
-        graph_step()  # the buffers hold this batch for the replays
-        replay = time_step(_replay_of(graphs, batch), settings.warmup, settings.steps)
-        tokens = int(sum(all_lengths[:batch]))
-        result = GraphBatchResult(batch, settings.layers, tokens, settings.layers * tokens * settings.dim * 2, error,
-                                  eager, graph, replay)
+        result = _time_batch(settings, inputs, step, graphs, exchange, batch, parallel)
         results.append(result)
         check = "ok" if result.ok else f"MISMATCH (> {MAX_REL_ERROR:.0e})"
-        log(f"{summary_line(result)}; graph vs eager (last layer) rel err {error:.1e} {check}")
+        log(f"{summary_line(result)}; graph vs eager (last layer) rel err {result.rel_error:.1e} {check}")
     return results
 
 
-def run_and_report(settings: GraphBenchSettings, device: torch.device, json_path: Path, log: Log) -> list[GraphBatchResult]:
-    """Measures the ceilings, runs the benchmark, logs the table and writes the JSON file.
+def _time_batch(settings: GraphBenchSettings, inputs: StackInputs, step: StackStep, graphs: DecodeGraphs,
+                exchange: DecodeGraphs | None, batch: int, parallel: ParallelGroups | None) -> GraphBatchResult:
+    """The first replay against the eager step (worst over the ranks), then the timing loops of one batch."""
+    q, table, lengths = inputs.rows(batch)
+    eager_step = functools.partial(step, q, table, lengths)
+    graph_step = functools.partial(graphs.run, q, table, lengths)
+    eager_out = eager_step().clone()
+    graph_out = graph_step().clone()
+    error = worst_over_ranks(relative_error(graph_out, eager_out), parallel, q.device)
+    del eager_out, graph_out
+    eager = time_step(eager_step, settings.warmup, settings.steps)
+    graph = time_step(graph_step, settings.warmup, settings.steps)
+    graph_step()  # the buffers hold this batch for the replays
+    replay = time_step(_replay_of(graphs, batch), settings.warmup, settings.steps)
+    comm = None
+    if exchange is not None:
+        exchange.run(q, table, lengths)
+        comm = time_step(_replay_of(exchange, batch), settings.warmup, settings.steps)
+    dcp_rank = parallel.dcp_rank if parallel is not None else 0
+    local_tokens = sum(settings.local_lengths(dcp_rank)[:batch])
+    return GraphBatchResult(batch, settings.layers, sum(settings.lengths()[:batch]),
+                            settings.layers * local_tokens * settings.dim * 2, error, eager, graph, replay,
+                            comm, settings.exchange_bytes(batch) if comm is not None else 0)
+
+
+def _quiet(line: str) -> None:
+    """The log of every rank but rank 0."""
+
+
+def run_and_report(settings: GraphBenchSettings, device: torch.device, json_path: Path, log: Log,
+                   parallel: ParallelGroups | None = None) -> list[GraphBatchResult]:
+    """Measures the ceilings, runs the benchmark, logs the table and writes the JSON file; under
+    torchrun (`parallel`, every rank calls it) only rank 0 logs and writes.
 
     On a CUDA device: `run_and_report(GraphBenchSettings(), torch.device("cuda"), Path("out.json"), print)`.
     """
+    if parallel is not None and parallel.rank != 0:
+        log = _quiet
     ceilings: Ceilings = measure_ceilings(device)
     log(f"ceilings: copy {ceilings.copy_gb_per_s:.0f} GB/s, bf16 matmul {ceilings.matmul_tflop_per_s:.0f} TFLOP/s")
     budget = None
     if device.type == "cuda":
         budget = MEMORY_FRACTION * torch.cuda.get_device_properties(device).total_memory
-    results = run_graph_bench(settings, device, log, budget)
-    log(f"{settings.layers}-layer attention stack, {settings.heads} heads, q_len {settings.q_len}, "
-        f"context ~{settings.context}, backend {settings.backend}:")
+    results = run_graph_bench(settings, device, log, budget, parallel)
+    log(f"{settings.layers}-layer attention stack, {settings.heads_per_rank} of {settings.heads} heads per rank "
+        f"(TP{settings.tp_size} x DCP{settings.dcp_size}), q_len {settings.q_len}, context ~{settings.context}, "
+        f"backend {settings.backend}:")
     for line in format_table(results, ceilings.copy_gb_per_s):
         log(line)
-    json_path.write_text(json.dumps(results_json(settings, environment(device, ceilings), results), indent=1))
-    log(f"wrote {json_path}")
+    if parallel is None or parallel.rank == 0:
+        env = {**environment(device, ceilings), "world_size": settings.tp_size,
+               "process_group": dist.get_backend() if parallel is not None else None}
+        json_path.write_text(json.dumps(results_json(settings, env, results), indent=1))
+        log(f"wrote {json_path}")
     return results

@@ -6,7 +6,8 @@ Two scale layouts are supported:
   each group scaled so its largest magnitude maps to the fp8 maximum.
 
 Finite values beyond the fp8 range saturate at +-448; non-finite inputs (inf, NaN) are stored
-as NaN, so a model that overflowed shows it instead of reading back a plausible 448. A per-group
+as NaN, so a model that overflowed shows it instead of reading back a plausible 448 (which is
+what a plain `.to(torch.float8_e4m3fn)` gives for inf with torch 2.13 on a CPU; NaN stays NaN). A per-group
 scale is computed from the group's finite values only, so one inf does not zero its group. The
 quantizers count both cases into an optional int64 `[2]` tensor (saturated, non-finite) with
 device ops only.

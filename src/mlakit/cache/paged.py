@@ -69,9 +69,17 @@ def num_pages_for_budget(budget_bytes: int, page_size: int, dim: int, num_layers
 class PageAllocator:
     """A free list of page indices; pages come back in the order they were freed.
 
+    `free` takes back only pages it handed out and does not hold: a page out of range, already
+    free, or listed twice is refused (MLAInputError naming it) with nothing freed, since a page
+    freed twice would later be handed to two sequences at once.
+
     >>> alloc = PageAllocator(4)
     >>> alloc.allocate(3), alloc.num_free
     ([0, 1, 2], 1)
+    >>> alloc.free([2]); alloc.free([2])
+    Traceback (most recent call last):
+    ...
+    mlakit.errors.MLAInputError: pages: expected pages this allocator handed out and does not hold, got page 2, which is already free
     """
 
     def __init__(self, num_pages: int) -> None:
@@ -79,6 +87,7 @@ class PageAllocator:
             raise ConfigError(f"num_pages must be an integer >= 1, got {num_pages!r}")
         self.num_pages = num_pages
         self._free = list(range(num_pages - 1, -1, -1))
+        self._is_free = [True] * num_pages
 
     @property
     def num_free(self) -> int:
@@ -88,10 +97,25 @@ class PageAllocator:
         """`count` free pages, or CacheFullError with nothing taken."""
         if count > len(self._free):
             raise CacheFullError(f"out of KV pages: need {count}, {len(self._free)} of {self.num_pages} free")
-        return [self._free.pop() for _ in range(count)]
+        pages = [self._free.pop() for _ in range(count)]
+        for page in pages:
+            self._is_free[page] = False
+        return pages
 
     def free(self, pages: list[int]) -> None:
         """Returns pages to the free list (the most recently freed is handed out first)."""
+        seen: set[int] = set()
+        for page in pages:
+            if not is_int(page) or not 0 <= page < self.num_pages:
+                why = f"{page!r}, not a page index in [0, {self.num_pages})"
+            elif self._is_free[page] or page in seen:
+                why = f"page {page}, which is {'already free' if self._is_free[page] else 'listed twice'}"
+            else:
+                seen.add(page)
+                continue
+            raise MLAInputError(f"pages: expected pages this allocator handed out and does not hold, got {why}")
+        for page in pages:
+            self._is_free[page] = True
         self._free.extend(reversed(pages))
 
 

@@ -1,13 +1,18 @@
-"""The demo's seeded random DeepSeek-V3-architecture checkpoint, written once with transformers."""
+"""The demo's seeded random DeepSeek-V3-architecture checkpoint, written once with transformers and
+checked against its stamp on every reuse."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 DEMO_DIR = Path(".cache") / "mlakit-demo-deepseek-v3"
 DEMO_SEED = 0
+STAMP_NAME = "mlakit-demo-stamp.json"
 
 
 def demo_hf_config() -> dict:
@@ -26,10 +31,20 @@ def demo_hf_config() -> dict:
     )
 
 
-def ensure_demo_checkpoint(directory: Path = DEMO_DIR) -> Path:
-    """Creates the seeded random checkpoint (safetensors) in `directory` once; returns `directory`."""
-    if (directory / "config.json").is_file():
+def ensure_demo_checkpoint(directory: Path = DEMO_DIR, say: Callable[[str], None] = print) -> Path:
+    """Creates the seeded random checkpoint (safetensors) in `directory` once; returns `directory`.
+
+    A stamp written after the save (`STAMP_NAME`: the demo config and each file's size and
+    SHA-256) is checked on reuse; a checkpoint that fails it (a truncated or edited file, a
+    missing stamp, an older demo config) is rebuilt, and `say` gets one line saying why.
+    """
+    problem = _stamp_problem(directory)
+    if problem is None:
         return directory
+    if (directory / "config.json").exists():
+        say(f"demo checkpoint {directory} is damaged ({problem}); rebuilding it")
+        for stale in [*directory.glob("*.safetensors"), *directory.glob("*.json")]:
+            stale.unlink()
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
     torch.manual_seed(DEMO_SEED)
@@ -42,4 +57,35 @@ def ensure_demo_checkpoint(directory: Path = DEMO_DIR) -> Path:
             bias = layer.mlp.gate.e_score_correction_bias
             bias.copy_(0.1 * torch.randn_like(bias))
     hf.save_pretrained(directory)
+    (directory / STAMP_NAME).write_text(json.dumps(_stamp(directory), indent=1))
     return directory
+
+
+def _stamp(directory: Path) -> dict:
+    """The demo config and every checkpoint file's size and SHA-256."""
+    files = sorted(path for path in directory.iterdir() if path.is_file() and path.name != STAMP_NAME)
+    return {
+        "config": demo_hf_config(),
+        "files": {path.name: [path.stat().st_size, hashlib.sha256(path.read_bytes()).hexdigest()] for path in files},
+    }
+
+
+def _stamp_problem(directory: Path) -> str | None:
+    """Why the checkpoint in `directory` cannot be reused, or None when its stamp matches it."""
+    stamp_path = directory / STAMP_NAME
+    if not stamp_path.is_file():
+        return f"no {STAMP_NAME}" if directory.exists() else "not built yet"
+    try:
+        stamp = json.loads(stamp_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return f"{STAMP_NAME} is not valid JSON"
+    actual = _stamp(directory)
+    if stamp.get("config") != actual["config"]:
+        return "built from another demo config"
+    for name, size_and_hash in (stamp.get("files") or {}).items():
+        if actual["files"].get(name) != size_and_hash:
+            got = actual["files"].get(name)
+            return f"{name}: expected {size_and_hash[0]} bytes with the stamped SHA-256, got {'no file' if got is None else f'{got[0]} bytes'}"
+    if set(actual["files"]) != set(stamp.get("files") or {}):
+        return f"files {sorted(set(actual['files']) ^ set(stamp.get('files') or {}))} differ from the stamp"
+    return None

@@ -34,7 +34,7 @@ def run_model_demo(
     GPU the weights are bf16 and the cache takes the plan's dtype (or `kv_cache_dtype`), and a
     token may differ only where transformers' logits nearly tie (`mlakit.demo.verdict`).
     """
-    ensure_demo_checkpoint(directory)
+    ensure_demo_checkpoint(directory, say=lambda line: console.print(line, highlight=False))
     config = ServingConfig(device=device, decode_backend=decode_backend, kv_cache_dtype=kv_cache_dtype,
                            max_batch_size=len(DEMO_PROMPTS), max_context_len=256)
     runner = build_runner(directory, config, CACHE_BUDGET_BYTES, console, mixed_steps=True)

@@ -1,6 +1,7 @@
 """Multi-GPU MLA on torch.distributed: process groups, decode context parallelism (DCP).
 
-- `init_parallel(config)` checks the world against `ServingConfig.tp_size` / `dcp_size` and
+- `join_ranks(config)`: a torchrun rank joins the process group (NCCL with a GPU per rank, else
+  gloo) and builds the groups; `init_parallel(config)` checks the world against `ServingConfig.tp_size` / `dcp_size` and
   builds the TP and DCP groups (`ParallelGroups`);
 - `TokenSharding`: which DCP rank caches which token (position -> rank, local position;
   local lengths), on ints or device tensors;
@@ -15,7 +16,7 @@
 
 from mlakit.distributed.attention import dcp_attention, dcp_mla_forward
 from mlakit.distributed.collectives import gather_heads, merge_across_ranks
-from mlakit.distributed.groups import ParallelGroups, dcp_group_ranks, init_parallel
+from mlakit.distributed.groups import ParallelGroups, dcp_group_ranks, init_parallel, join_ranks
 from mlakit.distributed.ownership import TokenSharding
 from mlakit.distributed.step import DCPStep, dcp_decode_step, dcp_step
 
@@ -30,5 +31,6 @@ __all__ = [
     "dcp_step",
     "gather_heads",
     "init_parallel",
+    "join_ranks",
     "merge_across_ranks",
 ]

@@ -18,10 +18,10 @@ from mlakit.cache import PagedLatentCache
 from mlakit.distributed.groups import ParallelGroups
 from mlakit.distributed.step import DCPStep
 from mlakit.distributed.tensor_parallel import VocabParallelEmbedding, all_reduce, gather_last_axis, shard_size
-from mlakit.errors import ConfigError, is_int
+from mlakit.config.hf import HFConfig
+from mlakit.errors import ConfigError
 from mlakit.model.mla_attention import MLAAttention, MLALayerConfig, RMSNorm
 from mlakit.model.moe import MLP, MoE, MoEConfig
-from mlakit.shape import config_int, config_number
 from mlakit.step import AttentionStep
 
 SUPPORTED_ARCHITECTURES = ("DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM")
@@ -30,7 +30,9 @@ SUPPORTED_ARCHITECTURES = ("DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM")
 @dataclasses.dataclass(frozen=True)
 class DeepseekConfig:
     """The parts of a DeepSeek `config.json` the runner uses; `attention` is the per-rank layer
-    of `tp_size` tensor-parallel ranks, the other sizes are the whole model's."""
+    of `tp_size` tensor-parallel ranks, the other sizes are the whole model's. `mtp_layers`
+    (`num_nextn_predict_layers`) multi-token-prediction layers follow the `num_layers` decoder
+    layers in a checkpoint; the model does not run them and the loader skips them."""
 
     vocab_size: int
     hidden_size: int
@@ -43,33 +45,42 @@ class DeepseekConfig:
     tie_word_embeddings: bool
     eos_token_ids: tuple[int, ...]
     tp_size: int = 1
+    mtp_layers: int = 0
 
     @classmethod
-    def from_hf_config(cls, config: Mapping[str, Any], tp_size: int = 1) -> DeepseekConfig:
-        architectures = config.get("architectures") or []
-        if architectures and not set(architectures) & set(SUPPORTED_ARCHITECTURES):
-            raise ConfigError(f"architecture {architectures} is not supported; supported: {list(SUPPORTED_ARCHITECTURES)}")
-        if config.get("hidden_act", "silu") != "silu":
-            raise ConfigError(f"hidden_act {config.get('hidden_act')!r} is not supported (silu)")
-        eos = config.get("eos_token_id")
-        eos_ids = eos if isinstance(eos, list) else ([] if eos is None else [eos])
-        if not all(is_int(token) for token in eos_ids):
-            raise ConfigError(f"config eos_token_id must be a token id, a list of them or null, got {eos!r}")
-        num_layers = config_int(config, "num_hidden_layers")
-        first_dense = config_int(config, "first_k_dense_replace", 0, minimum=0)
-        has_moe = config_int(config, "n_routed_experts", 0, minimum=0) and first_dense < num_layers
+    def from_hf_config(cls, config: HFConfig | Mapping[str, Any], tp_size: int = 1) -> DeepseekConfig:
+        """Reads every field the model uses through the shared reader (`mlakit.config.hf`), which
+        `mlakit check` uses too; errors name the field and, for a file, the file.
+
+        >>> DeepseekConfig.from_hf_config({"num_hidden_layers": 2, "first_k_dense_replace": 3})
+        Traceback (most recent call last):
+        ...
+        mlakit.errors.ConfigError: config: first_k_dense_replace: expected an integer <= num_hidden_layers (2), got 3
+        """
+        hf = HFConfig.load(config)
+        architectures = hf.data.get("architectures") or []
+        if not isinstance(architectures, list) or (architectures and not set(map(str, architectures)) & set(SUPPORTED_ARCHITECTURES)):
+            raise hf.error("architectures", f"a list naming one of {list(SUPPORTED_ARCHITECTURES)}", repr(architectures))
+        hf.choice("hidden_act", ("silu",), "silu")
+        num_layers = hf.integer("num_hidden_layers")
+        first_dense = hf.integer("first_k_dense_replace", 0, minimum=0)
+        if first_dense > num_layers:
+            raise hf.error("first_k_dense_replace", f"an integer <= num_hidden_layers ({num_layers})", first_dense)
+        has_moe = hf.integer("n_routed_experts", 0, minimum=0) and first_dense < num_layers
+        vocab_size = hf.integer("vocab_size")
         return cls(
-            vocab_size=config_int(config, "vocab_size"),
-            hidden_size=config_int(config, "hidden_size"),
+            vocab_size=vocab_size,
+            hidden_size=hf.integer("hidden_size"),
             num_layers=num_layers,
-            intermediate_size=config_int(config, "intermediate_size"),
-            rms_norm_eps=config_number(config, "rms_norm_eps", 1e-6),
+            intermediate_size=hf.integer("intermediate_size"),
+            rms_norm_eps=hf.number("rms_norm_eps", 1e-6),
             first_dense_layers=first_dense,
-            moe=MoEConfig.from_hf_config(config) if has_moe else None,
-            attention=MLALayerConfig.from_hf_config(config, tp_size),
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            eos_token_ids=tuple(int(token) for token in eos_ids),
+            moe=MoEConfig.from_hf_config(hf) if has_moe else None,
+            attention=MLALayerConfig.from_hf_config(hf, tp_size),
+            tie_word_embeddings=hf.flag("tie_word_embeddings", False),
+            eos_token_ids=hf.token_ids("eos_token_id", vocab_size),
             tp_size=tp_size,
+            mtp_layers=hf.integer("num_nextn_predict_layers", 0, minimum=0),
         )
 
 

@@ -3,54 +3,23 @@ torchrun with `tp_size > 1`, one rank per process (all compute, rank 0 prints)."
 
 from __future__ import annotations
 
-import dataclasses
-import os
 import time
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from rich.console import Console
 from rich.progress import Progress
 
 from mlakit.cache import PagedLatentCache, num_pages_for_budget
 from mlakit.config import AUTO, ServingConfig
-from mlakit.distributed.groups import ParallelGroups, init_parallel
-from mlakit.errors import ConfigError
+from mlakit.config.hf import HFConfig
+from mlakit.distributed.groups import ParallelGroups, join_ranks
 from mlakit.model.deepseek import DeepseekConfig
-from mlakit.model.loader import load_model, read_config
+from mlakit.model.loader import load_model
 from mlakit.model.runner import Request, Runner
 from mlakit.registry.resolve import resolve
 from mlakit.report import print_plan
-from mlakit.shape import MLAShape
 from mlakit.warmup import warm_up
-
-
-def join_ranks(config: ServingConfig) -> tuple[ServingConfig, ParallelGroups | None]:
-    """For `tp_size > 1`: joins the torchrun process group, if not yet joined (NCCL when every
-    local rank has its own GPU, else gloo), and builds the TP / DCP groups (`init_parallel`
-    checks the world size); `device='auto'` becomes this rank's GPU, `cuda:LOCAL_RANK` (GPUs
-    shared round-robin when fewer), or the CPU. One process: `config` unchanged and no groups.
-
-    >>> join_ranks(ServingConfig())[1] is None
-    True
-    """
-    if config.tp_size == 1:
-        return config, None
-    if not dist.is_initialized():
-        if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-            raise ConfigError(
-                f"tp_size={config.tp_size} runs one process per rank: start them with torchrun --nproc-per-node "
-                f"{config.tp_size} -m mlakit.cli generate ... --tp-size {config.tp_size}"
-            )
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if config.device == AUTO:
-        config = dataclasses.replace(config, device=f"cuda:{local_rank % gpus}" if gpus else "cpu")
-    if not dist.is_initialized():
-        own_gpu = config.device.startswith("cuda") and gpus >= int(os.environ.get("LOCAL_WORLD_SIZE", config.tp_size))
-        dist.init_process_group("nccl" if own_gpu else "gloo", device_id=torch.device(config.device) if own_gpu else None)
-    return config, init_parallel(config)
 
 
 def build_runner(
@@ -71,9 +40,9 @@ def build_runner(
     one (the reference path, exact against transformers); on a GPU the weights are bf16 and the
     cache takes the plan's dtype.
     """
-    hf_config = read_config(model_dir)
+    hf_config = HFConfig.load(Path(model_dir) / "config.json")
     model_config = DeepseekConfig.from_hf_config(hf_config, config.tp_size)
-    plan = resolve(config, MLAShape.from_hf_config(hf_config))
+    plan = resolve(config, hf_config.mla_shape())
     if plan.device.kind == "cuda":
         plan = warm_up(plan)
     print_plan(plan, console)

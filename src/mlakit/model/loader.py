@@ -1,14 +1,14 @@
 """Loads a DeepSeek-architecture checkpoint (config.json + safetensors shards) from a local directory.
 
-Every tensor the model needs must be present with the right shape; a missing, mis-shaped or
-unexpected tensor fails the load with a message naming it. Under tensor parallelism each rank
+Every tensor the model needs must be present with the right shape and a floating dtype; a
+missing, mis-shaped, non-floating or unexpected tensor fails the load with a message naming it
+and its file, before the tensor is read. Under tensor parallelism each rank
 reads only its slice of each split tensor (safetensors `get_slice`, the slices of
 `mlakit.distributed.tensor_parallel`), never the whole tensor.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,24 +17,14 @@ import torch
 
 from mlakit.distributed.groups import ParallelGroups
 from mlakit.distributed.tensor_parallel import held_by, shard_slice, split_axis
+from mlakit.config.hf import HFConfig
 from mlakit.errors import ConfigError
 from mlakit.model.deepseek import DeepseekConfig, DeepseekForCausalLM
 
 _LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.")
-
-
-def read_config(directory: str | Path) -> dict:
-    """The checkpoint's config.json as a dict."""
-    path = Path(directory) / "config.json"
-    if not path.is_file():
-        raise ConfigError(f"{path} does not exist; a checkpoint directory holds config.json and *.safetensors")
-    try:
-        config = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path} is not valid JSON: {exc}") from exc
-    if not isinstance(config, dict):
-        raise ConfigError(f"{path} must hold a JSON object, got {type(config).__name__}")
-    return config
+# Weight dtypes the model loads by casting to the requested dtype (safetensors' names). Quantized
+# or integer tensors are refused: no quantized checkpoint format is supported today.
+FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
 
 
 def load_model(
@@ -47,18 +37,22 @@ def load_model(
     """A `DeepseekForCausalLM` with the checkpoint's weights, in `dtype` on `device`; with
     `parallel`, this TP rank's slices of them (each checked against the full tensor's shape).
 
-    Multi-token-prediction layers past `num_hidden_layers` are skipped.
+    config.json is read by the shared reader (`mlakit.config.hf.HFConfig`). Each tensor's name,
+    dtype (floating only, `FLOAT_DTYPES`) and shape are checked before it is read; the
+    `num_nextn_predict_layers` multi-token-prediction layers past `num_hidden_layers` are
+    skipped, and any other layer past it is refused (a config with too few layers).
     """
     directory = Path(directory)
     rank, tp_size = (0, 1) if parallel is None else (parallel.rank, parallel.tp_size)
+    hf = HFConfig.load(directory / "config.json")
     try:
-        config = DeepseekConfig.from_hf_config(read_config(directory), tp_size)
+        config = DeepseekConfig.from_hf_config(hf, tp_size)
     except ConfigError as exc:
         message = str(exc)
-        raise ConfigError(message if str(directory) in message else f"{directory / 'config.json'}: {message}") from exc
+        raise ConfigError(message if hf.source in message else f"{hf.source}: {message}") from exc
     shards = sorted(directory.glob("*.safetensors"))
     if not shards:
-        raise ConfigError(f"no *.safetensors files in {directory}")
+        raise ConfigError(f"{directory}: no *.safetensors files; expected the checkpoint's weights next to config.json")
     with torch.device("meta"):
         model = DeepseekForCausalLM(config, parallel)
     expected = {name: _full_shape(name, tensor.shape, tp_size) for name, tensor in model.state_dict().items()}
@@ -66,15 +60,7 @@ def load_model(
         expected.pop("lm_head.weight")
     loaded: dict[str, torch.Tensor] = {}
     for shard in shards:
-        for name, full_shape, tensor in _shard_tensors(shard, config.num_layers, rank, tp_size):
-            if name.endswith("weight_scale_inv"):
-                raise ConfigError(f"tensor {name} in {shard.name}: block-quantized fp8 weights are not supported; dequantize the checkpoint to bf16 first")
-            if tensor is None:  # held by another rank (a row-parallel bias)
-                continue
-            if name not in expected:
-                raise ConfigError(f"unexpected tensor {name} in {shard.name}: not part of a {config.num_layers}-layer DeepSeek model")
-            if full_shape != tuple(expected[name]):
-                raise ConfigError(f"tensor {name} in {shard.name} has shape {full_shape}, expected {tuple(expected[name])}")
+        for name, tensor in _shard_tensors(shard, expected, config, rank, tp_size):
             loaded[name] = tensor.to(dtype=dtype, device=device)
     missing = sorted(set(expected) - set(loaded))
     if missing:
@@ -99,31 +85,46 @@ def _full_shape(name: str, local_shape: torch.Size, tp_size: int) -> tuple[int, 
 
 
 def _shard_tensors(
-    shard: Path, num_layers: int, rank: int, tp_size: int
-) -> Iterator[tuple[str, tuple[int, ...], torch.Tensor | None]]:
-    """The shard's tensors one at a time as (name, full shape, this rank's slice), the slice None
-    for a tensor another rank holds; layers past `num_layers` (multi-token prediction) left out;
-    a file safetensors cannot read (truncated, corrupt header) raises ConfigError naming it."""
+    shard: Path, expected: dict[str, tuple[int, ...]], config: DeepseekConfig, rank: int, tp_size: int
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """This rank's slice of each tensor in `shard`, one at a time, each checked by `_wanted` before
+    it is read; a file safetensors cannot read (truncated, corrupt header) raises ConfigError naming it."""
     from safetensors import SafetensorError, safe_open
 
     try:
         with safe_open(str(shard), framework="pt") as handle:
             for name in handle.keys():
-                if _is_extra_layer(name, num_layers):
-                    continue
                 reader = handle.get_slice(name)
                 shape = tuple(reader.get_shape())
-                axis = split_axis(name)
-                if not held_by(name, rank):
-                    yield name, shape, None
-                elif axis is None or tp_size == 1 or len(shape) <= axis or shape[axis] % tp_size:
-                    yield name, shape, handle.get_tensor(name)  # a shape that does not split fails the shape check
+                if not held_by(name, rank) or not _wanted(name, shape, reader.get_dtype(), shard, expected, config):
+                    continue
+                if split_axis(name) is None or tp_size == 1:
+                    yield name, handle.get_tensor(name)
                 else:
-                    yield name, shape, reader[shard_slice(name, shape, rank, tp_size)]
+                    yield name, reader[shard_slice(name, shape, rank, tp_size)]
     except (SafetensorError, OSError) as exc:
         raise ConfigError(f"{shard} is not a readable safetensors file (truncated or corrupt?): {exc}") from exc
 
 
-def _is_extra_layer(name: str, num_layers: int) -> bool:
+def _wanted(name: str, shape: tuple[int, ...], dtype: str, shard: Path, expected: dict[str, tuple[int, ...]], config: DeepseekConfig) -> bool:
+    """False for a declared multi-token-prediction layer's tensor (skipped); True for a tensor
+    the model needs with a floating dtype and its full shape; ConfigError for anything else."""
+    where = f"tensor {name} in {shard}"
     match = _LAYER_INDEX.match(name)
-    return match is not None and int(match.group(1)) >= num_layers
+    if match is not None and int(match.group(1)) >= config.num_layers:
+        layer, last = int(match.group(1)), config.num_layers + config.mtp_layers
+        if layer < last:
+            return False
+        raise ConfigError(
+            f"{where}: layer {layer} is past the config's num_hidden_layers ({config.num_layers}) + "
+            f"num_nextn_predict_layers ({config.mtp_layers}); expected layers < {last} (does config.json declare too few layers?)"
+        )
+    if name.endswith("weight_scale_inv"):
+        raise ConfigError(f"{where}: block-quantized fp8 weights are not supported; dequantize the checkpoint to bf16 first")
+    if name not in expected:
+        raise ConfigError(f"{where}: unexpected, not part of a {config.num_layers}-layer DeepSeek model")
+    if dtype not in FLOAT_DTYPES:
+        raise ConfigError(f"{where}: dtype {dtype}, expected a floating dtype in {list(FLOAT_DTYPES)} (quantized weights are not supported)")
+    if shape != tuple(expected[name]):
+        raise ConfigError(f"{where}: shape {shape}, expected {tuple(expected[name])}")
+    return True

@@ -16,13 +16,14 @@ from torch import nn
 
 from mlakit.cache import LatentStore
 from mlakit.config import AUTO
+from mlakit.config.hf import HFConfig
 from mlakit.distributed.attention import dcp_mla_forward
 from mlakit.distributed.groups import ParallelGroups
 from mlakit.distributed.step import DCPStep
 from mlakit.errors import ConfigError
 from mlakit.forward import mla_forward
 from mlakit.model.rope import RopeConfig, RopeLayout, RotaryEmbedding
-from mlakit.shape import MLAShape, config_int
+from mlakit.shape import MLAShape
 from mlakit.step import AttentionStep
 
 LATENT_NORM_EPS = 1e-6
@@ -59,18 +60,17 @@ class MLALayerConfig:
     attention_bias: bool = False
 
     @classmethod
-    def from_hf_config(cls, config: Mapping[str, Any], tp_size: int = 1) -> MLALayerConfig:
-        model_type = config.get("model_type", "deepseek_v3")
-        if model_type not in ("deepseek_v2", "deepseek_v3"):
-            raise ConfigError(f"model_type {model_type!r} is not a DeepSeek MLA architecture (deepseek_v2, deepseek_v3)")
+    def from_hf_config(cls, config: HFConfig | Mapping[str, Any], tp_size: int = 1) -> MLALayerConfig:
+        hf = HFConfig.load(config)
+        model_type = hf.choice("model_type", ("deepseek_v2", "deepseek_v3"), "deepseek_v3")
         layout: RopeLayout = "interleaved"
         if model_type == "deepseek_v3":
-            layout = "deinterleave" if config.get("rope_interleave", True) else "halves"
+            layout = "deinterleave" if hf.flag("rope_interleave", True) else "halves"
         return cls(
-            hidden_size=config_int(config, "hidden_size"),
-            shape=MLAShape.from_hf_config(config).for_tp(tp_size),
-            rope=RopeConfig.from_hf_config(config, layout),
-            attention_bias=bool(config.get("attention_bias", False)),
+            hidden_size=hf.integer("hidden_size"),
+            shape=hf.mla_shape().for_tp(tp_size),
+            rope=RopeConfig.from_hf_config(hf, layout),
+            attention_bias=hf.flag("attention_bias", False),
         )
 
 

@@ -16,8 +16,7 @@ import torch
 from torch import nn
 
 from mlakit.distributed.tensor_parallel import shard_size
-from mlakit.errors import ConfigError
-from mlakit.shape import config_int, config_number
+from mlakit.config.hf import HFConfig
 
 Scoring = Literal["sigmoid_group_sum", "softmax_greedy", "softmax_group_max"]
 
@@ -50,26 +49,47 @@ class MoEConfig:
     routed_scaling_factor: float
 
     @classmethod
-    def from_hf_config(cls, config: Mapping[str, Any]) -> MoEConfig:
-        model_type = config.get("model_type", "deepseek_v3")
-        if model_type == "deepseek_v3":
-            scoring: Scoring = "sigmoid_group_sum"
-        elif config.get("topk_method", "greedy") == "greedy":
-            scoring = "softmax_greedy"
-        elif config.get("topk_method") == "group_limited_greedy":
-            scoring = "softmax_group_max"
-        else:
-            raise ConfigError(f"topk_method {config.get('topk_method')!r} is not supported (greedy, group_limited_greedy)")
+    def from_hf_config(cls, config: HFConfig | Mapping[str, Any]) -> MoEConfig:
+        """Reads the routing fields through the shared reader and checks them against each other:
+        `num_experts_per_tok` <= `n_routed_experts`, `n_group` divides the experts, `topk_group` <=
+        `n_group`, and the chosen groups hold at least `num_experts_per_tok` experts (two per group
+        for V3's top-two group score).
+
+        >>> MoEConfig.from_hf_config({"n_routed_experts": 4, "num_experts_per_tok": 8, "moe_intermediate_size": 16})
+        Traceback (most recent call last):
+        ...
+        mlakit.errors.ConfigError: config: num_experts_per_tok: expected an integer <= n_routed_experts (4), got 8
+        """
+        hf = HFConfig.load(config)
+        model_type = hf.choice("model_type", ("deepseek_v2", "deepseek_v3"), "deepseek_v3")
+        scoring: Scoring = "sigmoid_group_sum"
+        if model_type == "deepseek_v2":
+            method = hf.choice("topk_method", ("greedy", "group_limited_greedy"), "greedy")
+            scoring = "softmax_group_max" if method == "group_limited_greedy" else "softmax_greedy"
+        num_experts, top_k = hf.integer("n_routed_experts"), hf.integer("num_experts_per_tok")
+        num_groups, top_groups = hf.integer("n_group", 1), hf.integer("topk_group", 1)
+        if top_k > num_experts:
+            raise hf.error("num_experts_per_tok", f"an integer <= n_routed_experts ({num_experts})", top_k)
+        if scoring != "softmax_greedy":
+            if num_experts % num_groups:
+                raise hf.error("n_group", f"a divisor of n_routed_experts ({num_experts})", num_groups)
+            if top_groups > num_groups:
+                raise hf.error("topk_group", f"an integer <= n_group ({num_groups})", top_groups)
+            per_group = num_experts // num_groups
+            if scoring == "sigmoid_group_sum" and per_group < 2:
+                raise hf.error("n_group", f"at most n_routed_experts / 2 = {num_experts // 2} groups (V3 scores a group by its top two experts)", num_groups)
+            if top_k > top_groups * per_group:
+                raise hf.error("num_experts_per_tok", f"<= topk_group * experts per group = {top_groups * per_group}", top_k)
         return cls(
-            num_experts=config_int(config, "n_routed_experts"),
-            top_k=config_int(config, "num_experts_per_tok"),
-            intermediate_size=config_int(config, "moe_intermediate_size"),
-            shared_experts=config_int(config, "n_shared_experts", 0, minimum=0),
+            num_experts=num_experts,
+            top_k=top_k,
+            intermediate_size=hf.integer("moe_intermediate_size"),
+            shared_experts=hf.integer("n_shared_experts", 0, minimum=0),
             scoring=scoring,
-            num_groups=config_int(config, "n_group", 1),
-            top_groups=config_int(config, "topk_group", 1),
-            normalize_top_k=bool(config.get("norm_topk_prob", False)) and model_type == "deepseek_v3",
-            routed_scaling_factor=config_number(config, "routed_scaling_factor", 1.0),
+            num_groups=num_groups,
+            top_groups=top_groups,
+            normalize_top_k=hf.flag("norm_topk_prob", False) and model_type == "deepseek_v3",
+            routed_scaling_factor=hf.number("routed_scaling_factor", 1.0),
         )
 
 

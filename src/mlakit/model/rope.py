@@ -17,68 +17,68 @@ from typing import Any, Literal
 
 import torch
 
-from mlakit.errors import ConfigError
-from mlakit.shape import config_int, config_number, yarn_mscale
+from mlakit.config.hf import HFConfig, RopeScaling
+from mlakit.errors import ConfigError, is_int
+from mlakit.shape import yarn_mscale
 
 RopeLayout = Literal["interleaved", "deinterleave", "halves"]
 ROPE_LAYOUTS = ("interleaved", "deinterleave", "halves")
+ROPE_TYPES = ("default", "yarn")
 
 
 @dataclasses.dataclass(frozen=True)
 class RopeConfig:
-    """Rope width, base, layout and optional YaRN scaling (as in a Hugging Face config).
+    """Rope width, layout, and the config's rope settings (base, optional YaRN scaling).
 
-    >>> rope = RopeConfig(dim=64, theta=10000.0, layout="deinterleave")
+    >>> rope = RopeConfig(dim=64, layout="deinterleave")
     >>> rope.inverse_frequencies().shape, rope.attention_factor()
     (torch.Size([32]), 1.0)
     """
 
     dim: int
-    theta: float
     layout: RopeLayout
-    yarn_factor: float | None = None
-    yarn_original_max_position: int | None = None
-    yarn_beta_fast: float = 32.0
-    yarn_beta_slow: float = 1.0
-    yarn_mscale: float | None = None
-    yarn_mscale_all_dim: float | None = None
+    scaling: RopeScaling = RopeScaling(theta=10000.0)
 
     def __post_init__(self) -> None:
-        if self.dim <= 0 or self.dim % 2:
+        if not is_int(self.dim) or self.dim <= 0 or self.dim % 2:
             raise ConfigError(f"rope dim must be a positive even number, got {self.dim}")
         if self.layout not in ROPE_LAYOUTS:
             raise ConfigError(f"rope layout must be one of {ROPE_LAYOUTS}, got {self.layout!r}")
-        if self.yarn_factor is not None and self.yarn_original_max_position is None:
+        if self.scaling.rope_type not in ROPE_TYPES:
+            raise ConfigError(f"rope type {self.scaling.rope_type!r} is not supported; supported: {list(ROPE_TYPES)}")
+        if self.yarn and self.scaling.original_max_position is None:
             raise ConfigError("YaRN rope needs original_max_position_embeddings")
 
     @classmethod
-    def from_hf_config(cls, config: Mapping[str, Any], layout: RopeLayout) -> RopeConfig:
-        """Reads `qk_rope_head_dim`, `rope_theta` and `rope_scaling`/`rope_parameters`."""
-        rope = dict(config.get("rope_parameters") or {}) | dict(config.get("rope_scaling") or {})
-        theta = config_number(rope, "rope_theta", config_number(config, "rope_theta", 10000.0))
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        common = dict(dim=config_int(config, "qk_rope_head_dim"), theta=theta, layout=layout)
-        if rope_type in (None, "default"):
-            return cls(**common)
-        if rope_type != "yarn":
-            raise ConfigError(f"rope type {rope_type!r} is not supported; supported: default, yarn")
-        return cls(
-            **common,
-            yarn_factor=config_number(rope, "factor", 1.0),
-            yarn_original_max_position=config_int(rope, "original_max_position_embeddings"),
-            yarn_beta_fast=float(rope.get("beta_fast") or 32),
-            yarn_beta_slow=float(rope.get("beta_slow") or 1),
-            yarn_mscale=rope.get("mscale"),
-            yarn_mscale_all_dim=rope.get("mscale_all_dim"),
-        )
+    def from_hf_config(cls, config: HFConfig | Mapping[str, Any], layout: RopeLayout) -> RopeConfig:
+        """Reads `qk_rope_head_dim` and the rope block through the shared reader (`HFConfig`).
+
+        >>> RopeConfig.from_hf_config({"qk_rope_head_dim": 8, "rope_scaling": {"rope_type": "yarn",
+        ...     "original_max_position_embeddings": 64}}, "halves")
+        Traceback (most recent call last):
+        ...
+        mlakit.errors.ConfigError: config: rope_scaling.factor: expected a finite number > 0 (a required key), got nothing
+        """
+        hf = HFConfig.load(config)
+        scaling = hf.rope_scaling()
+        if scaling.rope_type not in ROPE_TYPES:
+            raise hf.error("rope_scaling.rope_type", f"one of {list(ROPE_TYPES)}", repr(scaling.rope_type))
+        if scaling.rope_type == "yarn" and scaling.original_max_position is None:
+            raise hf.error("rope_scaling.original_max_position_embeddings", "an integer >= 1 for YaRN (or max_position_embeddings)", "nothing")
+        return cls(dim=hf.integer("qk_rope_head_dim"), layout=layout, scaling=scaling)
+
+    @property
+    def yarn(self) -> bool:
+        """Whether the frequencies and magnitudes follow YaRN."""
+        return self.scaling.rope_type == "yarn"
 
     def inverse_frequencies(self) -> torch.Tensor:
         """float32 `[dim / 2]` rotation frequencies (YaRN blends interpolated and extrapolated ones)."""
         exponents = torch.arange(0, self.dim, 2, dtype=torch.float32) / self.dim
-        extrapolated = 1.0 / self.theta**exponents
-        if self.yarn_factor is None:
+        extrapolated = 1.0 / self.scaling.theta**exponents
+        if not self.yarn:
             return extrapolated
-        interpolated = extrapolated / self.yarn_factor
+        interpolated = extrapolated / self.scaling.factor
         low, high = self._yarn_correction_range()
         ramp = ((torch.arange(self.dim // 2, dtype=torch.float32) - low) / max(high - low, 0.001)).clamp(0, 1)
         keep_extrapolated = 1 - ramp
@@ -86,25 +86,28 @@ class RopeConfig:
 
     def attention_factor(self) -> float:
         """YaRN's magnitude correction applied to cos and sin (1.0 without YaRN)."""
-        if self.yarn_factor is None:
+        if not self.yarn:
             return 1.0
-        if self.yarn_mscale and self.yarn_mscale_all_dim:
-            return yarn_mscale(self.yarn_factor, self.yarn_mscale) / yarn_mscale(self.yarn_factor, self.yarn_mscale_all_dim)
-        return yarn_mscale(self.yarn_factor, 1.0)
+        factor, mscale, mscale_all_dim = self.scaling.factor, self.scaling.mscale, self.scaling.mscale_all_dim
+        if mscale and mscale_all_dim:
+            return yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
+        return yarn_mscale(factor, 1.0)
 
     def _yarn_correction_range(self) -> tuple[float, float]:
-        def correction_dim(rotations: float) -> float:
-            return self.dim * math.log(self.yarn_original_max_position / (rotations * 2 * math.pi)) / (2 * math.log(self.theta))
+        scaling = self.scaling
 
-        low = math.floor(correction_dim(self.yarn_beta_fast))
-        high = math.ceil(correction_dim(self.yarn_beta_slow))
+        def correction_dim(rotations: float) -> float:
+            return self.dim * math.log(scaling.original_max_position / (rotations * 2 * math.pi)) / (2 * math.log(scaling.theta))
+
+        low = math.floor(correction_dim(scaling.beta_fast))
+        high = math.ceil(correction_dim(scaling.beta_slow))
         return max(low, 0), min(high, self.dim - 1)
 
 
 class RotaryEmbedding(torch.nn.Module):
     """Applies rope at given positions to `[..., dim]` tensors (queries `[T, H, dim]`, keys `[T, dim]`).
 
-    >>> rope = RotaryEmbedding(RopeConfig(dim=4, theta=10000.0, layout="halves"))
+    >>> rope = RotaryEmbedding(RopeConfig(dim=4, layout="halves"))
     >>> x = torch.randn(3, 4)
     >>> torch.allclose(rope(x, torch.zeros(3, dtype=torch.long)), x)
     True

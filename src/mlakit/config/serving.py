@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from mlakit.errors import ConfigError
+from mlakit.errors import ConfigError, divisors
 
 AUTO = "auto"
 KV_CACHE_DTYPES = ("auto", "bf16", "fp16", "fp8_e4m3")
@@ -59,10 +59,9 @@ class ServingConfig:
             if not _is_int(value) or value < minimum:
                 raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
         if self.tp_size % self.dcp_size:
-            divisors = [d for d in range(1, self.tp_size + 1) if self.tp_size % d == 0]
             raise ConfigError(
                 f"dcp_size={self.dcp_size} does not divide tp_size={self.tp_size}: decode context parallelism splits "
-                f"each TP group's ranks into DCP groups; use a dcp_size in {divisors}"
+                f"each TP group's ranks into DCP groups; use a dcp_size in {divisors(self.tp_size)}"
             )
         if self.cuda_graphs is not None and not isinstance(self.cuda_graphs, bool):
             raise ConfigError(f"cuda_graphs must be True, False or None (automatic), got {self.cuda_graphs!r}")
