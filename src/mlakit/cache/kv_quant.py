@@ -7,7 +7,8 @@ Two scale layouts are supported:
 
 Finite values beyond the fp8 range saturate at +-448; non-finite inputs (inf, NaN) are stored
 as NaN, so a model that overflowed shows it instead of reading back a plausible 448 (which is
-what a plain `.to(torch.float8_e4m3fn)` gives for inf with torch 2.13 on a CPU; NaN stays NaN). A per-group
+what a plain `.to(torch.float8_e4m3fn)` gives for inf with torch 2.13 on a CPU, while torch 2.11
+gives NaN: the quantizers do not depend on either). A per-group
 scale is computed from the group's finite values only, so one inf does not zero its group. The
 quantizers count both cases into an optional int64 `[2]` tensor (saturated, non-finite) with
 device ops only.
