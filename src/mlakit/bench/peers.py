@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from mlakit.bench.decode import DIM, KV_LORA_RANK, ROPE_DIM, CaseNotSupported, DecodeCase, DecodeInputs, KernelFactory
+from mlakit.cache.kv_quant import storage_name
 from mlakit.device import DeviceInfo
 from mlakit.errors import ConfigError
 from mlakit.registry.catalog import all_records, get_backend, runnable_problems
@@ -58,8 +59,7 @@ def backend_kernel(backend: str, device: DeviceInfo) -> KernelFactory:
 
 def _case_of(inputs: DecodeInputs) -> DecodeCase:
     batch, q_len, heads, _ = inputs.q.shape
-    kv_dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(inputs.kv_cache.dtype, "fp8_e4m3")
-    return DecodeCase(heads, batch, None, q_len, kv_dtype, inputs.kv_cache.shape[1])
+    return DecodeCase(heads, batch, None, q_len, storage_name(inputs.kv_cache.dtype), inputs.kv_cache.shape[1])
 
 
 def _registry_call(backend: str) -> KernelFactory:
@@ -148,6 +148,9 @@ def parse_backends(spec: str, device: DeviceInfo) -> tuple[list[str], list[str]]
         problems += record.hardware_problems(device) + [f"package {p} is not installed" for p in record.missing_packages()]
         if not record.returns_lse:
             problems.append("returns no lse")
-        (notes.append(f"{name}: {'; '.join(problems)}") if problems else usable.append(name))
+        if problems:
+            notes.append(f"{name}: {'; '.join(problems)}")
+        else:
+            usable.append(name)
     return usable, notes
 
