@@ -1,5 +1,6 @@
 """Test set-up: Triton kernels run under the CPU interpreter where there is no GPU, tests
-marked `gpu` are skipped without CUDA, and pytest-xdist workers share the CPU's cores."""
+marked `gpu` are skipped without CUDA, every direct kernel launch is checked against Triton's own
+choice of kernel (`mlakit.kernels.launch`), and pytest-xdist workers share the CPU's cores."""
 
 import os
 import sys
@@ -9,6 +10,7 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("MLAKIT_VERIFY_LAUNCHES", "1")
 
 # Each xdist worker would otherwise start a torch thread per core: with 8 workers on 16 cores the
 # big test batches' CPU work took minutes instead of seconds.

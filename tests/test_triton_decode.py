@@ -112,19 +112,14 @@ def test_combine_merges_keyless_splits_and_ignores_unused_ones(max_splits, kerne
 
 
 class _BlockRecorder:
-    """Stands in for the portable split kernel and records the row tile of each launch."""
+    """Stands in for the portable split kernel's launcher and records the row tile of each launch."""
 
-    def __init__(self, kernel):
-        self.kernel, self.block_m = kernel, []
+    def __init__(self, launch):
+        self.launch, self.block_m = launch, []
 
-    def __getitem__(self, grid):
-        launch = self.kernel[grid]
-
-        def run(*args, **kwargs):
-            self.block_m.append(kwargs["BLOCK_M"])
-            return launch(*args, **kwargs)
-
-        return run
+    def __call__(self, key, grid, *args, **constants):
+        self.block_m.append(constants["BLOCK_M"])
+        self.launch(key, grid, *args, **constants)
 
 
 @pytest.mark.parametrize("hopper_default, launched_block_m", [(True, 16), (False, 64)])
@@ -135,8 +130,8 @@ def test_a_hopper_tile_plan_the_hopper_kernel_refuses_runs_the_portable_tile(
                              device=kernel_device)
     hopper_tile = plan_decode(batch.cache_seqlens, q_len=1, heads=4, num_sms=8, tuning=default_tuning(4, hopper_tier=True))
     plan = dataclasses.replace(hopper_tile, hopper_default=hopper_default)
-    recorder = _BlockRecorder(triton_decode._mla_decode_split_kernel)
-    monkeypatch.setattr(triton_decode, "_mla_decode_split_kernel", recorder)
+    recorder = _BlockRecorder(triton_decode._SPLIT)
+    monkeypatch.setattr(triton_decode, "_SPLIT", recorder)
     out, lse = triton_mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens, kv_lora_rank=64,
                                  softmax_scale=batch.softmax_scale, kv_scale=batch.kv_scale, plan=plan)
     assert recorder.block_m == [launched_block_m]

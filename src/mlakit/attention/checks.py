@@ -42,6 +42,8 @@ def checked_softmax_scale(softmax_scale: object, default: float | None = None) -
     """
     if softmax_scale is None and default is not None:
         return default
+    if type(softmax_scale) is float and 0 < softmax_scale < math.inf:
+        return softmax_scale
     if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
         raise _fail("softmax_scale", "a finite number > 0 (a Python or NumPy float)", repr(softmax_scale))
     value = float(softmax_scale)
@@ -60,6 +62,36 @@ def _check_tensor(argument: str, tensor: object, dims: int, dtypes: tuple[torch.
     if tensor.device != device:
         raise _fail(argument, f"a tensor on {device} (the device of q)", tensor.device)
     return tensor
+
+
+def check_output(
+    argument: str,
+    tensor: torch.Tensor | None,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    mergeable: int = 1,
+    any_strides: bool = False,
+) -> None:
+    """Raises MLAInputError unless `tensor` is None or a `shape` tensor of `dtype` on `device` that a
+    kernel can write: at any strides with `any_strides`, else with the last dim contiguous (and with
+    `mergeable` > 1 draft tokens, its first two dims viewable as one, as in a contiguous tensor).
+
+    >>> check_output("out", torch.empty(2, 4, 3).transpose(1, 2), (2, 3, 4), torch.float32, torch.device("cpu"))
+    Traceback (most recent call last):
+    ...
+    mlakit.errors.MLAInputError: out: expected a [2, 3, 4] tensor with a contiguous last dim, got strides (12, 1, 3)
+    """
+    if tensor is None:
+        return
+    _check_tensor(argument, tensor, len(shape), (dtype,), device)
+    if tuple(tensor.shape) != shape:
+        raise _fail(argument, f"shape {list(shape)}", f"shape {tuple(tensor.shape)}")
+    writable = any_strides or tensor.stride(-1) == 1 and (mergeable == 1 or shape[0] == 1 or tensor.stride(0) == mergeable * tensor.stride(1))
+    if not writable:
+        raise _fail(argument, f"a {list(shape)} tensor with a contiguous last dim" + (
+            " and its first two dims viewable as one" if mergeable > 1 else ""), f"strides {tensor.stride()}")
 
 
 def check_decode_inputs(

@@ -46,13 +46,15 @@ def decode(
     softmax_scale: float,
     kv_scale: torch.Tensor | None,
     metadata: DecodePlan | None = None,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The portable split-KV kernel plus its lse combine (`metadata`: the step's split plan)."""
+    """The split-KV kernels plus their lse combine (`metadata`: the step's split plan)."""
     from mlakit.kernels.triton_decode import triton_mla_decode
 
     return triton_mla_decode(
         q, kv_cache, block_table, cache_seqlens, kv_lora_rank=kv_lora_rank, softmax_scale=softmax_scale, kv_scale=kv_scale,
-        plan=metadata,
+        plan=metadata, out=out, lse=lse,
     )
 
 
@@ -74,14 +76,28 @@ def extend(
     kv_lora_rank: int,
     softmax_scale: float,
     kv_scale: torch.Tensor | None,
+    metadata: DecodePlan | None = None,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same split kernel over ragged query segments."""
+    """The same split kernels over ragged query segments (`metadata`: the step's split plan)."""
     from mlakit.kernels.triton_decode import triton_mla_extend
 
     return triton_mla_extend(
         q, kv_cache, block_table, cache_seqlens, cu_seqlens_q,
         max_q_len=max_q_len, kv_lora_rank=kv_lora_rank, softmax_scale=softmax_scale, kv_scale=kv_scale,
+        plan=metadata, out=out, lse=lse,
     )
+
+
+def extend_metadata(
+    cache_seqlens: torch.Tensor, cu_seqlens_q: torch.Tensor, *, max_q_len: int, heads: int, kv_cache_dtype: str
+) -> DecodePlan:
+    """The step's split plan over its ragged segments, computed on the GPU from the lengths."""
+    from mlakit.kernels.triton_decode import plan_extend
+
+    return plan_extend(cache_seqlens, cu_seqlens_q, max_q_len=max_q_len, heads=heads,
+                       kv_dtype=STORAGE_DTYPES[kv_cache_dtype])
 
 
 def _attention_pass(
@@ -108,4 +124,4 @@ def _attention_pass(
 
 prefill = mha_prefill_kernel(_attention_pass)
 
-register(RECORD, decode, extend, prefill, decode_metadata)
+register(RECORD, decode, extend, prefill, decode_metadata, extend_metadata, writes_outputs=True)

@@ -9,6 +9,7 @@ import click
 import torch
 from click.core import ParameterSource
 
+from mlakit.bench import overhead as overhead_bench
 from mlakit.bench import prefill as prefill_bench
 from mlakit.bench.ceilings import measure_ceilings
 from mlakit.bench.decode import (
@@ -172,6 +173,29 @@ def decode(
     plot_results(plot_path, rows)
     click.echo(f"wrote {json_path} and {plot_path}")
     _echo_targets(rows)
+
+
+@bench.command()
+@click.option("--case", "case_specs", multiple=True,
+              help="kind,heads,batch,seqlen,new with kind decode, extend or prefill (repeatable; default: the issue's grid).")
+@click.option("--calls", type=int, default=overhead_bench.CALLS, show_default=True,
+              help="Calls per host-time loop (kept below the launch queue's depth).")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=Path("overhead_bench.json"), show_default=True)
+def overhead(case_specs: tuple[str, ...], calls: int, json_path: Path) -> None:
+    """Host time per eager call (a loop of calls without sync), beside the eager (do_bench) and CUDA-graph
+    replay times: mla_decode, mla_extend, mla_prefill, the drop-in entry points and, where installed,
+    FlashMLA and FlashInfer."""
+    try:
+        cases = [overhead_bench.OverheadCase.parse(spec) for spec in case_specs] or overhead_bench.default_cases()
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--case") from exc
+    if not torch.cuda.is_available():
+        raise click.ClickException("mlakit bench overhead needs a CUDA device")
+    device = torch.device("cuda")
+    ceilings = measure_ceilings(device)
+    rows = overhead_bench.run_cases(cases, device, click.echo, calls)
+    write_results(json_path, environment(device, ceilings), rows)
+    click.echo(f"wrote {json_path}")
 
 
 @bench.command("decode-targets")

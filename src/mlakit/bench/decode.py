@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from mlakit.bench.ceilings import Ceilings
+from mlakit.bench.timing import eager_us, host_us_per_call
 from mlakit.cache.kv_quant import FP8_DTYPE, STORAGE_DTYPES
 
 KV_LORA_RANK, ROPE_DIM = 512, 64
@@ -139,7 +140,8 @@ def run_cases(
     ceilings: Ceilings,
     log: Callable[[str], None],
 ) -> list[dict[str, object]]:
-    """Checks then times every kernel on every case; one result row per (case, kernel), with `x_first`, the
+    """Checks then times every kernel on every case (CUDA-graph replay; and outside a graph, the host time per
+    call of a loop without sync and the eager do_bench time); one result row per (case, kernel), with `x_first`, the
     time over the first kernel's on the same case. A kernel whose preparation raises CaseNotSupported
     is skipped for that case, with its reason in the log."""
     anchors, anchor_ragged_tokens = anchor_times()
@@ -152,7 +154,9 @@ def run_cases(
         for index, (name, factory) in enumerate(kernels.items()):
             try:
                 error = check_against_reference(factory, inputs)
-                time_us = time_graph_replay(factory(inputs))
+                call = factory(inputs)
+                time_us = time_graph_replay(call)
+                host_us, eager = host_us_per_call(call), eager_us(call)
             except CaseNotSupported as exc:
                 log(f"{case.label:<28} {name:<10} skipped: {exc}")
                 continue
@@ -162,7 +166,7 @@ def run_cases(
             first_us = time_us if index == 0 else first_us
             row = {
                 "case": case.label, **dataclasses.asdict(case), "kernel": name, "rel_error": error,
-                "time_us": time_us, "floor_us": floor_us, "x_floor": time_us / floor_us,
+                "time_us": time_us, "host_us": host_us, "eager_us": eager, "floor_us": floor_us, "x_floor": time_us / floor_us,
                 "kv_gb_per_s": kv_bytes / time_us / 1e3, "tflop_per_s": flops / time_us / 1e6,
                 "copy_ratio": kv_bytes / time_us / 1e3 / ceilings.copy_gb_per_s,
                 "matmul_ratio": flops / time_us / 1e6 / ceilings.matmul_tflop_per_s,
@@ -201,6 +205,7 @@ def _format_row(row: dict[str, object]) -> str:
     anchor += f"  {row['x_flashmla_anchor']:.2f}x FlashMLA anchor" if "x_flashmla_anchor" in row else ""
     return (
         f"{row['case']:<28} {row['kernel']:<10} {row['time_us']:9.1f} us  {row['x_floor']:5.2f}x floor  "
+        f"eager {row['eager_us']:7.1f} us  host {row['host_us']:6.1f} us  "
         f"{row['copy_ratio'] * 100:5.1f}% copy  {row['matmul_ratio'] * 100:5.1f}% matmul  err {row['rel_error']:.1e}  {anchor}"
     )
 

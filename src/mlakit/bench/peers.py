@@ -1,5 +1,5 @@
 """Decode backends side by side, each called the way its own API intends in a serving step: the
-per-step metadata (our split plan through the registry's `decode_metadata`, FlashMLA's schedule
+per-step metadata (ours from `mla_decode_metadata`, the call `mla_decode`; FlashMLA's schedule
 from `get_mla_metadata`, FlashInfer's `plan()` on a CUDA-graph wrapper) is built before the timed
 call, and only the kernel launches are timed. `mlakit bench decode --backends` uses these."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from mlakit.attention.functional import mla_decode, mla_decode_metadata
 from mlakit.bench.decode import DIM, KV_LORA_RANK, ROPE_DIM, CaseNotSupported, DecodeCase, DecodeInputs, KernelFactory
 from mlakit.cache.kv_quant import storage_name
 from mlakit.device import DeviceInfo
@@ -63,17 +64,15 @@ def _case_of(inputs: DecodeInputs) -> DecodeCase:
 
 
 def _registry_call(backend: str) -> KernelFactory:
-    entry = get_backend(backend)
+    """`mla_decode` on `backend` with the step's metadata, as an engine's serving step calls it."""
 
     def prepare(inputs: DecodeInputs):
-        extra = {}
-        if entry.decode_metadata is not None:
-            _, q_len, heads, _ = inputs.q.shape
-            kv_dtype = _case_of(inputs).kv_dtype
-            extra["metadata"] = entry.decode_metadata(inputs.cache_seqlens, q_len=q_len, heads=heads, kv_cache_dtype=kv_dtype)
-        return lambda: entry.decode(
-            inputs.q, inputs.kv_cache, inputs.block_table, inputs.cache_seqlens,
-            kv_lora_rank=KV_LORA_RANK, softmax_scale=inputs.softmax_scale, kv_scale=inputs.kv_scale, **extra,
+        _, q_len, heads, _ = inputs.q.shape
+        metadata = mla_decode_metadata(inputs.cache_seqlens, q_len=q_len, heads=heads, backend=backend,
+                                       kv_cache_dtype=_case_of(inputs).kv_dtype)
+        return lambda: mla_decode(
+            inputs.q, inputs.kv_cache, inputs.block_table, inputs.cache_seqlens, softmax_scale=inputs.softmax_scale,
+            backend=backend, kv_scale=inputs.kv_scale, kv_lora_rank=KV_LORA_RANK, check_inputs=False, metadata=metadata,
         )
 
     return prepare

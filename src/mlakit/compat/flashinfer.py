@@ -38,7 +38,14 @@ from typing import Literal
 import torch
 
 from mlakit.attention.checks import checked_softmax_scale
-from mlakit.attention.functional import DecodeMetadata, mla_decode, mla_decode_metadata, mla_extend
+from mlakit.attention.functional import (
+    DecodeMetadata,
+    ExtendMetadata,
+    mla_decode,
+    mla_decode_metadata,
+    mla_extend,
+    mla_extend_metadata,
+)
 from mlakit.cache.kv_quant import FP8_DTYPE, storage_name
 from mlakit.compat._arguments import describe, is_positive_int
 from mlakit.errors import MLAInputError
@@ -108,12 +115,13 @@ class PlannedStep:
     cache_seqlens: torch.Tensor
     q_len: int
     cu_seqlens_q: torch.Tensor | None
-    metadata: DecodeMetadata | None
+    metadata: DecodeMetadata | ExtendMetadata
     largest_page: int
 
     def __post_init__(self) -> None:
-        if (self.cu_seqlens_q is None) == (self.metadata is None):
-            raise ValueError("a planned step runs either as a decode (metadata) or as an extend (cu_seqlens_q)")
+        if isinstance(self.metadata, ExtendMetadata) != (self.cu_seqlens_q is not None):
+            raise ValueError("a planned step runs either as a decode (decode metadata) or as an extend (cu_seqlens_q and "
+                             "extend metadata)")
 
     @property
     def total_q(self) -> int:
@@ -357,30 +365,39 @@ class BatchMLAPagedAttentionWrapper:
         scale, q_pe_factor = _cache_scale(config, cache, ckv_scale, kpe_scale, kv_scale)
         q = _joined_query(_pair("query", query, ("q_nope", q_nope), ("q_pe", q_pe)), config, step, self.device, q_pe_factor)
         wants_lse = return_lse or lse is not None
-        result, natural_lse = self._attend(q, cache, scale, wants_lse)
-        out = _filled("out", out, result)
+        _check_output("out", out, (step.total_q, config.num_heads, config.head_dim_ckv), config.q_data_type, self.device)
+        if lse is not None:
+            _check_output("lse", lse, (step.total_q, config.num_heads), torch.float32, self.device)
+        out, natural_lse = self._attend(q, cache, scale, out, lse, wants_lse)
         if not wants_lse:
             return out
-        lse_values = natural_lse if return_lse_base_on_e else natural_lse * LOG2E
-        lse = _filled("lse", lse, lse_values)
+        lse = natural_lse if return_lse_base_on_e else natural_lse.mul_(LOG2E)
         return (out, lse) if return_lse else out
 
     def _attend(
-        self, q: torch.Tensor, cache: torch.Tensor, kv_scale: torch.Tensor | None, wants_lse: bool
+        self, q: torch.Tensor, cache: torch.Tensor, kv_scale: torch.Tensor | None, out: torch.Tensor | None,
+        lse: torch.Tensor | None, wants_lse: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """mlakit's decode (uniform query tokens per row) or extend (ragged) over the step's rows."""
+        """mlakit's decode (uniform query tokens per row) or extend (ragged) over the step's rows, written
+        into `out` `[total_q, heads, ckv]` and `lse` `[total_q, heads]` (natural log) where given."""
         config, step = self._config, self._step
         assert config is not None and step is not None
         common = dict(softmax_scale=config.sm_scale, backend=self._backend, kv_scale=kv_scale,
-                      kv_lora_rank=config.head_dim_ckv, check_inputs=False)
+                      kv_lora_rank=config.head_dim_ckv, check_inputs=False, metadata=step.metadata)
         if step.cu_seqlens_q is not None:
             return mla_extend(q, cache, step.block_table, step.cache_seqlens, step.cu_seqlens_q, max_q_len=step.max_q_len,
-                              **common)
+                              out=out, lse=lse, **common)
         rows, heads = step.cache_seqlens.shape[0], config.num_heads
-        out, lse = mla_decode(q.reshape(rows, step.q_len, heads, config.dim), cache, step.block_table, step.cache_seqlens,
-                              return_lse=wants_lse, metadata=step.metadata, **common)
-        flat_lse = lse.transpose(1, 2).reshape(-1, heads) if lse is not None else None
-        return out.view(-1, heads, config.head_dim_ckv), flat_lse
+        shaped = (rows, step.q_len, heads)
+        result, row_lse = mla_decode(
+            q.reshape(*shaped, config.dim), cache, step.block_table, step.cache_seqlens, return_lse=wants_lse,
+            out=None if out is None else out.view(*shaped, config.head_dim_ckv),
+            lse=None if lse is None else lse.view(shaped).transpose(1, 2), **common,
+        )
+        flat_lse = None
+        if row_lse is not None:
+            flat_lse = lse if lse is not None else row_lse.transpose(1, 2).reshape(-1, heads)
+        return (out if out is not None else result.view(-1, heads, config.head_dim_ckv)), flat_lse
 
 
 @dataclasses.dataclass(frozen=True)
@@ -614,7 +631,9 @@ def _plan_step(requests: StepRequests, config: PlanConfig, backend: str) -> Plan
                                        kv_cache_dtype=storage_name(config.kv_data_type))
         return PlannedStep(offsets, table, lengths, q_lens[0], None, metadata, requests.largest_page)
     cu_seqlens_q = torch.tensor(offsets, dtype=torch.int32, device=device)
-    return PlannedStep(offsets, table, lengths, 0, cu_seqlens_q, None, requests.largest_page)
+    metadata = mla_extend_metadata(lengths, cu_seqlens_q, max_q_len=max(q_lens), heads=config.num_heads, backend=backend,
+                                   kv_cache_dtype=storage_name(config.kv_data_type))
+    return PlannedStep(offsets, table, lengths, 0, cu_seqlens_q, metadata, requests.largest_page)
 
 
 def _widened(step: PlannedStep, width: int) -> PlannedStep:
@@ -630,6 +649,8 @@ def _copy_tensors_into(target: object, source: object) -> None:
     if target is None:
         return
     for field in dataclasses.fields(target):
+        if not field.compare:  # caches of the plan's own (prepared launches), not plan values
+            continue
         held, new = getattr(target, field.name), getattr(source, field.name)
         if isinstance(held, torch.Tensor):
             held.copy_(new)
@@ -765,16 +786,14 @@ def _adjacent_view(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor | No
     return left.as_strided(shape, left.stride(), left.storage_offset())
 
 
-def _filled(name: str, given: torch.Tensor | None, values: torch.Tensor) -> torch.Tensor:
-    """`values`, or `given` filled with them (checked against their shape, dtype and device)."""
+def _check_output(name: str, given: object, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
+    """`given` (None, or a tensor run() fills) checked against the result's shape, dtype and device."""
     if given is None:
-        return values
-    if not isinstance(given, torch.Tensor) or given.shape != values.shape or given.dtype != values.dtype or given.device != values.device:
-        raise MLAInputError(
-            f"{name}: expected a {values.dtype} tensor {list(values.shape)} on {values.device}, got {describe(given)}"
-        )
-    given.copy_(values)
-    return given
+        return
+    if not isinstance(given, torch.Tensor) or tuple(given.shape) != shape or given.dtype != dtype or given.device != device:
+        raise MLAInputError(f"{name}: expected a {dtype} tensor {list(shape)} on {device}, got {describe(given)}")
+    if not given.is_contiguous():
+        raise MLAInputError(f"{name}: expected a contiguous tensor (run() writes it in place), got strides {given.stride()}")
 
 
 def _host_ints(name: str, tensor: object) -> tuple[int, ...]:

@@ -3,11 +3,13 @@ which devices and caches they serve, a program's place in the split plan, the on
 bookkeeping, and the stores of outputs and lse to the output or a split's partial."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from mlakit.kernels.decode_split_plan import WORK_FIELDS
 from mlakit.cache.kv_quant import FP8_DTYPE
@@ -33,6 +35,49 @@ def capability(device: torch.device) -> tuple[int, int]:
 def sm_count(device: torch.device) -> int:
     """The CUDA device's streaming multiprocessors."""
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+# Row descriptors kept (a model's layers x the descriptors of one call, with room to spare).
+MAX_DESCRIPTORS = 1024
+_DESCRIPTORS: dict[tuple, tuple[TensorDescriptor, ...]] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Address:
+    """What a TMA descriptor needs of the tensor it reads: its address and dtype. Held in place of the
+    tensor, so that a kept descriptor does not keep a freed cache's memory alive."""
+
+    address: int
+    dtype: torch.dtype
+
+    def data_ptr(self) -> int:
+        return self.address
+
+
+def row_descriptors(pages: torch.Tensor, boxes: tuple[tuple[int, int], ...]) -> tuple[TensorDescriptor, ...]:
+    """TMA descriptors of the cache rows `[pages x page_size, dim]` (row-contiguous pages), one per box
+    `(rows, columns)`: the rows read as `[rows, columns]` blocks.
+
+    Kept by the rows' address, shape, strides and dtype, so a cache at a new address (or a new shape)
+    gets new descriptors and one at a reused address with the same shape gets the same ones, which
+    read the same bytes: a kept descriptor is never stale and holds no reference to the tensor."""
+    key = (pages.data_ptr(), pages.shape, pages.stride(), pages.dtype, boxes)
+    found = _DESCRIPTORS.get(key)
+    if found is None:
+        rows = pages.reshape(-1, pages.shape[-1])
+        base = _Address(rows.data_ptr(), rows.dtype)
+        found = tuple(
+            TensorDescriptor(base, list(rows.shape), list(rows.stride()), [box_rows, columns],
+                             gl.NVMMASharedLayout.get_default_for([box_rows, columns], _ELEMENTS[pages.dtype]))
+            for box_rows, columns in boxes
+        )
+        if len(_DESCRIPTORS) >= MAX_DESCRIPTORS:
+            _DESCRIPTORS.clear()
+        _DESCRIPTORS[key] = found
+    return found
+
+
+_ELEMENTS = {FP8_DTYPE: gl.float8e4nv, **GLUON_DTYPES}
 
 
 @gluon.jit

@@ -38,6 +38,7 @@ everywhere else.
 """
 from __future__ import annotations
 
+from collections.abc import Hashable
 
 import torch
 from triton.experimental import gluon
@@ -61,6 +62,7 @@ from mlakit.kernels.hopper_common import (
     fp16_row_factor,
     no_keys_yet,
     online_softmax,
+    row_descriptors,
     serves,
     sm_count,
     split_range,
@@ -70,6 +72,7 @@ from mlakit.kernels.hopper_common import (
     zero_rows_from,
 )
 from mlakit.cache.kv_quant import FP8_DTYPE, SCALE_PER_TENSOR
+from mlakit.kernels.launch import CachedLaunch
 
 BLOCK_M = gl.constexpr(64)
 NUM_WARPS = gl.constexpr(8)
@@ -119,28 +122,21 @@ def supports(q_dtype: torch.dtype, pages: torch.Tensor, scale_mode: int, kv_lora
 def chunk_descriptors(pages: torch.Tensor, kv_lora_rank: int) -> tuple[TensorDescriptor, TensorDescriptor]:
     """TMA descriptors of the cache rows `[pages x page_size, dim]` in `[BLOCK_N, TMA_CHUNK]` latent chunks
     and `[BLOCK_N, rope_dim]` rope blocks (row-contiguous pages: `rows_are_contiguous`)."""
-    rows = pages.reshape(-1, pages.shape[-1])
-    element = gl.float8e4nv if pages.dtype == FP8_DTYPE else GLUON_DTYPES[pages.dtype]
     rope_dim = pages.shape[-1] - kv_lora_rank
-    return (
-        TensorDescriptor.from_tensor(rows, [BLOCK_N.value, TMA_CHUNK.value],
-                                     gl.NVMMASharedLayout.get_default_for([BLOCK_N.value, TMA_CHUNK.value], element)),
-        TensorDescriptor.from_tensor(rows, [BLOCK_N.value, rope_dim],
-                                     gl.NVMMASharedLayout.get_default_for([BLOCK_N.value, rope_dim], element)),
-    )
+    return row_descriptors(pages, ((BLOCK_N.value, TMA_CHUNK.value), (BLOCK_N.value, rope_dim)))
 
 
-def launch(grid: tuple[int, int], q: torch.Tensor, pages: torch.Tensor, kv_scale: torch.Tensor | None, kv_lora_rank: int,
-           shared_args: tuple, work_state: torch.Tensor, merge_state: torch.Tensor, max_splits: int) -> bool:
+def launch(key: Hashable, grid: tuple[int, int], q: torch.Tensor, pages: torch.Tensor, kv_scale: torch.Tensor | None,
+           kv_lora_rank: int, shared_args: tuple, work_state: torch.Tensor, merge_state: torch.Tensor, max_splits: int) -> bool:
     """Runs the split pass (a call `supports` accepts) over `grid` = (row tiles, rows of the plan's
     work items): the persistent seesaw kernel for pages holding whole tiles (TMA loads) and latent
     widths of at least 128, 16-bit or, at DeepSeek's 512 + 64 widths, fp8 with the one-element
     `kv_scale`: one program per SM at most, over the plan's `work_state`; else the fp8 kernel for fp8
     caches, the cp.async gather kernel for 16-bit ones.
     `shared_args` are the portable split kernel's arguments from the block table on, without the scale
-    strides. Returns whether the kernel merged the split sequences' partials itself (the seesaw, when the
-    plan's split ceiling `max_splits` is at most MERGE_MAX_SPLITS, counting splits in the plan's
-    `merge_state`), so that no combine is needed."""
+    strides; `key` fixes how Triton specializes them (`CachedLaunch`). Returns whether the kernel merged
+    the split sequences' partials itself (the seesaw, when the plan's split ceiling `max_splits` is at
+    most MERGE_MAX_SPLITS, counting splits in the plan's `merge_state`), so that no combine is needed."""
     rope_dim = q.shape[-1] - kv_lora_rank
     constants = dict(HEADS=q.shape[1], PAGE_SIZE=pages.shape[1], KV_LORA_RANK=kv_lora_rank, ROPE_DIM=rope_dim)
     fp8 = pages.dtype == FP8_DTYPE
@@ -148,16 +144,15 @@ def launch(grid: tuple[int, int], q: torch.Tensor, pages: torch.Tensor, kv_scale
         row_tiles, work_rows = grid
         programs = min(sm_count(q.device), row_tiles * work_rows)
         merge = 1 < max_splits <= MERGE_MAX_SPLITS
-        mla_decode_hopper_seesaw_kernel[(programs,)](q, *chunk_descriptors(pages, kv_lora_rank),
-                                                     # 16-bit pages never read KV_SCALE: any tensor fills it.
-                                                     kv_scale if fp8 else work_state, *shared_args, work_state,
-                                                     work_rows, row_tiles, merge_state, **constants, MERGE=merge,
-                                                     num_warps=4)
+        SEESAW(key, (programs, 1, 1), q, *chunk_descriptors(pages, kv_lora_rank),
+               # 16-bit pages never read KV_SCALE: any tensor fills it.
+               kv_scale if fp8 else work_state, *shared_args, work_state, work_rows, row_tiles, merge_state,
+               **constants, MERGE=merge, num_warps=4)
         return merge
     if fp8:
-        mla_decode_hopper_fp8_kernel[grid](q, pages, kv_scale, *shared_args, **constants, num_warps=4)
+        FP8_SPLIT(key, (*grid, 1), q, pages, kv_scale, *shared_args, **constants, num_warps=4)
     else:
-        mla_decode_hopper_split_kernel[grid](q, pages, *shared_args, **constants, num_warps=NUM_WARPS.value)
+        SPLIT(key, (*grid, 1), q, pages, *shared_args, **constants, num_warps=NUM_WARPS.value)
     return False
 
 
@@ -1161,3 +1156,8 @@ def _seesaw_unit(
     ], [4], [248])
     for c in gl.static_range(2 * chunks):
         mbarrier.invalidate(chunk_ready.index(c))
+
+
+SEESAW = CachedLaunch(mla_decode_hopper_seesaw_kernel)
+FP8_SPLIT = CachedLaunch(mla_decode_hopper_fp8_kernel)
+SPLIT = CachedLaunch(mla_decode_hopper_split_kernel)

@@ -18,9 +18,10 @@ columns, and put back in order before the output store (a register relabelling t
 """
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 import torch
 from triton.experimental import gluon
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
@@ -38,6 +39,7 @@ from mlakit.kernels.hopper_common import (
     fp16_row_factor,
     no_keys_yet,
     online_softmax,
+    row_descriptors,
     serves,
     split_range,
     store_lse,
@@ -46,6 +48,7 @@ from mlakit.kernels.hopper_common import (
     zero_rows_from,
 )
 from mlakit.cache.kv_quant import FP8_DTYPE, SCALE_PER_TENSOR
+from mlakit.kernels.launch import CachedLaunch
 
 ROWS = gl.constexpr(16)
 # Sequences with more query rows than this take the 64-row kernels (measured: two 16-row tiles beat one
@@ -76,24 +79,16 @@ def supports(q_dtype: torch.dtype, pages: torch.Tensor, scale_mode: int, kv_lora
     )
 
 
-def launch(grid: tuple[int, int], q: torch.Tensor, pages: torch.Tensor, kv_scale: torch.Tensor, kv_lora_rank: int,
-           shared_args: tuple) -> None:
-    """Runs the split pass (a call `supports` accepts) over 16-row tiles; `shared_args` as for
+def launch(key: Hashable, grid: tuple[int, int], q: torch.Tensor, pages: torch.Tensor, kv_scale: torch.Tensor,
+           kv_lora_rank: int, shared_args: tuple) -> None:
+    """Runs the split pass (a call `supports` accepts) over 16-row tiles; `key` and `shared_args` as for
     `hopper_decode.launch`."""
-    rows = pages.reshape(-1, pages.shape[-1])
     box_rows = min(pages.shape[1], BLOCK_N.value)
-    latent_width = min(kv_lora_rank, LATENT_CHUNK.value)
     rope_dim = pages.shape[-1] - kv_lora_rank
-    latent_desc, rope_desc = (
-        TensorDescriptor.from_tensor(rows, [box_rows, width],
-                                     gl.NVMMASharedLayout.get_default_for([box_rows, width], gl.float8e4nv))
-        for width in (latent_width, rope_dim)
-    )
-    mla_decode_hopper_narrow_fp8_kernel[grid](
-        q, latent_desc, rope_desc, kv_scale, *shared_args,
-        HEADS=q.shape[1], PAGE_SIZE=pages.shape[1], KV_LORA_RANK=kv_lora_rank, ROPE_DIM=rope_dim,
-        num_warps=NUM_WARPS,
-    )
+    latent_desc, rope_desc = row_descriptors(pages, ((box_rows, min(kv_lora_rank, LATENT_CHUNK.value)), (box_rows, rope_dim)))
+    NARROW(key, (*grid, 1), q, latent_desc, rope_desc, kv_scale, *shared_args,
+           HEADS=q.shape[1], PAGE_SIZE=pages.shape[1], KV_LORA_RANK=kv_lora_rank, ROPE_DIM=rope_dim,
+           num_warps=NUM_WARPS)
 
 
 @gluon.constexpr_function
@@ -320,3 +315,6 @@ def mla_decode_hopper_narrow_fp8_kernel(
     store_output(out, out_rows[:, None], cols[None, :], OUT, PART_OUT, first_token, b, split, num_splits, q_len,
                   OUT_STRIDES, PART_STRIDES, HEADS)
     store_lse(lse, rows, LSE, PART_LSE, first_token, b, split, num_splits, q_len, LSE_STRIDES, PART_STRIDES, HEADS)
+
+
+NARROW = CachedLaunch(mla_decode_hopper_narrow_fp8_kernel)

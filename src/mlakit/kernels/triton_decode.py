@@ -13,6 +13,7 @@ on raw bits.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import torch
 import triton
@@ -21,7 +22,9 @@ import triton.language as tl
 from mlakit.kernels import hopper_common, hopper_decode, hopper_narrow_decode
 from mlakit.kernels.decode_split_plan import WORK_FIELDS, SplitGeometry, decode_split_counts, split_geometry
 from mlakit.kernels.interpreter import INTERPRET
-from mlakit.cache.kv_quant import FP8_DTYPE, SCALE_GROUP, SCALE_NONE, SCALE_PER_GROUP, SCALE_PER_TENSOR, scale_mode
+from mlakit.kernels.launch import CachedLaunch
+from mlakit.cache.kv_quant import FP8_DTYPE, SCALE_GROUP, SCALE_NONE, SCALE_PER_GROUP, SCALE_PER_TENSOR
+from mlakit.cache.kv_quant import scale_mode as kv_scale_mode
 from mlakit.reference import pages_view
 
 LOG2E = 1.4426950408889634
@@ -315,6 +318,8 @@ class DecodePlan:
     merge_state: torch.Tensor
     max_q_len: int
     hopper_default: bool = False
+    launches: dict[tuple, Callable[..., None]] = dataclasses.field(default_factory=dict, init=False, compare=False,
+                                                                   repr=False)
 
 
 def plan_decode(
@@ -405,16 +410,22 @@ def triton_mla_decode(
     kv_scale: torch.Tensor | None,
     plan: DecodePlan | None = None,
     num_sms: int | None = None,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """MLA decode with the portable Triton kernels (inputs as in `mlakit.mla_decode`, already checked).
+    """MLA decode with mlakit's Triton kernels (inputs as in `mlakit.mla_decode`, already checked).
 
-    `plan` is the step's split plan (built here with `num_sms` when not given). No host
-    sync, so the call can be captured in a CUDA graph.
+    `plan` is the step's split plan (built here with `num_sms` when not given); `out` `[batch,
+    q_len, heads, kv_lora_rank]` and `lse` `[batch, heads, q_len]` receive the results when given
+    (out's last dim contiguous, heads and tokens at any stride). No host sync, so the call can be
+    captured in a CUDA graph.
     """
     batch, q_len, heads, _ = q.shape
     plan = plan or plan_decode(cache_seqlens, q_len=q_len, heads=heads, kv_dtype=kv_cache.dtype, num_sms=num_sms)
-    out = torch.empty(batch, q_len, heads, kv_lora_rank, dtype=q.dtype, device=q.device)
-    lse = torch.empty(batch, heads, q_len, dtype=torch.float32, device=q.device)
+    if out is None:
+        out = torch.empty(batch, q_len, heads, kv_lora_rank, dtype=q.dtype, device=q.device)
+    if lse is None:
+        lse = torch.empty(batch, heads, q_len, dtype=torch.float32, device=q.device)
     lse_strides = (0, lse.stride(0), lse.stride(2), lse.stride(1))
     _launch(q.reshape(batch * q_len, heads, -1), kv_cache, block_table, cache_seqlens, kv_lora_rank, softmax_scale,
             kv_scale, plan, out.view(batch * q_len, heads, kv_lora_rank), lse, lse_strides)
@@ -434,17 +445,22 @@ def triton_mla_extend(
     kv_scale: torch.Tensor | None,
     plan: DecodePlan | None = None,
     num_sms: int | None = None,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Latent-form extend: packed new tokens `q [T, heads, dim]` (segments `cu_seqlens_q`, each at
     most `max_q_len`, already written to the cache) attend to their sequence's cached tokens,
     causally among themselves, as `mlakit.reference_extend`. Returns out `[T, heads,
-    kv_lora_rank]` and lse `[T, heads]` (natural log). No host sync.
+    kv_lora_rank]` and lse `[T, heads]` (natural log), written into `out` and `lse` when given.
+    `plan` is the step's split plan from `plan_extend` over these `cu_seqlens_q`. No host sync.
     """
     heads = q.shape[1]
     plan = plan or plan_extend(cache_seqlens, cu_seqlens_q, max_q_len=max_q_len, heads=heads, kv_dtype=kv_cache.dtype,
                                num_sms=num_sms)
-    out = torch.empty(q.shape[0], heads, kv_lora_rank, dtype=q.dtype, device=q.device)
-    lse = torch.empty(q.shape[0], heads, dtype=torch.float32, device=q.device)
+    if out is None:
+        out = torch.empty(q.shape[0], heads, kv_lora_rank, dtype=q.dtype, device=q.device)
+    if lse is None:
+        lse = torch.empty(q.shape[0], heads, dtype=torch.float32, device=q.device)
     lse_strides = (lse.stride(0), 0, lse.stride(0), lse.stride(1))
     _launch(q, kv_cache, block_table, cache_seqlens, kv_lora_rank, softmax_scale, kv_scale, plan, out, lse, lse_strides)
     return out, lse
@@ -464,58 +480,99 @@ def _launch(
     lse_strides: tuple[int, int, int, int],
 ) -> None:
     """Split kernel plus combine for packed query tokens `q [T, H, D]`; `out [T, H, R]` and lse
-    addressed as first_token * s0 + sequence * s1 + draft index * s2 + head * s3."""
+    addressed as first_token * s0 + sequence * s1 + draft index * s2 + head * s3.
+
+    What depends only on the inputs' layout (the split kernel, its tile and grid, strides, the
+    partial buffers) is prepared on the first call of a layout and kept in the plan; the tensors
+    themselves are passed on every call, so a cache, q, page table or lengths at a new address
+    are read where they now are."""
     pages = pages_view(kv_cache)
     q = q.contiguous()
     batch = cache_seqlens.shape[0]
     if plan.num_splits.shape[0] != batch:
         raise ValueError(f"plan: built for {plan.num_splits.shape[0]} sequences, the call has {batch} "
                          f"(cache_seqlens); build the plan from this call's lengths")
+    key = layout_key(q, pages, block_table, cache_seqlens, kv_scale, out, lse, lse_strides, kv_lora_rank)
+    launch = plan.launches.get(key)
+    if launch is None:
+        launch = plan.launches[key] = _prepare_launch(q, pages, block_table, kv_scale, kv_lora_rank, plan, out,
+                                                      lse_strides, key)
+    launch(q, pages, block_table, cache_seqlens, kv_scale, softmax_scale * LOG2E, out, lse)
+
+
+def layout_key(q: torch.Tensor, pages: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor,
+               kv_scale: torch.Tensor | None, out: torch.Tensor, lse: torch.Tensor, lse_strides: tuple[int, ...],
+               kv_lora_rank: int) -> tuple:
+    """Everything a decode launch's kernels, tiles and Triton specializations depend on besides the plan:
+    shapes, strides and dtypes of the inputs, and whether each pointer is 16-byte aligned."""
+    return (
+        q.shape, q.stride(), q.dtype, q.data_ptr() % 16, pages.shape, pages.stride(), pages.dtype, pages.data_ptr() % 16,
+        block_table.stride(0), block_table.data_ptr() % 16, cache_seqlens.data_ptr() % 16,
+        None if kv_scale is None else (kv_scale.shape, kv_scale.stride(), kv_scale.dtype, kv_scale.data_ptr() % 16),
+        out.stride(), out.dtype, out.data_ptr() % 16, lse_strides, lse.data_ptr() % 16, kv_lora_rank,
+    )
+
+
+def _prepare_launch(
+    q: torch.Tensor,
+    pages: torch.Tensor,
+    block_table: torch.Tensor,
+    kv_scale: torch.Tensor | None,
+    kv_lora_rank: int,
+    plan: DecodePlan,
+    out: torch.Tensor,
+    lse_strides: tuple[int, int, int, int],
+    key: tuple,
+) -> Callable[..., None]:
+    """The launches of one input layout over `plan`: `run(q, pages, block_table, cache_seqlens, kv_scale,
+    scale_log2, out, lse)`."""
+    batch = plan.num_splits.shape[0]
     heads, dim = q.shape[1], q.shape[2]
     max_rows = plan.max_q_len * heads
-    scale_mode, scale = _scale_operand(pages, kv_scale)
+    scale_mode = kv_scale_mode(pages, kv_scale)
     kernel, tuning, geometry = split_kernel_for(q, pages, kv_lora_rank, scale_mode, plan)
     # Rows padded to 16 keep every partial stride a multiple of 16 whatever the batch, so the
-    # kernels specialize the same way for every step (one compiled variant, see warm-up).
+    # kernels specialize the same way for every step (one compiled variant, see warm-up). The
+    # partials are the plan's: its launches run one after another, each combine before the next split.
     part_out = torch.empty(batch, geometry.max_splits if geometry.max_splits > 1 else 0, -(-max_rows // 16) * 16,
                            kv_lora_rank, dtype=torch.float32, device=q.device)
     part_lse = torch.empty(part_out.shape[:3], dtype=torch.float32, device=q.device)
-    scale_strides = (scale.stride(0), scale.stride(1)) if scale_mode == SCALE_PER_GROUP else (0, 0)
+    scale_strides = (kv_scale.stride(0), kv_scale.stride(1)) if scale_mode == SCALE_PER_GROUP else (0, 0)
     part_strides = (part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1))
     out_strides = (out.stride(0), out.stride(1))
-
+    strides = ((q.stride(0), q.stride(1)), (pages.stride(0), pages.stride(1)), block_table.stride(0), out_strides,
+               lse_strides, part_strides)
     # Programs by work item (longest splits first; unused rows of the plan last), row tiles of a split adjacent.
     grid = (geometry.row_tiles, plan.work.shape[0])
-    shared_args = (
-        block_table, cache_seqlens, plan.work,
-        out, lse, part_out, part_lse,
-        softmax_scale * LOG2E,
-        (q.stride(0), q.stride(1)), (pages.stride(0), pages.stride(1)), block_table.stride(0),
-        out_strides, lse_strides, part_strides,
+    portable = dict(
+        HEADS=heads, PAGE_SIZE=pages.shape[1], KV_LORA_RANK=kv_lora_rank, ROPE_DIM=dim - kv_lora_rank,
+        BLOCK_M=tuning.block_m, BLOCK_N=tuning.block_n, BLOCK_R=triton.next_power_of_2(kv_lora_rank),
+        BLOCK_ROPE=max(16, triton.next_power_of_2(dim - kv_lora_rank)),
+        SCALE_MODE=scale_mode, SCALE_GROUP_SIZE=SCALE_GROUP, DOT_DTYPE=_dot_dtype(q.dtype),
+        num_warps=tuning.num_warps, num_stages=_stages(tuning, scale_mode),
     )
-    merged = False
-    if kernel == "narrow":
-        hopper_narrow_decode.launch(grid, q, pages, kv_scale, kv_lora_rank, shared_args)
-    elif kernel == "hopper":
-        merged = hopper_decode.launch(grid, q, pages, kv_scale, kv_lora_rank, shared_args, plan.work_state,
-                                      plan.merge_state, geometry.max_splits)
-    else:
-        _mla_decode_split_kernel[grid](
-            q, pages, scale, *shared_args, scale_strides,
-            HEADS=heads, PAGE_SIZE=pages.shape[1], KV_LORA_RANK=kv_lora_rank, ROPE_DIM=dim - kv_lora_rank,
-            BLOCK_M=tuning.block_m, BLOCK_N=tuning.block_n, BLOCK_R=triton.next_power_of_2(kv_lora_rank),
-            BLOCK_ROPE=max(16, triton.next_power_of_2(dim - kv_lora_rank)),
-            SCALE_MODE=scale_mode, SCALE_GROUP_SIZE=SCALE_GROUP, DOT_DTYPE=_dot_dtype(q.dtype),
-            num_warps=tuning.num_warps, num_stages=_stages(tuning, scale_mode),
-        )
-    if geometry.max_splits > 1 and not merged:
-        tiling = combine_tiling(geometry.max_splits, kv_lora_rank)
-        _mla_decode_combine_kernel[(batch, triton.cdiv(max_rows, tiling.rows), triton.cdiv(kv_lora_rank, tiling.columns))](
-            part_out, part_lse, plan.num_splits, plan.cu_seqlens_q, out, lse, part_strides, out_strides, lse_strides,
-            HEADS=heads, KV_LORA_RANK=kv_lora_rank,
-            BLOCK_SPLITS=tiling.splits, BLOCK_ROWS=tiling.rows, BLOCK_C=tiling.columns,
-            num_warps=4,
-        )
+    combines = geometry.max_splits > 1
+    tiling = combine_tiling(geometry.max_splits, kv_lora_rank)
+    combine_grid = (batch, triton.cdiv(max_rows, tiling.rows), triton.cdiv(kv_lora_rank, tiling.columns))
+
+    def run(q, pages, block_table, cache_seqlens, kv_scale, scale_log2, out, lse) -> None:
+        shared_args = (block_table, cache_seqlens, plan.work, out, lse, part_out, part_lse, scale_log2, *strides)
+        merged = False
+        if kernel == "narrow":
+            hopper_narrow_decode.launch(key, grid, q, pages, kv_scale, kv_lora_rank, shared_args)
+        elif kernel == "hopper":
+            merged = hopper_decode.launch(key, grid, q, pages, kv_scale, kv_lora_rank, shared_args, plan.work_state,
+                                          plan.merge_state, geometry.max_splits)
+        else:
+            # Without scales the kernel never reads SCALE: the pages fill it.
+            _SPLIT(key, (*grid, 1), q, pages, pages if kv_scale is None else kv_scale, *shared_args, scale_strides,
+                   **portable)
+        if combines and not merged:
+            _COMBINE(key, combine_grid, part_out, part_lse, plan.num_splits, plan.cu_seqlens_q, out, lse, part_strides,
+                     out_strides, lse_strides, HEADS=heads, KV_LORA_RANK=kv_lora_rank, BLOCK_SPLITS=tiling.splits,
+                     BLOCK_ROWS=tiling.rows, BLOCK_C=tiling.columns, num_warps=4)
+
+    return run
 
 
 def split_kernel_for(
@@ -585,9 +642,5 @@ def _dot_dtype(q_dtype: torch.dtype) -> tl.dtype:
     return tl.float16 if q_dtype == torch.float16 else tl.bfloat16
 
 
-def _scale_operand(pages: torch.Tensor, kv_scale: torch.Tensor | None) -> tuple[int, torch.Tensor]:
-    mode = scale_mode(pages, kv_scale)
-    if mode == SCALE_NONE:
-        return mode, pages
-    return mode, kv_scale.reshape(1) if mode == SCALE_PER_TENSOR else kv_scale
-
+_SPLIT = CachedLaunch(_mla_decode_split_kernel)
+_COMBINE = CachedLaunch(_mla_decode_combine_kernel)

@@ -23,6 +23,7 @@ import triton.language as tl
 
 from mlakit.errors import MLAInputError
 from mlakit.kernels.interpreter import INTERPRET
+from mlakit.kernels.launch import CachedLaunch
 
 LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)
@@ -251,15 +252,10 @@ def triton_mha_prefill(
             lse.fill_(float("-inf"))
         return out, lse
     grid = (triton.cdiv(max_q_len, tuning.block_m), heads, batch)
-    _mha_prefill_kernel[grid](
-        q, k_nope, k_pe, v, out, lse, cu_seqlens_q, cu_seqlens_k,
-        softmax_scale * LOG2E,
-        q.stride(0), q.stride(1),
-        k_nope.stride(0), k_nope.stride(1),
-        k_pe.stride(0),
-        v.stride(0), v.stride(1),
-        out.stride(0), out.stride(1),
-        lse.stride(0),
+    tensors = (q, k_nope, k_pe, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+    strides = (q.stride(0), q.stride(1), k_nope.stride(0), k_nope.stride(1), k_pe.stride(0), v.stride(0), v.stride(1),
+               out.stride(0), out.stride(1), lse.stride(0))
+    constants = dict(
         NOPE_DIM=nope_dim, ROPE_DIM=rope_dim, V_DIM=v_dim,
         BLOCK_NOPE=max(16, triton.next_power_of_2(nope_dim)),
         BLOCK_ROPE=max(16, triton.next_power_of_2(rope_dim)),
@@ -267,4 +263,9 @@ def triton_mha_prefill(
         BLOCK_M=tuning.block_m, BLOCK_N=tuning.block_n, CAUSAL=causal, MERGE=merge,
         num_warps=tuning.num_warps, num_stages=tuning.num_stages,
     )
+    key = (tuple((t.dtype, t.data_ptr() % 16) for t in tensors), strides, tuple(constants.values()))
+    _PREFILL(key, grid, *tensors, softmax_scale * LOG2E, *strides, **constants)
     return out, lse
+
+
+_PREFILL = CachedLaunch(_mha_prefill_kernel)

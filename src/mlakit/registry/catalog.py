@@ -39,6 +39,14 @@ class DecodeMetadataBuilder(Protocol):
     def __call__(self, cache_seqlens: torch.Tensor, *, q_len: int, heads: int, kv_cache_dtype: str) -> object: ...
 
 
+class ExtendMetadataBuilder(Protocol):
+    """Builds a backend's per-step extend metadata once, for every layer's call."""
+
+    def __call__(
+        self, cache_seqlens: torch.Tensor, cu_seqlens_q: torch.Tensor, *, max_q_len: int, heads: int, kv_cache_dtype: str
+    ) -> object: ...
+
+
 class ExtendKernel(Protocol):
     """The latent-form extend entry point (shapes as in `mlakit.mla_extend`)."""
 
@@ -79,6 +87,8 @@ class RegisteredBackend:
     extend: ExtendKernel | None = None
     prefill: PrefillKernel | None = None
     decode_metadata: DecodeMetadataBuilder | None = None
+    extend_metadata: ExtendMetadataBuilder | None = None
+    writes_outputs: bool = False
 
 
 _REGISTRY: dict[str, RegisteredBackend] = {}
@@ -90,11 +100,15 @@ def register(
     extend: ExtendKernel | None = None,
     prefill: PrefillKernel | None = None,
     decode_metadata: DecodeMetadataBuilder | None = None,
+    extend_metadata: ExtendMetadataBuilder | None = None,
+    writes_outputs: bool = False,
 ) -> BackendRecord:
     """Adds a backend; a second registration under the same name is an error.
 
     A backend with `decode_metadata` builds its per-step decode metadata there, and its
-    `decode` takes it back as `metadata=` (None when the caller built none).
+    `decode` takes it back as `metadata=` (None when the caller built none); `extend_metadata`
+    likewise for `extend`. With `writes_outputs`, `decode` and `extend` take `out=` and `lse=`
+    (None: allocate) and write their results there.
 
     A record may state prefill without a `prefill` kernel (a vendor prefill mlakit has no
     adapter for yet): resolve() still plans with it, `mla_prefill` refuses it by name.
@@ -109,7 +123,10 @@ def register(
         raise ConfigError(f"backend {record.name!r}: a prefill kernel was given but the record does not list prefill")
     if decode_metadata is not None and decode is None:
         raise ConfigError(f"backend {record.name!r}: decode metadata was given without a decode kernel")
-    _REGISTRY[record.name] = RegisteredBackend(record, decode, extend, prefill, decode_metadata)
+    if extend_metadata is not None and extend is None:
+        raise ConfigError(f"backend {record.name!r}: extend metadata was given without an extend kernel")
+    _REGISTRY[record.name] = RegisteredBackend(record, decode, extend, prefill, decode_metadata, extend_metadata,
+                                               writes_outputs)
     return record
 
 

@@ -1,0 +1,31 @@
+"""Timing a call outside a CUDA graph: the host time per call and the eager time."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+# Calls per host-time loop: below the CUDA launch queue's depth (about a thousand launches), so that the
+# loop measures the host and not a full queue.
+CALLS = 400
+
+
+def host_us_per_call(call: Callable[[], object], calls: int = CALLS) -> float:
+    """Mean host microseconds per call over `calls` back-to-back calls without a sync."""
+    call()
+    torch.cuda.synchronize()
+    began = time.perf_counter()
+    for _ in range(calls):
+        call()
+    elapsed = time.perf_counter() - began
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
+def eager_us(call: Callable[[], object]) -> float:
+    """do_bench's median microseconds of the eager call."""
+    from triton.testing import do_bench
+
+    return do_bench(call, warmup=25, rep=100, return_mode="median") * 1e3
