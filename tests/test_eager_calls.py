@@ -170,8 +170,8 @@ def test_a_launch_key_that_misses_a_specialization_is_caught():
 
     launch = CachedLaunch(_add_one)
     x = torch.zeros(64, device="cuda")
-    launch("one key", (1, 1, 1), x, 64, BLOCK=64)
-    launch("one key", (1, 1, 1), x, 64, BLOCK=64)
+    launch("one key", (1, 1, 1), (x, 64), {"BLOCK": 64})
+    launch("one key", (1, 1, 1), (x, 64), {"BLOCK": 64})
     assert x.tolist() == [2.0] * 64
     with pytest.raises(StaleLaunchError, match="_add_one: launch key 'one key'"):
-        launch("one key", (1, 1, 1), x[1:], 63, BLOCK=64)  # a misaligned pointer and another length specialize anew
+        launch("one key", (1, 1, 1), (x[1:], 63), {"BLOCK": 64})  # a misaligned pointer and another length specialize anew

@@ -117,9 +117,9 @@ class _BlockRecorder:
     def __init__(self, launch):
         self.launch, self.block_m = launch, []
 
-    def __call__(self, key, grid, *args, **constants):
+    def __call__(self, key, grid, args, constants):
         self.block_m.append(constants["BLOCK_M"])
-        self.launch(key, grid, *args, **constants)
+        self.launch(key, grid, args, constants)
 
 
 @pytest.mark.parametrize("hopper_default, launched_block_m", [(True, 16), (False, 64)])

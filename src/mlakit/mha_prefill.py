@@ -45,11 +45,12 @@ class AttentionPass(Protocol):
 def gather_rows(kv_cache: torch.Tensor, kv_scale: torch.Tensor | None, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Cache rows `[len(slots), kv_lora_rank + rope]` at flat `slots`, dequantized to `dtype`."""
     pages = pages_view(kv_cache)
-    flat = pages.reshape(-1, pages.shape[-1])
+    rows = pages.reshape(-1, pages.shape[-1]).index_select(0, slots)
     if kv_scale is None:
-        return flat[slots].to(dtype)
-    scale = kv_scale.reshape(-1, kv_scale.shape[-1])[slots] if scale_mode(pages, kv_scale) == SCALE_PER_GROUP else kv_scale
-    return dequantize(flat[slots], scale).to(dtype)
+        return rows.to(dtype)
+    per_group = scale_mode(pages, kv_scale) == SCALE_PER_GROUP
+    scale = kv_scale.reshape(-1, kv_scale.shape[-1]).index_select(0, slots) if per_group else kv_scale
+    return dequantize(rows, scale).to(dtype)
 
 
 def decompress(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 
@@ -12,16 +13,19 @@ import torch
 CALLS = 400
 
 
-def host_us_per_call(call: Callable[[], object], calls: int = CALLS) -> float:
-    """Mean host microseconds per call over `calls` back-to-back calls without a sync."""
+def host_us_per_call(call: Callable[[], object], calls: int = CALLS, rounds: int = 5) -> float:
+    """Host microseconds per call: the mean over `calls` back-to-back calls without a sync, the median of
+    `rounds` such loops (a shared host's timings wander by tens of percent from loop to loop)."""
     call()
+    means = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        began = time.perf_counter()
+        for _ in range(calls):
+            call()
+        means.append((time.perf_counter() - began) / calls * 1e6)
     torch.cuda.synchronize()
-    began = time.perf_counter()
-    for _ in range(calls):
-        call()
-    elapsed = time.perf_counter() - began
-    torch.cuda.synchronize()
-    return elapsed / calls * 1e6
+    return statistics.median(means)
 
 
 def eager_us(call: Callable[[], object]) -> float:

@@ -38,7 +38,7 @@ everywhere else.
 """
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 import torch
 from triton.experimental import gluon
@@ -94,6 +94,8 @@ MERGE_MAX_SPLITS = 4
 MERGE_COLUMNS = gl.constexpr(64)
 MERGE_SPLITS_PER_STEP = gl.constexpr(4)
 MERGE_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0]))
+# A prepared split pass: run(q, pages, kv_scale, shared_args).
+SplitPass = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", tuple], None]
 # The latent and rope widths the seesaw kernel takes fp8 pages at (DeepSeek's).
 FP8_SEESAW_WIDTHS = (512, 64)
 # A warpgroup's share of 64 query columns (16-bit), 16 bytes per thread and row.
@@ -126,34 +128,41 @@ def chunk_descriptors(pages: torch.Tensor, kv_lora_rank: int) -> tuple[TensorDes
     return row_descriptors(pages, ((BLOCK_N.value, TMA_CHUNK.value), (BLOCK_N.value, rope_dim)))
 
 
-def launch(key: Hashable, grid: tuple[int, int], q: torch.Tensor, pages: torch.Tensor, kv_scale: torch.Tensor | None,
-           kv_lora_rank: int, shared_args: tuple, work_state: torch.Tensor, merge_state: torch.Tensor, max_splits: int) -> bool:
-    """Runs the split pass (a call `supports` accepts) over `grid` = (row tiles, rows of the plan's
-    work items): the persistent seesaw kernel for pages holding whole tiles (TMA loads) and latent
+def prepare(key: Hashable, grid: tuple[int, int], q: torch.Tensor, pages: torch.Tensor, kv_lora_rank: int,
+            work_state: torch.Tensor, merge_state: torch.Tensor, max_splits: int) -> tuple[SplitPass, bool]:
+    """The split pass of one input layout (a call `supports` accepts) over `grid` = (row tiles, rows of the
+    plan's work items): the persistent seesaw kernel for pages holding whole tiles (TMA loads) and latent
     widths of at least 128, 16-bit or, at DeepSeek's 512 + 64 widths, fp8 with the one-element
     `kv_scale`: one program per SM at most, over the plan's `work_state`; else the fp8 kernel for fp8
-    caches, the cp.async gather kernel for 16-bit ones.
-    `shared_args` are the portable split kernel's arguments from the block table on, without the scale
-    strides; `key` fixes how Triton specializes them (`CachedLaunch`). Returns whether the kernel merged
-    the split sequences' partials itself (the seesaw, when the plan's split ceiling `max_splits` is at
-    most MERGE_MAX_SPLITS, counting splits in the plan's `merge_state`), so that no combine is needed."""
+    caches, the cp.async gather kernel for 16-bit ones. `key` fixes how Triton specializes the arguments
+    (`CachedLaunch`).
+
+    Returns `run(q, pages, kv_scale, shared_args)`, where `shared_args` are the portable split kernel's
+    arguments from the block table on, without the scale strides, and whether the kernel merges the split
+    sequences' partials itself (the seesaw, when the plan's split ceiling `max_splits` is at most
+    MERGE_MAX_SPLITS, counting splits in the plan's `merge_state`), so that no combine is needed."""
     rope_dim = q.shape[-1] - kv_lora_rank
     constants = dict(HEADS=q.shape[1], PAGE_SIZE=pages.shape[1], KV_LORA_RANK=kv_lora_rank, ROPE_DIM=rope_dim)
     fp8 = pages.dtype == FP8_DTYPE
     if _seesaw_takes(pages.shape[1], kv_lora_rank, rope_dim, fp8):
         row_tiles, work_rows = grid
-        programs = min(sm_count(q.device), row_tiles * work_rows)
+        programs = (min(sm_count(q.device), row_tiles * work_rows), 1, 1)
         merge = 1 < max_splits <= MERGE_MAX_SPLITS
-        SEESAW(key, (programs, 1, 1), q, *chunk_descriptors(pages, kv_lora_rank),
-               # 16-bit pages never read KV_SCALE: any tensor fills it.
-               kv_scale if fp8 else work_state, *shared_args, work_state, work_rows, row_tiles, merge_state,
-               **constants, MERGE=merge, num_warps=4)
-        return merge
-    if fp8:
-        FP8_SPLIT(key, (*grid, 1), q, pages, kv_scale, *shared_args, **constants, num_warps=4)
-    else:
-        SPLIT(key, (*grid, 1), q, pages, *shared_args, **constants, num_warps=NUM_WARPS.value)
-    return False
+        constants.update(MERGE=merge, num_warps=4)
+        plan_args = (work_state, work_rows, row_tiles, merge_state)
+
+        def seesaw(q, pages, kv_scale, shared_args) -> None:
+            # 16-bit pages never read KV_SCALE: any tensor fills it.
+            SEESAW(key, programs, (q, *chunk_descriptors(pages, kv_lora_rank), kv_scale if fp8 else work_state,
+                                   *shared_args, *plan_args), constants)
+
+        return seesaw, merge
+    launch, constants["num_warps"] = (FP8_SPLIT, 4) if fp8 else (SPLIT, NUM_WARPS.value)
+
+    def split(q, pages, kv_scale, shared_args) -> None:
+        launch(key, (*grid, 1), (q, pages, kv_scale, *shared_args) if fp8 else (q, pages, *shared_args), constants)
+
+    return split, False
 
 
 def _seesaw_takes(page_size: int, kv_lora_rank: int, rope_dim: int, fp8: bool) -> bool:

@@ -18,7 +18,7 @@ columns, and put back in order before the output store (a register relabelling t
 """
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 import torch
 from triton.experimental import gluon
@@ -79,16 +79,20 @@ def supports(q_dtype: torch.dtype, pages: torch.Tensor, scale_mode: int, kv_lora
     )
 
 
-def launch(key: Hashable, grid: tuple[int, int], q: torch.Tensor, pages: torch.Tensor, kv_scale: torch.Tensor,
-           kv_lora_rank: int, shared_args: tuple) -> None:
-    """Runs the split pass (a call `supports` accepts) over 16-row tiles; `key` and `shared_args` as for
-    `hopper_decode.launch`."""
+def prepare(key: Hashable, grid: tuple[int, int], q: torch.Tensor, pages: torch.Tensor,
+            kv_lora_rank: int) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, tuple], None]:
+    """The split pass of one input layout (a call `supports` accepts) over 16-row tiles:
+    `run(q, pages, kv_scale, shared_args)`, with `key` and `shared_args` as for `hopper_decode.prepare`."""
     box_rows = min(pages.shape[1], BLOCK_N.value)
     rope_dim = pages.shape[-1] - kv_lora_rank
-    latent_desc, rope_desc = row_descriptors(pages, ((box_rows, min(kv_lora_rank, LATENT_CHUNK.value)), (box_rows, rope_dim)))
-    NARROW(key, (*grid, 1), q, latent_desc, rope_desc, kv_scale, *shared_args,
-           HEADS=q.shape[1], PAGE_SIZE=pages.shape[1], KV_LORA_RANK=kv_lora_rank, ROPE_DIM=rope_dim,
-           num_warps=NUM_WARPS)
+    boxes = ((box_rows, min(kv_lora_rank, LATENT_CHUNK.value)), (box_rows, rope_dim))
+    constants = dict(HEADS=q.shape[1], PAGE_SIZE=pages.shape[1], KV_LORA_RANK=kv_lora_rank, ROPE_DIM=rope_dim,
+                     num_warps=NUM_WARPS)
+
+    def run(q, pages, kv_scale, shared_args) -> None:
+        NARROW(key, (*grid, 1), (q, *row_descriptors(pages, boxes), kv_scale, *shared_args), constants)
+
+    return run
 
 
 @gluon.constexpr_function

@@ -8,6 +8,10 @@ specializes a kernel on (argument dtypes, the values of integer arguments, wheth
 16-byte aligned, the constexprs): the launch sites build it from shapes, strides, dtypes and
 pointer alignment. Tensors are passed on every call, so nothing that points at memory is kept.
 
+On Triton 3.6, kernels with TMA descriptor arguments skip one more per-call cost: the launcher's Python
+loop that expands each descriptor into a CUDA tensor map (`fill_tma_descriptor`) on every launch; the
+expansion is kept on the descriptor object (which `hopper_common.row_descriptors` keeps by address).
+
 With `MLAKIT_VERIFY_LAUNCHES=1` every direct launch first asks Triton which kernel it would run
 and raises `StaleLaunchError` if that is not the cached one (the GPU tests run so). Under the CPU
 interpreter, or while a launch hook is set (profilers), every call goes through Triton's JIT.
@@ -15,10 +19,12 @@ interpreter, or while a launch hook is set (profilers), every call goes through 
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable, Mapping
 
+import triton
 from triton import knobs
 from triton.runtime import driver
 
@@ -28,25 +34,65 @@ from mlakit.kernels.interpreter import INTERPRET
 MAX_KEYS = 512
 
 
+# Whether direct launches are checked against Triton's own choice (read once, at import).
+VERIFY = os.environ.get("MLAKIT_VERIFY_LAUNCHES") == "1"
+
+
 class StaleLaunchError(RuntimeError):
     """A launch key that does not fix the kernel Triton would compile for the arguments (a launch-site bug)."""
 
 
-def verifying() -> bool:
-    """Whether direct launches are checked against Triton's own choice (`MLAKIT_VERIFY_LAUNCHES=1`)."""
-    return os.environ.get("MLAKIT_VERIFY_LAUNCHES") == "1"
-
-
-def launch_hooks_set() -> bool:
+def _hook_set(hook: object) -> bool:
     """Whether a launch hook is installed (Triton keeps them in chains that are empty by default)."""
-    return any(hook is not None and bool(getattr(hook, "calls", True))
-               for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook))
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+@dataclasses.dataclass(frozen=True)
+class _RawLaunch:
+    """Triton 3.6's C launch entry of one compiled kernel with tensor-descriptor arguments, and where those
+    arguments are (their positions and the compiled kernel's metadata for each)."""
+
+    launch: Callable[..., None]
+    descriptors: tuple[tuple[int, object], ...]
+    cooperative: bool
+    pdl: bool
+
+
+def _raw_launch(compiled: object) -> _RawLaunch | None:
+    """The C entry behind `compiled.run` where it is Triton 3.6's descriptor-expanding wrapper around it and the
+    kernel needs no scratch memory; None otherwise (the kernel is then launched through `compiled.run`)."""
+    if not triton.__version__.startswith("3.6."):
+        return None
+    runner = compiled.run
+    wrapper = getattr(runner, "launch", None)
+    if getattr(runner, "global_scratch_size", 1) or getattr(runner, "profile_scratch_size", 1):
+        return None
+    try:
+        captured = inspect.getclosurevars(wrapper).nonlocals
+    except TypeError:  # no Python wrapper: the kernel has no descriptor arguments
+        return None
+    if set(captured) != {"launcher", "tensordesc_indices", "tensordesc_meta"} or not captured["tensordesc_meta"]:
+        return None
+    positions = sorted(captured["tensordesc_indices"])
+    return _RawLaunch(captured["launcher"], tuple(zip(positions, captured["tensordesc_meta"])),
+                      runner.launch_cooperative_grid, runner.launch_pdl)
+
+
+def _expanded(descriptor: object, meta: object) -> list:
+    """The launcher's arguments for a host TMA descriptor (tensor map, shape, strides), kept on the descriptor."""
+    from triton.backends.nvidia.driver import make_tensordesc_arg
+
+    kept = descriptor.__dict__.get("_launch_arguments")
+    if kept is None or kept[0] is not meta:
+        kept = (meta, make_tensordesc_arg(descriptor, meta))
+        descriptor.__dict__["_launch_arguments"] = kept
+    return kept[1]
 
 
 class CachedLaunch:
     """Launches of one `@triton.jit` or `@gluon.jit` kernel by key.
 
-    Call it as `launch(key, grid, *args, **constants)`: `args` are the kernel's leading parameters in
+    Call it as `launch(key, grid, args, constants)`: `args` are the kernel's leading parameters in
     order, `constants` name the rest (constexprs and launch options such as `num_warps`). The first call
     with a key (per device) goes through `kernel[grid](*args, **constants)`; later calls launch the
     compiled kernel with the new `args` and the first call's constants, on the current stream.
@@ -59,7 +105,7 @@ class CachedLaunch:
     >>> launch = CachedLaunch(add_one)
     >>> x = torch.zeros(3, device="cuda" if torch.cuda.is_available() else "cpu")
     >>> for _ in range(2):
-    ...     launch(("float32", 3), (1, 1, 1), x, 3, BLOCK=4)
+    ...     launch(("float32", 3), (1, 1, 1), (x, 3), {"BLOCK": 4})
     >>> x.tolist()
     [2.0, 2.0, 2.0]
     """
@@ -67,10 +113,10 @@ class CachedLaunch:
     def __init__(self, kernel: object) -> None:
         self.kernel = kernel
         self._parameters = list(inspect.signature(getattr(kernel, "fn", kernel)).parameters.values())
-        self._compiled: dict[Hashable, tuple[object, tuple]] = {}
+        self._compiled: dict[Hashable, tuple[object, tuple, _RawLaunch | None]] = {}
 
-    def __call__(self, key: Hashable, grid: tuple[int, int, int], *args: object, **constants: object) -> None:
-        if INTERPRET or launch_hooks_set():
+    def __call__(self, key: Hashable, grid: tuple[int, int, int], args: tuple, constants: Mapping[str, object]) -> None:
+        if INTERPRET or _hook_set(knobs.runtime.launch_enter_hook) or _hook_set(knobs.runtime.launch_exit_hook):
             self.kernel[grid](*args, **constants)
             return
         device = driver.active.get_current_device()
@@ -80,18 +126,29 @@ class CachedLaunch:
             if len(self._compiled) >= MAX_KEYS:
                 for old in list(self._compiled)[: MAX_KEYS // 2]:
                     del self._compiled[old]
-            self._compiled[device, key] = (compiled, self._trailing_values(len(args), constants))
+            raw = _raw_launch(compiled)
+            if raw is not None and raw.descriptors[-1][0] >= len(args):  # descriptors passed by name: the plain path
+                raw = None
+            self._compiled[device, key] = (compiled, self._trailing_values(len(args), constants), raw)
             return
-        compiled, trailing = entry
-        if verifying():
+        compiled, trailing, raw = entry
+        if VERIFY:
             expected = self.kernel.warmup(*args, grid=grid, **constants)
             if expected is not compiled:
                 raise StaleLaunchError(f"{self.kernel.__name__}: launch key {key!r} names a kernel compiled for other "
                                        f"arguments than this call's")
-        compiled.run(grid[0], grid[1], grid[2], driver.active.get_current_stream(device), compiled.function,
-                     compiled.packed_metadata, None, None, None, *args, *trailing)
+        stream = driver.active.get_current_stream(device)
+        if raw is None:
+            compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata, None, None, None,
+                         *args, *trailing)
+            return
+        flat = list(args)
+        for position, meta in reversed(raw.descriptors):
+            flat[position:position + 1] = _expanded(args[position], meta)
+        raw.launch(grid[0], grid[1], grid[2], stream, compiled.function, raw.cooperative, raw.pdl, None, None,
+                   compiled.packed_metadata, None, None, None, *flat, *trailing)
 
-    def _trailing_values(self, positional: int, constants: dict[str, object]) -> tuple:
+    def _trailing_values(self, positional: int, constants: Mapping[str, object]) -> tuple:
         """The values of the parameters after the positional ones, in order (named or defaulted)."""
         values = []
         for parameter in self._parameters[positional:]:

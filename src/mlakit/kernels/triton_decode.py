@@ -544,35 +544,48 @@ def _prepare_launch(
                lse_strides, part_strides)
     # Programs by work item (longest splits first; unused rows of the plan last), row tiles of a split adjacent.
     grid = (geometry.row_tiles, plan.work.shape[0])
-    portable = dict(
-        HEADS=heads, PAGE_SIZE=pages.shape[1], KV_LORA_RANK=kv_lora_rank, ROPE_DIM=dim - kv_lora_rank,
+    tiling = combine_tiling(geometry.max_splits, kv_lora_rank)
+    combine_grid = (batch, triton.cdiv(max_rows, tiling.rows), triton.cdiv(kv_lora_rank, tiling.columns))
+
+    merged = False
+    if kernel == "narrow":
+        split = hopper_narrow_decode.prepare(key, grid, q, pages, kv_lora_rank)
+    elif kernel == "hopper":
+        split, merged = hopper_decode.prepare(key, grid, q, pages, kv_lora_rank, plan.work_state, plan.merge_state,
+                                              geometry.max_splits)
+    else:
+        split = _portable_split(key, grid, q, pages, kv_lora_rank, tuning, scale_mode, scale_strides)
+    combine_constants = dict(HEADS=heads, KV_LORA_RANK=kv_lora_rank, BLOCK_SPLITS=tiling.splits,
+                             BLOCK_ROWS=tiling.rows, BLOCK_C=tiling.columns, num_warps=4)
+    combines = geometry.max_splits > 1 and not merged
+
+    def run(q, pages, block_table, cache_seqlens, kv_scale, scale_log2, out, lse) -> None:
+        split(q, pages, kv_scale, (block_table, cache_seqlens, plan.work, out, lse, part_out, part_lse, scale_log2, *strides))
+        if combines:
+            _COMBINE(key, combine_grid, (part_out, part_lse, plan.num_splits, plan.cu_seqlens_q, out, lse, part_strides,
+                                         out_strides, lse_strides), combine_constants)
+
+    return run
+
+
+def _portable_split(key: tuple, grid: tuple[int, int], q: torch.Tensor, pages: torch.Tensor, kv_lora_rank: int,
+                    tuning: DecodeTuning, scale_mode: int,
+                    scale_strides: tuple[int, int]) -> hopper_decode.SplitPass:
+    """The portable split kernel's pass for one input layout (as `hopper_decode.prepare`'s)."""
+    dim = q.shape[-1]
+    constants = dict(
+        HEADS=q.shape[1], PAGE_SIZE=pages.shape[1], KV_LORA_RANK=kv_lora_rank, ROPE_DIM=dim - kv_lora_rank,
         BLOCK_M=tuning.block_m, BLOCK_N=tuning.block_n, BLOCK_R=triton.next_power_of_2(kv_lora_rank),
         BLOCK_ROPE=max(16, triton.next_power_of_2(dim - kv_lora_rank)),
         SCALE_MODE=scale_mode, SCALE_GROUP_SIZE=SCALE_GROUP, DOT_DTYPE=_dot_dtype(q.dtype),
         num_warps=tuning.num_warps, num_stages=_stages(tuning, scale_mode),
     )
-    combines = geometry.max_splits > 1
-    tiling = combine_tiling(geometry.max_splits, kv_lora_rank)
-    combine_grid = (batch, triton.cdiv(max_rows, tiling.rows), triton.cdiv(kv_lora_rank, tiling.columns))
 
-    def run(q, pages, block_table, cache_seqlens, kv_scale, scale_log2, out, lse) -> None:
-        shared_args = (block_table, cache_seqlens, plan.work, out, lse, part_out, part_lse, scale_log2, *strides)
-        merged = False
-        if kernel == "narrow":
-            hopper_narrow_decode.launch(key, grid, q, pages, kv_scale, kv_lora_rank, shared_args)
-        elif kernel == "hopper":
-            merged = hopper_decode.launch(key, grid, q, pages, kv_scale, kv_lora_rank, shared_args, plan.work_state,
-                                          plan.merge_state, geometry.max_splits)
-        else:
-            # Without scales the kernel never reads SCALE: the pages fill it.
-            _SPLIT(key, (*grid, 1), q, pages, pages if kv_scale is None else kv_scale, *shared_args, scale_strides,
-                   **portable)
-        if combines and not merged:
-            _COMBINE(key, combine_grid, part_out, part_lse, plan.num_splits, plan.cu_seqlens_q, out, lse, part_strides,
-                     out_strides, lse_strides, HEADS=heads, KV_LORA_RANK=kv_lora_rank, BLOCK_SPLITS=tiling.splits,
-                     BLOCK_ROWS=tiling.rows, BLOCK_C=tiling.columns, num_warps=4)
+    def split(q, pages, kv_scale, shared_args) -> None:
+        # Without scales the kernel never reads SCALE: the pages fill it.
+        _SPLIT(key, (*grid, 1), (q, pages, pages if kv_scale is None else kv_scale, *shared_args, scale_strides), constants)
 
-    return run
+    return split
 
 
 def split_kernel_for(

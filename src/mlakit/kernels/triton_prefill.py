@@ -255,7 +255,18 @@ def triton_mha_prefill(
     tensors = (q, k_nope, k_pe, v, out, lse, cu_seqlens_q, cu_seqlens_k)
     strides = (q.stride(0), q.stride(1), k_nope.stride(0), k_nope.stride(1), k_pe.stride(0), v.stride(0), v.stride(1),
                out.stride(0), out.stride(1), lse.stride(0))
-    constants = dict(
+    constants = _kernel_constants(nope_dim, rope_dim, v_dim, tuning, causal, merge)
+    key = (tuple([(t.dtype, t.data_ptr() % 16) for t in tensors]), strides, nope_dim, rope_dim, v_dim, tuning, causal,
+           merge)
+    _PREFILL(key, grid, (*tensors, softmax_scale * LOG2E, *strides), constants)
+    return out, lse
+
+
+@functools.lru_cache(maxsize=64)
+def _kernel_constants(nope_dim: int, rope_dim: int, v_dim: int, tuning: PrefillTuning, causal: bool,
+                      merge: bool) -> dict[str, object]:
+    """The prefill kernel's constexprs and launch options (kept: `triton.next_power_of_2` costs host time)."""
+    return dict(
         NOPE_DIM=nope_dim, ROPE_DIM=rope_dim, V_DIM=v_dim,
         BLOCK_NOPE=max(16, triton.next_power_of_2(nope_dim)),
         BLOCK_ROPE=max(16, triton.next_power_of_2(rope_dim)),
@@ -263,9 +274,6 @@ def triton_mha_prefill(
         BLOCK_M=tuning.block_m, BLOCK_N=tuning.block_n, CAUSAL=causal, MERGE=merge,
         num_warps=tuning.num_warps, num_stages=tuning.num_stages,
     )
-    key = (tuple((t.dtype, t.data_ptr() % 16) for t in tensors), strides, tuple(constants.values()))
-    _PREFILL(key, grid, *tensors, softmax_scale * LOG2E, *strides, **constants)
-    return out, lse
 
 
 _PREFILL = CachedLaunch(_mha_prefill_kernel)
