@@ -57,6 +57,24 @@ def test_one_metadata_serves_calls_whose_tensors_move_and_change(kernel_device):
     _assert_matches_reference(first, *_decode(first, metadata=metadata, check_inputs=False))
 
 
+def test_a_prepared_call_serves_every_later_call_of_its_layout(kernel_device):
+    batch = _batch(kernel_device, seed=11)
+    metadata = mlakit.mla_decode_metadata(batch.cache_seqlens, q_len=2, heads=5, backend="triton")
+    flash_mla_cache = batch.kv_cache.unsqueeze(2)  # [pages, page_size, 1, dim]
+    for round_ in range(3):
+        got = mlakit.mla_decode(batch.q, flash_mla_cache, batch.block_table, batch.cache_seqlens, backend="triton",
+                                kv_lora_rank=64, metadata=metadata, check_inputs=False, return_lse=False)
+        assert got[1] is None
+        batch.softmax_scale = batch.q.shape[-1] ** -0.5  # the default scale the call used
+        _assert_matches_reference(batch, got[0], _reference(batch)[1])
+        _assert_matches_reference(batch, *_decode(batch, metadata=metadata, check_inputs=False))
+        batch.q.copy_(torch.randn_like(batch.q))
+    assert len(metadata.calls) == 2  # one per layout (return_lse, kv_lora_rank and the cache view differ)
+    batch.block_table[0, 0] = 10_000
+    with pytest.raises(MLAInputError, match="^block_table: "):  # checked calls never take the prepared one
+        _decode(batch, metadata=metadata)
+
+
 def test_a_freed_cache_is_not_read_through_a_kept_launch(kernel_device):
     batch = _batch(kernel_device, seed=3)
     metadata = mlakit.mla_decode_metadata(batch.cache_seqlens, q_len=2, heads=5, backend="triton")
@@ -123,11 +141,12 @@ def test_extend_with_metadata_matches_extend_without(kernel_device):
         q, batch.kv_cache, batch.block_table, batch.cache_seqlens, cu_seqlens_q, kv_lora_rank=64,
         softmax_scale=batch.softmax_scale)
     out = torch.empty(7, 5, 64, dtype=torch.bfloat16, device=q.device)
-    for kwargs in ({}, {"metadata": metadata}, {"metadata": metadata, "check_inputs": False, "out": out}):
+    prepared = {"metadata": metadata, "check_inputs": False, "out": out}
+    for kwargs in ({}, {"metadata": metadata}, prepared, prepared):
         got_out, got_lse = _extend(batch, q, cu_seqlens_q, **kwargs)
         assert relative_error(got_out, expected_out) < 1e-2
         assert_lse_close(got_lse, expected_lse, atol=1e-3)
-    assert got_out is out
+    assert got_out is out and len(metadata.calls) == 1
 
 
 def test_extend_metadata_refuses_other_offsets(kernel_device):

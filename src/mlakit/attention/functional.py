@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -41,6 +43,9 @@ class DecodeMetadata:
     heads: int
     kv_cache_dtype: str
     data: object
+    # Calls prepared by the backend for each input layout seen with check_inputs=False, with their default scale.
+    calls: dict[tuple, tuple[Callable[..., tuple], float]] = dataclasses.field(
+        default_factory=dict, init=False, compare=False, repr=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +60,9 @@ class ExtendMetadata:
     cu_seqlens_q: torch.Tensor
     planned_offsets: torch.Tensor
     data: object
+    # As DecodeMetadata.calls (layouts include cu_seqlens_q's address: the one tensor the metadata serves).
+    calls: dict[tuple, tuple[Callable[..., tuple], float]] = dataclasses.field(
+        default_factory=dict, init=False, compare=False, repr=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,6 +173,11 @@ def mla_decode(
     (torch.Size([2, 1, 4, 512]), torch.Size([2, 4, 1]))
     """
     layout = _layout(q, kv_cache, block_table, cache_seqlens, kv_scale, out, lse, kv_lora_rank, backend, return_lse, 4)
+    prepared = _prepared(metadata, layout) if not check_inputs else None
+    if prepared is not None and (softmax_scale is None or type(softmax_scale) is float and 0 < softmax_scale < math.inf):
+        run, default_scale = prepared
+        return run(q, kv_cache, block_table, cache_seqlens, kv_scale, default_scale if softmax_scale is None else softmax_scale,
+                   out, lse)
     call = _resolved(layout)
     if call is None or check_inputs:
         call = _resolve_decode(q, kv_cache, block_table, cache_seqlens, kv_scale, kv_lora_rank, backend, return_lse,
@@ -181,6 +194,8 @@ def mla_decode(
         entry, entry.decode, out, lse, q, kv_cache, block_table, cache_seqlens,
         kv_lora_rank=call.kv_lora_rank, softmax_scale=scale, kv_scale=kv_scale, **extra,
     )
+    _prepare(entry, metadata, layout, check_inputs, call, q, kv_cache, block_table, cache_seqlens, kv_scale,
+             bool(return_lse), out, lse)
     return written_out, (written_lse if return_lse else None)
 
 
@@ -220,8 +235,13 @@ def mla_extend(
     (torch.Size([3, 4, 512]), torch.Size([3, 4]))
     """
     layout = _layout(q, kv_cache, block_table, cache_seqlens, kv_scale, out, lse, kv_lora_rank, backend,
-                     (cu_seqlens_q.shape, cu_seqlens_q.dtype, cu_seqlens_q.device, max_q_len, type(max_q_len))
+                     (_tensor_layout(cu_seqlens_q), cu_seqlens_q.data_ptr(), max_q_len, type(max_q_len))
                      if isinstance(cu_seqlens_q, torch.Tensor) else None, 3)
+    prepared = _prepared(metadata, layout) if not check_inputs else None
+    if prepared is not None and (softmax_scale is None or type(softmax_scale) is float and 0 < softmax_scale < math.inf):
+        run, default_scale = prepared
+        return run(q, kv_cache, block_table, cache_seqlens, kv_scale, default_scale if softmax_scale is None else softmax_scale,
+                   out, lse)
     call = _resolved(layout)
     if call is None or check_inputs:
         call = _resolve_extend(q, kv_cache, block_table, cache_seqlens, cu_seqlens_q, max_q_len, kv_scale,
@@ -234,27 +254,31 @@ def mla_extend(
         _check_extend_metadata(metadata, call, q, cu_seqlens_q, max_q_len, check_inputs)
         if entry.extend_metadata is not None:
             extra["metadata"] = metadata.data
-    return _run_into(
+    result = _run_into(
         entry, entry.extend, out, lse, q, kv_cache, block_table, cache_seqlens, cu_seqlens_q,
         max_q_len=max_q_len, kv_lora_rank=call.kv_lora_rank, softmax_scale=scale, kv_scale=kv_scale, **extra,
     )
+    _prepare(entry, metadata, layout, check_inputs, call, q, kv_cache, block_table, cache_seqlens, kv_scale, True, out, lse)
+    return result
 
 
 def _layout(q, kv_cache, block_table, cache_seqlens, kv_scale, out, lse, kv_lora_rank, backend, rest, dims) -> tuple | None:
-    """The call's layout (each tensor's shape, dtype and device, and the other arguments that the
-    structural checks and the backend choice read), or None when an argument is not a tensor."""
+    """The call's layout: each tensor's shape, strides, dtype, device and whether its address is 16-byte
+    aligned, and the other arguments that the structural checks, the backend choice and a prepared
+    launch depend on; None when an argument is not a tensor."""
     try:
         return (
-            dims, q.shape, q.dtype, q.device, kv_cache.shape, kv_cache.dtype, kv_cache.device,
-            block_table.shape, block_table.dtype, block_table.device,
-            cache_seqlens.shape, cache_seqlens.dtype, cache_seqlens.device,
-            None if kv_scale is None else (kv_scale.shape, kv_scale.dtype, kv_scale.device),
-            None if out is None else (out.shape, out.stride(), out.dtype, out.device),
-            None if lse is None else (lse.shape, lse.dtype, lse.device),
+            dims, *_tensor_layout(q), *_tensor_layout(kv_cache), *_tensor_layout(block_table),
+            *_tensor_layout(cache_seqlens), None if kv_scale is None else _tensor_layout(kv_scale),
+            None if out is None else _tensor_layout(out), None if lse is None else _tensor_layout(lse),
             kv_lora_rank, type(kv_lora_rank), backend if isinstance(backend, str) else id(backend), rest,
         )
     except (AttributeError, TypeError):
         return None
+
+
+def _tensor_layout(tensor: torch.Tensor) -> tuple:
+    return tensor.shape, tensor.stride(), tensor.dtype, tensor.device, tensor.data_ptr() % 16
 
 
 def _resolved(layout: tuple | None) -> _ResolvedCall | None:
@@ -264,12 +288,39 @@ def _resolved(layout: tuple | None) -> _ResolvedCall | None:
         return None
 
 
-def _remember(layout: tuple | None, call: _ResolvedCall) -> None:
-    if layout is None:
+def _prepared(metadata: object, layout: tuple | None) -> tuple[Callable[..., tuple], float] | None:
+    """The call `metadata`'s backend prepared for this layout, if any."""
+    calls = getattr(metadata, "calls", None)
+    if calls is None:
+        return None
+    try:
+        return calls.get(layout)
+    except TypeError:
+        return None
+
+
+def _prepare(entry, metadata, layout, check_inputs, call, q, kv_cache, block_table, cache_seqlens, kv_scale, return_lse,
+             out, lse) -> None:
+    """After a checked call with the step's metadata and check_inputs=False: the backend's call prepared for
+    this layout, kept in the metadata, so that the next call of the layout goes straight to its launches."""
+    if metadata is None or check_inputs or layout is None or entry.prepare_call is None:
         return
-    if len(_RESOLVED) >= MAX_LAYOUTS:
-        _RESOLVED.clear()
-    _RESOLVED[layout] = call
+    run = entry.prepare_call(metadata.data, q, kv_cache, block_table, cache_seqlens, kv_scale,
+                             kv_lora_rank=call.kv_lora_rank, return_lse=return_lse, out=out, lse=lse)
+    if run is not None:
+        _keep(metadata.calls, layout, (run, call.default_scale))
+
+
+def _remember(layout: tuple | None, call: _ResolvedCall) -> None:
+    if layout is not None:
+        _keep(_RESOLVED, layout, call)
+
+
+def _keep(memo: dict, key: tuple, value: object) -> None:
+    """`memo[key] = value`, dropping everything first when the memo is full."""
+    if len(memo) >= MAX_LAYOUTS:
+        memo.clear()
+    memo[key] = value
 
 
 def _resolve_decode(q, kv_cache, block_table, cache_seqlens, kv_scale, kv_lora_rank, backend, return_lse, out, lse,

@@ -13,7 +13,7 @@ from mlakit.registry.catalog import register
 from mlakit.registry.records import BackendRecord, PageSizeRule
 
 if TYPE_CHECKING:
-    from mlakit.kernels.triton_decode import DecodePlan
+    from mlakit.kernels.triton_decode import DecodePlan, PreparedCall
 
 RECORD = BackendRecord(
     name="triton",
@@ -63,6 +63,26 @@ def decode_metadata(cache_seqlens: torch.Tensor, *, q_len: int, heads: int, kv_c
     from mlakit.kernels.triton_decode import plan_decode
 
     return plan_decode(cache_seqlens, q_len=q_len, heads=heads, kv_dtype=STORAGE_DTYPES[kv_cache_dtype])
+
+
+def prepare_call(
+    metadata: DecodePlan,
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    kv_scale: torch.Tensor | None,
+    *,
+    kv_lora_rank: int,
+    return_lse: bool,
+    out: torch.Tensor | None,
+    lse: torch.Tensor | None,
+) -> PreparedCall | None:
+    """The step's decode or extend prepared for one input layout (`triton_decode.prepare_call`)."""
+    from mlakit.kernels import triton_decode
+
+    return triton_decode.prepare_call(metadata, q, kv_cache, block_table, cache_seqlens, kv_scale,
+                                        kv_lora_rank=kv_lora_rank, return_lse=return_lse, out=out, lse=lse)
 
 
 def extend(
@@ -124,4 +144,5 @@ def _attention_pass(
 
 prefill = mha_prefill_kernel(_attention_pass)
 
-register(RECORD, decode, extend, prefill, decode_metadata, extend_metadata, writes_outputs=True)
+register(RECORD, decode, extend, prefill, decode_metadata, extend_metadata, writes_outputs=True,
+         prepare_call=prepare_call)

@@ -294,6 +294,10 @@ def default_tuning(rows: int, *, hopper_tier: bool = False, kv_dtype: torch.dtyp
     return DecodeTuning(block_m=64, block_n=64, num_warps=8, programs_per_sm=1)
 
 
+# A decode or extend call prepared for one input layout (`prepare_call`).
+PreparedCall = Callable[..., tuple[torch.Tensor, "torch.Tensor | None"]]
+
+
 @dataclasses.dataclass(frozen=True)
 class DecodePlan:
     """How one launch is split: launch shape, split ceiling, and on the device the query
@@ -488,6 +492,14 @@ def _launch(
     are read where they now are."""
     pages = pages_view(kv_cache)
     q = q.contiguous()
+    launch = _launch_for(q, pages, block_table, cache_seqlens, kv_scale, kv_lora_rank, plan, out, lse, lse_strides)
+    launch(q, pages, block_table, cache_seqlens, kv_scale, softmax_scale * LOG2E, out, lse)
+
+
+def _launch_for(q: torch.Tensor, pages: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor,
+                kv_scale: torch.Tensor | None, kv_lora_rank: int, plan: DecodePlan, out: torch.Tensor, lse: torch.Tensor,
+                lse_strides: tuple[int, int, int, int]) -> Callable[..., None]:
+    """The plan's prepared launches for these inputs' layout (`_prepare_launch`), made on first use."""
     batch = cache_seqlens.shape[0]
     if plan.num_splits.shape[0] != batch:
         raise ValueError(f"plan: built for {plan.num_splits.shape[0]} sequences, the call has {batch} "
@@ -497,7 +509,57 @@ def _launch(
     if launch is None:
         launch = plan.launches[key] = _prepare_launch(q, pages, block_table, kv_scale, kv_lora_rank, plan, out,
                                                       lse_strides, key)
-    launch(q, pages, block_table, cache_seqlens, kv_scale, softmax_scale * LOG2E, out, lse)
+    return launch
+
+
+def prepare_call(
+    plan: DecodePlan,
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    kv_scale: torch.Tensor | None,
+    *,
+    kv_lora_rank: int,
+    return_lse: bool,
+    out: torch.Tensor | None,
+    lse: torch.Tensor | None,
+) -> PreparedCall | None:
+    """`triton_mla_decode` (a 4-D q) or `triton_mla_extend` (a packed 3-D q) over `plan`, for every later
+    call whose tensors have these ones' layout (shapes, strides, dtypes, devices, pointer alignment: the
+    caller keys it so), with nothing left to work out per call: `call(q, kv_cache, block_table,
+    cache_seqlens, kv_scale, softmax_scale, out, lse)` allocates what is None among out and lse, launches,
+    and returns out and lse (None without `return_lse`). The tensors are passed as they come (a 4-D query
+    and output, FlashMLA's 4-D cache view): the launches were prepared with the strides of their 3-D
+    views. None for a non-contiguous q (the call then keeps its per-call path, which copies it)."""
+    if not q.is_contiguous():
+        return None
+    heads, dim = q.shape[-2:]
+    tokens = q.numel() // (heads * dim)
+    if q.dim() == 4:
+        batch, q_len = q.shape[:2]
+        out_shape, lse_shape = (batch, q_len, heads, kv_lora_rank), (batch, heads, q_len)
+    else:
+        out_shape, lse_shape = (tokens, heads, kv_lora_rank), (tokens, heads)
+    device, dtype = q.device, q.dtype
+    template_out = out if out is not None else torch.empty(out_shape, dtype=dtype, device=device)
+    template_lse = lse if lse is not None else torch.empty(lse_shape, dtype=torch.float32, device=device)
+    if q.dim() == 4:
+        lse_strides = (0, template_lse.stride(0), template_lse.stride(2), template_lse.stride(1))
+    else:
+        lse_strides = (template_lse.stride(0), 0, template_lse.stride(0), template_lse.stride(1))
+    launch = _launch_for(q.view(tokens, heads, dim), pages_view(kv_cache), block_table, cache_seqlens, kv_scale,
+                         kv_lora_rank, plan, template_out.view(tokens, heads, kv_lora_rank), template_lse, lse_strides)
+
+    def call(q, kv_cache, block_table, cache_seqlens, kv_scale, softmax_scale, out, lse):
+        if out is None:
+            out = torch.empty(out_shape, dtype=dtype, device=device)
+        if lse is None:
+            lse = torch.empty(lse_shape, dtype=torch.float32, device=device)
+        launch(q, kv_cache, block_table, cache_seqlens, kv_scale, softmax_scale * LOG2E, out, lse)
+        return out, (lse if return_lse else None)
+
+    return call
 
 
 def layout_key(q: torch.Tensor, pages: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor,

@@ -7,6 +7,7 @@ when `mlakit.backends` is imported (each backend module registers itself).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -37,6 +38,19 @@ class DecodeMetadataBuilder(Protocol):
     """Builds a backend's per-step decode metadata (e.g. a split plan) once, for every layer's call."""
 
     def __call__(self, cache_seqlens: torch.Tensor, *, q_len: int, heads: int, kv_cache_dtype: str) -> object: ...
+
+
+class CallPreparer(Protocol):
+    """Prepares a backend's decode (4-D q) or extend (packed 3-D q) for every later call of one input layout
+    over one step's metadata: returns
+    `call(q, kv_cache, block_table, cache_seqlens, kv_scale, softmax_scale, out, lse) -> (out, lse or None)`,
+    or None where it cannot."""
+
+    def __call__(
+        self, metadata: object, q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+        cache_seqlens: torch.Tensor, kv_scale: torch.Tensor | None, *, kv_lora_rank: int, return_lse: bool,
+        out: torch.Tensor | None, lse: torch.Tensor | None,
+    ) -> Callable[..., tuple[torch.Tensor, torch.Tensor | None]] | None: ...
 
 
 class ExtendMetadataBuilder(Protocol):
@@ -89,6 +103,7 @@ class RegisteredBackend:
     decode_metadata: DecodeMetadataBuilder | None = None
     extend_metadata: ExtendMetadataBuilder | None = None
     writes_outputs: bool = False
+    prepare_call: CallPreparer | None = None
 
 
 _REGISTRY: dict[str, RegisteredBackend] = {}
@@ -102,13 +117,16 @@ def register(
     decode_metadata: DecodeMetadataBuilder | None = None,
     extend_metadata: ExtendMetadataBuilder | None = None,
     writes_outputs: bool = False,
+    prepare_call: CallPreparer | None = None,
 ) -> BackendRecord:
     """Adds a backend; a second registration under the same name is an error.
 
     A backend with `decode_metadata` builds its per-step decode metadata there, and its
     `decode` takes it back as `metadata=` (None when the caller built none); `extend_metadata`
     likewise for `extend`. With `writes_outputs`, `decode` and `extend` take `out=` and `lse=`
-    (None: allocate) and write their results there.
+    (None: allocate) and write their results there. `prepare_call` (with `decode_metadata` and
+    `extend_metadata`) lets `mla_decode` and `mla_extend` keep, in the step's metadata, a call prepared
+    for each input layout.
 
     A record may state prefill without a `prefill` kernel (a vendor prefill mlakit has no
     adapter for yet): resolve() still plans with it, `mla_prefill` refuses it by name.
@@ -125,8 +143,11 @@ def register(
         raise ConfigError(f"backend {record.name!r}: decode metadata was given without a decode kernel")
     if extend_metadata is not None and extend is None:
         raise ConfigError(f"backend {record.name!r}: extend metadata was given without an extend kernel")
+    if prepare_call is not None and (decode_metadata is None or extend_metadata is None):
+        raise ConfigError(f"backend {record.name!r}: prepare_call works on the step's metadata: give decode_metadata "
+                          f"and extend_metadata")
     _REGISTRY[record.name] = RegisteredBackend(record, decode, extend, prefill, decode_metadata, extend_metadata,
-                                               writes_outputs)
+                                               writes_outputs, prepare_call)
     return record
 
 
