@@ -175,3 +175,58 @@ def torch_metadata(batch: PagedBatch) -> tuple[torch.Tensor, torch.Tensor]:
     """What the flash_mla package's older get_mla_metadata returned: two int32 tensors."""
     return torch.zeros(132, 8, dtype=torch.int32), torch.zeros(batch.q.shape[0] + 1, dtype=torch.int32)
 
+
+
+@pytest.mark.parametrize("s_q, causal", [(1, False), (2, True), (2, False)])
+def test_lse_turns_only_minus_inf_into_plus_inf_and_is_contiguous(s_q, causal):
+    """mla_decode's lse (stubbed with NaN, +-inf and finite values) comes back with -inf as +inf and
+    everything else as it was, contiguous, whether or not the query tokens were folded into the heads."""
+    batch = make_paged_batch([9, 4], heads=2, q_len=s_q, kv_lora_rank=512, rope_dim=64)
+    specials = torch.tensor([float("nan"), float("inf"), float("-inf"), -0.0, -3.5, 7.25])
+    expected = specials.repeat(2)[: 2 * 2 * s_q].view(2, 2, s_q)  # [b, h_q, s_q]
+    folded = not causal and s_q > 1
+
+    def stub(query, *args, kv_lora_rank, **kwargs):
+        rows, q_len, heads, _ = query.shape
+        lse = expected.transpose(1, 2).reshape(rows, heads, q_len) if folded else expected.clone()
+        return torch.zeros(rows, q_len, heads, kv_lora_rank, dtype=query.dtype), lse
+
+    with mock.patch.object(compat, "mla_decode", stub):
+        out, lse = run(batch, causal=causal)
+    assert out.shape == (2, s_q, 2, 512) and lse.shape == (2, 2, s_q) and lse.is_contiguous()
+    want = expected.masked_fill(expected == float("-inf"), float("inf"))
+    numbers = ~want.isnan()
+    assert torch.equal(lse.isnan(), ~numbers)
+    assert torch.equal(lse[numbers], want[numbers]) and torch.equal(lse[numbers].signbit(), want[numbers].signbit())
+
+
+def test_checks_run_once_per_layout_and_again_for_a_new_one():
+    layers = [make_paged_batch([9, 4], heads=4, q_len=2, kv_lora_rank=512, rope_dim=64, seed=seed) for seed in range(3)]
+    schedule = get_mla_metadata()
+    compat._CALL_LAYOUTS.clear()
+    with mock.patch.object(compat, "_check_call", wraps=compat._check_call) as check:
+        for batch in layers:
+            assert_matches_oracle(batch, *run(batch, schedule, causal=True), causal=True)
+        assert check.call_count == 1
+        with pytest.raises(MLAInputError, match="is_fp8_kvcache: got True for a torch.bfloat16 cache"):
+            batch = layers[0]
+            flash_mla_with_kvcache(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens, 512, *schedule,
+                                   causal=True, is_fp8_kvcache=True)
+        with pytest.raises(MLAInputError, match="reused for"):
+            run(layers[0], schedule, causal=False)
+        assert check.call_count == 3
+
+
+def test_arguments_of_other_types_are_checked_every_call():
+    """A NumPy head_dim_v or an int causal works as before, without a remembered verdict."""
+    numpy = pytest.importorskip("numpy")
+    batch = make_paged_batch([9, 4], heads=4, q_len=2, kv_lora_rank=512, rope_dim=64)
+    compat._CALL_LAYOUTS.clear()
+    for _ in range(2):
+        out, lse = flash_mla_with_kvcache(batch.q, batch.kv_cache.unsqueeze(2), batch.block_table, batch.cache_seqlens,
+                                          numpy.int64(512), *get_mla_metadata(), softmax_scale=batch.softmax_scale, causal=1)
+        assert_matches_oracle(batch, out, lse, causal=True)
+    assert not compat._CALL_LAYOUTS
+    with pytest.raises(MLAInputError, match="head_dim_v: expected an integer"):
+        flash_mla_with_kvcache(batch.q, batch.kv_cache.unsqueeze(2), batch.block_table, batch.cache_seqlens, 512.0,
+                               *get_mla_metadata())

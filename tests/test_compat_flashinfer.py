@@ -237,9 +237,7 @@ def test_run_refusals_name_the_argument(name, kwargs):
         run_legacy(planned(STEP), STEP, **kwargs)
 
 
-@pytest.mark.parametrize(
-    ("name", "call"),
-    [
+MISMATCHES = [
         ("q_nope", lambda w: w.run(STEP.q[:1, :, :512], STEP.q[:1, :, 512:], *STEP.split_cache())),
         ("query", lambda w: w.run(query=STEP.q[:, :3], kv_cache=STEP.cache)),
         ("query", lambda w: w.run(query=STEP.q.half(), kv_cache=STEP.cache)),
@@ -252,11 +250,69 @@ def test_run_refusals_name_the_argument(name, kwargs):
         ("kpe_cache", lambda w: w.run(*STEP.split_query(), STEP.cache[..., :512], None)),
         ("kv_cache", lambda w: w.run(query=STEP.q, kv_cache=STEP.cache, ckv_cache=STEP.cache)),
         ("query", lambda w: w.run(query=(STEP.q,), kv_cache=STEP.cache)),
-    ],
-)
+        ("kpe_cache", lambda w: w.run(*STEP.split_query(), STEP.cache[..., :512], STEP.cache.clone()[..., 512:])),
+        ("kpe_cache", lambda w: w.run(query=STEP.q, kv_cache=(STEP.cache[..., :512], STEP.cache.clone()[..., 512:]))),
+        ("out", lambda w: w.run(query=STEP.q, kv_cache=STEP.cache, out=torch.zeros(2, 4, 512))),
+        ("lse", lambda w: w.run(query=STEP.q, kv_cache=STEP.cache, lse=torch.zeros(4, 2).t())),
+]
+
+
+@pytest.mark.parametrize(("name", "call"), MISMATCHES)
 def test_tensors_must_match_the_plan(name, call):
     with pytest.raises(MLAInputError, match=f"^{name}:"):
         call(planned(STEP))
+
+
+@pytest.mark.parametrize(("name", "call"), MISMATCHES)
+def test_tensors_must_match_the_plan_after_good_calls_of_every_form(name, call):
+    """run() remembers what its checks decided per layout of its tensors: good calls in every form
+    first, then the same mismatches (some of the same layout as a good call: parts of another
+    buffer) still raise."""
+    wrapper = planned(STEP)
+    q_nope, q_pe = STEP.split_query()
+    ckv, kpe = STEP.split_cache()
+    out, lse = torch.empty(2, 4, 512, dtype=torch.bfloat16), torch.empty(2, 4)
+    for _ in range(2):
+        run_legacy(wrapper, STEP, out=out, lse=lse)
+        wrapper.run(query=STEP.q, kv_cache=STEP.cache, out=out, lse=lse)
+        wrapper.run(query=(q_nope, q_pe), kv_cache=(ckv, kpe), return_lse=True)
+    with pytest.raises(MLAInputError, match=f"^{name}:"):
+        call(wrapper)
+
+
+def test_query_parts_of_separate_buffers_are_copied_after_a_joined_call():
+    """The same layout of query parts, first as views of one buffer, then of two: joined, then copied."""
+    step = make_step([30, 4, 17], [2, 2, 2], heads=4, page_size=16, seed=11)
+    wrapper = planned(step)
+    q_nope, q_pe = step.split_query()
+    joined = wrapper.run(q_nope, q_pe, *step.split_cache(), return_lse=True)
+    other_pe = step.q.clone()[..., 512:]
+    assert (other_pe.stride(), other_pe.storage_offset()) == (q_pe.stride(), q_pe.storage_offset())
+    copied = wrapper.run(q_nope, other_pe, *step.split_cache(), return_lse=True)
+    for result in (joined, copied):
+        assert_matches(*result, reference(step))
+
+
+def test_a_replan_that_reads_past_the_cache_raises_for_a_known_layout():
+    step = make_step([30, 4], [1, 1], heads=4, page_size=16)
+    wrapper = planned(step)
+    wrapper.run(query=step.q, kv_cache=step.cache)
+    pages = step.cache.shape[0]
+    wrapper.plan(step.qo_indptr, step.kv_indptr, torch.full_like(step.kv_indices, pages), step.kv_len_arr, *step.plan_args())
+    with pytest.raises(MLAInputError, match=f"^kv_cache: the plan reads page {pages}, the cache holds {pages} pages"):
+        wrapper.run(query=step.q, kv_cache=step.cache)
+
+
+@pytest.mark.parametrize("first, second", [([1, 1, 1, 1], [2, 2]), ([2, 2], [1, 3]), ([1, 3], [1, 1, 1, 1])])
+def test_replans_to_other_query_rows_run_right(first, second):
+    """One wrapper re-planned from one shape of query rows to another with as many query tokens
+    (decode rows of other lengths, or an extend): each run matches the reference."""
+    wrapper = BatchMLAPagedAttentionWrapper(WORKSPACE)
+    for seed, q_lens in enumerate((first, second, first)):
+        step = make_step([40, 9, 20, 33][: len(q_lens)], q_lens, heads=4, page_size=16, seed=seed)
+        planned(step, wrapper=wrapper)
+        for _ in range(2):
+            assert_matches(*run_legacy(wrapper, step, return_lse=True), reference(step))
 
 
 def test_run_before_plan():

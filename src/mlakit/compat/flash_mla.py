@@ -19,6 +19,7 @@ MLAInputError naming them.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 
@@ -160,6 +161,11 @@ def flash_mla_with_kvcache(
     page indices for a check when q is on the CPU and never on a GPU (the check would cost a host
     sync per call; FlashMLA checks no values either), True or False forces it.
 
+    q's and k_cache's shapes and dtypes are checked against the other arguments once per layout
+    (their shapes, dtypes and devices, head_dim_v, causal, is_fp8_kvcache and whether kv_scale is
+    given): a repeated layout reuses the verdict, so every layer after the first costs little host
+    time. lse's -inf become +inf in one kernel (in place on mla_decode's lse where it is contiguous).
+
     >>> q = torch.randn(2, 1, 4, 576, dtype=torch.bfloat16)
     >>> cache = torch.randn(8, 16, 1, 576, dtype=torch.bfloat16)
     >>> table, lengths = torch.tensor([[0, 1], [5, 2]], dtype=torch.int32), torch.tensor([20, 0], dtype=torch.int32)
@@ -168,56 +174,124 @@ def flash_mla_with_kvcache(
     >>> out.shape, lse.shape, lse[1].tolist()
     (torch.Size([2, 1, 4, 512]), torch.Size([2, 4, 1]), [[inf], [inf], [inf], [inf]])
     """
-    _refuse_unsupported(
-        indices=indices, attn_sink=attn_sink, extra_k_cache=extra_k_cache, extra_indices_in_kvcache=extra_indices_in_kvcache,
-        topk_length=topk_length, extra_topk_length=extra_topk_length,
-    )
+    _refuse_unsupported(indices, attn_sink, extra_k_cache, extra_indices_in_kvcache, topk_length, extra_topk_length)
     schedule = _checked_schedule(tile_scheduler_metadata, num_splits)
     if block_table is None or cache_seqlens is None:
         missing = "block_table" if block_table is None else "cache_seqlens"
         raise MLAInputError(f"{missing}: required for dense decode (None is only for FlashMLA's sparse attention, which mlakit does not support)")
+    call = _checked_call(q, k_cache, head_dim_v, causal, is_fp8_kvcache, kv_scale)
+    metadata = _filled(schedule, call, cache_seqlens, q, is_fp8_kvcache)
+    out, lse = mla_decode(
+        q if call.folded_shape is None else q.reshape(call.folded_shape), k_cache, block_table, cache_seqlens,
+        softmax_scale=softmax_scale, backend=call.backend, kv_scale=kv_scale, kv_lora_rank=head_dim_v,
+        check_inputs=call.checks_values if check_inputs is None else check_inputs, metadata=metadata,
+    )
+    assert lse is not None  # mla_decode returns lse unless asked not to
+    if call.folded_shape is not None:
+        layout = call.layout
+        out = out.reshape(layout.batch, layout.s_q, layout.h_q, head_dim_v)
+        lse = lse.view(layout.batch, layout.s_q, layout.h_q).transpose(1, 2)
+    return out, _with_posinf_for_no_keys(lse)
+
+
+@dataclasses.dataclass(frozen=True)
+class _CallLayout:
+    """What the checks of `flash_mla_with_kvcache` decided for one layout of its arguments: the
+    schedule layout, the shape q is folded to (None: q goes as it is), the backend, and whether
+    `check_inputs=None` reads values."""
+
+    layout: ScheduleLayout
+    folded_shape: tuple[int, int, int, int] | None
+    backend: str
+    checks_values: bool
+
+    @property
+    def rows(self) -> tuple[int, int]:
+        """(query tokens, heads) per row of mlakit's kernel."""
+        if self.folded_shape is not None:
+            return 1, self.folded_shape[2]
+        return self.layout.s_q, self.layout.h_q
+
+
+MAX_LAYOUTS = 1024
+_CALL_LAYOUTS: dict[tuple, _CallLayout] = {}
+
+
+def _checked_call(
+    q: torch.Tensor, k_cache: torch.Tensor, head_dim_v: int, causal: bool, is_fp8_kvcache: bool, kv_scale: torch.Tensor | None
+) -> _CallLayout:
+    """The checks' verdict on q, k_cache and the scalars, run in full once per layout of them."""
+    key = _layout_key(q, k_cache, head_dim_v, causal, is_fp8_kvcache, kv_scale)
+    call = _CALL_LAYOUTS.get(key)
+    if call is None:
+        call = _check_call(q, k_cache, head_dim_v, causal, is_fp8_kvcache, kv_scale)
+        if key is not None:
+            if len(_CALL_LAYOUTS) >= MAX_LAYOUTS:
+                _CALL_LAYOUTS.clear()
+            _CALL_LAYOUTS[key] = call
+    return call
+
+
+def _layout_key(
+    q: object, k_cache: object, head_dim_v: object, causal: object, is_fp8_kvcache: object, kv_scale: object
+) -> tuple | None:
+    """Everything `_check_call` reads, or None (check in full every call) unless q and k_cache are
+    tensors and head_dim_v, causal and is_fp8_kvcache are a plain int and bools."""
+    if not (
+        isinstance(q, torch.Tensor) and isinstance(k_cache, torch.Tensor)
+        and type(head_dim_v) is int and type(causal) is bool and type(is_fp8_kvcache) is bool
+    ):
+        return None
+    return (q.shape, q.dtype, q.device, k_cache.shape, k_cache.dtype, head_dim_v, causal, is_fp8_kvcache, kv_scale is None)
+
+
+def _check_call(
+    q: object, k_cache: object, head_dim_v: object, causal: object, is_fp8_kvcache: object, kv_scale: torch.Tensor | None
+) -> _CallLayout:
+    """The verdict of every check of q, k_cache and the scalars (MLAInputError naming the first that fails)."""
     if not isinstance(q, torch.Tensor) or q.dim() != 4:
         raise MLAInputError(f"q: expected a tensor [batch, s_q, h_q, d], got {describe(q)}")
     if not is_positive_int(head_dim_v):
         raise MLAInputError(f"head_dim_v: expected an integer >= 1 (the latent width, 512 for DeepSeek), got {head_dim_v!r}")
     kv_cache_dtype = _cache_dtype(k_cache, q, is_fp8_kvcache, kv_scale)
     batch, s_q, h_q, dim = q.shape
-    rows_are_causal = causal and s_q > 1
     # Without a causal mask every query token sees the same keys: fold the tokens into the heads.
-    query = q if rows_are_causal else q.reshape(batch, 1, s_q * h_q, dim)
-    backend = "triton" if q.is_cuda else "reference"
+    folded_shape = None if (causal and s_q > 1) or s_q == 1 else (batch, 1, s_q * h_q, dim)
     layout = ScheduleLayout(batch, s_q, h_q, k_cache.shape[1], bool(causal), kv_cache_dtype)
-    metadata = _filled(schedule, layout, cache_seqlens, query, backend, is_fp8_kvcache)
-    out, lse = mla_decode(
-        query, k_cache, block_table, cache_seqlens, softmax_scale=softmax_scale, backend=backend, kv_scale=kv_scale,
-        kv_lora_rank=head_dim_v, check_inputs=q.device.type == "cpu" if check_inputs is None else check_inputs,
-        metadata=metadata,
-    )
-    assert lse is not None  # mla_decode returns lse unless asked not to
-    lse = lse if rows_are_causal else lse.view(batch, s_q, h_q).transpose(1, 2)
-    return out.reshape(batch, s_q, h_q, head_dim_v), lse.masked_fill(lse == float("-inf"), float("inf")).contiguous()
+    return _CallLayout(layout, folded_shape, "triton" if q.is_cuda else "reference", q.device.type == "cpu")
+
+
+def _with_posinf_for_no_keys(lse: torch.Tensor) -> torch.Tensor:
+    """`lse`, contiguous, with FlashMLA's +inf where mlakit writes -inf (a query that sees no key);
+    NaN and +inf stay. In place (one kernel) when `lse` is contiguous: mla_decode made it for this call."""
+    if lse.is_contiguous():
+        return lse.nan_to_num_(nan=math.nan, posinf=math.inf, neginf=math.inf)
+    contiguous = torch.empty(lse.shape, dtype=lse.dtype, device=lse.device)
+    return torch.nan_to_num(lse, nan=math.nan, posinf=math.inf, neginf=math.inf, out=contiguous)
 
 
 def _filled(
-    schedule: FlashMLASchedule, layout: ScheduleLayout, cache_seqlens: torch.Tensor, query: torch.Tensor, backend: str,
-    is_fp8_kvcache: bool,
+    schedule: FlashMLASchedule, call: _CallLayout, cache_seqlens: torch.Tensor, q: torch.Tensor, is_fp8_kvcache: bool
 ) -> DecodeMetadata:
     """The schedule's metadata, built by this call if it is the first, after checking the layout."""
-    if schedule.metadata is None:
-        _check_declared(schedule, layout, is_fp8_kvcache, query.device)
+    metadata, layout = schedule.metadata, call.layout
+    if metadata is None:
+        _check_declared(schedule, layout, is_fp8_kvcache, q.device)
         lengths = cache_seqlens if schedule.cache_seqlens is None else schedule.cache_seqlens
+        q_len, heads = call.rows
         schedule.metadata = mla_decode_metadata(
-            lengths, q_len=query.shape[1], heads=query.shape[2], backend=backend, kv_cache_dtype=layout.kv_cache_dtype
+            lengths, q_len=q_len, heads=heads, backend=call.backend, kv_cache_dtype=layout.kv_cache_dtype
         )
         schedule.layout = layout
-    elif schedule.layout != layout:
+        return schedule.metadata
+    if schedule.layout is not layout and schedule.layout != layout:
         raise MLAInputError(
             f"tile_scheduler_metadata: filled for {schedule.layout}, reused for {layout}; a schedule serves calls with the "
             "same lengths and layout only (make one per step with get_mla_metadata())"
         )
-    elif schedule.metadata.backend != backend:
-        raise MLAInputError(f"tile_scheduler_metadata: filled for the {schedule.metadata.backend!r} backend, reused on {backend!r} (q moved device)")
-    return schedule.metadata
+    if metadata.backend != call.backend:
+        raise MLAInputError(f"tile_scheduler_metadata: filled for the {metadata.backend!r} backend, reused on {call.backend!r} (q moved device)")
+    return metadata
 
 
 def _check_declared(schedule: FlashMLASchedule, layout: ScheduleLayout, is_fp8_kvcache: bool, device: torch.device) -> None:
@@ -269,10 +343,15 @@ def _checked_schedule(tile_scheduler_metadata: object, num_splits: object) -> Fl
     return tile_scheduler_metadata
 
 
-def _refuse_unsupported(**arguments: object) -> None:
-    given = [name for name, value in arguments.items() if value is not None]
-    if given:
-        raise _unsupported(", ".join(given), "sparse attention, attention sinks and extra caches")
+_SPARSE_ARGUMENTS = ("indices", "attn_sink", "extra_k_cache", "extra_indices_in_kvcache", "topk_length", "extra_topk_length")
+
+
+def _refuse_unsupported(*values: object) -> None:
+    """Raises naming the arguments of `_SPARSE_ARGUMENTS` (in that order) that are not None."""
+    for value in values:
+        if value is not None:
+            given = [name for name, given_value in zip(_SPARSE_ARGUMENTS, values) if given_value is not None]
+            raise _unsupported(", ".join(given), "sparse attention, attention sinks and extra caches")
 
 
 def _unsupported(argument: str, what: str) -> MLAInputError:

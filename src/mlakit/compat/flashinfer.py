@@ -31,9 +31,10 @@ skip-softmax, output scales, bmm scales, per-token `ckv_scale_arr`, CUTLASS `kv_
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import numbers
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 
@@ -128,7 +129,7 @@ class PlannedStep:
         """Query tokens in the step (rows of `run()`'s query and output)."""
         return self.query_offsets[-1]
 
-    @property
+    @functools.cached_property
     def max_q_len(self) -> int:
         return max(b - a for a, b in zip(self.query_offsets, self.query_offsets[1:]))
 
@@ -224,6 +225,7 @@ class BatchMLAPagedAttentionWrapper:
             raise MLAInputError("max_pages_per_request: only used with use_cuda_graph=True (it sizes the fixed page table)")
         self._config: PlanConfig | None = None
         self._step: PlannedStep | None = None
+        self._run_layouts: dict[tuple, _RunLayout] = {}
 
     @property
     def backend(self) -> str:
@@ -303,6 +305,8 @@ class BatchMLAPagedAttentionWrapper:
         step = _plan_step(requests, config, self._backend)
         if self._graph_buffers is not None:
             step = self._graph_buffers.hold(step, requests, config)
+        if self._step is None or (config, step.total_q, step.q_len) != (self._config, self._step.total_q, self._step.q_len):
+            self._run_layouts = {}  # run()'s verdicts hold for one configuration and one shape of the rows
         self._config, self._step = config, step
 
     def run(
@@ -343,6 +347,12 @@ class BatchMLAPagedAttentionWrapper:
         take `ckv_scale` and `kpe_scale` (floats, stored value times scale) or mlakit's
         `kv_scale=` tensor.
 
+        The tensors are checked against the plan in full on the first call of each layout (shapes,
+        strides, dtypes, devices, and the parts' storage offsets) after a plan() that changed the
+        configuration or the query rows; later calls of a known layout re-read only what a layout
+        does not fix: that the two parts of a pair share their buffer, the cache's page count, the
+        scales.
+
         >>> wrapper = BatchMLAPagedAttentionWrapper(torch.empty(8, dtype=torch.uint8))
         >>> wrapper.plan(torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32),
         ...     torch.tensor([0], dtype=torch.int32), torch.tensor([0], dtype=torch.int32),
@@ -352,52 +362,218 @@ class BatchMLAPagedAttentionWrapper:
         >>> out.abs().sum().item(), lse.tolist()
         (0.0, [[-inf, -inf]])
         """
-        _refuse_given(
-            profiler_buffer=profiler_buffer, kv_len=kv_len, page_table=page_table, o_scale=o_scale,
-            ckv_scale_arr=ckv_scale_arr, sinks=sinks, skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor,
-            bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale,
-        )
+        if not (
+            profiler_buffer is None and kv_len is None and page_table is None and o_scale is None and ckv_scale_arr is None
+            and sinks is None and skip_softmax_threshold_scale_factor is None and bmm1_scale is None and bmm2_scale is None
+        ):
+            _refuse_given(
+                profiler_buffer=profiler_buffer, kv_len=kv_len, page_table=page_table, o_scale=o_scale,
+                ckv_scale_arr=ckv_scale_arr, sinks=sinks, skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor,
+                bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale,
+            )
         if self._config is None or self._step is None:
             raise MLAInputError("run(): expected a plan() first, got none")
-        config, step = self._config, self._step
-        cache = _joined_cache(_pair("kv_cache", kv_cache, ("ckv_cache", ckv_cache), ("kpe_cache", kpe_cache)), config,
-                              step, self.device)
-        scale, q_pe_factor = _cache_scale(config, cache, ckv_scale, kpe_scale, kv_scale)
-        q = _joined_query(_pair("query", query, ("q_nope", q_nope), ("q_pe", q_pe)), config, step, self.device, q_pe_factor)
+        tensors = _RunTensors(query, kv_cache, q_nope, q_pe, ckv_cache, kpe_cache, out, lse)
+        key = tensors.layout_key(self.device)
+        known = self._run_layouts.get(key)
+        inputs = None if known is None else self._known_inputs(known, tensors, ckv_scale, kpe_scale, kv_scale)
+        if inputs is None:
+            inputs, known = self._checked_inputs(tensors, ckv_scale, kpe_scale, kv_scale)
+            if key is not None and known is not None:
+                if len(self._run_layouts) >= MAX_RUN_LAYOUTS:
+                    self._run_layouts.clear()
+                self._run_layouts[key] = known
         wants_lse = return_lse or lse is not None
-        _check_output("out", out, (step.total_q, config.num_heads, config.head_dim_ckv), config.q_data_type, self.device)
-        if lse is not None:
-            _check_output("lse", lse, (step.total_q, config.num_heads), torch.float32, self.device)
-        out, natural_lse = self._attend(q, cache, scale, out, lse, wants_lse)
+        out, natural_lse = self._attend(*inputs, out, lse, wants_lse)
         if not wants_lse:
             return out
         lse = natural_lse if return_lse_base_on_e else natural_lse.mul_(LOG2E)
         return (out, lse) if return_lse else out
 
+    def _checked_inputs(
+        self, tensors: _RunTensors, ckv_scale: object, kpe_scale: object, kv_scale: torch.Tensor | None
+    ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None], _RunLayout | None]:
+        """The kernel's query, cache and kv_scale after every check of run()'s arguments against the
+        plan, and what the checks decided for their layout (None where the query's parts were not
+        looked at for a join: a rope scale of its own makes a copy)."""
+        config, step, device = self._config, self._step, self.device
+        assert config is not None and step is not None
+        cache_parts = tensors.cache_parts()
+        cache = _joined_cache(cache_parts, config, step, device)
+        scale, q_pe_factor = _cache_scale(config, cache, ckv_scale, kpe_scale, kv_scale)
+        query_parts = tensors.query_parts()
+        q = _joined_query(query_parts, config, step, device, q_pe_factor)
+        _check_output("out", tensors.out, (step.total_q, config.num_heads, config.head_dim_ckv), config.q_data_type, device)
+        if tensors.lse is not None:
+            _check_output("lse", tensors.lse, (step.total_q, config.num_heads), torch.float32, device)
+        query_shape = None
+        if step.cu_seqlens_q is None:
+            query_shape = (step.total_q // step.q_len, step.q_len, config.num_heads, config.dim)
+            q = q.reshape(query_shape)
+        if len(query_parts) == 2 and q_pe_factor != 1.0:
+            return (q, cache, scale), None
+        query_join = None if len(query_parts) == 1 else _join_of(query_parts[0][1], query_parts[1][1])
+        if query_join is not None and query_shape is not None:
+            query_join = query_join.with_rows(query_shape)
+        cache_join = None if len(cache_parts) == 1 else _join_of(cache_parts[0][1], cache_parts[1][1])
+        return (q, cache, scale), _RunLayout(cache_join, query_join, query_shape)
+
+    def _known_inputs(
+        self, known: _RunLayout, tensors: _RunTensors, ckv_scale: object, kpe_scale: object, kv_scale: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+        """`_checked_inputs`'s tensors for a layout it has passed under this plan, re-reading only what
+        a layout does not fix (the pairs' storage, the number of pages, the scales); None when one of
+        those differs from what the layout's checks saw (the full checks then run)."""
+        config, step = self._config, self._step
+        assert config is not None and step is not None
+        cache_join, query_join, query_shape = known
+        cache = tensors.kv_cache if cache_join is None else cache_join.view(*tensors.cache_pair())
+        if cache is None or cache.shape[0] <= step.largest_page:
+            return None
+        scale, q_pe_factor = _cache_scale(config, cache, ckv_scale, kpe_scale, kv_scale)
+        if query_join is not None and q_pe_factor == 1.0:
+            q = query_join.view(*tensors.query_pair())
+            if q is not None:
+                return q, cache, scale
+        parts = (tensors.query,) if isinstance(tensors.query, torch.Tensor) else tensors.query_pair()
+        q = _query_from(parts, config, q_pe_factor)
+        return (q if query_shape is None else q.reshape(query_shape)), cache, scale
+
     def _attend(
         self, q: torch.Tensor, cache: torch.Tensor, kv_scale: torch.Tensor | None, out: torch.Tensor | None,
         lse: torch.Tensor | None, wants_lse: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """mlakit's decode (uniform query tokens per row) or extend (ragged) over the step's rows, written
-        into `out` `[total_q, heads, ckv]` and `lse` `[total_q, heads]` (natural log) where given."""
+        """mlakit's decode (uniform query tokens per row, q `[rows, q_len, heads, dim]`) or extend
+        (ragged, q `[total_q, heads, dim]`) over the step's rows, written into `out` `[total_q, heads,
+        ckv]` and `lse` `[total_q, heads]` (natural log) where given."""
         config, step = self._config, self._step
         assert config is not None and step is not None
-        common = dict(softmax_scale=config.sm_scale, backend=self._backend, kv_scale=kv_scale,
-                      kv_lora_rank=config.head_dim_ckv, check_inputs=False, metadata=step.metadata)
         if step.cu_seqlens_q is not None:
-            return mla_extend(q, cache, step.block_table, step.cache_seqlens, step.cu_seqlens_q, max_q_len=step.max_q_len,
-                              out=out, lse=lse, **common)
-        rows, heads = step.cache_seqlens.shape[0], config.num_heads
-        shaped = (rows, step.q_len, heads)
+            return mla_extend(
+                q, cache, step.block_table, step.cache_seqlens, step.cu_seqlens_q, max_q_len=step.max_q_len,
+                softmax_scale=config.sm_scale, backend=self._backend, kv_scale=kv_scale, kv_lora_rank=config.head_dim_ckv,
+                check_inputs=False, metadata=step.metadata, out=out, lse=lse,
+            )
+        rows, q_len, heads, _ = q.shape
+        total_q = rows * q_len
+        if wants_lse and lse is None and q_len > 1:
+            lse = torch.empty(total_q, heads, dtype=torch.float32, device=self.device)  # written in place: no copy after
         result, row_lse = mla_decode(
-            q.reshape(*shaped, config.dim), cache, step.block_table, step.cache_seqlens, return_lse=wants_lse,
-            out=None if out is None else out.view(*shaped, config.head_dim_ckv),
-            lse=None if lse is None else lse.view(shaped).transpose(1, 2), **common,
+            q, cache, step.block_table, step.cache_seqlens, softmax_scale=config.sm_scale, backend=self._backend,
+            kv_scale=kv_scale, kv_lora_rank=config.head_dim_ckv, return_lse=wants_lse, check_inputs=False,
+            metadata=step.metadata, out=None if out is None else out.view(rows, q_len, heads, config.head_dim_ckv),
+            # lse.view(rows, q_len, heads).transpose(1, 2) in one op (lse is contiguous)
+            lse=None if lse is None else lse.as_strided((rows, heads, q_len), (q_len * heads, 1, heads)),
         )
-        flat_lse = None
-        if row_lse is not None:
-            flat_lse = lse if lse is not None else row_lse.transpose(1, 2).reshape(-1, heads)
-        return (out if out is not None else result.view(-1, heads, config.head_dim_ckv)), flat_lse
+        if out is None:
+            out = result.view(total_q, heads, config.head_dim_ckv)
+        if lse is None and row_lse is not None:
+            lse = row_lse.view(total_q, heads)  # q_len 1: [rows, heads, 1]
+        return out, lse
+
+
+MAX_RUN_LAYOUTS = 256
+
+
+class _RunTensors(NamedTuple):
+    """run()'s tensor arguments, as given."""
+
+    query: object
+    kv_cache: object
+    q_nope: object
+    q_pe: object
+    ckv_cache: object
+    kpe_cache: object
+    out: object
+    lse: object
+
+    def cache_parts(self) -> tuple[tuple[str, object], ...]:
+        return _pair("kv_cache", self.kv_cache, ("ckv_cache", self.ckv_cache), ("kpe_cache", self.kpe_cache))
+
+    def query_parts(self) -> tuple[tuple[str, object], ...]:
+        return _pair("query", self.query, ("q_nope", self.q_nope), ("q_pe", self.q_pe))
+
+    def cache_pair(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ckv_cache, kpe_cache), from `kv_cache=` or the legacy pair, of a call whose layout passed the checks."""
+        return (self.ckv_cache, self.kpe_cache) if self.kv_cache is None else self.kv_cache  # type: ignore[return-value]
+
+    def query_pair(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q_nope, q_pe), from `query=` or the legacy pair, of a call whose layout passed the checks."""
+        return (self.q_nope, self.q_pe) if self.query is None else self.query  # type: ignore[return-value]
+
+    def layout_key(self, device: torch.device) -> tuple | None:
+        """Everything the checks of `_checked_inputs` read but the plan, the scales and storage:
+        each tensor's shape, dtype and device, a pair's strides and storage offsets, the outputs'
+        contiguity; None when an argument is not of a usual form (the full checks then run)."""
+        cache = _parts_key(self.kv_cache, self.ckv_cache, self.kpe_cache)
+        query = _parts_key(self.query, self.q_nope, self.q_pe)
+        out, lse = self.out, self.lse
+        if cache is None or query is None:
+            return None
+        if out is not None:
+            if not isinstance(out, torch.Tensor):
+                return None
+            out = out.shape, out.dtype, out.device, out.is_contiguous()
+        if lse is not None:
+            if not isinstance(lse, torch.Tensor):
+                return None
+            lse = lse.shape, lse.dtype, lse.device, lse.is_contiguous()
+        return device, cache, query, out, lse
+
+
+def _parts_key(whole: object, left: object, right: object) -> tuple | None:
+    """The layout of `whole` (a tensor, or a pair of tensors) or of the legacy pair (left, right);
+    None for any other form."""
+    if whole is None:
+        return _pair_key(left, right)
+    if left is not None or right is not None:
+        return None
+    if isinstance(whole, torch.Tensor):
+        return whole.shape, whole.dtype, whole.device
+    if type(whole) is tuple and len(whole) == 2:
+        return _pair_key(*whole)
+    return None
+
+
+def _pair_key(left: object, right: object) -> tuple | None:
+    if not (isinstance(left, torch.Tensor) and isinstance(right, torch.Tensor)):
+        return None
+    return (
+        left.shape, left.stride(), left.storage_offset(), left.dtype, left.device,
+        right.shape, right.stride(), right.storage_offset(), right.dtype, right.device,
+    )
+
+
+class _Join(NamedTuple):
+    """Two tensors whose columns sit side by side in the same rows, as one view over both:
+    its shape, strides and storage offset (elements), and the storage bytes it reaches."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+    end: int
+
+    def view(self, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor | None:
+        """The view over both, when they share one storage that holds it, else None."""
+        storage = left.untyped_storage()
+        if storage.data_ptr() != right.untyped_storage().data_ptr() or storage.nbytes() < self.end:
+            return None
+        return left.as_strided(self.shape, self.stride, self.offset)
+
+    def with_rows(self, shape: tuple[int, int, int, int]) -> _Join:
+        """The view's first dim split into `shape`'s first two (`[rows * q_len, ...]` as `[rows, q_len, ...]`)."""
+        return self._replace(shape=shape, stride=(shape[1] * self.stride[0], *self.stride))
+
+
+class _RunLayout(NamedTuple):
+    """What run()'s checks decided for one layout of its tensors under the current plan: how the
+    cache pair joins (None: one kv_cache tensor), how the query pair joins as the kernel's query
+    (None: one query tensor, or parts that are not side by side), and the decode kernel's query
+    shape `[rows, q_len, heads, dim]` (None: the step runs as an extend, on the query as it is)."""
+
+    cache_join: _Join | None
+    query_join: _Join | None
+    query_shape: tuple[int, int, int, int] | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -739,17 +915,23 @@ def _joined_query(
     rows, heads = step.total_q, config.num_heads
     if len(parts) == 1:
         name, q = parts[0]
-        q = _checked_query(name, q, (rows, heads, config.dim), config, device)
+        return _query_from((_checked_query(name, q, (rows, heads, config.dim), config, device),), config, q_pe_factor)
+    (nope_name, nope), (pe_name, pe) = parts
+    nope = _checked_query(nope_name, nope, (rows, heads, config.head_dim_ckv), config, device)
+    pe = _checked_query(pe_name, pe, (rows, heads, config.head_dim_kpe), config, device)
+    joined = _adjacent_view(nope, pe) if q_pe_factor == 1.0 else None
+    return _query_from((nope, pe), config, q_pe_factor) if joined is None else joined
+
+
+def _query_from(parts: tuple[torch.Tensor, ...], config: PlanConfig, q_pe_factor: float) -> torch.Tensor:
+    """The checked query (one tensor, or two parts that are not one view) with the rope part times
+    `q_pe_factor`, as one tensor: itself when it is one and the factor is 1, else a copy."""
+    if len(parts) == 1:
         if q_pe_factor == 1.0:
-            return q
-        nope, pe = q[..., : config.head_dim_ckv], q[..., config.head_dim_ckv :]
+            return parts[0]
+        nope, pe = parts[0][..., : config.head_dim_ckv], parts[0][..., config.head_dim_ckv :]
     else:
-        (nope_name, nope), (pe_name, pe) = parts
-        nope = _checked_query(nope_name, nope, (rows, heads, config.head_dim_ckv), config, device)
-        pe = _checked_query(pe_name, pe, (rows, heads, config.head_dim_kpe), config, device)
-        joined = _adjacent_view(nope, pe) if q_pe_factor == 1.0 else None
-        if joined is not None:
-            return joined
+        nope, pe = parts
     if q_pe_factor != 1.0:
         pe = (pe.float() * q_pe_factor).to(pe.dtype)
     return torch.cat([nope, pe], dim=-1)
@@ -766,6 +948,13 @@ def _checked_query(name: str, q: object, shape: tuple[int, int, int], config: Pl
 def _adjacent_view(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor | None:
     """One tensor over both when `right`'s columns follow `left`'s in the same rows of one buffer
     (same shape but the last dim, same strides, unit column stride, in bounds), else None."""
+    join = _join_of(left, right)
+    return None if join is None else join.view(left, right)
+
+
+def _join_of(left: torch.Tensor, right: torch.Tensor) -> _Join | None:
+    """`_adjacent_view`'s geometry, from the tensors' layouts alone: whether they share a storage that
+    holds the view is left to `_Join.view`."""
     width = left.shape[-1] + right.shape[-1]
     if (
         left.dim() != right.dim()
@@ -774,16 +963,13 @@ def _adjacent_view(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor | No
         or left.dtype != right.dtype
         or left.device != right.device
         or left.stride(-1) != 1
-        or left.untyped_storage().data_ptr() != right.untyped_storage().data_ptr()
         or right.storage_offset() != left.storage_offset() + left.shape[-1]
         or any(size > 1 and stride < width for size, stride in zip(left.shape[:-1], left.stride()[:-1]))
     ):
         return None
     shape = (*left.shape[:-1], width)
     last = left.storage_offset() + sum((size - 1) * stride for size, stride in zip(shape, left.stride()))
-    if last >= left.untyped_storage().nbytes() // left.element_size():
-        return None
-    return left.as_strided(shape, left.stride(), left.storage_offset())
+    return _Join(shape, left.stride(), left.storage_offset(), (last + 1) * left.element_size())
 
 
 def _check_output(name: str, given: object, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
