@@ -593,6 +593,8 @@ def _prepare_launch(
     max_rows = plan.max_q_len * heads
     scale_mode = kv_scale_mode(pages, kv_scale)
     kernel, tuning, geometry = split_kernel_for(q, pages, kv_lora_rank, scale_mode, plan)
+    # The launches' key: the inputs' layout and what the plan adds to the kernels' arguments and constants.
+    key = (key, kernel, tuning, geometry, plan.max_q_len, batch)
     # Rows padded to 16 keep every partial stride a multiple of 16 whatever the batch, so the
     # kernels specialize the same way for every step (one compiled variant, see warm-up). The
     # partials are the plan's: its launches run one after another, each combine before the next split.
