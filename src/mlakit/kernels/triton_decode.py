@@ -593,8 +593,9 @@ def _prepare_launch(
     max_rows = plan.max_q_len * heads
     scale_mode = kv_scale_mode(pages, kv_scale)
     kernel, tuning, geometry = split_kernel_for(q, pages, kv_lora_rank, scale_mode, plan)
+    tiling = combine_tiling(geometry.max_splits, kv_lora_rank)
     # The launches' key: the inputs' layout and what the plan adds to the kernels' arguments and constants.
-    key = (key, kernel, tuning, geometry, plan.max_q_len, batch)
+    key = (key, kernel, tuning, geometry, tiling, plan.max_q_len, batch)
     # Rows padded to 16 keep every partial stride a multiple of 16 whatever the batch, so the
     # kernels specialize the same way for every step (one compiled variant, see warm-up). The
     # partials are the plan's: its launches run one after another, each combine before the next split.
@@ -608,7 +609,6 @@ def _prepare_launch(
                lse_strides, part_strides)
     # Programs by work item (longest splits first; unused rows of the plan last), row tiles of a split adjacent.
     grid = (geometry.row_tiles, plan.work.shape[0])
-    tiling = combine_tiling(geometry.max_splits, kv_lora_rank)
     combine_grid = (batch, triton.cdiv(max_rows, tiling.rows), triton.cdiv(kv_lora_rank, tiling.columns))
 
     merged = False
