@@ -445,14 +445,27 @@ def mla_prefill(
     (torch.Size([5, 2, 128]), torch.Size([5, 2]))
     """
     scale = checked_softmax_scale(softmax_scale)
-    check_prefill_inputs(q, kv_cache, kv_b_weight, meta, kv_scale, check_values=check_inputs)
-    pages = pages_view(kv_cache)
-    rank = kv_b_weight.shape[1]
-    name = _backend_for(
-        "prefill", _checked_backend(backend), str(q.device), storage_name(pages.dtype), pages.shape[1], 1, q.shape[1], rank,
-        pages.shape[-1] - rank, True,
-    )
-    kernel = get_backend(name).prefill
+    layout = None
+    if not check_inputs and isinstance(meta, PrefillMetadata):
+        try:
+            layout = ("prefill", *_tensor_layout(q), *_tensor_layout(kv_cache), *_tensor_layout(kv_b_weight),
+                      None if kv_scale is None else _tensor_layout(kv_scale), meta.queries.total, meta.page_size,
+                      meta.queries.cu_seqlens.device, backend if isinstance(backend, str) else id(backend))
+        except (AttributeError, TypeError):
+            layout = None
+    call = _resolved(layout)
+    if call is None:
+        check_prefill_inputs(q, kv_cache, kv_b_weight, meta, kv_scale, check_values=check_inputs)
+        pages = pages_view(kv_cache)
+        rank = kv_b_weight.shape[1]
+        cache_dtype = storage_name(pages.dtype)
+        name = _backend_for(
+            "prefill", _checked_backend(backend), str(q.device), cache_dtype, pages.shape[1], 1, q.shape[1], rank,
+            pages.shape[-1] - rank, True,
+        )
+        call = _ResolvedCall(name, rank, cache_dtype, q.shape[-1] ** -0.5)
+        _remember(layout, call)
+    kernel = get_backend(call.backend).prefill
     assert kernel is not None  # _backend_for only returns backends with a prefill kernel
     return kernel(q, kv_cache, kv_b_weight, meta, softmax_scale=scale, kv_scale=kv_scale)
 

@@ -12,11 +12,14 @@ equal the torch quantizer's.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from mlakit.kernels.interpreter import INTERPRET
+from mlakit.kernels.launch import CachedLaunch
 from mlakit.cache.kv_quant import FP8_MAX, FP8_SATURATION, SCALE_GROUP, num_scale_groups, scale_mode
 
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)
@@ -96,11 +99,21 @@ def write_rows(
     mode = scale_mode(data, scale)
     if mode != 0 and (counts is None or counts.dtype != torch.int64 or counts.numel() != 2):
         raise ValueError("counts: expected an int64 [2] tensor (saturated, non-finite) for an fp8 write")
-    groups = num_scale_groups(dim)
     if rows.shape[0] == 0:
         return
-    _write_rows_kernel[(rows.shape[0],)](
-        rows, slots, data, scale if scale is not None else data, counts if counts is not None else data, rows.stride(0), rows.stride(1),
-        DIM=dim, GROUPS=groups, GROUP=SCALE_GROUP, GROUPS_PAD=triton.next_power_of_2(groups),
-        SCALE_MODE=mode, FP8_LIMIT=FP8_MAX, SATURATION=FP8_SATURATION, FINITE_MAX=FLOAT32_MAX,
-    )
+    scale_arg = scale if scale is not None else data
+    counts_arg = counts if counts is not None else data
+    tensors = (rows, slots, data, scale_arg, counts_arg)
+    key = (tuple([(t.dtype, t.data_ptr() % 16) for t in tensors]), rows.stride(0), rows.stride(1), dim, mode)
+    _WRITE_ROWS(key, (rows.shape[0], 1, 1), (*tensors, rows.stride(0), rows.stride(1)), _constants(dim, mode))
+
+
+@functools.lru_cache(maxsize=32)
+def _constants(dim: int, mode: int) -> dict[str, object]:
+    """The write kernel's constexprs for `dim`-wide rows and scale mode `mode` (kept: computing them costs host time)."""
+    groups = num_scale_groups(dim)
+    return dict(DIM=dim, GROUPS=groups, GROUP=SCALE_GROUP, GROUPS_PAD=triton.next_power_of_2(groups), SCALE_MODE=mode,
+                FP8_LIMIT=FP8_MAX, SATURATION=FP8_SATURATION, FINITE_MAX=FLOAT32_MAX)
+
+
+_WRITE_ROWS = CachedLaunch(_write_rows_kernel)

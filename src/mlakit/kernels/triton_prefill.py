@@ -251,7 +251,7 @@ def triton_mha_prefill(
             out.zero_()
             lse.fill_(float("-inf"))
         return out, lse
-    grid = (triton.cdiv(max_q_len, tuning.block_m), heads, batch)
+    grid = (-(-max_q_len // tuning.block_m), heads, batch)
     tensors = (q, k_nope, k_pe, v, out, lse, cu_seqlens_q, cu_seqlens_k)
     strides = (q.stride(0), q.stride(1), k_nope.stride(0), k_nope.stride(1), k_pe.stride(0), v.stride(0), v.stride(1),
                out.stride(0), out.stride(1), lse.stride(0))
