@@ -173,11 +173,10 @@ def mla_decode(
     (torch.Size([2, 1, 4, 512]), torch.Size([2, 4, 1]))
     """
     layout = _layout(q, kv_cache, block_table, cache_seqlens, kv_scale, out, lse, kv_lora_rank, backend, return_lse, 4)
-    prepared = _prepared(metadata, layout) if not check_inputs else None
-    if prepared is not None and (softmax_scale is None or type(softmax_scale) is float and 0 < softmax_scale < math.inf):
-        run, default_scale = prepared
-        return run(q, kv_cache, block_table, cache_seqlens, kv_scale, default_scale if softmax_scale is None else softmax_scale,
-                   out, lse)
+    prepared = _prepared(metadata, layout, check_inputs, softmax_scale)
+    if prepared is not None:
+        run, scale = prepared
+        return run(q, kv_cache, block_table, cache_seqlens, kv_scale, scale, out, lse)
     call = _resolved(layout)
     if call is None or check_inputs:
         call = _resolve_decode(q, kv_cache, block_table, cache_seqlens, kv_scale, kv_lora_rank, backend, return_lse,
@@ -237,11 +236,10 @@ def mla_extend(
     layout = _layout(q, kv_cache, block_table, cache_seqlens, kv_scale, out, lse, kv_lora_rank, backend,
                      (_tensor_layout(cu_seqlens_q), cu_seqlens_q.data_ptr(), max_q_len, type(max_q_len))
                      if isinstance(cu_seqlens_q, torch.Tensor) else None, 3)
-    prepared = _prepared(metadata, layout) if not check_inputs else None
-    if prepared is not None and (softmax_scale is None or type(softmax_scale) is float and 0 < softmax_scale < math.inf):
-        run, default_scale = prepared
-        return run(q, kv_cache, block_table, cache_seqlens, kv_scale, default_scale if softmax_scale is None else softmax_scale,
-                   out, lse)
+    prepared = _prepared(metadata, layout, check_inputs, softmax_scale)
+    if prepared is not None:
+        run, scale = prepared
+        return run(q, kv_cache, block_table, cache_seqlens, kv_scale, scale, out, lse)
     call = _resolved(layout)
     if call is None or check_inputs:
         call = _resolve_extend(q, kv_cache, block_table, cache_seqlens, cu_seqlens_q, max_q_len, kv_scale,
@@ -288,15 +286,23 @@ def _resolved(layout: tuple | None) -> _ResolvedCall | None:
         return None
 
 
-def _prepared(metadata: object, layout: tuple | None) -> tuple[Callable[..., tuple], float] | None:
-    """The call `metadata`'s backend prepared for this layout, if any."""
+def _prepared(metadata: object, layout: tuple | None, check_inputs: object,
+              softmax_scale: object) -> tuple[Callable[..., tuple], float] | None:
+    """The call `metadata`'s backend prepared for this layout and the scale to run it with, when the call may
+    take it: no value checks asked, and a scale that needs no check (None, or a finite float > 0)."""
     calls = getattr(metadata, "calls", None)
-    if calls is None:
+    if calls is None or check_inputs:
         return None
     try:
-        return calls.get(layout)
+        found = calls.get(layout)
     except TypeError:
         return None
+    if found is None:
+        return None
+    run, default_scale = found
+    if softmax_scale is None:
+        return run, default_scale
+    return (run, softmax_scale) if type(softmax_scale) is float and 0 < softmax_scale < math.inf else None
 
 
 def _prepare(entry, metadata, layout, check_inputs, call, q, kv_cache, block_table, cache_seqlens, kv_scale, return_lse,

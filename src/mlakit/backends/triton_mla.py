@@ -65,24 +65,11 @@ def decode_metadata(cache_seqlens: torch.Tensor, *, q_len: int, heads: int, kv_c
     return plan_decode(cache_seqlens, q_len=q_len, heads=heads, kv_dtype=STORAGE_DTYPES[kv_cache_dtype])
 
 
-def prepare_call(
-    metadata: DecodePlan,
-    q: torch.Tensor,
-    kv_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    cache_seqlens: torch.Tensor,
-    kv_scale: torch.Tensor | None,
-    *,
-    kv_lora_rank: int,
-    return_lse: bool,
-    out: torch.Tensor | None,
-    lse: torch.Tensor | None,
-) -> PreparedCall | None:
-    """The step's decode or extend prepared for one input layout (`triton_decode.prepare_call`)."""
+def prepare_call(metadata: DecodePlan, *args: object, **kwargs: object) -> PreparedCall | None:
+    """The step's decode or extend prepared for one input layout (`triton_decode.prepare_call`, same arguments)."""
     from mlakit.kernels import triton_decode
 
-    return triton_decode.prepare_call(metadata, q, kv_cache, block_table, cache_seqlens, kv_scale,
-                                        kv_lora_rank=kv_lora_rank, return_lse=return_lse, out=out, lse=lse)
+    return triton_decode.prepare_call(metadata, *args, **kwargs)
 
 
 def extend(
