@@ -54,22 +54,22 @@ def generate(model: DeepseekForCausalLM, sampled: bool, *, device: str = "cpu", 
     return Runner(model, cache, decode_backend=backend, max_batch_size=len(PROMPTS), mixed_steps=True).generate(requests(sampled))
 
 
-def scripted_logits(model: DeepseekForCausalLM) -> list[torch.Tensor]:
-    """The logits of every step of `STEPS` on a fresh float32 cache."""
+def scripted_logits(model: DeepseekForCausalLM, device: str = "cpu") -> list[torch.Tensor]:
+    """The logits of every step of `STEPS` on a fresh float32 cache on `device` (returned on the CPU)."""
     shape = model.config.attention.shape
     cache = PagedLatentCache(NUM_PAGES, PAGE_SIZE, shape.kv_lora_rank, shape.qk_rope_head_dim, dtype="fp32",
-                             num_layers=model.config.num_layers)
+                             device=device, num_layers=model.config.num_layers)
     lengths: dict[int, int] = {}
     logits = []
     for step_tokens in STEPS:
         sequences = [seq for seq, _ in step_tokens]
         starts = [lengths.get(seq, 0) for seq in sequences]
         counts = [len(ids) for _, ids in step_tokens]
-        step = reserve_step(cache, model.parallel, sequences, starts, counts, heads=model.config.attention.shape.num_heads)
-        ids = torch.tensor([t for _, tokens in step_tokens for t in tokens])
-        positions = torch.tensor([p for start, n in zip(starts, counts) for p in range(start, start + n)])
+        step = reserve_step(cache, model.parallel, sequences, starts, counts, heads=shape.num_heads)
+        ids = torch.tensor([t for _, tokens in step_tokens for t in tokens], device=device)
+        positions = torch.tensor([p for start, n in zip(starts, counts) for p in range(start, start + n)], device=device)
         with torch.no_grad():
-            logits.append(model(ids, positions, step, cache))
+            logits.append(model(ids, positions, step, cache).cpu())
         for seq, start, n in zip(sequences, starts, counts):
             lengths[seq] = start + n
     return logits
