@@ -56,6 +56,10 @@ def held_by(name: str, rank: int) -> bool:
     return rank == 0 or not _RANK_ZERO_ONLY.search(name)
 
 
+# The largest tp_size an error lists among a dimension's divisors (a vocabulary has many more).
+MAX_LISTED_TP = 64
+
+
 def shard_size(total: int, tp_size: int, what: str) -> int:
     """Each rank's part of a dimension of `total` split over `tp_size` ranks; `what` names the
     setting in the error when it does not divide.
@@ -65,12 +69,13 @@ def shard_size(total: int, tp_size: int, what: str) -> int:
     >>> shard_size(384, 5, "intermediate_size")
     Traceback (most recent call last):
     ...
-    mlakit.errors.ConfigError: tp_size=5 does not divide intermediate_size=384: every rank holds an equal share; use a tp_size in [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 384]
+    mlakit.errors.ConfigError: tp_size=5 does not divide intermediate_size=384: every rank holds an equal share; use a tp_size in [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64] (its divisors up to 64)
     """
     if total % tp_size:
-        divisors = [d for d in range(1, total + 1) if total % d == 0]
+        divisors = [d for d in range(1, min(total, MAX_LISTED_TP) + 1) if total % d == 0]
         raise ConfigError(
-            f"tp_size={tp_size} does not divide {what}={total}: every rank holds an equal share; use a tp_size in {divisors}"
+            f"tp_size={tp_size} does not divide {what}={total}: every rank holds an equal share; use a tp_size in {divisors} "
+            f"(its divisors up to {MAX_LISTED_TP})"
         )
     return total // tp_size
 
