@@ -339,13 +339,7 @@ def _resolve_decode(q, kv_cache, block_table, cache_seqlens, kv_scale, kv_lora_r
     batch, q_len, heads, _ = q.shape
     check_output("out", out, (batch, q_len, heads, kv_lora_rank), q.dtype, q.device, mergeable=q_len)
     check_output("lse", lse, (batch, heads, q_len), torch.float32, q.device, any_strides=True)
-    pages = pages_view(kv_cache)
-    cache_dtype = storage_name(pages.dtype)
-    name = _backend_for(
-        "decode", _checked_backend(backend), str(q.device), cache_dtype, pages.shape[1], q_len, heads, kv_lora_rank,
-        dim - kv_lora_rank, bool(return_lse),
-    )
-    return _ResolvedCall(name, kv_lora_rank, cache_dtype, dim**-0.5)
+    return _resolved_call("decode", backend, q, kv_cache, q_len, kv_lora_rank, bool(return_lse))
 
 
 def _resolve_extend(q, kv_cache, block_table, cache_seqlens, cu_seqlens_q, max_q_len, kv_scale, kv_lora_rank, backend,
@@ -358,13 +352,18 @@ def _resolve_extend(q, kv_cache, block_table, cache_seqlens, cu_seqlens_q, max_q
     tokens, heads, _ = q.shape
     check_output("out", out, (tokens, heads, kv_lora_rank), q.dtype, q.device)
     check_output("lse", lse, (tokens, heads), torch.float32, q.device, any_strides=True)
+    return _resolved_call("extend", backend, q, kv_cache, 1, kv_lora_rank, True)
+
+
+def _resolved_call(call: Literal["decode", "extend", "prefill"], backend: object, q: torch.Tensor,
+                   kv_cache: torch.Tensor, q_len: int, kv_lora_rank: int, needs_lse: bool) -> _ResolvedCall:
+    """The backend serving a checked call (q `[..., heads, width]`), with the latent split, cache dtype and
+    default scale it runs with."""
     pages = pages_view(kv_cache)
     cache_dtype = storage_name(pages.dtype)
-    name = _backend_for(
-        "extend", _checked_backend(backend), str(q.device), cache_dtype, pages.shape[1], 1, heads, kv_lora_rank,
-        dim - kv_lora_rank, True,
-    )
-    return _ResolvedCall(name, kv_lora_rank, cache_dtype, dim**-0.5)
+    name = _backend_for(call, _checked_backend(backend), str(q.device), cache_dtype, pages.shape[1], q_len, q.shape[-2],
+                        kv_lora_rank, pages.shape[-1] - kv_lora_rank, needs_lse)
+    return _ResolvedCall(name, kv_lora_rank, cache_dtype, q.shape[-1] ** -0.5)
 
 
 def _check_decode_metadata(metadata: object, call: _ResolvedCall, q: torch.Tensor) -> None:
@@ -462,14 +461,7 @@ def mla_prefill(
     call = _resolved(layout)
     if call is None:
         check_prefill_inputs(q, kv_cache, kv_b_weight, meta, kv_scale, check_values=check_inputs)
-        pages = pages_view(kv_cache)
-        rank = kv_b_weight.shape[1]
-        cache_dtype = storage_name(pages.dtype)
-        name = _backend_for(
-            "prefill", _checked_backend(backend), str(q.device), cache_dtype, pages.shape[1], 1, q.shape[1], rank,
-            pages.shape[-1] - rank, True,
-        )
-        call = _ResolvedCall(name, rank, cache_dtype, q.shape[-1] ** -0.5)
+        call = _resolved_call("prefill", backend, q, kv_cache, 1, kv_b_weight.shape[1], True)
         _remember(layout, call)
     kernel = get_backend(call.backend).prefill
     assert kernel is not None  # _backend_for only returns backends with a prefill kernel

@@ -426,13 +426,9 @@ def triton_mla_decode(
     """
     batch, q_len, heads, _ = q.shape
     plan = plan or plan_decode(cache_seqlens, q_len=q_len, heads=heads, kv_dtype=kv_cache.dtype, num_sms=num_sms)
-    if out is None:
-        out = torch.empty(batch, q_len, heads, kv_lora_rank, dtype=q.dtype, device=q.device)
-    if lse is None:
-        lse = torch.empty(batch, heads, q_len, dtype=torch.float32, device=q.device)
-    lse_strides = (0, lse.stride(0), lse.stride(2), lse.stride(1))
+    out, lse = _outputs(q, kv_lora_rank, out, lse)
     _launch(q.reshape(batch * q_len, heads, -1), kv_cache, block_table, cache_seqlens, kv_lora_rank, softmax_scale,
-            kv_scale, plan, out.view(batch * q_len, heads, kv_lora_rank), lse, lse_strides)
+            kv_scale, plan, out.view(batch * q_len, heads, kv_lora_rank), lse, _lse_strides(lse))
     return out, lse
 
 
@@ -458,16 +454,41 @@ def triton_mla_extend(
     kv_lora_rank]` and lse `[T, heads]` (natural log), written into `out` and `lse` when given.
     `plan` is the step's split plan from `plan_extend` over these `cu_seqlens_q`. No host sync.
     """
-    heads = q.shape[1]
-    plan = plan or plan_extend(cache_seqlens, cu_seqlens_q, max_q_len=max_q_len, heads=heads, kv_dtype=kv_cache.dtype,
-                               num_sms=num_sms)
-    if out is None:
-        out = torch.empty(q.shape[0], heads, kv_lora_rank, dtype=q.dtype, device=q.device)
-    if lse is None:
-        lse = torch.empty(q.shape[0], heads, dtype=torch.float32, device=q.device)
-    lse_strides = (lse.stride(0), 0, lse.stride(0), lse.stride(1))
-    _launch(q, kv_cache, block_table, cache_seqlens, kv_lora_rank, softmax_scale, kv_scale, plan, out, lse, lse_strides)
+    plan = plan or plan_extend(cache_seqlens, cu_seqlens_q, max_q_len=max_q_len, heads=q.shape[1],
+                               kv_dtype=kv_cache.dtype, num_sms=num_sms)
+    out, lse = _outputs(q, kv_lora_rank, out, lse)
+    _launch(q, kv_cache, block_table, cache_seqlens, kv_lora_rank, softmax_scale, kv_scale, plan, out, lse, _lse_strides(lse))
     return out, lse
+
+
+def _result_shapes(q: torch.Tensor, kv_lora_rank: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """out's and lse's shapes for a decode q `[batch, q_len, heads, dim]` (out `[batch, q_len, heads, rank]`,
+    lse `[batch, heads, q_len]`) or a packed extend q `[tokens, heads, dim]` (`[tokens, heads, rank]`,
+    `[tokens, heads]`)."""
+    if q.dim() == 4:
+        batch, q_len, heads, _ = q.shape
+        return (batch, q_len, heads, kv_lora_rank), (batch, heads, q_len)
+    tokens, heads, _ = q.shape
+    return (tokens, heads, kv_lora_rank), (tokens, heads)
+
+
+def _outputs(q: torch.Tensor, kv_lora_rank: int, out: torch.Tensor | None,
+             lse: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`out` and `lse`, each allocated in `_result_shapes` where None."""
+    out_shape, lse_shape = _result_shapes(q, kv_lora_rank)
+    if out is None:
+        out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
+    if lse is None:
+        lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+    return out, lse
+
+
+def _lse_strides(lse: torch.Tensor) -> tuple[int, int, int, int]:
+    """How the kernels address lse (first token, sequence, draft index, head): a decode lse `[batch, heads,
+    q_len]` by sequence and draft index, an extend lse `[tokens, heads]` by token."""
+    if lse.dim() == 3:
+        return (0, lse.stride(0), lse.stride(2), lse.stride(1))
+    return (lse.stride(0), 0, lse.stride(0), lse.stride(1))
 
 
 def _launch(
@@ -536,20 +557,12 @@ def prepare_call(
         return None
     heads, dim = q.shape[-2:]
     tokens = q.numel() // (heads * dim)
-    if q.dim() == 4:
-        batch, q_len = q.shape[:2]
-        out_shape, lse_shape = (batch, q_len, heads, kv_lora_rank), (batch, heads, q_len)
-    else:
-        out_shape, lse_shape = (tokens, heads, kv_lora_rank), (tokens, heads)
+    out_shape, lse_shape = _result_shapes(q, kv_lora_rank)
     device, dtype = q.device, q.dtype
-    template_out = out if out is not None else torch.empty(out_shape, dtype=dtype, device=device)
-    template_lse = lse if lse is not None else torch.empty(lse_shape, dtype=torch.float32, device=device)
-    if q.dim() == 4:
-        lse_strides = (0, template_lse.stride(0), template_lse.stride(2), template_lse.stride(1))
-    else:
-        lse_strides = (template_lse.stride(0), 0, template_lse.stride(0), template_lse.stride(1))
+    template_out, template_lse = _outputs(q, kv_lora_rank, out, lse)
     launch = _launch_for(q.view(tokens, heads, dim), pages_view(kv_cache), block_table, cache_seqlens, kv_scale,
-                         kv_lora_rank, plan, template_out.view(tokens, heads, kv_lora_rank), template_lse, lse_strides)
+                         kv_lora_rank, plan, template_out.view(tokens, heads, kv_lora_rank), template_lse,
+                         _lse_strides(template_lse))
 
     def call(q, kv_cache, block_table, cache_seqlens, kv_scale, softmax_scale, out, lse):
         if out is None:
