@@ -4,7 +4,20 @@ import pytest
 import torch
 
 from mlakit import CacheFullError, ConfigError, MLAInputError, PageAllocator, PagedLatentCache, mla_decode, reference_decode
-from mlakit.cache.kv_quant import FP8_MAX, dequantize, quantize_rows_per_group, quantize_rows_per_tensor
+from mlakit.cache.kv_quant import (
+    AUTO_SCALE_HEADROOM,
+    FP8_DTYPE,
+    FP8_MAX,
+    FP8_SATURATION,
+    SCALE_NONE,
+    SCALE_PER_GROUP,
+    SCALE_PER_TENSOR,
+    dequantize,
+    fp8_scale_from_rows,
+    quantize_rows_per_group,
+    quantize_rows_per_tensor,
+    scale_mode,
+)
 from paged_inputs import relative_error
 
 
@@ -159,3 +172,129 @@ def test_page_allocator_refuses_a_page_it_does_not_hold_and_changes_nothing(page
     assert (allocator.num_free, list(allocator._free)) == state
     allocator.free([taken[2]])
     assert sorted(allocator.allocate(4)) == [0, 1, 2, 3]
+
+
+# kv_quant edge cases found by mutation testing (TESTING.md, "Mutation check"): each test below
+# fails for one or more one-line mutants of src/mlakit/cache/kv_quant.py that the tests above pass.
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def test_scale_mode_needs_fp8_values_and_a_scale():
+    gen = _gen(40)
+    rows = torch.randn(3, 16, generator=gen) * 4
+    per_tensor, per_group = torch.rand(1, generator=gen) + 0.5, torch.rand(3, 1, generator=gen) + 0.5
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for scale in (None, per_tensor, per_group):  # a scale given with 16/32-bit values means nothing
+            assert scale_mode(rows.to(dtype), scale) == SCALE_NONE, (dtype, scale)
+    fp8 = rows.to(FP8_DTYPE)
+    assert scale_mode(fp8, None) == SCALE_NONE
+    assert scale_mode(fp8, per_tensor) == SCALE_PER_TENSOR and scale_mode(fp8, per_group) == SCALE_PER_GROUP
+
+
+def test_a_value_exactly_at_the_saturation_threshold_is_counted():
+    gen = _gen(41)
+    scale = torch.tensor([2.0 ** int(torch.randint(-4, 5, (), generator=gen))])  # 464 * scale exact
+    rows = torch.randn(6, 40, generator=gen) * scale * 50  # |value / scale| far below 464
+    positions = torch.randperm(rows.numel(), generator=gen)[:9]
+    at_threshold, just_below = positions[:5], positions[5:]
+    signs = torch.where(torch.rand(9, generator=gen) < 0.5, -1.0, 1.0)
+    below = torch.nextafter(torch.tensor(FP8_SATURATION), torch.tensor(0.0))
+    rows.view(-1)[at_threshold] = signs[:5] * FP8_SATURATION * scale
+    rows.view(-1)[just_below] = signs[5:] * below * scale
+    counts = torch.zeros(2, dtype=torch.int64)
+    stored = quantize_rows_per_tensor(rows, scale, counts).float().view(-1)
+    assert counts.tolist() == [5, 0]
+    assert torch.equal(stored[positions], signs * FP8_MAX), "both round to 448; only the first five saturate"
+
+
+class _CastGivingNanOnOverflow(torch.overrides.TorchFunctionMode):
+    """A plain `.to(float8_e4m3fn)` that gives NaN for |value| >= 464 and for inf (a non-saturating
+    cast, as torch 2.11 does for inf), where torch 2.13 on a CPU saturates at 448."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func is torch.Tensor.to and out.dtype == FP8_DTYPE and args[0].dtype != FP8_DTYPE:
+            overflow = ~(args[0].float().abs() < FP8_SATURATION)
+            out = torch.where(overflow, torch.nan, out.float()).to(FP8_DTYPE)
+        return out
+
+
+def test_quantizers_saturate_whatever_the_plain_casts_overflow_rule():
+    gen = _gen(42)
+    rows = torch.randn(5, 300, generator=gen) * 20
+    positions = torch.randperm(rows.numel(), generator=gen)[:12]
+    rows.view(-1)[positions] = torch.tensor([1e6, -1e6, 3e3, -3e3, 470.0, -470.0, 1e30, -1e30, 500.0, -500.0, 2e4, -2e4])
+    scale = torch.rand(1, generator=gen) + 0.5
+    expected = quantize_rows_per_tensor(rows, scale).view(torch.uint8)
+    expected_group = [t.clone() for t in quantize_rows_per_group(rows)]
+    with _CastGivingNanOnOverflow():
+        assert torch.tensor([1e3, -1e3]).to(FP8_DTYPE).float().isnan().all(), "the mode must be in force"
+        got = quantize_rows_per_tensor(rows, scale).view(torch.uint8)
+        got_group = quantize_rows_per_group(rows)
+    assert torch.equal(got, expected)
+    assert torch.equal(got_group[0].view(torch.uint8), expected_group[0].view(torch.uint8))
+    assert torch.equal(got_group[1], expected_group[1])
+    assert (dequantize(got.view(FP8_DTYPE), None).view(-1)[positions].abs() == FP8_MAX).all()
+
+
+def test_per_group_quantization_keeps_float32_scales_and_the_rows_device_whatever_the_defaults():
+    gen = _gen(43)
+    rows = torch.randn(4, 300, generator=gen) * torch.rand(4, 1, generator=gen) * 30
+    values, scales = quantize_rows_per_group(rows)
+    assert scales.dtype == torch.float32
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        values64, scales64 = quantize_rows_per_group(rows)
+    finally:
+        torch.set_default_dtype(previous)
+    assert scales64.dtype == torch.float32 and torch.equal(scales64, scales)
+    assert torch.equal(values64.view(torch.uint8), values.view(torch.uint8))
+    with torch.device("meta"):  # e.g. torch.set_default_device("cuda") in an engine, with rows on the CPU
+        on_meta_default = quantize_rows_per_group(rows)
+    assert [t.device.type for t in on_meta_default] == ["cpu", "cpu"]
+    assert torch.equal(on_meta_default[0].view(torch.uint8), values.view(torch.uint8)) and torch.equal(on_meta_default[1], scales)
+
+
+def test_per_group_scale_ignores_non_finite_values_of_small_groups_and_is_one_for_a_group_without_finite_values():
+    gen = _gen(44)
+    rows = torch.randn(3, 300, generator=gen) * 0.01  # every |value| < 1
+    positions = torch.randint(0, 256, (3,), generator=gen)
+    rows[torch.arange(3), positions] = torch.tensor([float("inf"), float("-inf"), float("nan")])
+    rows[1, 256:] = torch.tensor([float("inf"), float("-inf"), float("nan")])[torch.randint(0, 3, (44,), generator=gen)]
+    values, scales = quantize_rows_per_group(rows)
+    finite = torch.where(rows.isfinite(), rows.abs(), 0)
+    expected = torch.stack([finite[:, :128].amax(1), finite[:, 128:256].amax(1), finite[:, 256:].amax(1)], 1) / FP8_MAX
+    expected[1, 2] = 1.0  # group 2 of row 1 holds no finite value
+    assert torch.equal(scales, expected)
+    assert values.float()[1, 256:].isnan().all() and values.float().isnan().sum() == 3 + 44
+
+
+def test_auto_scale_from_rows_smaller_than_one():
+    gen = _gen(45)
+    rows = torch.randn(6, 64, generator=gen) * 0.05
+    rows[2, 7] = float("inf")
+    amax = torch.where(rows.isfinite(), rows.abs(), 0).amax()
+    assert 0 < amax < 1
+    assert torch.equal(fp8_scale_from_rows(rows), (amax * AUTO_SCALE_HEADROOM / FP8_MAX).reshape(1))
+    assert torch.equal(fp8_scale_from_rows(rows[:, :1] * 1e-30, headroom=1.0), (rows[:, :1] * 1e-30).abs().amax().reshape(1) / FP8_MAX)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_dequantize_computes_in_the_requested_dtype_for_both_layouts(dtype):
+    """The scale is rounded to `dtype` as the values are, so the two layouts agree bit for bit."""
+    gen = _gen(46)
+    codes = torch.arange(256, dtype=torch.uint8).view(FP8_DTYPE)
+    codes = codes[codes.float().isfinite()]  # every finite e4m3 value, 254 of them: two groups a row
+    values = codes[torch.argsort(torch.rand(6, codes.numel(), generator=gen), dim=1)]
+    for scale in torch.rand(8, 1, generator=gen) * 3 + 0.01:  # not representable in 16 bits
+        assert scale.to(dtype).float() != scale
+        per_tensor = dequantize(values, scale, dtype)
+        per_group = dequantize(values, scale.expand(6, 2).contiguous(), dtype)
+        assert per_tensor.dtype == dtype and per_group.dtype == dtype
+        assert torch.equal(per_tensor, values.to(dtype) * scale.to(dtype)), scale
+        assert torch.equal(per_group, per_tensor), scale

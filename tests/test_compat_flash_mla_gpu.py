@@ -15,6 +15,7 @@ import torch
 import mlakit
 from flash_mla_oracle import LENGTHS, assert_matches_oracle, run
 from mlakit.compat.flash_mla import flash_mla_with_kvcache, get_mla_metadata
+from mlakit.graphs import capture_graph
 from paged_inputs import PagedBatch, assert_lse_close, make_paged_batch, relative_error
 
 pytestmark = pytest.mark.gpu
@@ -95,11 +96,8 @@ def graph_step(decode: DecodeFn, make_schedule: Callable[[], tuple], layers: lis
 def assert_graph_replays_match_eager(decode: DecodeFn, make_schedule: Callable[[], tuple], causal: bool) -> None:
     """Capture once, shorten the lengths in place, replay: equal to an eager step on the new lengths."""
     layers = layers_of(batch_on_gpu([700, 64, 0, 129], heads=64, q_len=2), 2)
-    graph_step(decode, make_schedule, layers, causal)  # warm-up compiles outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = graph_step(decode, make_schedule, layers, causal)
+    # one warm-up (on a side stream) compiles outside the capture
+    graph, captured = capture_graph(lambda: graph_step(decode, make_schedule, layers, causal), warmup=1)
     layers[0].cache_seqlens.copy_(torch.tensor([640, 0, 0, 65], dtype=torch.int32))  # within each sequence's pages
     graph.replay()
     eager = graph_step(decode, make_schedule, layers, causal)

@@ -9,6 +9,7 @@ import torch
 
 from flashinfer_inputs import assert_matches, fp8_cache, make_step, reference, relative_error
 from mlakit.compat.flashinfer import BatchMLAPagedAttentionWrapper
+from mlakit.graphs import capture_graph
 
 pytestmark = pytest.mark.gpu
 
@@ -72,14 +73,7 @@ def test_cuda_graph_replays_the_newest_plan(q_lens):
         _plan(wrapper, step)
 
     load(steps[0])
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        wrapper.run(query=q, kv_cache=cache, return_lse=True)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out, lse = wrapper.run(query=q, kv_cache=cache, return_lse=True)
+    graph, (out, lse) = capture_graph(lambda: wrapper.run(query=q, kv_cache=cache, return_lse=True), warmup=1)
     for step in steps:
         load(step)
         graph.replay()

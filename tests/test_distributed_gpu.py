@@ -10,6 +10,7 @@ import torch.distributed as dist
 from dcp_worker import LAYOUTS, run_world
 from mlakit import PagedLatentCache, mla_decode
 from mlakit.distributed import TokenSharding, dcp_attention, dcp_decode_step
+from mlakit.graphs import capture_graph
 
 pytestmark = pytest.mark.gpu
 
@@ -47,14 +48,7 @@ def test_dcp_decode_step_and_attention_capture_in_a_cuda_graph_over_nccl() -> No
         eager = step_and_attend()  # compiles the kernels and starts the NCCL communicator outside capture
         plain, _ = mla_decode(q.view(3, 2, 16, 576), cache.data, table, lens, softmax_scale=scale, backend="triton")
         torch.testing.assert_close(eager, plain.flatten(0, 1), atol=2e-2, rtol=2e-2)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            step_and_attend()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            captured = step_and_attend()
+        graph, captured = capture_graph(step_and_attend, warmup=1)
         for extra in (0, 5):
             lens.copy_(torch.tensor([300 + extra, 1 + extra, 77 + extra], dtype=torch.int32))
             q.copy_(torch.randn_like(q))

@@ -13,6 +13,7 @@ import torch
 from mlakit import ConfigError, FP8SaturationWarning, MLAInputError, PagedLatentCache
 from mlakit.cache import FP8Counts, LatentStore
 from mlakit.cache.kv_quant import AUTO_SCALE_HEADROOM, FP8_MAX, FP8_SATURATION, SCALE_GROUP, dequantize
+from mlakit.graphs import capture_graph
 from mlakit.kernels.cache_write import write_rows
 from mlakit.model.deepseek import DeepseekConfig, DeepseekForCausalLM
 from mlakit.model.runner import Request, Runner
@@ -112,6 +113,50 @@ def test_auto_scale_keeps_one_when_the_first_write_has_no_finite_non_zero_value(
     store = LatentStore(1, 4, DIM, dtype="fp8_e4m3", fp8_scale="auto")
     store.write_slots(torch.tensor([0, -1]), torch.stack([torch.full((DIM,), math.nan), _rows(1, seed=12)[0]]))
     assert store.scale.item() == 1.0 and not store.awaiting_auto_scale
+
+
+def test_auto_scale_is_not_decided_by_a_write_of_padding_rows_only():
+    """A warm-up on padding (slots -1, e.g. a CUDA-graph bucket's dummy rows) must leave the scale
+    undecided, whatever its rows hold; the next write's real rows then set it."""
+    store = LatentStore(4, 4, DIM, dtype="fp8_e4m3", fp8_scale="auto")
+    padding, _ = _plant(_rows(5, seed=13, magnitude=1e4), 7, [math.inf, -math.inf, math.nan], seed=14)
+    store.write_slots(torch.full((5,), -1), padding)
+    store.write_slots(torch.full((3,), -1, dtype=torch.int32), _rows(3, seed=15, magnitude=1e-3))
+    assert store.awaiting_auto_scale and store.scale.item() == 1.0
+    assert store.fp8_counts.tolist() == [0, 0] and store.data.view(torch.uint8).eq(0).all(), "padding rows are not written"
+    real = _rows(6, seed=16, magnitude=0.25)
+    slots = torch.randperm(16, generator=torch.Generator().manual_seed(17))[:6]
+    store.write_slots(slots, real)
+    expected = (real.abs().amax() * AUTO_SCALE_HEADROOM / FP8_MAX).reshape(1)
+    assert not store.awaiting_auto_scale and torch.equal(store.scale, expected)
+    assert torch.equal(store.dequantized().view(-1, DIM)[slots], dequantize(store.data.view(-1, DIM)[slots], expected))
+    store.write_slots(slots[:2], _rows(2, seed=18, magnitude=50.0))
+    assert torch.equal(store.scale, expected), "the scale must stay fixed once real rows set it"
+
+
+def test_auto_scale_of_a_mixed_write_comes_from_its_real_rows_only():
+    store = LatentStore(4, 4, DIM, dtype="fp8_e4m3", fp8_scale="auto")
+    store.write_slots(torch.tensor([-1, -1]), _rows(2, seed=19, magnitude=1e3))  # padding only: undecided
+    rows = _rows(7, seed=20, magnitude=0.5)
+    padded = torch.tensor([1, 4, 6])
+    rows[padded] = _plant(_rows(3, seed=21, magnitude=1e5), 4, [math.inf, math.nan], seed=22)[0]
+    slots = torch.tensor([2, -1, 9, 5, -1, 14, -1])
+    store.write_slots(slots, rows)
+    real_rows = rows[[0, 2, 3, 5]]
+    assert not store.awaiting_auto_scale
+    assert torch.equal(store.scale, (real_rows.abs().amax() * AUTO_SCALE_HEADROOM / FP8_MAX).reshape(1))
+    assert store.fp8_counts.tolist() == [0, 0], "padding rows' values are neither stored nor counted"
+
+
+def test_calibrate_decides_an_auto_scale_that_padding_left_undecided():
+    store = LatentStore(2, 4, DIM, dtype="fp8_e4m3", fp8_scale="auto")
+    store.write_slots(torch.tensor([-1]), _rows(1, seed=23))
+    samples = _rows(5, seed=24, magnitude=7.0)
+    assert store.calibrate_fp8_scale(samples) == pytest.approx(samples.abs().max().item() * AUTO_SCALE_HEADROOM / FP8_MAX)
+    calibrated = store.scale.clone()
+    assert not store.awaiting_auto_scale
+    store.write_slots(torch.tensor([0, 3]), _rows(2, seed=25, magnitude=100.0))
+    assert torch.equal(store.scale, calibrated)
 
 
 def test_calibration_sets_each_layers_scale_from_its_samples():
@@ -221,18 +266,7 @@ def test_cuda_write_counts_and_replays_from_a_graph_with_the_counter(layout):
     expected = LatentStore(8, 16, 576, dtype="fp8_e4m3", scale_layout=layout, fp8_scale=fp8_scale)
     slots = torch.full((4,), -1, dtype=torch.int64, device="cuda")
     rows = torch.zeros(4, 576, device="cuda")
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        store.write_slots(slots, rows)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        with torch.cuda.graph(graph):
-            store.write_slots(slots, rows)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    graph, _ = capture_graph(lambda: store.write_slots(slots, rows), warmup=1, forbid_host_sync=True)
     for replay in range(3):
         new_slots = torch.tensor([replay * 4, -1, 100 + replay, 50 - replay])
         new_rows, _ = _plant(_rows(4, seed=40 + replay, dim=576), 20, [1e6, -3e3, math.inf, math.nan], seed=50 + replay)
@@ -262,6 +296,36 @@ def test_cuda_auto_scale_write_does_not_sync_and_refuses_capture_before_it_is_se
         torch.cuda.set_sync_debug_mode("default")
     amax = rows[[0, 2, 3]].abs().amax()
     assert torch.equal(store.scale, (amax * AUTO_SCALE_HEADROOM / FP8_MAX).reshape(1))
+
+
+@pytest.mark.gpu
+def test_cuda_auto_scale_padding_warm_up_leaves_it_unset_and_capture_waits_for_real_rows():
+    store = LatentStore(8, 16, 576, dtype="fp8_e4m3", fp8_scale="auto", device="cuda")
+    slots = torch.full((4,), -1, dtype=torch.int64, device="cuda")
+    padding = _rows(4, seed=61, dim=576, magnitude=1e3).cuda()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        store.write_slots(slots, padding)  # a graph bucket's warm-up on padding rows: decides nothing, no sync
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert store.awaiting_auto_scale and store.scale.item() == 1.0
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(MLAInputError, match="CUDA graph is being captured"):
+        with torch.cuda.graph(graph):
+            store.write_slots(slots, padding)
+    real = _rows(4, seed=62, dim=576).cuda()
+    store.write_slots(torch.tensor([3, -1, 17, 40], device="cuda"), real)
+    torch.cuda.synchronize()  # the pinned copy of the flag has landed: the next write sees the decision
+    store.write_slots(slots, padding)
+    assert store._auto_undecided is None
+    expected = (real[[0, 2, 3]].abs().amax() * AUTO_SCALE_HEADROOM / FP8_MAX).reshape(1)
+    assert torch.equal(store.scale, expected)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        store.write_slots(slots, padding)
+    graph.replay()
+    assert torch.equal(store.scale, expected)
 
 
 def _latent_error_experiment():

@@ -1,12 +1,13 @@
 """CUDA graphs of decode steps: buckets, replays with changing lengths / tables / slots, padded rows,
-target verify with k draft tokens, no host sync in capture or replay, and the capture guard."""
+target verify with k draft tokens, no host sync in capture or replay, and the capture guard; and
+`capture_graph`, the warm-up-then-capture sequence they and the GPU tests share."""
 
 import pytest
 import torch
 
 from mlakit.attention.functional import mla_decode
 from mlakit.errors import ConfigError, MLAInputError
-from mlakit.graphs import DEFAULT_BATCH_BUCKETS, DecodeBuffers, DecodeGraphs
+from mlakit.graphs import DEFAULT_BATCH_BUCKETS, DecodeBuffers, DecodeGraphs, capture_graph
 from mlakit.kernels.cache_write import write_rows
 from mlakit.reference import reference_decode
 from paged_inputs import relative_error
@@ -33,6 +34,74 @@ def test_fill_pads_rows_so_kernels_read_nothing_and_writes_skip_them():
     assert buffers.block_table[:3].tolist() == [[3, 1, 0, 0, 0], [2, 0, 0, 0, 0], [0, 0, 0, 0, 0]]
     assert buffers.slots[:6].tolist() == [5, 6, 7, 8, -1, -1]
     assert buffers.real_rows[:3].tolist() == [True, True, False]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"fn": 3}, r"^fn: expected a callable taking no arguments, got int 3$"),
+        ({"warmup": -1}, r"^warmup: expected an int >= 0 \(eager calls before the capture\), got -1$"),
+        ({"warmup": 1.0}, r"^warmup: expected an int >= 0 \(eager calls before the capture\), got 1.0$"),
+        ({"warmup": True}, r"^warmup: expected an int >= 0 \(eager calls before the capture\), got True$"),
+        ({"stream": "side"}, r"^stream: expected a torch.cuda.Stream or None, got str 'side'$"),
+    ],
+)
+def test_capture_graph_refuses_bad_arguments_before_calling_fn(kwargs, message):
+    calls = []
+    arguments = {"fn": lambda: calls.append(1)} | kwargs
+    fn = arguments.pop("fn")
+    with pytest.raises(ConfigError, match=message):
+        capture_graph(fn, **arguments)
+    assert calls == []
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal where torch sees no CUDA device")
+def test_capture_graph_without_cuda_is_refused_and_never_calls_fn():
+    calls = []
+    with pytest.raises(ConfigError, match=r"^capture_graph: CUDA graphs need a CUDA device \(torch sees none\); call fn eagerly"):
+        capture_graph(lambda: calls.append(1), warmup=0)
+    assert calls == []
+
+
+@pytest.mark.gpu
+def test_capture_graph_warms_up_on_a_side_stream_and_replays_rewritten_inputs():
+    x = torch.zeros(4, device="cuda")
+    caller = torch.cuda.current_stream()
+    seen = []
+
+    def fn():
+        seen.append((torch.cuda.current_stream() == caller, torch.cuda.is_current_stream_capturing()))
+        return x * 2 + 1
+
+    graph, y = capture_graph(fn, warmup=2)
+    assert seen == [(False, False), (False, False), (False, True)]  # two warm-ups, one capture, none on the caller's stream
+    assert torch.cuda.current_stream() == caller
+    for values in ([0.0, 1.0, 2.0, 3.0], [-5.0, 10.0, 0.5, 7.0]):
+        x.copy_(torch.tensor(values))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert y.tolist() == [2 * v + 1 for v in values]
+
+
+@pytest.mark.gpu
+def test_capture_graph_shares_a_pool_and_stream_and_forbids_host_syncs_only_in_the_capture():
+    pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
+    x = torch.arange(8.0, device="cuda")
+    before = torch.cuda.get_sync_debug_mode()
+    modes = []
+
+    def total():
+        modes.append(torch.cuda.get_sync_debug_mode())
+        return x.sum()
+
+    whole, summed = capture_graph(total, pool=pool, stream=stream, forbid_host_sync=True)
+    half, scaled = capture_graph(lambda: x[:4] * 10, pool=pool, stream=stream)
+    assert modes == [before, 2] and torch.cuda.get_sync_debug_mode() == before  # "error" during the capture alone
+    x.fill_(2.0)
+    whole.replay()
+    half.replay()
+    torch.cuda.synchronize()
+    assert summed.item() == 16.0 and scaled.tolist() == [20.0] * 4
 
 
 class PagedWorld:

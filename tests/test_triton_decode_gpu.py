@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import mlakit
+from mlakit.graphs import capture_graph
 from mlakit.kernels.triton_decode import triton_mla_decode
 from paged_inputs import assert_lse_close, make_paged_batch, relative_error
 
@@ -108,18 +109,7 @@ def test_split_plan_in_a_cuda_graph_replays_with_new_lengths():
     def step():
         return mlakit.mla_decode(q, kv, table, lengths, softmax_scale=scale, backend="triton", check_inputs=False)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        with torch.cuda.graph(graph):
-            out, lse = step()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    graph, (out, lse) = capture_graph(step, warmup=1, forbid_host_sync=True)
     for replay in range(6):
         new_lengths = torch.randint(0, max_pages * page_size + 1, (max_batch,), generator=gen, device="cuda", dtype=torch.int32)
         new_lengths[replay % max_batch] = 0

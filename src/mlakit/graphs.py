@@ -12,12 +12,18 @@ backend does with an empty sequence.
 Whatever the step computes from the buffers (one layer, a whole attention stack, the
 split plan included) is captured; nothing in it may sync with the host or grow a
 workspace (`WorkspacePool` refuses growth during capture, naming the fix).
+
+`capture_graph` is the capture sequence itself, shared by `DecodeGraphs`, the benchmarks and the
+tests: warm-ups on a side stream ordered against the current stream, then one captured call
+whose outputs are the graph's static outputs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import torch
 
@@ -25,6 +31,64 @@ from mlakit.errors import ConfigError, MLAInputError, is_int
 from mlakit.registry.catalog import all_records, get_backend
 
 DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+T = TypeVar("T")
+
+
+def capture_graph(
+    fn: Callable[[], T],
+    *,
+    warmup: int = 1,
+    pool: tuple[int, int] | None = None,
+    stream: torch.cuda.Stream | None = None,
+    forbid_host_sync: bool = False,
+) -> tuple[torch.cuda.CUDAGraph, T]:
+    """Runs `fn()` `warmup` times on a side stream, then captures one more call in a CUDA graph.
+
+    The side stream waits for the current stream before the warm-ups and the current stream waits
+    for the side stream after them, so the warm-ups see every earlier write and later work sees
+    theirs. The warm-ups compile kernels and fill caches outside the capture (one is enough for
+    mlakit's calls; run `fn` eagerly beforehand as well where something, such as an NCCL
+    communicator, must start on the current stream). Returns the graph and what the captured call
+    returned: tensors in it are the graph's static outputs, rewritten by every `graph.replay()`,
+    which reads whatever the tensors `fn` read hold at that time.
+
+    `pool` (`torch.cuda.graph_pool_handle()`) and `stream` (warm-ups and capture run on it; a new
+    stream by default) let several captures share one memory pool, as `DecodeGraphs.capture`
+    does. `forbid_host_sync=True` captures under `torch.cuda.set_sync_debug_mode("error")`, so a
+    host sync inside `fn` raises where it happens (the warm-ups may still sync).
+
+    Example, on a CUDA device::
+
+        x = torch.zeros(4, device="cuda")
+        graph, y = capture_graph(lambda: x * 2 + 1)
+        x.copy_(torch.arange(4.0))
+        graph.replay()             # y is now [1., 3., 5., 7.]
+    """
+    if not callable(fn):
+        raise ConfigError(f"fn: expected a callable taking no arguments, got {type(fn).__name__} {fn!r}")
+    if not is_int(warmup) or warmup < 0:
+        raise ConfigError(f"warmup: expected an int >= 0 (eager calls before the capture), got {warmup!r}")
+    if stream is not None and not isinstance(stream, torch.cuda.Stream):
+        raise ConfigError(f"stream: expected a torch.cuda.Stream or None, got {type(stream).__name__} {stream!r}")
+    if not torch.cuda.is_available():
+        raise ConfigError("capture_graph: CUDA graphs need a CUDA device (torch sees none); call fn eagerly instead")
+    side = torch.cuda.Stream() if stream is None else stream
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    sync_mode = torch.cuda.get_sync_debug_mode()
+    if forbid_host_sync:
+        torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.cuda.graph(graph, pool=pool, stream=side):
+            out = fn()
+    finally:
+        torch.cuda.set_sync_debug_mode(sync_mode)
+    return graph, out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,17 +219,10 @@ class DecodeGraphs:
         by default, all-padding rows while each bucket runs once eagerly and is captured."""
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for bucket in reversed(self.buckets):
-                self._fill_for(bucket, warm_inputs)
-                view = self.buffers.view(bucket)
-                self._masked_step(view)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool, stream=stream):
-                    out = self._masked_step(view)
-                self._graphs[bucket] = (graph, out)
-        torch.cuda.current_stream().wait_stream(stream)
+        for bucket in reversed(self.buckets):
+            self._fill_for(bucket, warm_inputs)
+            step = functools.partial(self._masked_step, self.buffers.view(bucket))
+            self._graphs[bucket] = capture_graph(step, warmup=1, pool=pool, stream=stream)
 
     def run(
         self, q: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor, slots: torch.Tensor | None = None

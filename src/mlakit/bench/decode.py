@@ -20,6 +20,7 @@ import torch
 from mlakit.bench.ceilings import Ceilings
 from mlakit.bench.timing import eager_us, host_us_per_call
 from mlakit.cache.kv_quant import FP8_DTYPE, STORAGE_DTYPES
+from mlakit.graphs import capture_graph
 
 KV_LORA_RANK, ROPE_DIM = 512, 64
 DIM = KV_LORA_RANK + ROPE_DIM
@@ -106,14 +107,7 @@ def time_graph_replay(call: DecodeCall) -> float:
     """Median microseconds of a CUDA-graph replay of one call."""
     from triton.testing import do_bench
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        call()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
+    graph, _ = capture_graph(call, warmup=1)
     return do_bench(graph.replay, warmup=25, rep=200, return_mode="median") * 1e3
 
 

@@ -126,9 +126,10 @@ class LatentStore:
     decode backends take the other three). fp8 stores `value / scale`, with one float32 scale
     for the whole tensor (`scale_layout="tensor"`) or one per token and 128-channel group
     (`scale_layout="group"`, computed on write). The per-tensor scale is `fp8_scale`: a float
-    (e.g. a checkpoint's kv scale; 1.0 when unset), or "auto": the first write that holds rows
-    sets it to `amax * AUTO_SCALE_HEADROOM / 448` on the device, and it stays fixed after;
-    `calibrate_fp8_scale` sets it from sample rows instead.
+    (e.g. a checkpoint's kv scale; 1.0 when unset), or "auto": the first write that holds real
+    rows (slot >= 0) sets it to `amax * AUTO_SCALE_HEADROOM / 448` of those rows on the device,
+    and it stays fixed after (1.0 if they hold no finite non-zero value); a write of padding rows
+    only leaves it unset. `calibrate_fp8_scale` sets it from sample rows instead.
 
     fp8 writes count, in the int64 device tensor `fp8_counts` (saturated, non-finite), the
     values that saturated at +-448 and the non-finite inputs (stored as NaN); counting adds no
@@ -161,7 +162,16 @@ class LatentStore:
         self.data = torch.zeros(num_pages, page_size, dim, dtype=STORAGE_DTYPES[dtype], device=device)
         self.scale: torch.Tensor | None = None
         self.fp8_counts: torch.Tensor | None = None
-        self.awaiting_auto_scale = fp8_scale == AUTO_SCALE
+        # An "auto" store's undecided flag: a bool [1] on the store's device, cleared by the first
+        # write with real rows (device ops only, since whether a row is padding is only known
+        # there); on CUDA a pinned host copy, refreshed without a sync after each such write, lets
+        # later writes see the decision without reading the device. None once the host knows.
+        self._auto_undecided: torch.Tensor | None = None
+        self._auto_undecided_host: torch.Tensor | None = None
+        if fp8_scale == AUTO_SCALE:
+            self._auto_undecided = torch.ones(1, dtype=torch.bool, device=device)
+            if self._auto_undecided.is_cuda:
+                self._auto_undecided_host = torch.ones(1, dtype=torch.bool, pin_memory=True)
         if dtype == "fp8_e4m3":
             self.fp8_counts = torch.zeros(2, dtype=torch.int64, device=device)
             self.scale = (
@@ -174,12 +184,21 @@ class LatentStore:
     def is_fp8(self) -> bool:
         return self.data.dtype == FP8_DTYPE
 
+    @property
+    def awaiting_auto_scale(self) -> bool:
+        """True while an "auto" store's scale is not set (no write with real rows and no
+        calibration yet). Reads a device flag: on CUDA a host sync."""
+        if self._auto_undecided is not None and not bool(self._auto_undecided):
+            self._auto_undecided = self._auto_undecided_host = None
+        return self._auto_undecided is not None
+
     def write_slots(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
         """Stores rows `[n, dim]` at flat slots (page * page_size + offset; -1 = padding, skipped),
         quantizing and counting for fp8. On a GPU this is one fused Triton launch (graph-safe, no
-        host sync), after the auto scale's few device ops on the first write of an "auto" store."""
+        host sync), after the auto scale's few device ops on the writes of an "auto" store until
+        one with real rows has set it."""
         self._check_write(slots, rows)
-        if self.awaiting_auto_scale and rows.shape[0] > 0:
+        if self._auto_undecided is not None and rows.shape[0] > 0:
             self._set_auto_scale(slots, rows)
         if self.data.is_cuda:
             from mlakit.kernels.cache_write import write_rows
@@ -213,16 +232,29 @@ class LatentStore:
                 raise MLAInputError(f"{name}: expected a tensor on {device} (the store's device), got {tensor.device}")
 
     def _set_auto_scale(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
-        """The "auto" scale from a write's non-padding rows, on the device; a write with no finite
-        non-zero value keeps the current scale (1.0)."""
+        """The "auto" scale from a write's real (non-padding) rows, on the device, if it is still
+        undecided: a write of padding rows only leaves it undecided, a write whose real rows hold
+        no finite non-zero value decides it at the current scale (1.0). No host sync: on CUDA the
+        host learns of the decision from the pinned copy of the flag, on a later write."""
+        known = self._auto_undecided_host if self._auto_undecided_host is not None else self._auto_undecided
+        if not bool(known):  # a host tensor: no sync
+            self._auto_undecided = self._auto_undecided_host = None
+            return
         if self.data.is_cuda and torch.cuda.is_current_stream_capturing():
             raise MLAInputError(
-                "fp8_scale='auto': this layer's scale is not set yet and a CUDA graph is being captured "
-                "(the graph would recompute it on every replay); write real rows or call calibrate_fp8_scale first"
+                "fp8_scale='auto': this layer's scale is not known to be set and a CUDA graph is being captured "
+                "(the graph would repeat the scale's update on every replay); write real rows (padding rows do not "
+                "count) and synchronize, or call calibrate_fp8_scale first"
             )
-        scale = fp8_scale_from_rows(torch.where((slots >= 0)[:, None], rows, 0))
-        self.scale.copy_(torch.where(scale > 0, scale, self.scale))
-        self.awaiting_auto_scale = False
+        real = slots >= 0
+        scale = fp8_scale_from_rows(torch.where(real[:, None], rows, 0))
+        decides = self._auto_undecided & real.any()
+        self.scale.copy_(torch.where(decides & (scale > 0), scale, self.scale))
+        self._auto_undecided &= ~decides
+        if self._auto_undecided_host is not None:
+            self._auto_undecided_host.copy_(self._auto_undecided, non_blocking=True)
+        elif not bool(self._auto_undecided):
+            self._auto_undecided = None
 
     def calibrate_fp8_scale(self, samples: torch.Tensor, headroom: float = AUTO_SCALE_HEADROOM) -> float:
         """Sets the per-tensor fp8 scale from sample rows `[n, dim]` (e.g. latents of calibration
@@ -249,7 +281,7 @@ class LatentStore:
         if scale == 0:
             raise MLAInputError("samples: expected at least one finite non-zero value, got none")
         self.scale.fill_(scale)
-        self.awaiting_auto_scale = False
+        self._auto_undecided = self._auto_undecided_host = None
         return scale
 
     def dequantized(self) -> torch.Tensor:
