@@ -37,6 +37,7 @@ from dcp_worker import SCENARIOS, _collectives, _run_scenario, run_world
 from mlakit import PagedLatentCache, ServingConfig, mla_decode
 from mlakit.distributed import TokenSharding, dcp_attention, dcp_decode_step, init_parallel
 from mlakit.distributed.groups import NO_MULTICAST
+from mlakit.graphs import capture_graph
 from mlakit.model.deepseek import DeepseekForCausalLM
 from mlakit.model.loader import load_model
 from tp_worker import generate, scripted_logits
@@ -134,18 +135,10 @@ def _graph_caches(rows: list[torch.Tensor], sharding: TokenSharding, dcp_rank: i
 
 
 def _capture(step: Callable[[], torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-    """`step` run once (kernels compiled, NCCL communicators started outside the capture),
-    warmed on a side stream, then captured."""
+    """`step` run once on the current stream (kernels compiled, NCCL communicators started outside
+    the capture), then `capture_graph`: warmed on a side stream, then captured."""
     step()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
-    return graph, out
+    return capture_graph(step, warmup=1)
 
 
 def _error(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -197,8 +190,12 @@ def run_graph_rank(rank: int, world: int, port: int, out_dir: str, device: str) 
             found["replay_vs_eager"] = _error(captured, eager)
             found["replay_vs_one_device"] = _error(captured, alone)
         checks.append(found)
-    _write_report(out_dir, rank, {"checks": checks, "graph": graph is not None, "backend": backend,
-                                  "dcp_rank": groups.dcp_rank, "local_lengths": shard.seq_lens(seqs).tolist()})
+    report = {"checks": checks, "graph": graph is not None, "backend": backend,
+              "dcp_rank": groups.dcp_rank, "local_lengths": shard.seq_lens(seqs).tolist()}
+    del graph, captured  # a live graph holding NCCL kernels keeps the communicator from shutting down
+    if where.startswith("cuda"):
+        torch.cuda.synchronize()
+    _write_report(out_dir, rank, report)
 
 
 def write_random_model(directory: Path, heads: int, layers: int) -> Path:

@@ -48,7 +48,8 @@ from mlakit.bench.ceilings import Ceilings, measure_ceilings
 from mlakit.bench.decode import environment
 from mlakit.cache.kv_quant import storage_name
 from mlakit.config import ServingConfig
-from mlakit.distributed import ParallelGroups, TokenSharding, dcp_attention, dcp_decode_step, gather_heads
+from mlakit.distributed import (ParallelGroups, TokenSharding, dcp_attention, dcp_decode_step, exchange_partials,
+                                gather_heads)
 from mlakit.errors import ConfigError
 from mlakit.graphs import DecodeGraphs, require_capturable
 from mlakit.registry.catalog import get_backend
@@ -444,8 +445,8 @@ def dcp_attention_stack(caches: Sequence[torch.Tensor], settings: GraphBenchSett
 
 def exchange_stack(settings: GraphBenchSettings, group: dist.ProcessGroup) -> StackStep:
     """The DCP step's communication alone: per layer the all-gather of the query heads and the
-    all-to-alls of partial out (bf16) and lse (fp32) that `dcp_attention` runs, on tensors of the
-    same shapes and no attention; returns the last gathered queries `[batch, q_len, group heads, dim]`.
+    all-to-all of partial out (bf16) packed with its lse (fp32) that `dcp_attention` runs (with
+    the packing copies), on tensors of the same shapes and no attention; returns the last gathered queries `[batch, q_len, group heads, dim]`.
 
     >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     >>> q = torch.ones(3, 2, 4, 576, dtype=torch.bfloat16)
@@ -457,14 +458,12 @@ def exchange_stack(settings: GraphBenchSettings, group: dist.ProcessGroup) -> St
 
     def step(q: torch.Tensor, table: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         tokens = q.flatten(0, 1)
-        out = tokens.new_zeros(size, tokens.shape[0], tokens.shape[1], settings.kv_lora_rank)
-        lse = torch.zeros(size, tokens.shape[0], tokens.shape[1], device=q.device)
-        parts_out, parts_lse = torch.empty_like(out), torch.empty_like(lse)
+        out = tokens.new_zeros(tokens.shape[0], size * tokens.shape[1], settings.kv_lora_rank)
+        lse = torch.zeros(out.shape[:-1], device=q.device)
         gathered = tokens
         for _ in range(settings.layers):
             gathered = gather_heads(tokens, group)
-            dist.all_to_all_single(parts_out, out, group=group)
-            dist.all_to_all_single(parts_lse, lse, group=group)
+            exchange_partials(out, lse, group)
         return gathered.unflatten(0, q.shape[:2])
 
     return step

@@ -11,11 +11,12 @@
   same from a model's q_nope / q_pe and `kv_b_proj`, as `mlakit.forward.mla_forward`);
 - `mlakit.distributed.tensor_parallel`: which slice of each model weight a TP rank holds, and
   the model's all-reduce / all-gather;
-- `gather_heads` / `merge_across_ranks`: its two collectives, for engines with their own kernels.
+- `gather_heads` / `merge_across_ranks`: its two collectives, for engines with their own kernels
+  (`exchange_partials`: the second one's all-to-all without the merge).
 """
 
 from mlakit.distributed.attention import dcp_attention, dcp_mla_forward
-from mlakit.distributed.collectives import gather_heads, merge_across_ranks
+from mlakit.distributed.collectives import exchange_partials, gather_heads, merge_across_ranks
 from mlakit.distributed.groups import ParallelGroups, dcp_group_ranks, init_parallel, join_ranks
 from mlakit.distributed.ownership import TokenSharding
 from mlakit.distributed.step import DCPStep, dcp_decode_step, dcp_step
@@ -29,6 +30,7 @@ __all__ = [
     "dcp_decode_step",
     "dcp_group_ranks",
     "dcp_step",
+    "exchange_partials",
     "gather_heads",
     "init_parallel",
     "join_ranks",

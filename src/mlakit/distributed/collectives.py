@@ -2,8 +2,8 @@
 
 `gather_heads`: every rank of a DCP group gets the group's query heads (all-gather), so
 each rank can attend with all of them over its own shard of the cache. `merge_across_ranks`:
-the partial results go back to the rank that owns each head (all-to-all of the outputs and
-of their log-sum-exps), which merges them exactly with `merge_attention_states`. Both are
+the partial results go back to the rank that owns each head (`exchange_partials`: one
+all-to-all of the outputs packed with their log-sum-exps), which merges them exactly. Both are
 single torch.distributed collectives on tensors: NCCL can capture them in a CUDA graph.
 """
 
@@ -39,6 +39,47 @@ def gather_heads(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     return gathered.unflatten(0, (size, x.shape[0])).movedim(0, -3).flatten(-3, -2)
 
 
+def exchange_partials(
+    out: torch.Tensor, lse: torch.Tensor, group: dist.ProcessGroup
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sends head block j of every rank's partial `out [..., heads, dim]` and `lse [..., heads]`
+    to rank j in one all-to-all (each row's output and its float32 lse packed side by side in
+    one float32 buffer); returns what this rank received, `parts [size, ..., heads / size, dim]`
+    (out's dtype) and `part_lse [size, ..., heads / size]` (float32), views of that buffer,
+    part r from rank r.
+
+    >>> import torch.distributed as dist
+    >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    >>> parts, part_lse = exchange_partials(torch.ones(2, 4, 8), torch.zeros(2, 4), dist.group.WORLD)
+    >>> parts.shape, part_lse.shape
+    (torch.Size([1, 2, 4, 8]), torch.Size([1, 2, 4]))
+    >>> dist.destroy_process_group()
+    """
+    if out.dim() < 2 or lse.shape != out.shape[:-1]:
+        raise MLAInputError(
+            f"out, lse: expected out [..., heads, dim] and lse [..., heads] (out's shape without its last axis), "
+            f"got {tuple(out.shape)} and {tuple(lse.shape)}"
+        )
+    size = dist.get_world_size(group)
+    heads, dim = out.shape[-2:]
+    if heads % size:
+        raise MLAInputError(f"out: expected a head count divisible by the group's {size} ranks, got {heads} heads")
+    # Head block j goes to rank j: the block axis first, where all_to_all_single splits.
+    blocks = (*out.shape[:-2], size, heads // size)
+    words = -(-dim * out.element_size() // 4)
+    send = torch.empty((size, *blocks[:-2], heads // size, words + 1), dtype=torch.float32, device=out.device)
+    _payload(send, out.dtype, dim).copy_(out.unflatten(-2, blocks[-2:]).movedim(-3, 0))
+    send[..., words].copy_(lse.unflatten(-1, blocks[-2:]).movedim(-2, 0))
+    received = torch.empty_like(send)
+    dist.all_to_all_single(received, send, group=group)
+    return _payload(received, out.dtype, dim), received[..., words]
+
+
+def _payload(buffer: torch.Tensor, dtype: torch.dtype, dim: int) -> torch.Tensor:
+    """The output rows of an exchange buffer (all but its last float32 word per row) as `dtype`."""
+    return buffer[..., :-1].view(dtype)[..., :dim]
+
+
 def merge_across_ranks(
     out: torch.Tensor, lse: torch.Tensor, group: dist.ProcessGroup
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -48,7 +89,8 @@ def merge_across_ranks(
     (natural log; -inf where it saw no key) for the group's gathered heads (the layout of
     `gather_heads`); rank j gets back `out [..., heads / size, dim]` (in out's dtype) and
     `lse [..., heads / size]` (float32) for heads `j * heads / size ..`, merged in float32
-    over the ranks in rank order. A query no rank saw a key for gets zeros and -inf.
+    (`exchange_partials`, then one Triton kernel on GPUs, `merge_attention_states` in rank
+    order elsewhere). A query no rank saw a key for gets zeros and -inf.
 
     >>> import torch.distributed as dist
     >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -57,22 +99,13 @@ def merge_across_ranks(
     (torch.Size([2, 4, 8]), torch.Size([2, 4]))
     >>> dist.destroy_process_group()
     """
-    if out.dim() < 2 or lse.shape != out.shape[:-1]:
-        raise MLAInputError(
-            f"out, lse: expected out [..., heads, dim] and lse [..., heads] (out's shape without its last axis), "
-            f"got {tuple(out.shape)} and {tuple(lse.shape)}"
-        )
-    size = dist.get_world_size(group)
-    heads = out.shape[-2]
-    if heads % size:
-        raise MLAInputError(f"out: expected a head count divisible by the group's {size} ranks, got {heads} heads")
-    # Head block j goes to rank j: move the block axis to the front, where all_to_all_single splits.
-    send_out = out.unflatten(-2, (size, heads // size)).movedim(-3, 0).contiguous()
-    send_lse = lse.float().unflatten(-1, (size, heads // size)).movedim(-2, 0).contiguous()
-    parts_out, parts_lse = torch.empty_like(send_out), torch.empty_like(send_lse)
-    dist.all_to_all_single(parts_out, send_out, group=group)
-    dist.all_to_all_single(parts_lse, send_lse, group=group)
-    merged_out, merged_lse = parts_out[0].float(), parts_lse[0]
-    for j in range(1, size):
-        merged_out, merged_lse = merge_attention_states(merged_out, merged_lse, parts_out[j].float(), parts_lse[j])
+    parts, part_lse = exchange_partials(out, lse, group)
+    if parts.is_cuda:
+        from mlakit.kernels.rank_merge import merge_partials  # needs triton, which CPU-only installs may lack
+
+        merged_out, merged_lse = merge_partials(parts.flatten(1, -2), part_lse.flatten(1), out.dtype)
+        return merged_out.view(parts.shape[1:]), merged_lse.view(part_lse.shape[1:])
+    merged_out, merged_lse = parts[0].float(), part_lse[0]
+    for j in range(1, parts.shape[0]):
+        merged_out, merged_lse = merge_attention_states(merged_out, merged_lse, parts[j].float(), part_lse[j])
     return merged_out.to(out.dtype), merged_lse
