@@ -6,6 +6,8 @@ Runs on the CPU under the Triton interpreter (small shapes) and on the GPU when 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -582,3 +584,27 @@ def test_prefix_chunks_cover_what_the_queries_read_once_in_full_chunks(lens, chu
                 assert start == seen[b]
             seen[b] += length
     assert seen == read
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(kernel="cudnn"), "PrefillTuning.kernel: expected one of ('portable', 'hopper'), got 'cudnn'"),
+    (dict(kernel="hopper", block_m=64), "PrefillTuning: the hopper kernel runs block_m 128 on num_warps 4"),
+    (dict(kernel="hopper", num_warps=8), "PrefillTuning: the hopper kernel runs block_m 128 on num_warps 4"),
+    (dict(num_stages=0), "PrefillTuning.num_stages: expected >= 1, got 0"),
+])
+def test_prefill_tuning_refuses_what_no_kernel_runs(kwargs, message):
+    fields = dict(block_m=128, block_n=64, num_warps=4, num_stages=2) | kwargs
+    with pytest.raises(MLAInputError, match=re.escape(message)):
+        PrefillTuning(**fields)
+
+
+def test_hopper_tuning_is_refused_off_hopper():
+    """On the CPU (or any GPU but SM90) an explicit hopper tuning names what the kernel needs."""
+    if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9:
+        pytest.skip("an SM90 GPU runs the hopper kernel (tests/test_prefill_hopper_gpu.py)")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    q, k_nope, k_pe, v = _kernel_inputs([4], [4], 2, 128, 64, 128, torch.bfloat16, seed=3, device=device)
+    cu = _segments([4], device).cu_seqlens
+    with pytest.raises(MLAInputError, match="tuning: the hopper kernel needs an SM90 GPU"):
+        triton_mha_prefill(q, k_nope, k_pe, v, cu, cu, max_q_len=4, causal=True, softmax_scale=0.1,
+                           tuning=PrefillTuning(128, 128, 4, 2, kernel="hopper"))

@@ -255,18 +255,22 @@ def attention_kernels(tunings: dict[str, PrefillTuning]) -> dict[str, AttentionF
 
 
 def parse_tuning(spec: str) -> tuple[str, PrefillTuning]:
-    """`NAME=block_m,block_n,warps,stages` as a named PrefillTuning (needs triton).
+    """`NAME=block_m,block_n,warps,stages[,kernel]` as a named PrefillTuning (needs triton; kernel
+    "portable" by default, or "hopper").
 
     >>> parse_tuning("wide=128,128,8,3")
-    ('wide', PrefillTuning(block_m=128, block_n=128, num_warps=8, num_stages=3))
+    ('wide', PrefillTuning(block_m=128, block_n=128, num_warps=8, num_stages=3, kernel='portable'))
+    >>> parse_tuning("h64=128,64,4,3,hopper")[1].kernel
+    'hopper'
     """
     from mlakit.kernels.triton_prefill import PrefillTuning
 
     name, _, fields = spec.partition("=")
     values = fields.split(",")
-    if not name or len(values) != 4 or not all(v.strip().isdigit() for v in values):
-        raise ValueError(f"tuning {spec!r}: expected NAME=block_m,block_n,warps,stages")
-    return name, PrefillTuning(*(int(v) for v in values))
+    numbers, kernel = (values[:4], values[4:] or ["portable"])
+    if not name or len(values) not in (4, 5) or not all(v.strip().isdigit() for v in numbers):
+        raise ValueError(f"tuning {spec!r}: expected NAME=block_m,block_n,warps,stages[,kernel]")
+    return name, PrefillTuning(*(int(v) for v in numbers), kernel=kernel[0].strip())
 
 
 def full_plans(case: PrefillCase) -> dict[str, int]:

@@ -37,9 +37,10 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-# Row descriptors kept (a model's layers x the descriptors of one call, with room to spare).
+# Descriptors kept in each memo (a model's layers x the descriptors of one call, with room to spare).
 MAX_DESCRIPTORS = 1024
-_DESCRIPTORS: dict[tuple, tuple[TensorDescriptor, ...]] = {}
+_DESCRIPTORS: dict[tuple, TensorDescriptor] = {}
+_ROW_DESCRIPTORS: dict[tuple, tuple[TensorDescriptor, ...]] = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,21 +57,33 @@ class _Address:
 
 def row_descriptors(pages: torch.Tensor, boxes: tuple[tuple[int, int], ...]) -> tuple[TensorDescriptor, ...]:
     """TMA descriptors of the cache rows `[pages x page_size, dim]` (row-contiguous pages), one per box
-    `(rows, columns)`: the rows read as `[rows, columns]` blocks.
-
-    Kept by the rows' address, shape, strides and dtype, so a cache at a new address (or a new shape)
-    gets new descriptors and one at a reused address with the same shape gets the same ones, which
-    read the same bytes: a kept descriptor is never stale and holds no reference to the tensor."""
+    `(rows, columns)`: the rows read as `[rows, columns]` blocks (`matrix_descriptor`), kept as a tuple
+    by the pages' address, shape, strides and dtype (one lookup a call)."""
     key = (pages.data_ptr(), pages.shape, pages.stride(), pages.dtype, boxes)
-    found = _DESCRIPTORS.get(key)
+    found = _ROW_DESCRIPTORS.get(key)
     if found is None:
         rows = pages.reshape(-1, pages.shape[-1])
-        base = _Address(rows.data_ptr(), rows.dtype)
-        found = tuple(
-            TensorDescriptor(base, list(rows.shape), list(rows.stride()), [box_rows, columns],
-                             gl.NVMMASharedLayout.get_default_for([box_rows, columns], _ELEMENTS[pages.dtype]))
-            for box_rows, columns in boxes
-        )
+        matrix = (rows.data_ptr(), rows.dtype, tuple(rows.shape), tuple(rows.stride()))
+        found = tuple(matrix_descriptor(matrix, box) for box in boxes)
+        if len(_ROW_DESCRIPTORS) >= MAX_DESCRIPTORS:
+            _ROW_DESCRIPTORS.clear()
+        _ROW_DESCRIPTORS[key] = found
+    return found
+
+
+def matrix_descriptor(matrix: tuple[int, torch.dtype, tuple[int, int], tuple[int, int]],
+                      box: tuple[int, int]) -> TensorDescriptor:
+    """The TMA descriptor of a matrix `(address, dtype, shape, strides)` read in `box = (rows, columns)` blocks.
+
+    Kept by address, shape, strides, dtype and box, so a matrix at a new address (or of a new shape)
+    gets a new descriptor and one at a reused address with the same shape gets the same one, which
+    reads the same bytes: a kept descriptor is never stale and holds no reference to the tensor."""
+    key = (*matrix, box)
+    found = _DESCRIPTORS.get(key)
+    if found is None:
+        address, dtype, shape, strides = matrix
+        found = TensorDescriptor(_Address(address, dtype), list(shape), list(strides), list(box),
+                                 gl.NVMMASharedLayout.get_default_for(list(box), _ELEMENTS[dtype]))
         if len(_DESCRIPTORS) >= MAX_DESCRIPTORS:
             _DESCRIPTORS.clear()
         _DESCRIPTORS[key] = found
@@ -155,7 +168,7 @@ def store_output(out, rows, cols, OUT, PART_OUT, first_token, b, split, num_spli
 def zero_rows_from(smem, first_bad, CHUNK: gl.constexpr, LAYOUT: gl.constexpr):
     """Rows first_bad .. of `smem` set to zero, CHUNK columns at a time (TMA brings whole page rows:
     rows past a sequence's end may hold anything, NaN included)."""
-    rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LAYOUT))
+    rows = gl.arange(0, smem.shape[0], layout=gl.SliceLayout(1, LAYOUT))
     for c in gl.static_range(smem.shape[1] // CHUNK):
         part = smem.slice(c * CHUNK, CHUNK, dim=1)
         values = part.load(LAYOUT)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 
 import torch
 import triton
@@ -29,20 +30,38 @@ LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)
 
 
+KERNELS = ("portable", "hopper")
+# Hopper kernels are chosen by default only with this set to 1 (not yet measured: benchmarks/NOTES.md, p5).
+HOPPER_BY_DEFAULT = os.environ.get("MLAKIT_HOPPER_PREFILL") == "1"
+
+
 @dataclasses.dataclass(frozen=True)
 class PrefillTuning:
-    """Tile sizes and launch settings of the prefill kernel."""
+    """Tile sizes and launch settings of the prefill kernel: `kernel` "portable" (this module's
+    Triton kernel) or "hopper" (`hopper_prefill`'s Gluon kernel, SM90 only: 128 query rows a
+    program on 4 + 4 + 1 warps, so block_m 128 and num_warps 4; block_n 64 or 128 keys a tile and
+    num_stages tiles in flight, within 227 KiB of shared memory)."""
 
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
+    kernel: str = "portable"
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n"):
             value = getattr(self, name)
             if value < 16 or value & (value - 1):
                 raise MLAInputError(f"PrefillTuning.{name}: expected a power of two >= 16, got {value}")
+        if self.kernel not in KERNELS:
+            raise MLAInputError(f"PrefillTuning.kernel: expected one of {KERNELS}, got {self.kernel!r}")
+        if self.num_stages < 1:
+            raise MLAInputError(f"PrefillTuning.num_stages: expected >= 1, got {self.num_stages}")
+        if self.kernel == "hopper" and (self.block_m, self.num_warps) != (128, 4):
+            raise MLAInputError(f"PrefillTuning: the hopper kernel runs block_m 128 on num_warps 4, got {self}")
+
+
+HOPPER_TUNING = PrefillTuning(block_m=128, block_n=128, num_warps=4, num_stages=2, kernel="hopper")
 
 
 @functools.cache
@@ -242,7 +261,6 @@ def triton_mha_prefill(
         raise MLAInputError(f"out: expected shape {(tokens, heads, v_dim)} with a contiguous last dim, got {tuple(out.shape)}")
     if lse is not None and (lse.shape != (tokens, heads) or lse.dtype != torch.float32 or lse.stride(1) != 1):
         raise MLAInputError(f"lse: expected float32 {(tokens, heads)} with contiguous heads, got {lse.dtype} {tuple(lse.shape)}")
-    tuning = tuning or default_prefill_tuning(q.device)
     out = q.new_empty(tokens, heads, v_dim) if out is None else out
     lse = torch.empty(tokens, heads, dtype=torch.float32, device=q.device) if lse is None else lse
     batch = cu_seqlens_q.shape[0] - 1
@@ -250,6 +268,14 @@ def triton_mha_prefill(
         if not merge:
             out.zero_()
             lse.fill_(float("-inf"))
+        return out, lse
+    tuning = _tuning_for(tuning, q, k_nope, k_pe, v)
+    if tuning.kernel == "hopper":
+        from mlakit.kernels.hopper_prefill import hopper_mha_prefill
+
+        hopper_mha_prefill(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, out, lse, max_q_len=max_q_len,
+                           causal=causal, scale_log2=softmax_scale * LOG2E, merge=merge, block_n=tuning.block_n,
+                           stages=tuning.num_stages)
         return out, lse
     grid = (-(-max_q_len // tuning.block_m), heads, batch)
     tensors = (q, k_nope, k_pe, v, out, lse, cu_seqlens_q, cu_seqlens_k)
@@ -260,6 +286,25 @@ def triton_mha_prefill(
            merge)
     _PREFILL(key, grid, (*tensors, softmax_scale * LOG2E, *strides), constants)
     return out, lse
+
+
+def _tuning_for(tuning: PrefillTuning | None, q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor,
+                v: torch.Tensor) -> PrefillTuning:
+    """The tuning a call runs: the caller's (a hopper one refused where that kernel cannot take the
+    operands), else the Hopper kernel's where it can and MLAKIT_HOPPER_PREFILL=1, else the device's
+    portable tiles."""
+    if (tuning is not None and tuning.kernel == "hopper") or (tuning is None and HOPPER_BY_DEFAULT):
+        from mlakit.kernels import hopper_prefill
+
+        if hopper_prefill.supports(q, k_nope, k_pe, v):
+            return tuning or HOPPER_TUNING
+        if tuning is not None:
+            raise MLAInputError(
+                "tuning: the hopper kernel needs an SM90 GPU, bf16 or fp16 q, k and v of one dtype, d_nope 64 or 128, "
+                "d_rope 32 or 64, d_v 64 or 128 and 16-byte aligned addresses and strides; got "
+                f"{q.dtype} on {q.device}, widths {k_nope.shape[-1]}, {k_pe.shape[-1]}, {v.shape[-1]}"
+            )
+    return tuning or default_prefill_tuning(q.device)
 
 
 @functools.lru_cache(maxsize=64)

@@ -1,0 +1,296 @@
+"""Hopper (SM90) MHA-form MLA prefill in Gluon: TMA loads by a producer warp, wgmma in two
+consumer warpgroups.
+
+The contract of `triton_prefill.triton_mha_prefill` (varlen segments, bottom-right causal
+alignment, lse out, the merge into an earlier out / lse of a disjoint key set) for 16-bit
+q, k and v of one dtype, d_nope 64 or 128, d_rope 32 or 64, d_v 64 or 128 (DeepSeek's 128 +
+64 / 128 and MiniCPM3's 64 + 32 / 64), every row stride 16-byte aligned.
+
+One program owns 128 query rows of one head of one segment:
+
+- the producer (one warp) loads the program's Q once, then each tile of BLOCK_N keys (K_nope,
+  the shared K_pe, V) into a STAGES-deep ring, all by TMA in boxes of at most 64 columns;
+  a tile completes on its stage's `ready` barrier. Keys past the last segment arrive as zeros,
+  keys of the next segment are masked like keys past the segment's end;
+- two consumer warpgroups take 64 of the rows each: S = Q_nope K_nope^T + Q_pe K_pe^T from
+  shared memory, the online softmax in registers (base 2), O += P V with P from registers, and
+  arrive on the stage's `free` barrier (two arrivals reopen it for the producer). Tiles every
+  row of a warpgroup fully sees skip the mask; a warpgroup waits for and releases every tile,
+  computing only those its rows can see.
+
+Not yet measured or run on a GPU (benchmarks/NOTES.md, p5): `triton_mha_prefill` takes it only
+with MLAKIT_HOPPER_PREFILL=1.
+"""
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                             warpgroup_mma_wait)
+
+from mlakit.kernels.hopper_common import (GLUON_DTYPES, capability, finish_rows, matrix_descriptor, no_keys_yet,
+                                          online_softmax, zero_rows_from)
+from mlakit.errors import MLAInputError
+from mlakit.kernels.launch import CachedLaunch
+
+# Query rows of one program and of one consumer warpgroup.
+BLOCK_M = 128
+WARPGROUP_ROWS = gl.constexpr(64)
+# Widest TMA box (128 bytes of 16-bit values: the 128-byte swizzle's span).
+TMA_COLUMNS = 64
+NOPE_DIMS = frozenset({64, 128})
+ROPE_DIMS = frozenset({32, 64})
+V_DIMS = frozenset({64, 128})
+# One warpgroup zeroing V rows past a segment's end, 64 columns at a time, 16 bytes per thread and row.
+ZERO_CHUNK = gl.constexpr(64)
+ZERO_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
+# Shared memory a program may take on an H100 (227 KiB).
+SHARED_MEMORY_LIMIT = 232448
+# Keys per tile and ring stages by default (shared memory at DeepSeek's widths: Q 48 KiB + 80 KiB a stage).
+DEFAULT_BLOCK_N = 128
+DEFAULT_STAGES = 2
+
+
+def supports(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the Hopper kernel takes these operands: an SM90 GPU, one 16-bit dtype, supported
+    widths, and addresses and row / head strides TMA can use (16-byte multiples)."""
+    tensors = (q, k_nope, k_pe, v)
+    if q.device.type != "cuda" or capability(q.device)[0] != 9 or q.dtype not in GLUON_DTYPES:
+        return False
+    if any(t.dtype != q.dtype or t.device != q.device or t.stride(-1) != 1 for t in tensors):
+        return False
+    widths_ok = (k_nope.shape[-1] in NOPE_DIMS and k_pe.shape[-1] in ROPE_DIMS and v.shape[-1] in V_DIMS
+                 and q.shape[-1] == k_nope.shape[-1] + k_pe.shape[-1])
+    strides = [s for t in tensors for s in t.stride()[:-1]]
+    return widths_ok and all(t.data_ptr() % 16 == 0 for t in tensors) and all(s * q.element_size() % 16 == 0
+                                                                              for s in strides)
+
+
+@gluon.jit
+def _producer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready, kv_free,
+              Q_DESC, QPE_DESC, KN_DESC, KPE_DESC, V_DESC, q_row, q_col, k_row, kn_col, v_col, num_tiles,
+              NOPE_DIM: gl.constexpr, V_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """Q's two warpgroup halves, then the key tiles into the ring (stage t % STAGES reloaded once
+    both consumers released it)."""
+    nope_chunk: gl.constexpr = Q_DESC.block_type.shape[1]
+    v_chunk: gl.constexpr = V_DESC.block_type.shape[1]
+    q_bytes: gl.constexpr = 2 * ((NOPE_DIM // nope_chunk) * Q_DESC.block_type.nbytes + QPE_DESC.block_type.nbytes)
+    mbarrier.expect(q_ready, q_bytes)
+    for half in gl.static_range(2):
+        row = q_row + half * WARPGROUP_ROWS
+        for c in gl.static_range(NOPE_DIM // nope_chunk):
+            tma.async_copy_global_to_shared(Q_DESC, [row, q_col + c * nope_chunk], q_ready,
+                                            q_nope_smem.index(half).slice(c * nope_chunk, nope_chunk, dim=1))
+        tma.async_copy_global_to_shared(QPE_DESC, [row, q_col + NOPE_DIM], q_ready, q_pe_smem.index(half))
+    tile_bytes: gl.constexpr = ((NOPE_DIM // nope_chunk) * KN_DESC.block_type.nbytes + KPE_DESC.block_type.nbytes
+                                + (V_DIM // v_chunk) * V_DESC.block_type.nbytes)
+    for t in range(num_tiles):
+        stage = t % STAGES
+        if t >= STAGES:
+            mbarrier.wait(kv_free.index(stage), (t // STAGES - 1) & 1)
+        bar = kv_ready.index(stage)
+        mbarrier.expect(bar, tile_bytes)
+        row = k_row + t * BLOCK_N
+        for c in gl.static_range(NOPE_DIM // nope_chunk):
+            tma.async_copy_global_to_shared(KN_DESC, [row, kn_col + c * nope_chunk], bar,
+                                            kn_smem.index(stage).slice(c * nope_chunk, nope_chunk, dim=1))
+        tma.async_copy_global_to_shared(KPE_DESC, [row, 0], bar, kpe_smem.index(stage))
+        for c in gl.static_range(V_DIM // v_chunk):
+            tma.async_copy_global_to_shared(V_DESC, [row, v_col + c * v_chunk], bar,
+                                            v_smem.index(stage).slice(c * v_chunk, v_chunk, dim=1))
+
+
+@gluon.jit
+def _consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready, kv_free,
+              OUT, LSE, q_start, q_len, k_len, m0, head, num_tiles, scale_log2,
+              stride_o_tok, stride_o_head, stride_lse_tok,
+              HALF: gl.constexpr, V_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+              CAUSAL: gl.constexpr, MERGE: gl.constexpr):
+    """Rows m0 + HALF * 64 .. + 64 of the program: attention over the tiles they see, then the
+    store (merged into the earlier result with MERGE)."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, V_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row0 = m0 + HALF * WARPGROUP_ROWS
+    rows = row0 + gl.arange(0, WARPGROUP_ROWS, layout=gl.SliceLayout(1, s_layout))
+    offset = k_len - q_len
+    if CAUSAL:
+        seen_hi = gl.minimum(k_len, row0 + WARPGROUP_ROWS + offset)
+        unmasked_hi = gl.maximum(gl.minimum(k_len, row0 + offset + 1), 0) // BLOCK_N * BLOCK_N
+    else:
+        seen_hi = k_len
+        unmasked_hi = k_len // BLOCK_N * BLOCK_N
+    my_tiles = gl.where(row0 < q_len, gl.cdiv(gl.maximum(seen_hi, 0), BLOCK_N), 0)
+    m_i, l_i = no_keys_yet(WARPGROUP_ROWS, gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([WARPGROUP_ROWS, V_DIM], gl.float32, layout=o_layout)
+    s_zero = gl.zeros([WARPGROUP_ROWS, BLOCK_N], gl.float32, layout=s_layout)
+    q_nope = q_nope_smem.index(HALF)
+    q_pe = q_pe_smem.index(HALF)
+    mbarrier.wait(q_ready, 0)
+    for t in range(num_tiles):
+        stage = t % STAGES
+        mbarrier.wait(kv_ready.index(stage), (t // STAGES) & 1)
+        if t < my_tiles:
+            v = v_smem.index(stage)
+            if (t + 1) * BLOCK_N > k_len:  # V rows past the segment: P is 0 there, but 0 * NaN is not
+                zero_rows_from(v, k_len - t * BLOCK_N, ZERO_CHUNK, ZERO_LAYOUT)
+                fence_async_shared()
+                gl.thread_barrier()
+            s = warpgroup_mma(q_nope, kn_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s = warpgroup_mma(q_pe, kpe_smem.index(stage).permute((1, 0)), s, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=[s]) * scale_log2
+            tok0 = t * BLOCK_N
+            if tok0 + BLOCK_N > unmasked_hi:
+                keys = tok0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+                seen = keys[None, :] < k_len
+                if CAUSAL:
+                    seen = seen & (keys[None, :] <= (rows + offset)[:, None])
+                s = gl.where(seen, s, float("-inf"))
+            p, alpha, m_i = online_softmax(s, m_i)
+            l_i = l_i * alpha + gl.sum(p, 1)
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            p_op = gl.convert_layout(p.to(v.dtype), p_layout)
+            acc = warpgroup_mma(p_op, v, acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+        gl.thread_barrier()
+        mbarrier.arrive(kv_free.index(stage), count=1)
+
+    lse, inv_l = finish_rows(m_i, l_i)
+    out_rows = row0 + gl.arange(0, WARPGROUP_ROWS, layout=gl.SliceLayout(1, o_layout))
+    cols = gl.arange(0, V_DIM, layout=gl.SliceLayout(0, o_layout))
+    row_ok = out_rows < q_len
+    out = acc * gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout))[:, None]
+    lse = gl.convert_layout(lse, gl.SliceLayout(1, o_layout))
+    token = (q_start + out_rows).to(gl.int64)
+    out_ptrs = OUT + token[:, None] * stride_o_tok + head * stride_o_head + cols[None, :]
+    lse_ptrs = LSE + token * stride_lse_tok + head
+    if MERGE:
+        earlier_lse = gl.load(lse_ptrs, mask=row_ok, other=float("-inf"))
+        earlier_out = gl.load(out_ptrs, mask=row_ok[:, None], other=0.0).to(gl.float32)
+        top = gl.maximum(earlier_lse, lse)
+        top = gl.where(top == float("-inf"), 0.0, top)
+        w_earlier = gl.exp(earlier_lse - top)
+        w_now = gl.exp(lse - top)
+        total = w_earlier + w_now
+        safe_total = gl.where(total > 0, total, 1.0)
+        out = (earlier_out * w_earlier[:, None] + out * w_now[:, None]) / safe_total[:, None]
+        lse = gl.where(total > 0, top + gl.log(safe_total), float("-inf"))
+    gl.store(out_ptrs, out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
+    gl.store(lse_ptrs, lse, mask=row_ok)
+
+
+@gluon.jit
+def mha_prefill_hopper_kernel(
+    Q_DESC, QPE_DESC, KN_DESC, KPE_DESC, V_DESC, OUT, LSE, CU_SEQLENS_Q, CU_SEQLENS_K,
+    scale_log2, stride_q_head, stride_kn_head, stride_v_head, stride_o_tok, stride_o_head, stride_lse_tok,
+    NOPE_DIM: gl.constexpr, ROPE_DIM: gl.constexpr, V_DIM: gl.constexpr,
+    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, MERGE: gl.constexpr,
+):
+    """Grid (row blocks of the longest segment, heads, segments), heaviest row blocks first; launched
+    with 4 warps (the first consumer) plus a 4-warp consumer and a 1-warp producer."""
+    block = gl.num_programs(0) - 1 - gl.program_id(0)
+    head = gl.program_id(1)
+    seq = gl.program_id(2)
+    q_start = gl.load(CU_SEQLENS_Q + seq)
+    q_len = gl.load(CU_SEQLENS_Q + seq + 1) - q_start
+    k_start = gl.load(CU_SEQLENS_K + seq)
+    k_len = gl.load(CU_SEQLENS_K + seq + 1) - k_start
+    m0 = block * 128
+    if m0 >= q_len or (MERGE and k_len == 0):
+        return
+    if CAUSAL:
+        hi = gl.minimum(k_len, m0 + 128 + k_len - q_len)
+    else:
+        hi = k_len
+    num_tiles = gl.cdiv(gl.maximum(hi, 0), BLOCK_N)
+
+    dtype: gl.constexpr = Q_DESC.block_type.element_ty
+    q_nope_smem = gl.allocate_shared_memory(dtype, [2, WARPGROUP_ROWS, NOPE_DIM],
+                                            gl.NVMMASharedLayout.get_default_for([WARPGROUP_ROWS, NOPE_DIM], dtype))
+    q_pe_smem = gl.allocate_shared_memory(dtype, [2, WARPGROUP_ROWS, ROPE_DIM],
+                                          gl.NVMMASharedLayout.get_default_for([WARPGROUP_ROWS, ROPE_DIM], dtype))
+    kn_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, NOPE_DIM],
+                                        gl.NVMMASharedLayout.get_default_for([BLOCK_N, NOPE_DIM], dtype))
+    kpe_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, ROPE_DIM],
+                                         gl.NVMMASharedLayout.get_default_for([BLOCK_N, ROPE_DIM], dtype))
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, V_DIM],
+                                       gl.NVMMASharedLayout.get_default_for([BLOCK_N, V_DIM], dtype))
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_ready, count=1)
+    for st in gl.static_range(STAGES):
+        mbarrier.init(kv_ready.index(st), count=1)
+        mbarrier.init(kv_free.index(st), count=2)
+
+    gl.warp_specialize([
+        (_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready, kv_free,
+                     OUT, LSE, q_start, q_len, k_len, m0, head, num_tiles, scale_log2,
+                     stride_o_tok, stride_o_head, stride_lse_tok, 0, V_DIM, BLOCK_N, STAGES, CAUSAL, MERGE)),
+        (_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready, kv_free,
+                     OUT, LSE, q_start, q_len, k_len, m0, head, num_tiles, scale_log2,
+                     stride_o_tok, stride_o_head, stride_lse_tok, 1, V_DIM, BLOCK_N, STAGES, CAUSAL, MERGE)),
+        (_producer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready, kv_free,
+                     Q_DESC, QPE_DESC, KN_DESC, KPE_DESC, V_DESC, q_start + m0, head * stride_q_head,
+                     k_start, head * stride_kn_head, head * stride_v_head, num_tiles,
+                     NOPE_DIM, V_DIM, BLOCK_N, STAGES)),
+    ], [4, 1], [232, 40])
+
+
+def hopper_mha_prefill(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor,
+                       cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, *,
+                       max_q_len: int, causal: bool, scale_log2: float, merge: bool,
+                       block_n: int = DEFAULT_BLOCK_N, stages: int = DEFAULT_STAGES) -> None:
+    """`triton_mha_prefill`'s attention on the Hopper kernel, into `out` / `lse` (already checked and
+    allocated by it; `supports(q, k_nope, k_pe, v)` must hold). `block_n` and `stages` are the key tile
+    and the ring's depth (benchmarks try others)."""
+    nope_dim, rope_dim, v_dim = k_nope.shape[-1], k_pe.shape[-1], v.shape[-1]
+    need = shared_bytes(nope_dim, rope_dim, v_dim, block_n, stages)
+    if block_n not in (64, 128) or need > SHARED_MEMORY_LIMIT:
+        raise MLAInputError(f"block_n, stages: expected block_n 64 or 128 and tiles within {SHARED_MEMORY_LIMIT} bytes "
+                            f"of shared memory, got block_n {block_n}, stages {stages}: {need} bytes")
+    if k_nope.shape[0] == 0:  # no keys at all (TMA descriptors need rows): every row sees none
+        if not merge:
+            out.zero_()
+            lse.fill_(float("-inf"))
+        return
+    nope_chunk, v_chunk = min(TMA_COLUMNS, nope_dim), min(TMA_COLUMNS, v_dim)
+    descriptors = (
+        matrix_descriptor(_head_rows(q), (int(WARPGROUP_ROWS), nope_chunk)),
+        matrix_descriptor(_head_rows(q), (int(WARPGROUP_ROWS), rope_dim)),
+        matrix_descriptor(_head_rows(k_nope), (block_n, nope_chunk)),
+        matrix_descriptor(_head_rows(k_pe), (block_n, rope_dim)),
+        matrix_descriptor(_head_rows(v), (block_n, v_chunk)),
+    )
+    batch = cu_seqlens_q.shape[0] - 1
+    grid = (-(-max_q_len // BLOCK_M), q.shape[1], batch)
+    strides = (q.stride(1), k_nope.stride(1), v.stride(1), out.stride(0), out.stride(1), lse.stride(0))
+    key = (q.dtype, strides, nope_dim, rope_dim, v_dim, block_n, stages, causal, merge, out.data_ptr() % 16,
+           lse.data_ptr() % 16)
+    _PREFILL(key, grid, (*descriptors, out, lse, cu_seqlens_q, cu_seqlens_k, scale_log2, *strides),
+             dict(NOPE_DIM=nope_dim, ROPE_DIM=rope_dim, V_DIM=v_dim, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal,
+                  MERGE=merge, num_warps=4))
+
+
+def shared_bytes(nope_dim: int, rope_dim: int, v_dim: int, block_n: int, stages: int) -> int:
+    """Shared memory of one program: Q, the ring of key tiles, and 1 KiB for barriers and the compiler's scratch.
+
+    >>> shared_bytes(128, 64, 128, 128, 2), shared_bytes(128, 64, 128, 128, 3) > SHARED_MEMORY_LIMIT
+    (214016, True)
+    """
+    return 2 * (BLOCK_M * (nope_dim + rope_dim) + stages * block_n * (nope_dim + rope_dim + v_dim)) + 1024
+
+
+def _head_rows(x: torch.Tensor) -> tuple[int, torch.dtype, tuple[int, int], tuple[int, int]]:
+    """`x [tokens, heads, width]` (or `[tokens, width]`) as one matrix of token rows whose columns run
+    over every head's span (head h at column h * stride(1)): address, dtype, shape and strides."""
+    if x.dim() == 2:
+        return x.data_ptr(), x.dtype, (x.shape[0], x.shape[1]), (x.stride(0), 1)
+    columns = (x.shape[1] - 1) * x.stride(1) + x.shape[2]
+    return x.data_ptr(), x.dtype, (x.shape[0], columns), (x.stride(0), 1)
+
+
+_PREFILL = CachedLaunch(mha_prefill_hopper_kernel)

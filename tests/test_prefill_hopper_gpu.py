@@ -1,0 +1,97 @@
+"""The Hopper (SM90) Gluon prefill kernel against the float32 oracle: ragged and empty segments,
+q_len > k_len, odd head counts, NaN rows past the last segment, both causal modes, the merge into
+an earlier result, DeepSeek's and MiniCPM3's widths, every tile / ring setting it takes, and the
+refusals. Needs an SM90 GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mlakit.errors import MLAInputError
+from mlakit.kernels import hopper_prefill
+from mlakit.kernels.triton_prefill import PrefillTuning, triton_mha_prefill
+from test_prefill import _assert_matches, _kernel_inputs, _oracle_pass, _segments
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                       reason="needs an SM90 GPU"),
+]
+
+DEVICE = "cuda"
+WIDTHS = [(128, 64, 128), (64, 32, 64)]  # d_nope, d_rope, d_v
+TUNINGS = [PrefillTuning(128, 128, 4, 2, kernel="hopper"), PrefillTuning(128, 64, 4, 3, kernel="hopper"),
+           PrefillTuning(128, 64, 4, 2, kernel="hopper")]
+CASES = [
+    # q_lens, k_lens, heads, causal
+    ([5, 0, 17, 3], [5, 4, 17, 0], 3, True),  # empty query and key segments
+    ([200, 6], [150, 6], 1, True),  # q_len > k_len: rows that see no key, across warpgroups and tiles
+    ([300, 130, 1], [300, 400, 700], 5, True),  # a prefix: k_len > q_len, several row blocks and tiles
+    ([129, 64, 65], [129, 64, 65], 3, True),  # row counts at the warpgroup and program edges
+    ([33, 1, 0, 250], [500, 0, 9, 250], 3, False),
+    ([127, 128], [255, 256], 2, False),  # key counts at tile edges
+]
+
+
+def _run(q_lens, k_lens, heads, widths, causal, tuning, dtype, seed):
+    d_nope, d_rope, d_v = widths
+    q, k_nope, k_pe, v = _kernel_inputs(q_lens, k_lens, heads, d_nope, d_rope, d_v, dtype, seed=seed, device=DEVICE)
+    assert hopper_prefill.supports(q, k_nope, k_pe, v)
+    queries, keys = _segments(q_lens, DEVICE), _segments(k_lens, DEVICE)
+    scale = (d_nope + d_rope) ** -0.5
+    out, lse = triton_mha_prefill(q, k_nope, k_pe, v, queries.cu_seqlens, keys.cu_seqlens, max_q_len=queries.max_len,
+                                  causal=causal, softmax_scale=scale, tuning=tuning)
+    expected = _oracle_pass(q.float(), k_nope.float(), k_pe.float(), v.float(), queries, keys, causal=causal,
+                            softmax_scale=scale)
+    return out, lse, expected, sum(q_lens)
+
+
+@pytest.mark.parametrize("tuning", TUNINGS, ids=lambda t: f"n{t.block_n}s{t.num_stages}")
+@pytest.mark.parametrize("widths", WIDTHS, ids=lambda w: "x".join(map(str, w)))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("q_lens, k_lens, heads, causal", CASES)
+def test_hopper_kernel_matches_float32_oracle(q_lens, k_lens, heads, causal, dtype, widths, tuning):
+    seed = sum(q_lens) + 3 * sum(k_lens) + heads + tuning.block_n + widths[0]
+    out, lse, (expected_out, expected_lse), rows = _run(q_lens, k_lens, heads, widths, causal, tuning, dtype, seed)
+    _assert_matches(out[:rows], lse[:rows], expected_out[:rows], expected_lse[:rows])
+    blind = torch.isneginf(expected_lse[:rows])
+    assert torch.equal(out[:rows][blind].float(), torch.zeros_like(out[:rows][blind].float()))
+
+
+@pytest.mark.parametrize("causal_first", [True, False])
+def test_hopper_kernel_merges_a_second_key_set_into_the_first(causal_first):
+    """Keys A, then keys B merged in (no mask), equals the portable kernel doing the same; rows of a
+    segment without B keys stay exactly as they were."""
+    q_lens, a_lens, b_lens = [190, 4, 70], [190, 300, 70], [260, 0, 3]
+    heads, d_nope, d_rope, d_v = 3, 128, 64, 128
+    q, a_nope, a_pe, a_v = _kernel_inputs(q_lens, a_lens, heads, d_nope, d_rope, d_v, torch.bfloat16, seed=5,
+                                          device=DEVICE)
+    _, b_nope, b_pe, b_v = _kernel_inputs(q_lens, b_lens, heads, d_nope, d_rope, d_v, torch.bfloat16, seed=6,
+                                          device=DEVICE)
+    queries, a_keys, b_keys = _segments(q_lens, DEVICE), _segments(a_lens, DEVICE), _segments(b_lens, DEVICE)
+    results = []
+    for tuning in (TUNINGS[0], PrefillTuning(128, 64, 8, 3)):
+        out = torch.empty(q.shape[0], heads, d_v, dtype=torch.float32, device=DEVICE)
+        lse = torch.empty(out.shape[:2], dtype=torch.float32, device=DEVICE)
+        kwargs = dict(max_q_len=queries.max_len, softmax_scale=0.1, out=out, lse=lse, tuning=tuning)
+        triton_mha_prefill(q, a_nope, a_pe, a_v, queries.cu_seqlens, a_keys.cu_seqlens, causal=causal_first, **kwargs)
+        before = out.clone()
+        triton_mha_prefill(q, b_nope, b_pe, b_v, queries.cu_seqlens, b_keys.cu_seqlens, causal=False, merge=True,
+                           **kwargs)
+        untouched = slice(q_lens[0], q_lens[0] + q_lens[1])
+        assert torch.equal(out[untouched], before[untouched])
+        results.append((out[:sum(q_lens)], lse[:sum(q_lens)]))
+    (out, lse), (want_out, want_lse) = results
+    _assert_matches(out, lse, want_out, want_lse)
+
+
+def test_hopper_tuning_is_refused_where_the_kernel_cannot_run():
+    q, k_nope, k_pe, v = _kernel_inputs([8], [8], 2, 24, 8, 20, torch.bfloat16, seed=1, device=DEVICE)
+    cu = _segments([8], DEVICE).cu_seqlens
+    with pytest.raises(MLAInputError, match="tuning: the hopper kernel needs an SM90 GPU.*widths 24, 8, 20"):
+        triton_mha_prefill(q, k_nope, k_pe, v, cu, cu, max_q_len=8, causal=True, softmax_scale=0.2, tuning=TUNINGS[0])
+    q, k_nope, k_pe, v = _kernel_inputs([8], [8], 2, 128, 64, 128, torch.bfloat16, seed=1, device=DEVICE)
+    with pytest.raises(MLAInputError, match="block_n, stages: expected block_n 64 or 128 .* got block_n 128, stages 3"):
+        triton_mha_prefill(q, k_nope, k_pe, v, cu, cu, max_q_len=8, causal=True, softmax_scale=0.2,
+                           tuning=PrefillTuning(128, 128, 4, 3, kernel="hopper"))
