@@ -68,7 +68,9 @@ def compile_one(nope: int, rope: int, v_dim: int, block_n: int, stages: int, cau
     source = GluonASTSource(fn, signature, {(names.index(n),): v for n, v in constexprs.items()})
     try:
         kernel = triton.compile(source, target=SM90, options={"num_warps": 4})
-    except Exception as exc:  # the compiler's own message is the report
+    except Exception as exc:  # the compiler's own message is the report: the innermost of the chain
+        while exc.__cause__ is not None or exc.__context__ is not None:
+            exc = exc.__cause__ or exc.__context__
         return f"FAILED: {type(exc).__name__}: {str(exc)[-1500:]}"
     with tempfile.TemporaryDirectory() as tmp:
         ptx = Path(tmp, "k.ptx")

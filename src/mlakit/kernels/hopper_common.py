@@ -192,3 +192,24 @@ def fp16_row_factor(amax):
     biased = (amax.to(gl.int32, bitcast=True) >> 23) & 0xFF
     factor_exponent = gl.minimum(gl.maximum(127 + QUERY_EXPONENT + 127 - biased, MIN_FACTOR_EXPONENT), MAX_FACTOR_EXPONENT)
     return (factor_exponent << 23).to(gl.float32, bitcast=True)
+
+
+@gluon.jit
+def hand_over(BARRIER: gl.constexpr):
+    """A warpgroup's side of a hand-off to the other one: its 128 threads arrive on the named BARRIER of
+    both warpgroups (256 threads) after their shared-memory stores, and go on without waiting."""
+    _named_barrier("arrive", BARRIER)
+
+
+@gluon.jit
+def take_over(BARRIER: gl.constexpr):
+    """The receiving side: waits on the named BARRIER until the other warpgroup has arrived; its shared-memory
+    stores before that are then visible."""
+    _named_barrier("sync", BARRIER)
+
+
+@gluon.jit
+def _named_barrier(OP: gl.constexpr, BARRIER: gl.constexpr):
+    # Inline assembly needs an operand: the program id stands in.
+    gl.inline_asm_elementwise(f"bar.{OP} {BARRIER}, 256;\n mov.u32 $0, 0;", "=r,r", [gl.program_id(0)],
+                              dtype=gl.int32, is_pure=False, pack=1)

@@ -59,6 +59,7 @@ from mlakit.kernels.hopper_common import (
     KV_LORA_RANKS,
     ROPE_DIMS,
     finish_rows,
+    hand_over,
     fp16_row_factor,
     no_keys_yet,
     online_softmax,
@@ -66,6 +67,7 @@ from mlakit.kernels.hopper_common import (
     serves,
     sm_count,
     split_range,
+    take_over,
     store_lse,
     store_output,
     work_item,
@@ -744,27 +746,6 @@ def _zero_tail(k_lat, chunk_ready, stage: gl.constexpr, phase, first_bad):
 
 
 @gluon.jit
-def _hand_over(BARRIER: gl.constexpr):
-    """A warpgroup's side of a hand-off to the other one: its 128 threads arrive on the named BARRIER of
-    both warpgroups (256 threads) after their shared-memory stores, and go on without waiting."""
-    _named_barrier("arrive", BARRIER)
-
-
-@gluon.jit
-def _take_over(BARRIER: gl.constexpr):
-    """The receiving side: waits on the named BARRIER until the other warpgroup has arrived; its shared-memory
-    stores before that are then visible."""
-    _named_barrier("sync", BARRIER)
-
-
-@gluon.jit
-def _named_barrier(OP: gl.constexpr, BARRIER: gl.constexpr):
-    # Inline assembly needs an operand: the program id stands in.
-    gl.inline_asm_elementwise(f"bar.{OP} {BARRIER}, 256;\n mov.u32 $0, 0;", "=r,r", [gl.program_id(0)],
-                              dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
 def _seesaw_even_partition(
     q_lat_all, q_rope_smem, k_lat_smem, slots, chunk_ready,
     m_even, scale_even, m_odd, scale_odd, sum_odd, final_rows, query_unscale,
@@ -809,7 +790,7 @@ def _seesaw_even_partition(
         p0, scale0, m_i = online_softmax(_masked(s, tok0, end, visible, scale_log2), m_i)
         m_even.store(m_i)
         scale_even.store(scale0)
-        _hand_over(EVEN_MAX_READY)
+        hand_over(EVEN_MAX_READY)
 
         acc = acc * _row_vector(scale0, o_layout)[:, None]
         acc = warpgroup_mma(gl.convert_layout(p0.to(dtype), p_layout), k0.slice(0, half, dim=1), acc, is_async=True)
@@ -819,7 +800,7 @@ def _seesaw_even_partition(
                      t0 + 2 < num_tiles)
 
         if has_odd:
-            _take_over(ODD_MAX_READY)
+            take_over(ODD_MAX_READY)
             scale1 = scale_odd.load(gl.SliceLayout(1, s_layout))
             odd_sum = sum_odd.load(gl.SliceLayout(1, s_layout))
             m_i = m_odd.load(gl.SliceLayout(1, s_layout))
@@ -828,7 +809,7 @@ def _seesaw_even_partition(
             odd_sum = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
         slots.index(0).store((p0 * scale1[:, None]).to(dtype))
         fence_async_shared()
-        _hand_over(EVEN_P_READY)
+        hand_over(EVEN_P_READY)
         l_i = (l_i * scale0 + gl.sum(p0, 1)) * scale1 + odd_sum
 
         if has_odd:
@@ -843,7 +824,7 @@ def _seesaw_even_partition(
     if FP8:
         inv_l = inv_l * kv_scale
     final_rows.store(inv_l)
-    _hand_over(ROW_SUMS_READY)
+    hand_over(ROW_SUMS_READY)
     _store_columns(acc * _row_vector(inv_l, o_layout)[:, None], 0, OUT, PART_OUT, first_token, b, split, num_splits,
                    tile, q_len, OUT_STRIDES, PART_STRIDES, HEADS, o_layout)
     store_lse(lse, rows, LSE, PART_LSE, first_token, b, split, num_splits, q_len,
@@ -892,7 +873,7 @@ def _seesaw_odd_partition(
             s = _masked(s, tok1, end, visible, scale_log2)
         else:
             s = s_zero
-        _take_over(EVEN_MAX_READY)
+        take_over(EVEN_MAX_READY)
         m0 = m_even.load(gl.SliceLayout(1, s_layout))
         scale0 = scale_even.load(gl.SliceLayout(1, s_layout))
         if has_odd:
@@ -902,7 +883,7 @@ def _seesaw_odd_partition(
             scale_odd.store(scale1)
             sum_odd.store(gl.sum(p1, 1))
             fence_async_shared()
-            _hand_over(ODD_MAX_READY)
+            hand_over(ODD_MAX_READY)
             acc = acc * _row_vector(scale0 * scale1, o_layout)[:, None]
             acc = warpgroup_mma(gl.convert_layout(p1.to(dtype), p_layout), k1.slice(half, half, dim=1), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
@@ -911,13 +892,13 @@ def _seesaw_odd_partition(
                          lat_chunks // 2, False, t1 + 2 < num_tiles)
         else:
             acc = acc * _row_vector(scale0, o_layout)[:, None]
-        _take_over(EVEN_P_READY)
+        take_over(EVEN_P_READY)
         acc = warpgroup_mma(slots.index(0), k0.slice(half, half, dim=1), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
         gl.thread_barrier()
         _load_chunks(CHUNK_DESC, ROPE_DESC, next_even, chunk_ready, 0, k0, slots.index(0), lat_chunks // 2,
                      lat_chunks // 2, True, t1 + 1 < num_tiles)
-    _take_over(ROW_SUMS_READY)
+    take_over(ROW_SUMS_READY)
     inv_l = final_rows.load(gl.SliceLayout(1, o_layout))
     _store_columns(acc * inv_l[:, None], half, OUT, PART_OUT, first_token, b, split, num_splits, tile, q_len,
                    OUT_STRIDES, PART_STRIDES, HEADS, o_layout)

@@ -12,11 +12,13 @@ One program owns 128 query rows of one head of one segment:
   the shared K_pe, V) into a STAGES-deep ring, all by TMA in boxes of at most 64 columns;
   a tile completes on its stage's `ready` barrier. Keys past the last segment arrive as zeros,
   keys of the next segment are masked like keys past the segment's end;
-- two consumer warpgroups take 64 of the rows each: S = Q_nope K_nope^T + Q_pe K_pe^T from
-  shared memory, the online softmax in registers (base 2), O += P V with P from registers, and
-  arrive on the stage's `free` barrier (two arrivals reopen it for the producer). Tiles every
-  row of a warpgroup fully sees skip the mask; a warpgroup waits for and releases every tile,
-  computing only those its rows can see.
+- two consumer warpgroups take 64 of the rows each. Per tile a warpgroup issues S_t = Q_nope
+  K_nope^T + Q_pe K_pe^T (from shared memory) together with the previous tile's deferred
+  O += P_{t-1} V_{t-1} (P from registers), then runs the softmax of S_t (base 2) while the other
+  warpgroup issues its pair: the two take turns on named barriers (FA3's ping-pong). A tile goes
+  back to the producer (its stage's `free` barrier, two arrivals) once both warpgroups' P V of it
+  is done, so the ring needs two stages at least. Tiles every row of a warpgroup fully sees skip
+  the mask; a warpgroup waits for and releases every tile, computing only those its rows can see.
 
 Not yet measured or run on a GPU (benchmarks/NOTES.md, p5): `triton_mha_prefill` takes it only
 with MLAKIT_HOPPER_PREFILL=1.
@@ -30,7 +32,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                              warpgroup_mma_wait)
 
 from mlakit.kernels.hopper_common import (GLUON_DTYPES, capability, finish_rows, matrix_descriptor, no_keys_yet,
-                                          online_softmax, zero_rows_from)
+                                          hand_over, online_softmax, take_over, zero_rows_from)
 from mlakit.errors import MLAInputError
 from mlakit.kernels.launch import CachedLaunch
 
@@ -42,6 +44,9 @@ TMA_COLUMNS = 64
 NOPE_DIMS = frozenset({64, 128})
 ROPE_DIMS = frozenset({32, 64})
 V_DIMS = frozenset({64, 128})
+# Named barriers the two consumer warpgroups take turns on (ids the compiler leaves free: it takes the
+# first few for its own synchronization of warp-specialized partitions).
+TURN_BARRIERS = gl.constexpr((8, 9))
 # One warpgroup zeroing V rows past a segment's end, 64 columns at a time, 16 bytes per thread and row.
 ZERO_CHUNK = gl.constexpr(64)
 ZERO_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
@@ -108,12 +113,18 @@ def _consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_rea
               HALF: gl.constexpr, V_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
               CAUSAL: gl.constexpr, MERGE: gl.constexpr):
     """Rows m0 + HALF * 64 .. + 64 of the program: attention over the tiles they see, then the
-    store (merged into the earlier result with MERGE)."""
+    store (merged into the earlier result with MERGE).
+
+    Per tile t the warpgroup issues S_t = Q K_t^T and the deferred P_{t-1} V_{t-1} together, then
+    runs the softmax of S_t while the other warpgroup's pair runs: the two take turns on named
+    barriers (one turn per tile of the program, computed or not, so both take the same number)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, V_DIM, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    my_turn: gl.constexpr = TURN_BARRIERS[HALF]
+    their_turn: gl.constexpr = TURN_BARRIERS[1 - HALF]
     row0 = m0 + HALF * WARPGROUP_ROWS
     rows = row0 + gl.arange(0, WARPGROUP_ROWS, layout=gl.SliceLayout(1, s_layout))
     offset = k_len - q_len
@@ -123,40 +134,70 @@ def _consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_rea
     else:
         seen_hi = k_len
         unmasked_hi = k_len // BLOCK_N * BLOCK_N
+    # The tiles this warpgroup computes: a prefix of the program's (rows past the segment compute none).
     my_tiles = gl.where(row0 < q_len, gl.cdiv(gl.maximum(seen_hi, 0), BLOCK_N), 0)
     m_i, l_i = no_keys_yet(WARPGROUP_ROWS, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([WARPGROUP_ROWS, V_DIM], gl.float32, layout=o_layout)
     s_zero = gl.zeros([WARPGROUP_ROWS, BLOCK_N], gl.float32, layout=s_layout)
+    p = gl.zeros([WARPGROUP_ROWS, BLOCK_N], q_nope_smem.dtype, layout=p_layout)
     q_nope = q_nope_smem.index(HALF)
     q_pe = q_pe_smem.index(HALF)
+    if HALF == 1:
+        hand_over(TURN_BARRIERS[0])  # the first turn is the first warpgroup's
     mbarrier.wait(q_ready, 0)
     for t in range(num_tiles):
         stage = t % STAGES
+        previous = (t + STAGES - 1) % STAGES
         mbarrier.wait(kv_ready.index(stage), (t // STAGES) & 1)
-        if t < my_tiles:
-            v = v_smem.index(stage)
-            if (t + 1) * BLOCK_N > k_len:  # V rows past the segment: P is 0 there, but 0 * NaN is not
-                zero_rows_from(v, k_len - t * BLOCK_N, ZERO_CHUNK, ZERO_LAYOUT)
-                fence_async_shared()
-                gl.thread_barrier()
-            s = warpgroup_mma(q_nope, kn_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            s = warpgroup_mma(q_pe, kpe_smem.index(stage).permute((1, 0)), s, is_async=True)
-            s = warpgroup_mma_wait(num_outstanding=0, deps=[s]) * scale_log2
-            tok0 = t * BLOCK_N
-            if tok0 + BLOCK_N > unmasked_hi:
-                keys = tok0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        computes = t < my_tiles
+        if computes and (t + 1) * BLOCK_N > k_len:  # V rows past the segment: P is 0 there, but 0 * NaN is not
+            zero_rows_from(v_smem.index(stage), k_len - t * BLOCK_N, ZERO_CHUNK, ZERO_LAYOUT)
+            fence_async_shared()
+            gl.thread_barrier()
+        # The turn covers issuing this tile's MMAs; they run on while the other warpgroup issues its own.
+        take_over(my_turn)
+        s = s_zero
+        if computes:
+            s_mma = warpgroup_mma(q_nope, kn_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s_mma = warpgroup_mma(q_pe, kpe_smem.index(stage).permute((1, 0)), s_mma, is_async=True)
+            if t > 0:
+                acc_mma = warpgroup_mma(p, v_smem.index(previous), acc, is_async=True)
+                hand_over(their_turn)
+                s, acc = warpgroup_mma_wait(num_outstanding=0, deps=[s_mma, acc_mma])
+            else:
+                hand_over(their_turn)
+                s = warpgroup_mma_wait(num_outstanding=0, deps=[s_mma])
+        elif t > 0 and t == my_tiles:
+            acc_mma = warpgroup_mma(p, v_smem.index(previous), acc, is_async=True)
+            hand_over(their_turn)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc_mma])
+        else:
+            hand_over(their_turn)
+        gl.thread_barrier()
+        if t > 0 and t <= my_tiles:
+            mbarrier.arrive(kv_free.index(previous), count=1)
+        if not computes:
+            mbarrier.arrive(kv_free.index(stage), count=1)
+        else:
+            s = s * scale_log2
+            if t * BLOCK_N + BLOCK_N > unmasked_hi:
+                keys = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
                 seen = keys[None, :] < k_len
                 if CAUSAL:
                     seen = seen & (keys[None, :] <= (rows + offset)[:, None])
                 s = gl.where(seen, s, float("-inf"))
-            p, alpha, m_i = online_softmax(s, m_i)
-            l_i = l_i * alpha + gl.sum(p, 1)
+            p_tile, alpha, m_i = online_softmax(s, m_i)
+            l_i = l_i * alpha + gl.sum(p_tile, 1)
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-            p_op = gl.convert_layout(p.to(v.dtype), p_layout)
-            acc = warpgroup_mma(p_op, v, acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+            p = gl.convert_layout(p_tile.to(q_nope_smem.dtype), p_layout)
+    if HALF == 0:
+        take_over(my_turn)  # the second warpgroup's last hand-over
+    if my_tiles > 0 and my_tiles == num_tiles:  # the last tile's P V, deferred past the loop
+        last = (num_tiles - 1) % STAGES
+        acc_mma = warpgroup_mma(p, v_smem.index(last), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc_mma])
         gl.thread_barrier()
-        mbarrier.arrive(kv_free.index(stage), count=1)
+        mbarrier.arrive(kv_free.index(last), count=1)
 
     lse, inv_l = finish_rows(m_i, l_i)
     out_rows = row0 + gl.arange(0, WARPGROUP_ROWS, layout=gl.SliceLayout(1, o_layout))
@@ -249,9 +290,10 @@ def hopper_mha_prefill(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor
     and the ring's depth (benchmarks try others)."""
     nope_dim, rope_dim, v_dim = k_nope.shape[-1], k_pe.shape[-1], v.shape[-1]
     need = shared_bytes(nope_dim, rope_dim, v_dim, block_n, stages)
-    if block_n not in (64, 128) or need > SHARED_MEMORY_LIMIT:
-        raise MLAInputError(f"block_n, stages: expected block_n 64 or 128 and tiles within {SHARED_MEMORY_LIMIT} bytes "
-                            f"of shared memory, got block_n {block_n}, stages {stages}: {need} bytes")
+    if block_n not in (64, 128) or stages < 2 or need > SHARED_MEMORY_LIMIT:
+        raise MLAInputError(f"block_n, stages: expected block_n 64 or 128 and stages >= 2 (a warpgroup releases a tile "
+                            f"once it holds the next) within {SHARED_MEMORY_LIMIT} bytes of shared memory, got block_n "
+                            f"{block_n}, stages {stages}: {need} bytes")
     if k_nope.shape[0] == 0:  # no keys at all (TMA descriptors need rows): every row sees none
         if not merge:
             out.zero_()

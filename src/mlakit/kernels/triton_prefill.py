@@ -40,7 +40,7 @@ class PrefillTuning:
     """Tile sizes and launch settings of the prefill kernel: `kernel` "portable" (this module's
     Triton kernel) or "hopper" (`hopper_prefill`'s Gluon kernel, SM90 only: 128 query rows a
     program on 4 + 4 + 1 warps, so block_m 128 and num_warps 4; block_n 64 or 128 keys a tile and
-    num_stages tiles in flight, within 227 KiB of shared memory)."""
+    num_stages >= 2 tiles in flight, within 227 KiB of shared memory)."""
 
     block_m: int
     block_n: int
@@ -57,8 +57,9 @@ class PrefillTuning:
             raise MLAInputError(f"PrefillTuning.kernel: expected one of {KERNELS}, got {self.kernel!r}")
         if self.num_stages < 1:
             raise MLAInputError(f"PrefillTuning.num_stages: expected >= 1, got {self.num_stages}")
-        if self.kernel == "hopper" and (self.block_m, self.num_warps) != (128, 4):
-            raise MLAInputError(f"PrefillTuning: the hopper kernel runs block_m 128 on num_warps 4, got {self}")
+        if self.kernel == "hopper" and ((self.block_m, self.num_warps) != (128, 4) or self.num_stages < 2):
+            raise MLAInputError(f"PrefillTuning: the hopper kernel runs block_m 128 on num_warps 4 with num_stages >= 2, "
+                                f"got {self}")
 
 
 HOPPER_TUNING = PrefillTuning(block_m=128, block_n=128, num_warps=4, num_stages=2, kernel="hopper")
