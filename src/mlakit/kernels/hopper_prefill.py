@@ -35,6 +35,7 @@ from mlakit.kernels.hopper_common import (GLUON_DTYPES, capability, finish_rows,
                                           hand_over, online_softmax, take_over, zero_rows_from)
 from mlakit.errors import MLAInputError
 from mlakit.kernels.launch import CachedLaunch
+from mlakit.kernels.triton_prefill import merged_with_earlier
 
 # Query rows of one program and of one consumer warpgroup.
 BLOCK_M = 128
@@ -211,14 +212,7 @@ def _consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_rea
     if MERGE:
         earlier_lse = gl.load(lse_ptrs, mask=row_ok, other=float("-inf"))
         earlier_out = gl.load(out_ptrs, mask=row_ok[:, None], other=0.0).to(gl.float32)
-        top = gl.maximum(earlier_lse, lse)
-        top = gl.where(top == float("-inf"), 0.0, top)
-        w_earlier = gl.exp(earlier_lse - top)
-        w_now = gl.exp(lse - top)
-        total = w_earlier + w_now
-        safe_total = gl.where(total > 0, total, 1.0)
-        out = (earlier_out * w_earlier[:, None] + out * w_now[:, None]) / safe_total[:, None]
-        lse = gl.where(total > 0, top + gl.log(safe_total), float("-inf"))
+        out, lse = merged_with_earlier(earlier_out, earlier_lse, out, lse)
     gl.store(out_ptrs, out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
     gl.store(lse_ptrs, lse, mask=row_ok)
 

@@ -125,6 +125,20 @@ def _attend_key_range(
 
 
 @triton.jit
+def merged_with_earlier(earlier_out, earlier_lse, out, lse):
+    """Rows' float32 out `[rows, d_v]` and natural-log lse `[rows]` merged with an earlier result over
+    a disjoint key set (-inf lse: no keys there); also called from the Gluon kernel (`hopper_prefill`)."""
+    top = tl.maximum(earlier_lse, lse)
+    top = tl.where(top == float("-inf"), 0.0, top)
+    w_earlier = tl.exp(earlier_lse - top)
+    w_now = tl.exp(lse - top)
+    total = w_earlier + w_now
+    safe_total = tl.where(total > 0, total, 1.0)
+    merged = (earlier_out * w_earlier[:, None] + out * w_now[:, None]) / safe_total[:, None]
+    return merged, tl.where(total > 0, top + tl.log(safe_total), float("-inf"))
+
+
+@triton.jit
 def _mha_prefill_kernel(
     Q, K_NOPE, K_PE, V, OUT, LSE, CU_SEQLENS_Q, CU_SEQLENS_K,
     scale_log2,
@@ -201,14 +215,7 @@ def _mha_prefill_kernel(
     if MERGE:
         earlier_lse = tl.load(lse_ptrs, mask=row_ok, other=float("-inf"))
         earlier_out = tl.load(out_ptrs, mask=out_mask, other=0.0).to(tl.float32)
-        top = tl.maximum(earlier_lse, lse)
-        top = tl.where(top == float("-inf"), 0.0, top)
-        w_earlier = tl.exp(earlier_lse - top)
-        w_now = tl.exp(lse - top)
-        total = w_earlier + w_now
-        safe_total = tl.where(total > 0, total, 1.0)
-        out = (earlier_out * w_earlier[:, None] + out * w_now[:, None]) / safe_total[:, None]
-        lse = tl.where(total > 0, top + tl.log(safe_total), float("-inf"))
+        out, lse = merged_with_earlier(earlier_out, earlier_lse, out, lse)
     tl.store(out_ptrs, out.to(OUT.dtype.element_ty), mask=out_mask)
     tl.store(lse_ptrs, lse, mask=row_ok)
 
