@@ -9,6 +9,8 @@ single torch.distributed collectives on tensors: NCCL can capture them in a CUDA
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 
@@ -43,10 +45,9 @@ def exchange_partials(
     out: torch.Tensor, lse: torch.Tensor, group: dist.ProcessGroup
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sends head block j of every rank's partial `out [..., heads, dim]` and `lse [..., heads]`
-    to rank j in one all-to-all (each row's output and its float32 lse packed side by side in
-    one float32 buffer); returns what this rank received, `parts [size, ..., heads / size, dim]`
-    (out's dtype) and `part_lse [size, ..., heads / size]` (float32), views of that buffer,
-    part r from rank r.
+    to rank j in one all-to-all (one float32 buffer: per rank its block's output rows, then their
+    lse); returns what this rank received, `parts [size, ..., heads / size, dim]` (out's dtype)
+    and `part_lse [size, ..., heads / size]` (float32), views of that buffer, part r from rank r.
 
     >>> import torch.distributed as dist
     >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -61,23 +62,43 @@ def exchange_partials(
             f"got {tuple(out.shape)} and {tuple(lse.shape)}"
         )
     size = dist.get_world_size(group)
-    heads, dim = out.shape[-2:]
+    heads = out.shape[-2]
     if heads % size:
         raise MLAInputError(f"out: expected a head count divisible by the group's {size} ranks, got {heads} heads")
     # Head block j goes to rank j: the block axis first, where all_to_all_single splits.
-    blocks = (*out.shape[:-2], size, heads // size)
-    words = -(-dim * out.element_size() // 4)
-    send = torch.empty((size, *blocks[:-2], heads // size, words + 1), dtype=torch.float32, device=out.device)
-    _payload(send, out.dtype, dim).copy_(out.unflatten(-2, blocks[-2:]).movedim(-3, 0))
-    send[..., words].copy_(lse.unflatten(-1, blocks[-2:]).movedim(-2, 0))
+    block = (*out.shape[:-2], heads // size)
+    layout = _ExchangeLayout(block, out.shape[-1], out.dtype)
+    send = layout.buffer(size, out.device)
+    payload, lse_part = layout.views(send)
+    payload.copy_(out.unflatten(-2, (size, heads // size)).movedim(-3, 0))
+    lse_part.copy_(lse.unflatten(-1, (size, heads // size)).movedim(-2, 0))
     received = torch.empty_like(send)
     dist.all_to_all_single(received, send, group=group)
-    return _payload(received, out.dtype, dim), received[..., words]
+    return layout.views(received)
 
 
-def _payload(buffer: torch.Tensor, dtype: torch.dtype, dim: int) -> torch.Tensor:
-    """The output rows of an exchange buffer (all but its last float32 word per row) as `dtype`."""
-    return buffer[..., :-1].view(dtype)[..., :dim]
+class _ExchangeLayout:
+    """One rank's chunk of an exchange buffer: the output rows of a head block `[*block, dim]` as
+    float32 words (16-byte aligned rows), then their lse, padded to 16 bytes."""
+
+    def __init__(self, block: tuple[int, ...], dim: int, dtype: torch.dtype) -> None:
+        self.block, self.dim, self.dtype = block, dim, dtype
+        self.rows = math.prod(block)
+        self.words = _round_up(-(-dim * dtype.itemsize // 4), 4)
+        self.chunk = self.rows * self.words + _round_up(self.rows, 4)
+
+    def buffer(self, size: int, device: torch.device) -> torch.Tensor:
+        return torch.empty(size, self.chunk, dtype=torch.float32, device=device)
+
+    def views(self, buffer: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`[size, *block, dim]` in the output dtype and `[size, *block]` float32 views of `buffer`."""
+        size, payload_words = buffer.shape[0], self.rows * self.words
+        payload = buffer[:, :payload_words].view(size, *self.block, self.words).view(self.dtype)[..., :self.dim]
+        return payload, buffer[:, payload_words:payload_words + self.rows].view(size, *self.block)
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
 
 
 def merge_across_ranks(

@@ -45,8 +45,8 @@ TMA_COLUMNS = 64
 NOPE_DIMS = frozenset({64, 128})
 ROPE_DIMS = frozenset({32, 64})
 V_DIMS = frozenset({64, 128})
-# Named barriers the two consumer warpgroups take turns on (ids the compiler leaves free: it takes the
-# first few for its own synchronization of warp-specialized partitions).
+# Named barriers the two consumer warpgroups take turns on. Triton 3.6 takes id 0 (the default partition),
+# 1 (start / stop) and 2 + i for partition i of the padded partitions (4 here: ids up to 5), so 8 and 9 are free.
 TURN_BARRIERS = gl.constexpr((8, 9))
 # One warpgroup zeroing V rows past a segment's end, 64 columns at a time, 16 bytes per thread and row.
 ZERO_CHUNK = gl.constexpr(64)
@@ -69,8 +69,9 @@ def supports(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch
     widths_ok = (k_nope.shape[-1] in NOPE_DIMS and k_pe.shape[-1] in ROPE_DIMS and v.shape[-1] in V_DIMS
                  and q.shape[-1] == k_nope.shape[-1] + k_pe.shape[-1])
     strides = [s for t in tensors for s in t.stride()[:-1]]
-    return widths_ok and all(t.data_ptr() % 16 == 0 for t in tensors) and all(s * q.element_size() % 16 == 0
-                                                                              for s in strides)
+    columns_ok = all(_head_rows(t)[2][1] < 2**31 for t in tensors)  # TMA's int32 column coordinates
+    return (widths_ok and columns_ok and all(t.data_ptr() % 16 == 0 for t in tensors)
+            and all(s * q.element_size() % 16 == 0 for s in strides))
 
 
 @gluon.jit
@@ -151,7 +152,9 @@ def _consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_rea
         previous = (t + STAGES - 1) % STAGES
         mbarrier.wait(kv_ready.index(stage), (t // STAGES) & 1)
         computes = t < my_tiles
-        if computes and (t + 1) * BLOCK_N > k_len:  # V rows past the segment: P is 0 there, but 0 * NaN is not
+        # V rows past the segment: P is 0 there, but 0 * NaN is not. The second warpgroup zeroes them (whether
+        # or not it computes the tile) before its turn; every P V of the tile comes after that turn.
+        if HALF == 1 and (t + 1) * BLOCK_N > k_len:
             zero_rows_from(v_smem.index(stage), k_len - t * BLOCK_N, ZERO_CHUNK, ZERO_LAYOUT)
             fence_async_shared()
             gl.thread_barrier()
@@ -233,11 +236,11 @@ def mha_prefill_hopper_kernel(
     q_len = gl.load(CU_SEQLENS_Q + seq + 1) - q_start
     k_start = gl.load(CU_SEQLENS_K + seq)
     k_len = gl.load(CU_SEQLENS_K + seq + 1) - k_start
-    m0 = block * 128
+    m0 = block * 2 * WARPGROUP_ROWS
     if m0 >= q_len or (MERGE and k_len == 0):
         return
     if CAUSAL:
-        hi = gl.minimum(k_len, m0 + 128 + k_len - q_len)
+        hi = gl.minimum(k_len, m0 + 2 * WARPGROUP_ROWS + k_len - q_len)
     else:
         hi = k_len
     num_tiles = gl.cdiv(gl.maximum(hi, 0), BLOCK_N)
@@ -260,6 +263,8 @@ def mha_prefill_hopper_kernel(
     for st in gl.static_range(STAGES):
         mbarrier.init(kv_ready.index(st), count=1)
         mbarrier.init(kv_free.index(st), count=2)
+    fence_async_shared()
+    gl.thread_barrier()
 
     gl.warp_specialize([
         (_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready, kv_free,
@@ -304,8 +309,8 @@ def hopper_mha_prefill(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor
     batch = cu_seqlens_q.shape[0] - 1
     grid = (-(-max_q_len // BLOCK_M), q.shape[1], batch)
     strides = (q.stride(1), k_nope.stride(1), v.stride(1), out.stride(0), out.stride(1), lse.stride(0))
-    key = (q.dtype, strides, nope_dim, rope_dim, v_dim, block_n, stages, causal, merge, out.data_ptr() % 16,
-           lse.data_ptr() % 16)
+    key = (q.dtype, tuple((t.dtype, t.data_ptr() % 16) for t in (out, lse, cu_seqlens_q, cu_seqlens_k)), strides,
+           nope_dim, rope_dim, v_dim, block_n, stages, causal, merge)
     _PREFILL(key, grid, (*descriptors, out, lse, cu_seqlens_q, cu_seqlens_k, scale_log2, *strides),
              dict(NOPE_DIM=nope_dim, ROPE_DIM=rope_dim, V_DIM=v_dim, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal,
                   MERGE=merge, num_warps=4))

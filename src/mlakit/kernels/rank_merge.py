@@ -20,28 +20,29 @@ BLOCK_ROWS = 8
 BLOCK_CHANNELS = 128
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["part_rank_stride", "lse_rank_stride"])
 def _merge_partials_kernel(
     PARTS, PART_LSE, OUT, LSE, rows, part_rank_stride, part_row_stride, lse_rank_stride, lse_row_stride,
     RANKS: tl.constexpr, DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     row = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = row < rows
+    row = row.to(tl.int64)  # offsets in int64: the exchange buffer may pass 2^31 elements
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     ok = row_ok[:, None] & (cols < DIM)[None, :]
+    lse_rows = PART_LSE + row * lse_row_stride
+    part_rows = PARTS + row[:, None] * part_row_stride + cols[None, :]
     m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
     for rank in tl.static_range(RANKS):
-        lse = tl.load(PART_LSE + rank * lse_rank_stride + row * lse_row_stride, mask=row_ok, other=float("-inf"))
-        m = tl.maximum(m, lse)
+        m = tl.maximum(m, tl.load(lse_rows + rank * lse_rank_stride.to(tl.int64), mask=row_ok, other=float("-inf")))
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     total = tl.zeros([BLOCK_R], dtype=tl.float32)
     acc = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
     for rank in tl.static_range(RANKS):
-        lse = tl.load(PART_LSE + rank * lse_rank_stride + row * lse_row_stride, mask=row_ok, other=float("-inf"))
+        lse = tl.load(lse_rows + rank * lse_rank_stride.to(tl.int64), mask=row_ok, other=float("-inf"))
         weight = tl.exp(lse - m_safe)
         total += weight
-        part = tl.load(PARTS + rank * part_rank_stride + row[:, None] * part_row_stride + cols[None, :], mask=ok,
-                       other=0.0).to(tl.float32)
+        part = tl.load(part_rows + rank * part_rank_stride.to(tl.int64), mask=ok, other=0.0).to(tl.float32)
         acc += tl.where(weight[:, None] > 0, part * weight[:, None], 0.0)  # an empty part's row may hold anything
     safe_total = tl.where(total > 0, total, 1.0)
     tl.store(OUT + row[:, None] * DIM + cols[None, :], (acc / safe_total[:, None]).to(OUT.dtype.element_ty), mask=ok)
@@ -73,7 +74,7 @@ def merge_partials(parts: torch.Tensor, part_lse: torch.Tensor, dtype: torch.dty
     if rows == 0:
         return out, lse
     strides = (parts.stride(0), parts.stride(1), part_lse.stride(0), part_lse.stride(1))
-    key = (parts.dtype, dtype, ranks, dim, rows, strides,
+    key = (parts.dtype, dtype, ranks, dim, rows == 1, rows % 16 == 0, strides,
            tuple(t.data_ptr() % 16 == 0 for t in (parts, part_lse, out, lse)))
     grid = (triton.cdiv(rows, BLOCK_ROWS), triton.cdiv(dim, BLOCK_CHANNELS), 1)
     _MERGE(key, grid, (parts, part_lse, out, lse, rows, *strides),

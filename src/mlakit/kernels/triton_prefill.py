@@ -57,9 +57,10 @@ class PrefillTuning:
             raise MLAInputError(f"PrefillTuning.kernel: expected one of {KERNELS}, got {self.kernel!r}")
         if self.num_stages < 1:
             raise MLAInputError(f"PrefillTuning.num_stages: expected >= 1, got {self.num_stages}")
-        if self.kernel == "hopper" and ((self.block_m, self.num_warps) != (128, 4) or self.num_stages < 2):
-            raise MLAInputError(f"PrefillTuning: the hopper kernel runs block_m 128 on num_warps 4 with num_stages >= 2, "
-                                f"got {self}")
+        if self.kernel == "hopper" and ((self.block_m, self.num_warps) != (128, 4) or self.num_stages < 2
+                                        or self.block_n not in (64, 128)):
+            raise MLAInputError(f"PrefillTuning: the hopper kernel runs block_m 128 on num_warps 4 with block_n 64 or 128 "
+                                f"and num_stages >= 2, got {self}")
 
 
 HOPPER_TUNING = PrefillTuning(block_m=128, block_n=128, num_warps=4, num_stages=2, kernel="hopper")
