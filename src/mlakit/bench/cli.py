@@ -180,8 +180,10 @@ def decode(
               help="kind,heads,batch,seqlen,new with kind decode, extend or prefill (repeatable; default: the issue's grid).")
 @click.option("--calls", type=int, default=overhead_bench.CALLS, show_default=True,
               help="Calls per host-time loop (kept below the launch queue's depth).")
+@click.option("--profile", default=None, help="Also print torch.profiler's host table for the calls whose name "
+                                                "contains this (e.g. mla_prefill).")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=Path("overhead_bench.json"), show_default=True)
-def overhead(case_specs: tuple[str, ...], calls: int, json_path: Path) -> None:
+def overhead(case_specs: tuple[str, ...], calls: int, profile: str | None, json_path: Path) -> None:
     """Host time per eager call (a loop of calls without sync), beside the eager (do_bench) and CUDA-graph
     replay times: mla_decode, mla_extend, mla_prefill, the drop-in entry points and, where installed,
     FlashMLA and FlashInfer."""
@@ -193,7 +195,7 @@ def overhead(case_specs: tuple[str, ...], calls: int, json_path: Path) -> None:
         raise click.ClickException("mlakit bench overhead needs a CUDA device")
     device = torch.device("cuda")
     ceilings = measure_ceilings(device)
-    rows = overhead_bench.run_cases(cases, device, click.echo, calls)
+    rows = overhead_bench.run_cases(cases, device, click.echo, calls, profile)
     write_results(json_path, environment(device, ceilings), rows)
     click.echo(f"wrote {json_path}")
 

@@ -196,13 +196,16 @@ def _prefill_calls(case: OverheadCase, device: torch.device) -> dict[str, Call]:
 
 
 def run_cases(cases: list[OverheadCase], device: torch.device, log: Callable[[str], None],
-              calls: int = CALLS) -> list[dict[str, object]]:
+              calls: int = CALLS, profile: str | None = None) -> list[dict[str, object]]:
     """One row per (case, call): host, eager and graph microseconds, eager over graph, and host over the
-    FlashInfer fa3 call's host time in the same case where it ran."""
+    FlashInfer fa3 call's host time in the same case where it ran. With `profile`, the calls whose
+    name contains it also log their `host_profile`."""
     rows = []
     for case in cases:
         case_rows = []
         for name, call in case_calls(case, device).items():
+            if profile is not None and profile in name:
+                log(f"{case.label} {name}: host profile over 200 calls\n{host_profile(call)}")
             try:
                 cost = measure(call, calls)
             except Exception as exc:  # a peer that refuses this case is reported, not fatal
@@ -218,6 +221,24 @@ def run_cases(cases: list[OverheadCase], device: torch.device, log: Callable[[st
         rows += case_rows
         torch.cuda.empty_cache()
     return rows
+
+
+def host_profile(call: Call, calls: int = 200, rows: int = 20) -> str:
+    """Where one eager call's host time goes: torch.profiler's CPU table (self time per op, Python
+    functions included) over `calls` calls after two warm-ups, busiest first. The profiler's own
+    cost inflates every row; read it for the ranking, `measure` for the time.
+
+    >>> print(host_profile(lambda: torch.ones(4).sum(), calls=3, rows=2))  # doctest: +ELLIPSIS
+    -...
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(2):
+        call()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            call()
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)
 
 
 def format_row(row: dict[str, object]) -> str:
