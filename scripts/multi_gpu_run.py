@@ -70,6 +70,9 @@ LSE_TOL = {"cuda": 1e-3, "cpu": 1e-4}  # as tests/test_distributed_gpu.py and te
 LOGIT_TOL = {"cuda": 1e-4, "cpu": 1e-5}  # x max(|logit|, 1); float32 everywhere, sums in another order
 GRAPH_TOL = {"eager_vs_one_device": 2e-2, "replay_vs_eager": 1e-3, "replay_vs_one_device": 2e-2}  # |d| / max(|want|, 1)
 KILL_GRACE_S = 30  # SIGTERM lets torchrun end its ranks (their own sessions) before SIGKILL
+EXIT_GRACE_S = 60  # a correctness piece whose ranks all reported gets this long to exit
+POLL_S = 0.5
+HUNG_AT_EXIT = "hung at exit"
 RAN, FAILED, NOT_RUN = "ran", "error", "not run"
 
 
@@ -191,16 +194,18 @@ def bench_command(run: BenchRun, json_path: Path, steps: int, interleave: int) -
             "--tp-size", ranks, "--dcp-size", ranks, "--dcp-interleave", str(interleave)]
 
 
-def run_command(argv: list[str], log_path: Path, limit: tuple[float, str]) -> Outcome:
+def run_command(argv: list[str], log_path: Path, limit: tuple[float, str], finished: Callable[[], bool] | None = None,
+                exit_grace_s: float = EXIT_GRACE_S) -> Outcome:
     """Runs `argv` from the repository root with `child_env()`, output to `log_path`, in its own
-    process group; past `limit` it gets SIGTERM, then SIGKILL for the group."""
+    process group; past `limit` it gets SIGTERM, then SIGKILL for the group. With `finished` (e.g. every
+    rank's report written), a child still alive `exit_grace_s` after it turns true is cut the same way as
+    "hung at exit" (a rank that never leaves, e.g. NCCL teardown), instead of holding the run until `limit`."""
     seconds, bound = limit
     with log_path.open("w") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=child_env(), cwd=ROOT, process_group=0)
-        try:
-            returncode, cut_by = proc.wait(timeout=seconds), None
-        except subprocess.TimeoutExpired:
-            returncode, cut_by = None, bound
+        returncode, cut_by = _wait(proc, seconds, bound, finished, exit_grace_s), None
+        if returncode is None:
+            cut_by = bound if finished is None or not finished() else HUNG_AT_EXIT
             proc.terminate()
             try:
                 proc.wait(timeout=KILL_GRACE_S)
@@ -214,6 +219,25 @@ def run_command(argv: list[str], log_path: Path, limit: tuple[float, str]) -> Ou
     return Outcome(returncode, cut_by, "\n".join(log_path.read_text(errors="replace").splitlines()[-15:]))
 
 
+def _wait(proc: subprocess.Popen, seconds: float, bound: str, finished: Callable[[], bool] | None,
+          exit_grace_s: float) -> int | None:
+    """The child's exit status, or None when `seconds` pass, or `exit_grace_s` after `finished()` turns true."""
+    if finished is None:
+        try:
+            return proc.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            return None
+    end, finished_at = time.monotonic() + seconds, None
+    while (returncode := proc.poll()) is None:
+        now = time.monotonic()
+        if finished_at is None and finished():
+            finished_at = now
+        if now >= end or (finished_at is not None and now - finished_at >= exit_grace_s):
+            return None
+        time.sleep(POLL_S)
+    return returncode
+
+
 def not_run(reason: str, **fields: object) -> dict[str, object]:
     return {"status": NOT_RUN, "reason": reason, **fields}
 
@@ -223,6 +247,9 @@ def failure(outcome: Outcome, seconds: float) -> dict[str, object] | None:
     reruns it), else an error with its log's end; None when it exited 0."""
     if outcome.cut_by == "deadline":
         return not_run(f"cut at the --deadline-s limit after {seconds:.0f} s; rerun with --resume")
+    if outcome.cut_by == HUNG_AT_EXIT:
+        return {"status": FAILED, "reason": f"every rank wrote its report, but the processes did not exit (cut after "
+                                            f"{seconds:.0f} s)", "log_tail": outcome.tail}
     if outcome.cut_by is not None:
         return {"status": FAILED, "reason": f"timed out after {seconds:.0f} s", "log_tail": outcome.tail}
     if outcome.returncode != 0:
@@ -315,7 +342,12 @@ def run_world_part(part: str, world: int, machine: Machine, work_dir: Path, cloc
     if limit[0] <= 0:
         return not_run("the --deadline-s limit was reached before it started; rerun with --resume")
     began = time.monotonic()
-    outcome = run_command(world_part_command(part, world, machine.device, work_dir, model), out_dir / "log.txt", limit)
+
+    def reports_written() -> bool:
+        return all((out_dir / f"rank{r}.json").exists() for r in range(world))
+
+    outcome = run_command(world_part_command(part, world, machine.device, work_dir, model), out_dir / "log.txt", limit,
+                          reports_written)
     bad = failure(outcome, time.monotonic() - began)
     if bad is not None:
         return bad

@@ -9,6 +9,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -101,6 +102,17 @@ def test_children_are_cut_at_their_limit_and_failures_keep_their_log(tmp_path):
     found = run_script.failure(broken, 0.1)
     assert found["status"] == "error" and found["reason"] == "exit status 3" and found["log_tail"] == "0"
     assert run_script.failure(run_script.Outcome(0, None, ""), 0.1) is None
+
+
+def test_a_child_that_reported_but_does_not_exit_is_cut_soon(tmp_path):
+    report = tmp_path / "rank0.json"
+    hangs = [sys.executable, "-c", f"import time; open({str(report)!r}, 'w').write('{{}}'); time.sleep(60)"]
+    began = time.monotonic()
+    cut = run_script.run_command(hangs, tmp_path / "hang.log", (50.0, "case timeout"), report.exists, exit_grace_s=1.0)
+    assert cut.returncode is None and cut.cut_by == run_script.HUNG_AT_EXIT and time.monotonic() - began < 40
+    assert run_script.failure(cut, 2.0)["reason"].startswith("every rank wrote its report, but the processes did not exit")
+    exits = [sys.executable, "-c", f"open({str(report)!r}, 'w').write('{{}}')"]
+    assert run_script.run_command(exits, tmp_path / "exit.log", (50.0, "case timeout"), report.exists).returncode == 0
 
 
 def test_a_piece_past_the_deadline_is_not_run(tmp_path):
