@@ -35,7 +35,7 @@ from mlakit.kernels.hopper_common import (GLUON_DTYPES, capability, finish_rows,
                                           hand_over, online_softmax, take_over, zero_rows_from)
 from mlakit.errors import MLAInputError
 from mlakit.kernels.launch import CachedLaunch
-from mlakit.kernels.triton_prefill import merged_with_earlier
+from mlakit.kernels.triton_prefill import merged_with_earlier, program_segment
 
 # Query rows of one program and of one consumer warpgroup.
 BLOCK_M = 128
@@ -229,13 +229,7 @@ def mha_prefill_hopper_kernel(
 ):
     """Grid (row blocks of the longest segment, heads, segments), heaviest row blocks first; launched
     with 4 warps (the first consumer) plus a 4-warp consumer and a 1-warp producer."""
-    block = gl.num_programs(0) - 1 - gl.program_id(0)
-    head = gl.program_id(1)
-    seq = gl.program_id(2)
-    q_start = gl.load(CU_SEQLENS_Q + seq)
-    q_len = gl.load(CU_SEQLENS_Q + seq + 1) - q_start
-    k_start = gl.load(CU_SEQLENS_K + seq)
-    k_len = gl.load(CU_SEQLENS_K + seq + 1) - k_start
+    block, head, q_start, q_len, k_start, k_len = program_segment(CU_SEQLENS_Q, CU_SEQLENS_K)
     m0 = block * 2 * WARPGROUP_ROWS
     if m0 >= q_len or (MERGE and k_len == 0):
         return

@@ -126,6 +126,17 @@ def _attend_key_range(
 
 
 @triton.jit
+def program_segment(CU_SEQLENS_Q, CU_SEQLENS_K):
+    """A prefill program's row block (the grid's first axis reversed: heaviest blocks first), head and
+    segment's query and key ranges; also called from the Gluon kernel (`hopper_prefill`)."""
+    seq = tl.program_id(2)
+    q_start = tl.load(CU_SEQLENS_Q + seq)
+    k_start = tl.load(CU_SEQLENS_K + seq)
+    return (tl.num_programs(0) - 1 - tl.program_id(0), tl.program_id(1), q_start,
+            tl.load(CU_SEQLENS_Q + seq + 1) - q_start, k_start, tl.load(CU_SEQLENS_K + seq + 1) - k_start)
+
+
+@triton.jit
 def merged_with_earlier(earlier_out, earlier_lse, out, lse):
     """Rows' float32 out `[rows, d_v]` and natural-log lse `[rows]` merged with an earlier result over
     a disjoint key set (-inf lse: no keys there); also called from the Gluon kernel (`hopper_prefill`)."""
@@ -153,13 +164,7 @@ def _mha_prefill_kernel(
     BLOCK_NOPE: tl.constexpr, BLOCK_ROPE: tl.constexpr, BLOCK_V: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, MERGE: tl.constexpr,
 ):
-    block = tl.num_programs(0) - 1 - tl.program_id(0)
-    head = tl.program_id(1)
-    seq = tl.program_id(2)
-    q_start = tl.load(CU_SEQLENS_Q + seq)
-    q_len = tl.load(CU_SEQLENS_Q + seq + 1) - q_start
-    k_start = tl.load(CU_SEQLENS_K + seq)
-    k_len = tl.load(CU_SEQLENS_K + seq + 1) - k_start
+    block, head, q_start, q_len, k_start, k_len = program_segment(CU_SEQLENS_Q, CU_SEQLENS_K)
     m0 = block * BLOCK_M
     if m0 >= q_len or (MERGE and k_len == 0):
         return
