@@ -80,15 +80,21 @@ MUTATIONS = [
 ]
 
 
+def copy_tree(root: Path, copy: Path) -> None:
+    """What the tests need of the repository at `root` (src/, tests/, the experiments some tests import,
+    conftest.py, pyproject.toml), into `copy`."""
+    for item in ("src", "tests", "benchmarks/experiments"):
+        shutil.copytree(root / item, copy / item, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for item in ("conftest.py", "pyproject.toml"):
+        shutil.copy(root / item, copy / item)
+
+
 def run(mutation: Mutation, root: Path, timeout: float) -> tuple[bool, float]:
     """(killed, seconds) of one mutation, tested in a temporary copy of the tree (`old == new`: the
     unmutated baseline, which must pass)."""
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp)
-        for item in ("src", "tests"):
-            shutil.copytree(root / item, copy / item, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-        for item in ("conftest.py", "pyproject.toml"):
-            shutil.copy(root / item, copy / item)
+        copy_tree(root, copy)
         target = copy / mutation.path
         source = target.read_text()
         if source.count(mutation.old) != 1:
