@@ -28,6 +28,8 @@ from mlakit.prefill_metadata import plan_prefill
 
 FLASHINFER_BACKENDS = ("fa3", "fa2")
 NOPE_DIM, V_DIM = 128, 128
+# Calls under the profiler for `host_profile`.
+PROFILE_CALLS = 200
 
 Call = Callable[[], object]
 
@@ -205,7 +207,7 @@ def run_cases(cases: list[OverheadCase], device: torch.device, log: Callable[[st
         case_rows = []
         for name, call in case_calls(case, device).items():
             if profile is not None and profile in name:
-                log(f"{case.label} {name}: host profile over 200 calls\n{host_profile(call)}")
+                log(f"{case.label} {name}: host profile over {PROFILE_CALLS} calls\n{host_profile(call)}")
             try:
                 cost = measure(call, calls)
             except Exception as exc:  # a peer that refuses this case is reported, not fatal
@@ -223,7 +225,7 @@ def run_cases(cases: list[OverheadCase], device: torch.device, log: Callable[[st
     return rows
 
 
-def host_profile(call: Call, calls: int = 200, rows: int = 20) -> str:
+def host_profile(call: Call, calls: int = PROFILE_CALLS, rows: int = 20) -> str:
     """Where one eager call's host time goes: torch.profiler's CPU table (self time per op, Python
     functions included) over `calls` calls after two warm-ups, busiest first. The profiler's own
     cost inflates every row; read it for the ranking, `measure` for the time.

@@ -84,7 +84,7 @@ class _ExchangeLayout:
     def __init__(self, block: tuple[int, ...], dim: int, dtype: torch.dtype) -> None:
         self.block, self.dim, self.dtype = block, dim, dtype
         self.rows = math.prod(block)
-        self.words = _round_up(-(-dim * dtype.itemsize // 4), 4)
+        self.words = _round_up(dim * dtype.itemsize, 16) // 4
         self.chunk = self.rows * self.words + _round_up(self.rows, 4)
 
     def buffer(self, size: int, device: torch.device) -> torch.Tensor:

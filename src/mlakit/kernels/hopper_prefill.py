@@ -293,9 +293,10 @@ def hopper_mha_prefill(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor
             lse.fill_(float("-inf"))
         return
     nope_chunk, v_chunk = min(TMA_COLUMNS, nope_dim), min(TMA_COLUMNS, v_dim)
+    q_rows = _head_rows(q)
     descriptors = (
-        matrix_descriptor(_head_rows(q), (int(WARPGROUP_ROWS), nope_chunk)),
-        matrix_descriptor(_head_rows(q), (int(WARPGROUP_ROWS), rope_dim)),
+        matrix_descriptor(q_rows, (int(WARPGROUP_ROWS), nope_chunk)),
+        matrix_descriptor(q_rows, (int(WARPGROUP_ROWS), rope_dim)),
         matrix_descriptor(_head_rows(k_nope), (block_n, nope_chunk)),
         matrix_descriptor(_head_rows(k_pe), (block_n, rope_dim)),
         matrix_descriptor(_head_rows(v), (block_n, v_chunk)),
