@@ -10,7 +10,7 @@ import torch
 
 from mlakit.errors import MLAInputError
 from mlakit.kernels import hopper_prefill
-from mlakit.kernels.triton_prefill import PrefillTuning, triton_mha_prefill
+from mlakit.kernels.triton_prefill import HOPPER_TUNING, PrefillTuning, _tuning_for, default_prefill_tuning, triton_mha_prefill
 from test_prefill import _assert_matches, _kernel_inputs, _oracle_pass, _segments
 
 pytestmark = [
@@ -22,7 +22,8 @@ pytestmark = [
 DEVICE = "cuda"
 WIDTHS = [(128, 64, 128), (64, 32, 64)]  # d_nope, d_rope, d_v
 TUNINGS = [PrefillTuning(128, 128, 4, 2, kernel="hopper"), PrefillTuning(128, 64, 4, 3, kernel="hopper"),
-           PrefillTuning(128, 64, 4, 2, kernel="hopper")]
+           PrefillTuning(128, 64, 4, 2, kernel="hopper"),
+           PrefillTuning(128, 64, 8, 3)]  # the portable kernel's SM90 tiles, which mla_prefill no longer picks here
 CASES = [
     # q_lens, k_lens, heads, causal
     ([5, 0, 17, 3], [5, 4, 17, 0], 3, True),  # empty query and key segments
@@ -47,7 +48,7 @@ def _run(q_lens, k_lens, heads, widths, causal, tuning, dtype, seed):
     return out, lse, expected, sum(q_lens)
 
 
-@pytest.mark.parametrize("tuning", TUNINGS, ids=lambda t: f"n{t.block_n}s{t.num_stages}")
+@pytest.mark.parametrize("tuning", TUNINGS, ids=lambda t: f"{t.kernel}-n{t.block_n}s{t.num_stages}")
 @pytest.mark.parametrize("widths", WIDTHS, ids=lambda w: "x".join(map(str, w)))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("q_lens, k_lens, heads, causal", CASES)
@@ -71,7 +72,7 @@ def test_hopper_kernel_merges_a_second_key_set_into_the_first(causal_first):
                                           device=DEVICE)
     queries, a_keys, b_keys = _segments(q_lens, DEVICE), _segments(a_lens, DEVICE), _segments(b_lens, DEVICE)
     results = []
-    for tuning in (TUNINGS[0], PrefillTuning(128, 64, 8, 3)):
+    for tuning in (TUNINGS[0], TUNINGS[-1]):
         out = torch.empty(q.shape[0], heads, d_v, dtype=torch.float32, device=DEVICE)
         lse = torch.empty(out.shape[:2], dtype=torch.float32, device=DEVICE)
         kwargs = dict(max_q_len=queries.max_len, softmax_scale=0.1, out=out, lse=lse, tuning=tuning)
@@ -95,3 +96,21 @@ def test_hopper_tuning_is_refused_where_the_kernel_cannot_run():
     with pytest.raises(MLAInputError, match="block_n, stages: expected block_n 64 or 128 .* got block_n 128, stages 3"):
         triton_mha_prefill(q, k_nope, k_pe, v, cu, cu, max_q_len=8, causal=True, softmax_scale=0.2,
                            tuning=PrefillTuning(128, 128, 4, 3, kernel="hopper"))
+
+
+def test_calls_without_a_tuning_take_the_hopper_kernel_where_it_runs():
+    """The Hopper kernel is the SM90 default; operands it cannot take (odd widths, float32) fall back
+    to the portable kernel, with the same result as the oracle."""
+    supported = _kernel_inputs([40], [40], 2, 128, 64, 128, torch.bfloat16, seed=2, device=DEVICE)
+    assert _tuning_for(None, *supported) == HOPPER_TUNING
+    portable = default_prefill_tuning(torch.device(DEVICE))
+    for widths, dtype in (((24, 8, 20), torch.bfloat16), ((128, 64, 128), torch.float32)):
+        q, k_nope, k_pe, v = _kernel_inputs([40, 7], [60, 7], 3, *widths, dtype, seed=3, device=DEVICE)
+        assert _tuning_for(None, q, k_nope, k_pe, v) == portable
+        queries, keys = _segments([40, 7], DEVICE), _segments([60, 7], DEVICE)
+        scale = (widths[0] + widths[1]) ** -0.5
+        out, lse = triton_mha_prefill(q, k_nope, k_pe, v, queries.cu_seqlens, keys.cu_seqlens, max_q_len=40,
+                                      causal=True, softmax_scale=scale)
+        want_out, want_lse = _oracle_pass(q.float(), k_nope.float(), k_pe.float(), v.float(), queries, keys,
+                                          causal=True, softmax_scale=scale)
+        _assert_matches(out[:47], lse[:47], want_out[:47], want_lse[:47])

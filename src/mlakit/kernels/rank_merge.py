@@ -57,9 +57,10 @@ def merge_partials(parts: torch.Tensor, part_lse: torch.Tensor, dtype: torch.dty
     no part saw a key for gets zeros and -inf. Equals folding `reference.merge_attention_states`
     over the ranks, up to float rounding.
 
-    >>> parts = torch.randn(2, 3, 8)
-    >>> out, lse = merge_partials(parts, torch.zeros(2, 3), torch.float32)
-    >>> torch.allclose(out, parts.mean(0), atol=1e-6), torch.allclose(lse, torch.full((3,), 2.0).log())
+    >>> device = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU runs it under Triton's interpreter
+    >>> parts = torch.randn(2, 3, 8, device=device)
+    >>> out, lse = merge_partials(parts, torch.zeros(2, 3, device=device), torch.float32)
+    >>> torch.allclose(out, parts.mean(0), atol=1e-6), torch.allclose(lse.cpu(), torch.full((3,), 2.0).log())
     (True, True)
     """
     if parts.dim() != 3 or parts.stride(-1) != 1:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 
 import torch
 import triton
@@ -31,8 +30,6 @@ LN2 = tl.constexpr(0.6931471805599453)
 
 
 KERNELS = ("portable", "hopper")
-# Hopper kernels are chosen by default only with this set to 1 (not yet measured: benchmarks/NOTES.md, p5).
-HOPPER_BY_DEFAULT = os.environ.get("MLAKIT_HOPPER_PREFILL") == "1"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -305,9 +302,9 @@ def triton_mha_prefill(
 def _tuning_for(tuning: PrefillTuning | None, q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor,
                 v: torch.Tensor) -> PrefillTuning:
     """The tuning a call runs: the caller's (a hopper one refused where that kernel cannot take the
-    operands), else the Hopper kernel's where it can and MLAKIT_HOPPER_PREFILL=1, else the device's
-    portable tiles."""
-    if (tuning is not None and tuning.kernel == "hopper") or (tuning is None and HOPPER_BY_DEFAULT):
+    operands), else the Hopper kernel's where it can (faster than the portable one on every case
+    measured: benchmarks/NOTES.md, p5), else the device's portable tiles."""
+    if tuning is None or tuning.kernel == "hopper":
         from mlakit.kernels import hopper_prefill
 
         if hopper_prefill.supports(q, k_nope, k_pe, v):
