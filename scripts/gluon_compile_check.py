@@ -94,7 +94,7 @@ def main(dims: str, block_ns: str, stage_counts: str) -> None:
         nope, rope, v_dim = map(int, spec.split(","))
         shape = f"nope {nope} rope {rope} v {v_dim} block_n {block_n} stages {stages}"
         if hp.shared_bytes(nope, rope, v_dim, block_n, stages) > hp.SHARED_MEMORY_LIMIT or stages < 2:
-            print(f"{shape}: refused by hopper_mha_prefill (stages < 2 or shared memory over {hp.SHARED_MEMORY_LIMIT} B)")
+            print(f"{shape}: refused by plan_launch (stages < 2 or shared memory over {hp.SHARED_MEMORY_LIMIT} B)")
             continue
         for causal, merge in itertools.product((True, False), (False, True)):
             line = compile_one(nope, rope, v_dim, block_n, stages, causal, merge, torch.bfloat16)

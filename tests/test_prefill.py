@@ -18,8 +18,8 @@ from mlakit.backends import triton_mla
 from mlakit.attention.checks import check_prefill_inputs
 from mlakit.errors import ConfigError, MLAInputError
 from mlakit.kernels.triton_prefill import PrefillTuning, triton_mha_prefill
-from mlakit.mha_prefill import attend_heads, reference_attention_pass
-from mlakit.prefill_metadata import PrefillMetadata, Segments, plan_prefill
+from mlakit.prefill.mha import attend_heads, reference_attention_pass
+from mlakit.prefill.metadata import PrefillMetadata, Segments, plan_prefill
 from mlakit.reference import reference_extend
 from paged_inputs import PagedBatch, assert_lse_close, make_paged_batch, relative_error
 

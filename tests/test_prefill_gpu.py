@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import mlakit
-from mlakit.prefill_metadata import DEFAULT_PREFIX_CHUNK_TOKENS
+from mlakit.prefill.metadata import DEFAULT_PREFIX_CHUNK_TOKENS
 from mlakit.reference import reference_extend
 from paged_inputs import PagedBatch, assert_lse_close, make_paged_batch, relative_error
 

@@ -99,13 +99,15 @@ def test_hopper_tuning_is_refused_where_the_kernel_cannot_run():
 
 
 def test_calls_without_a_tuning_take_the_hopper_kernel_where_it_runs():
-    """The Hopper kernel is the SM90 default; operands it cannot take (odd widths, float32) fall back
-    to the portable kernel, with the same result as the oracle."""
+    """The Hopper kernel is the SM90 default; operands it cannot take (odd widths, q at an address TMA
+    cannot read) fall back to the portable kernel, with the same result as the oracle."""
     supported = _kernel_inputs([40], [40], 2, 128, 64, 128, torch.bfloat16, seed=2, device=DEVICE)
     assert _tuning_for(None, *supported) == HOPPER_TUNING
     portable = default_prefill_tuning(torch.device(DEVICE))
-    for widths, dtype in (((24, 8, 20), torch.bfloat16), ((128, 64, 128), torch.float32)):
-        q, k_nope, k_pe, v = _kernel_inputs([40, 7], [60, 7], 3, *widths, dtype, seed=3, device=DEVICE)
+    for widths, misaligned in (((24, 8, 20), False), ((128, 64, 128), True)):
+        q, k_nope, k_pe, v = _kernel_inputs([40, 7], [60, 7], 3, *widths, torch.bfloat16, seed=3, device=DEVICE)
+        if misaligned:  # q one element past a 16-byte boundary
+            q = torch.empty(q.numel() + 1, dtype=q.dtype, device=DEVICE)[1:].view(q.shape).copy_(q)
         assert _tuning_for(None, q, k_nope, k_pe, v) == portable
         queries, keys = _segments([40, 7], DEVICE), _segments([60, 7], DEVICE)
         scale = (widths[0] + widths[1]) ** -0.5

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from mlakit import ConfigError, DeviceInfo, MLAShape, ServingConfig, resolve
-from mlakit.prefill_metadata import PrefillMetadata
+from mlakit.prefill.metadata import PrefillMetadata
 from mlakit.registry import BackendRecord, PageSizeRule, WorkspaceInputs, all_records, backend_names, get_backend
 from mlakit.registry.catalog import _REGISTRY, PrefillKernel, RegisteredBackend, missing_adapter
 from mlakit.registry.records import KV_DTYPES

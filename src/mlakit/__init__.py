@@ -11,7 +11,7 @@ from mlakit.config import ServingConfig
 from mlakit.device import DeviceInfo
 from mlakit.errors import CacheFullError, ConfigError, FP8SaturationWarning, MLAInputError, MLAKitError, WorkspaceError
 from mlakit.plan import Plan, WorkspaceRequest
-from mlakit.prefill_metadata import PrefillMetadata, plan_prefill
+from mlakit.prefill.metadata import PrefillMetadata, plan_prefill
 from mlakit.reference import merge_attention_states, reference_decode, reference_extend
 from mlakit.registry.resolve import resolve
 from mlakit.shape import MLAShape

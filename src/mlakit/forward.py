@@ -13,7 +13,7 @@ from mlakit.attention.functional import mla_decode, mla_extend, mla_prefill
 from mlakit.config import AUTO
 from mlakit.errors import MLAInputError
 from mlakit.cache.kv_quant import storage_name
-from mlakit.mha_prefill import reference_attention_pass, run_mha_prefill
+from mlakit.prefill.mha import reference_attention_pass, run_mha_prefill
 from mlakit.reference import reference_extend
 from mlakit.registry.catalog import get_backend
 from mlakit.step import AttentionStep, StepPart

@@ -31,7 +31,7 @@ import torch
 
 from mlakit.attention.functional import DecodeMetadata, mla_decode_metadata
 from mlakit.errors import MLAInputError, is_int
-from mlakit.prefill_metadata import (
+from mlakit.prefill.metadata import (
     DEFAULT_PREFIX_CHUNK_TOKENS,
     PrefillMetadata,
     check_step_counts,

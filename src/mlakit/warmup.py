@@ -22,7 +22,7 @@ import torch
 from mlakit.attention.functional import mla_decode, mla_extend, mla_prefill
 from mlakit.cache import LatentStore
 from mlakit.plan import Plan, WarmupReport
-from mlakit.prefill_metadata import plan_prefill
+from mlakit.prefill.metadata import plan_prefill
 from mlakit.registry.catalog import get_backend
 from mlakit.step import DEFAULT_MAX_LATENT_EXTEND_TOKENS
 

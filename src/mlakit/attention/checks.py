@@ -14,7 +14,7 @@ import torch
 
 from mlakit.errors import MLAInputError, is_int
 from mlakit.cache.kv_quant import FP8_DTYPE, num_scale_groups
-from mlakit.prefill_metadata import PrefillMetadata
+from mlakit.prefill.metadata import PrefillMetadata
 from mlakit.reference import pages_view
 
 QUERY_DTYPES = (torch.bfloat16, torch.float16)
@@ -270,7 +270,7 @@ def check_prefill_inputs(
 ) -> None:
     """Raises MLAInputError naming the first bad argument of an `mla_prefill` call.
 
-    >>> from mlakit.prefill_metadata import plan_prefill
+    >>> from mlakit.prefill.metadata import plan_prefill
     >>> table = torch.zeros(1, 1, dtype=torch.int32)
     >>> check_prefill_inputs(torch.randn(2, 4, 192).bfloat16(), torch.randn(2, 64, 576).bfloat16(),
     ...     torch.randn(4 * 256, 512).bfloat16(), plan_prefill([3], [3], table, 64), None)

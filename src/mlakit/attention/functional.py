@@ -21,7 +21,7 @@ from mlakit.config import AUTO
 from mlakit.device import DeviceInfo
 from mlakit.errors import ConfigError, MLAInputError
 from mlakit.cache.kv_quant import STORAGE_DTYPES, storage_name
-from mlakit.prefill_metadata import PrefillMetadata
+from mlakit.prefill.metadata import PrefillMetadata
 from mlakit.reference import pages_view
 from mlakit.registry.catalog import all_records, get_backend, runnable_problems
 from mlakit.registry.records import BackendRecord
@@ -439,9 +439,11 @@ def mla_prefill(
     cache rows each pass reads and cuts long prefixes into bounded chunks. The new tokens
     must already be in the cache. Returns out `[T, heads, d_v]` in q's dtype and lse `[T,
     heads]` float32 (natural log). `check_inputs=False` skips the one check that reads values
-    (every page index in range), which costs a host sync.
+    (every page index in range), which costs a host sync; the triton backend then also keeps the call
+    prepared in `meta` for the inputs' layout (`mlakit.prefill.prepared`: tiles, launch keys and grids
+    of every pass worked out once), so later layers' calls only allocate and launch.
 
-    >>> from mlakit.prefill_metadata import plan_prefill
+    >>> from mlakit.prefill.metadata import plan_prefill
     >>> cache = torch.randn(4, 16, 576, dtype=torch.bfloat16)
     >>> meta = plan_prefill([5], [20], torch.tensor([[3, 1]], dtype=torch.int32), page_size=16)
     >>> out, lse = mla_prefill(torch.randn(5, 2, 192, dtype=torch.bfloat16), cache,
@@ -449,7 +451,6 @@ def mla_prefill(
     >>> out.shape, lse.shape
     (torch.Size([5, 2, 128]), torch.Size([5, 2]))
     """
-    scale = checked_softmax_scale(softmax_scale)
     layout = None
     if not check_inputs and isinstance(meta, PrefillMetadata):
         try:
@@ -458,14 +459,35 @@ def mla_prefill(
                       meta.queries.cu_seqlens.device, backend if isinstance(backend, str) else id(backend))
         except (AttributeError, TypeError):
             layout = None
+        prepared = _prepared_prefill(meta, layout, softmax_scale)
+        if prepared is not None:
+            return prepared(q, kv_cache, kv_b_weight, kv_scale, softmax_scale)
+    scale = checked_softmax_scale(softmax_scale)
     call = _resolved(layout)
     if call is None:
         check_prefill_inputs(q, kv_cache, kv_b_weight, meta, kv_scale, check_values=check_inputs)
         call = _resolved_call("prefill", backend, q, kv_cache, 1, kv_b_weight.shape[1], True)
         _remember(layout, call)
-    kernel = get_backend(call.backend).prefill
-    assert kernel is not None  # _backend_for only returns backends with a prefill kernel
-    return kernel(q, kv_cache, kv_b_weight, meta, softmax_scale=scale, kv_scale=kv_scale)
+    entry = get_backend(call.backend)
+    assert entry.prefill is not None  # _backend_for only returns backends with a prefill kernel
+    if layout is not None and entry.prepare_prefill is not None:
+        run = entry.prepare_prefill(meta, q, kv_cache, kv_b_weight, kv_scale)
+        if run is not None:
+            _keep(meta.calls, layout, run)
+            return run(q, kv_cache, kv_b_weight, kv_scale, scale)
+    return entry.prefill(q, kv_cache, kv_b_weight, meta, softmax_scale=scale, kv_scale=kv_scale)
+
+
+def _prepared_prefill(meta: PrefillMetadata, layout: tuple | None,
+                      softmax_scale: object) -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | None:
+    """The prefill `meta`'s backend prepared for this layout, when the call may take it (a scale that needs
+    no check: a finite float > 0)."""
+    if layout is None or type(softmax_scale) is not float or not 0 < softmax_scale < math.inf:
+        return None
+    try:
+        return meta.calls.get(layout)
+    except TypeError:
+        return None
 
 
 def _query_width(q: object, dims: int, layout: str) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from mlakit.mha_prefill import mha_prefill_kernel, reference_attention_pass
+from mlakit.prefill.mha import mha_prefill_kernel, reference_attention_pass
 from mlakit.reference import reference_decode, reference_extend
 from mlakit.registry.catalog import register
 from mlakit.registry.records import BackendRecord, PageSizeRule

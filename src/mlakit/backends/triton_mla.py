@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 
 from mlakit.cache.kv_quant import STORAGE_DTYPES
-from mlakit.mha_prefill import mha_prefill_kernel
-from mlakit.prefill_metadata import Segments
+from mlakit.prefill.mha import mha_prefill_kernel
+from mlakit.prefill.metadata import Segments
 from mlakit.registry.catalog import register
 from mlakit.registry.records import BackendRecord, PageSizeRule
 
@@ -129,7 +130,20 @@ def _attention_pass(
     )
 
 
-prefill = mha_prefill_kernel(_attention_pass)
+def _decompress_rows(*args: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from mlakit.prefill.prepared import decompress_rows
+
+    return decompress_rows(*args)
+
+
+def prepare_prefill(*args: object) -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | None:
+    """The step's prefill prepared for one input layout (`prefill.prepared.prepare_prefill`, same arguments)."""
+    from mlakit.prefill.prepared import prepare_prefill as prepare
+
+    return prepare(*args)
+
+
+prefill = mha_prefill_kernel(_attention_pass, _decompress_rows)
 
 register(RECORD, decode, extend, prefill, decode_metadata, extend_metadata, writes_outputs=True,
-         prepare_call=prepare_call)
+         prepare_call=prepare_call, prepare_prefill=prepare_prefill)

@@ -24,7 +24,7 @@ import torch
 from mlakit.attention.functional import mla_decode, mla_decode_metadata, mla_extend, mla_extend_metadata, mla_prefill
 from mlakit.bench.decode import DIM, KV_LORA_RANK, DecodeCase, DecodeInputs, make_inputs, time_graph_replay
 from mlakit.bench.timing import CALLS, eager_us, host_us_per_call
-from mlakit.prefill_metadata import plan_prefill
+from mlakit.prefill.metadata import plan_prefill
 
 FLASHINFER_BACKENDS = ("fa3", "fa2")
 NOPE_DIM, V_DIM = 128, 128

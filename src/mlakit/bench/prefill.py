@@ -30,8 +30,8 @@ import torch
 from mlakit.attention.functional import mla_prefill
 from mlakit.bench.ceilings import Ceilings
 from mlakit.bench.decode import DecodeCase, make_inputs
-from mlakit.mha_prefill import attend_heads, decompress, gather_rows
-from mlakit.prefill_metadata import DEFAULT_PREFIX_CHUNK_TOKENS, PrefillMetadata, plan_prefill
+from mlakit.prefill.mha import attend_heads, decompress, gather_rows
+from mlakit.prefill.metadata import DEFAULT_PREFIX_CHUNK_TOKENS, PrefillMetadata, plan_prefill
 
 if TYPE_CHECKING:
     from mlakit.kernels.triton_prefill import PrefillTuning

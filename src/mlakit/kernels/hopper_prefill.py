@@ -25,6 +25,10 @@ faster than the portable kernel on an H100).
 """
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
+from types import MappingProxyType
+
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -274,41 +278,54 @@ def mha_prefill_hopper_kernel(
     ], [4, 1], [232, 40])
 
 
-def hopper_mha_prefill(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor,
-                       cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, *,
-                       max_q_len: int, causal: bool, scale_log2: float, merge: bool,
-                       block_n: int = DEFAULT_BLOCK_N, stages: int = DEFAULT_STAGES) -> None:
-    """`triton_mha_prefill`'s attention on the Hopper kernel, into `out` / `lse` (already checked and
-    allocated by it; `supports(q, k_nope, k_pe, v)` must hold). `block_n` and `stages` are the key tile
-    and the ring's depth (benchmarks try others)."""
+@dataclasses.dataclass(frozen=True)
+class HopperPrefillLaunch:
+    """What one attention pass's launch takes from its operands' layout (not their addresses): the
+    launch key, grid, strides, constexprs and the TMA boxes of q, k_nope, k_pe and v. Made by
+    `plan_launch`; calling it launches the pass on any tensors of that layout (a prepared prefill keeps
+    one per pass)."""
+
+    key: tuple
+    grid: tuple[int, int, int]
+    strides: tuple[int, ...]
+    constants: Mapping[str, object]
+    boxes: tuple[tuple[int, int], ...]
+
+    def __call__(self, q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor,
+                 cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                 scale_log2: float) -> None:
+        """Runs the pass on tensors of the planned layout with at least one key row (TMA descriptors need rows)."""
+        q_rows = _head_rows(q)
+        q_nope_box, q_pe_box, kn_box, kpe_box, v_box = self.boxes
+        descriptors = (matrix_descriptor(q_rows, q_nope_box), matrix_descriptor(q_rows, q_pe_box),
+                       matrix_descriptor(_head_rows(k_nope), kn_box), matrix_descriptor(_head_rows(k_pe), kpe_box),
+                       matrix_descriptor(_head_rows(v), v_box))
+        _PREFILL(self.key, self.grid, (*descriptors, out, lse, cu_seqlens_q, cu_seqlens_k, scale_log2, *self.strides),
+                 self.constants)
+
+
+def plan_launch(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor,
+                cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, *,
+                max_q_len: int, causal: bool, merge: bool, block_n: int = DEFAULT_BLOCK_N,
+                stages: int = DEFAULT_STAGES) -> HopperPrefillLaunch:
+    """The Hopper kernel's launch of one `triton_mha_prefill` pass for operands of these ones' layout
+    (`supports` must hold); refuses a key tile or ring that does not fit."""
     nope_dim, rope_dim, v_dim = k_nope.shape[-1], k_pe.shape[-1], v.shape[-1]
     need = shared_bytes(nope_dim, rope_dim, v_dim, block_n, stages)
     if block_n not in (64, 128) or stages < 2 or need > SHARED_MEMORY_LIMIT:
         raise MLAInputError(f"block_n, stages: expected block_n 64 or 128 and stages >= 2 (a warpgroup releases a tile "
                             f"once it holds the next) within {SHARED_MEMORY_LIMIT} bytes of shared memory, got block_n "
                             f"{block_n}, stages {stages}: {need} bytes")
-    if k_nope.shape[0] == 0:  # no keys at all (TMA descriptors need rows): every row sees none
-        if not merge:
-            out.zero_()
-            lse.fill_(float("-inf"))
-        return
     nope_chunk, v_chunk = min(TMA_COLUMNS, nope_dim), min(TMA_COLUMNS, v_dim)
-    q_rows = _head_rows(q)
-    descriptors = (
-        matrix_descriptor(q_rows, (int(WARPGROUP_ROWS), nope_chunk)),
-        matrix_descriptor(q_rows, (int(WARPGROUP_ROWS), rope_dim)),
-        matrix_descriptor(_head_rows(k_nope), (block_n, nope_chunk)),
-        matrix_descriptor(_head_rows(k_pe), (block_n, rope_dim)),
-        matrix_descriptor(_head_rows(v), (block_n, v_chunk)),
-    )
-    batch = cu_seqlens_q.shape[0] - 1
-    grid = (-(-max_q_len // BLOCK_M), q.shape[1], batch)
     strides = (q.stride(1), k_nope.stride(1), v.stride(1), out.stride(0), out.stride(1), lse.stride(0))
     key = (q.dtype, tuple((t.dtype, t.data_ptr() % 16) for t in (out, lse, cu_seqlens_q, cu_seqlens_k)), strides,
            nope_dim, rope_dim, v_dim, block_n, stages, causal, merge)
-    _PREFILL(key, grid, (*descriptors, out, lse, cu_seqlens_q, cu_seqlens_k, scale_log2, *strides),
-             dict(NOPE_DIM=nope_dim, ROPE_DIM=rope_dim, V_DIM=v_dim, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal,
-                  MERGE=merge, num_warps=4))
+    constants = dict(NOPE_DIM=nope_dim, ROPE_DIM=rope_dim, V_DIM=v_dim, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal,
+                     MERGE=merge, num_warps=4)
+    boxes = ((int(WARPGROUP_ROWS), nope_chunk), (int(WARPGROUP_ROWS), rope_dim), (block_n, nope_chunk),
+             (block_n, rope_dim), (block_n, v_chunk))
+    grid = (-(-max_q_len // BLOCK_M), q.shape[1], cu_seqlens_q.shape[0] - 1)
+    return HopperPrefillLaunch(key, grid, strides, MappingProxyType(constants), boxes)
 
 
 def shared_bytes(nope_dim: int, rope_dim: int, v_dim: int, block_n: int, stages: int) -> int:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 
 import torch
 import triton
@@ -274,29 +276,59 @@ def triton_mha_prefill(
         raise MLAInputError(f"lse: expected float32 {(tokens, heads)} with contiguous heads, got {lse.dtype} {tuple(lse.shape)}")
     out = q.new_empty(tokens, heads, v_dim) if out is None else out
     lse = torch.empty(tokens, heads, dtype=torch.float32, device=q.device) if lse is None else lse
-    batch = cu_seqlens_q.shape[0] - 1
-    if tokens == 0 or batch == 0 or max_q_len == 0:
+    plan = plan_attention(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, out, lse, max_q_len=max_q_len,
+                          causal=causal, merge=merge, tuning=tuning)
+    if tokens == 0 or cu_seqlens_q.shape[0] == 1 or max_q_len == 0 or k_nope.shape[0] == 0:  # no query sees a key
         if not merge:
             out.zero_()
             lse.fill_(float("-inf"))
         return out, lse
+    plan(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, out, lse, softmax_scale * LOG2E)
+    return out, lse
+
+
+AttentionLaunch = Callable[..., None]
+
+
+@dataclasses.dataclass(frozen=True)
+class PortableLaunch:
+    """The portable kernel's launch for one attention pass's operand layout: key, grid, strides and
+    constexprs. Calling it with `(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, out, lse, scale_log2)`
+    launches the pass on tensors of that layout (`HopperPrefillLaunch` likewise for the Hopper kernel)."""
+
+    key: tuple
+    grid: tuple[int, int, int]
+    strides: tuple[int, ...]
+    constants: Mapping[str, object]
+
+    def __call__(self, q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor,
+                 cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                 scale_log2: float) -> None:
+        _PREFILL(self.key, self.grid, (q, k_nope, k_pe, v, out, lse, cu_seqlens_q, cu_seqlens_k, scale_log2, *self.strides),
+                 self.constants)
+
+
+def plan_attention(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor,
+                   cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, *,
+                   max_q_len: int, causal: bool, merge: bool, tuning: PrefillTuning | None = None) -> AttentionLaunch:
+    """The launch of one `triton_mha_prefill` pass for operands of these ones' layout (shapes, strides,
+    dtypes, pointer alignment; the addresses may change between calls): the Hopper kernel's where
+    it takes them, else the portable one's (`_tuning_for`)."""
     tuning = _tuning_for(tuning, q, k_nope, k_pe, v)
     if tuning.kernel == "hopper":
-        from mlakit.kernels.hopper_prefill import hopper_mha_prefill
+        from mlakit.kernels.hopper_prefill import plan_launch
 
-        hopper_mha_prefill(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, out, lse, max_q_len=max_q_len,
-                           causal=causal, scale_log2=softmax_scale * LOG2E, merge=merge, block_n=tuning.block_n,
-                           stages=tuning.num_stages)
-        return out, lse
-    grid = (-(-max_q_len // tuning.block_m), heads, batch)
+        return plan_launch(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, out, lse, max_q_len=max_q_len, causal=causal,
+                           merge=merge, block_n=tuning.block_n, stages=tuning.num_stages)
+    nope_dim, rope_dim, v_dim = k_nope.shape[-1], k_pe.shape[-1], v.shape[-1]
+    grid = (-(-max_q_len // tuning.block_m), q.shape[1], cu_seqlens_q.shape[0] - 1)
     tensors = (q, k_nope, k_pe, v, out, lse, cu_seqlens_q, cu_seqlens_k)
     strides = (q.stride(0), q.stride(1), k_nope.stride(0), k_nope.stride(1), k_pe.stride(0), v.stride(0), v.stride(1),
                out.stride(0), out.stride(1), lse.stride(0))
-    constants = _kernel_constants(nope_dim, rope_dim, v_dim, tuning, causal, merge)
     key = (tuple([(t.dtype, t.data_ptr() % 16) for t in tensors]), strides, nope_dim, rope_dim, v_dim, tuning, causal,
            merge)
-    _PREFILL(key, grid, (*tensors, softmax_scale * LOG2E, *strides), constants)
-    return out, lse
+    constants = _kernel_constants(nope_dim, rope_dim, v_dim, tuning, causal, merge)
+    return PortableLaunch(key, grid, strides, MappingProxyType(constants))
 
 
 def _tuning_for(tuning: PrefillTuning | None, q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor,

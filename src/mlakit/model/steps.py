@@ -15,7 +15,7 @@ import torch
 from mlakit.cache import PagedLatentCache
 from mlakit.distributed.groups import ParallelGroups
 from mlakit.distributed.step import DCPStep, dcp_step
-from mlakit.prefill_metadata import offsets_of, upload_ints
+from mlakit.prefill.metadata import offsets_of, upload_ints
 from mlakit.step import DEFAULT_MAX_LATENT_EXTEND_TOKENS, AttentionStep
 
 

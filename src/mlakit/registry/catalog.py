@@ -13,7 +13,7 @@ from typing import Protocol
 import torch
 
 from mlakit.errors import ConfigError
-from mlakit.prefill_metadata import PrefillMetadata
+from mlakit.prefill.metadata import PrefillMetadata
 from mlakit.registry.fit import Requirements, backend_problems
 from mlakit.registry.records import BackendRecord, Phase
 
@@ -51,6 +51,17 @@ class CallPreparer(Protocol):
         cache_seqlens: torch.Tensor, kv_scale: torch.Tensor | None, *, kv_lora_rank: int, return_lse: bool,
         out: torch.Tensor | None, lse: torch.Tensor | None,
     ) -> Callable[..., tuple[torch.Tensor, torch.Tensor | None]] | None: ...
+
+
+class PrefillPreparer(Protocol):
+    """Prepares a backend's MHA-form prefill for every later call of one input layout over one step's
+    `PrefillMetadata`: returns `call(q, kv_cache, kv_b_weight, kv_scale, softmax_scale) -> (out, lse)`,
+    or None where it cannot."""
+
+    def __call__(
+        self, meta: PrefillMetadata, q: torch.Tensor, kv_cache: torch.Tensor, kv_b_weight: torch.Tensor,
+        kv_scale: torch.Tensor | None,
+    ) -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | None: ...
 
 
 class ExtendMetadataBuilder(Protocol):
@@ -104,6 +115,7 @@ class RegisteredBackend:
     extend_metadata: ExtendMetadataBuilder | None = None
     writes_outputs: bool = False
     prepare_call: CallPreparer | None = None
+    prepare_prefill: PrefillPreparer | None = None
 
 
 _REGISTRY: dict[str, RegisteredBackend] = {}
@@ -118,6 +130,7 @@ def register(
     extend_metadata: ExtendMetadataBuilder | None = None,
     writes_outputs: bool = False,
     prepare_call: CallPreparer | None = None,
+    prepare_prefill: PrefillPreparer | None = None,
 ) -> BackendRecord:
     """Adds a backend; a second registration under the same name is an error.
 
@@ -126,7 +139,7 @@ def register(
     likewise for `extend`. With `writes_outputs`, `decode` and `extend` take `out=` and `lse=`
     (None: allocate) and write their results there. `prepare_call` (with `decode_metadata` and
     `extend_metadata`) lets `mla_decode` and `mla_extend` keep, in the step's metadata, a call prepared
-    for each input layout.
+    for each input layout; `prepare_prefill` (with `prefill`) does the same for `mla_prefill`.
 
     A record may state prefill without a `prefill` kernel (a vendor prefill mlakit has no
     adapter for yet): resolve() still plans with it, `mla_prefill` refuses it by name.
@@ -146,8 +159,10 @@ def register(
     if prepare_call is not None and (decode_metadata is None or extend_metadata is None):
         raise ConfigError(f"backend {record.name!r}: prepare_call works on the step's metadata: give decode_metadata "
                           f"and extend_metadata")
+    if prepare_prefill is not None and prefill is None:
+        raise ConfigError(f"backend {record.name!r}: prepare_prefill was given without a prefill kernel")
     _REGISTRY[record.name] = RegisteredBackend(record, decode, extend, prefill, decode_metadata, extend_metadata,
-                                               writes_outputs, prepare_call)
+                                               writes_outputs, prepare_call, prepare_prefill)
     return record
 
 

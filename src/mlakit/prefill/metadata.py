@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -83,6 +83,9 @@ class PrefillMetadata:
     causal_keys: KeyRows
     prefix_chunks: tuple[KeyRows, ...]
     page_size: int
+    # Calls prepared by the backend per input layout (`mla_prefill` with check_inputs=False), as DecodeMetadata.calls.
+    calls: dict[tuple, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = dataclasses.field(
+        default_factory=dict, init=False, compare=False, repr=False)
 
 
 def plan_prefill(

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from mlakit.cache.kv_quant import SCALE_PER_GROUP, dequantize, scale_mode
-from mlakit.prefill_metadata import PrefillMetadata, Segments
+from mlakit.prefill.metadata import PrefillMetadata, Segments
 from mlakit.reference import merge_attention_states, pages_view
 
 if TYPE_CHECKING:
@@ -68,6 +68,21 @@ def decompress(
     return per_head[..., :nope_dim], rows[:, rank:], per_head[..., nope_dim:]
 
 
+def gather_and_decompress(kv_cache: torch.Tensor, kv_scale: torch.Tensor | None, slots: torch.Tensor,
+                          kv_b_weight: torch.Tensor, heads: int, nope_dim: int,
+                          dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`decompress(gather_rows(...))`: one pass's keys and values in torch (any cache format)."""
+    return decompress(gather_rows(kv_cache, kv_scale, slots, dtype), kv_b_weight, heads, nope_dim)
+
+
+class RowDecompressor(Protocol):
+    """One pass's `k_nope`, `k_pe` and `v` (in `dtype`) from the cache rows at `slots` (`gather_and_decompress`'s shapes)."""
+
+    def __call__(self, kv_cache: torch.Tensor, kv_scale: torch.Tensor | None, slots: torch.Tensor,
+                 kv_b_weight: torch.Tensor, heads: int, nope_dim: int,
+                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+
+
 def run_mha_prefill(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -77,10 +92,12 @@ def run_mha_prefill(
     attend: AttentionPass,
     softmax_scale: float,
     kv_scale: torch.Tensor | None,
+    decompress_rows: RowDecompressor = gather_and_decompress,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The passes of `meta` (causal over the new tokens, non-causal over prefix chunks) on `attend`,
     each chunk merged into the running result. Returns out `[T, H, d_v]` in q's dtype and lse
-    `[T, H]` float32. A backend's prefill kernel is this with its `attend` bound (`mha_prefill_kernel`)."""
+    `[T, H]` float32. A backend's prefill kernel is this with its `attend` (and `decompress_rows`)
+    bound (`mha_prefill_kernel`)."""
     heads = q.shape[1]
     nope_dim = q.shape[2] - (pages_view(kv_cache).shape[-1] - kv_b_weight.shape[1])
     v_dim = kv_b_weight.shape[0] // heads - nope_dim
@@ -89,15 +106,15 @@ def run_mha_prefill(
     lse = torch.empty(q.shape[0], heads, dtype=torch.float32, device=q.device)
     passes = [(meta.causal_keys, True), *((chunk, False) for chunk in meta.prefix_chunks)]
     for index, (keys, causal) in enumerate(passes):
-        rows = gather_rows(kv_cache, kv_scale, keys.slots, q.dtype)
-        k_nope, k_pe, v = decompress(rows, kv_b_weight, heads, nope_dim)
+        k_nope, k_pe, v = decompress_rows(kv_cache, kv_scale, keys.slots, kv_b_weight, heads, nope_dim, q.dtype)
         attend(q, k_nope, k_pe, v, meta.queries, keys.segments, causal=causal, softmax_scale=softmax_scale,
                out=out, lse=lse, merge=index > 0)
     return out.to(q.dtype), lse
 
 
-def mha_prefill_kernel(attend: AttentionPass) -> PrefillKernel:
-    """The registry's prefill entry point (`mlakit.mla_prefill`'s shapes) running `run_mha_prefill` on `attend`.
+def mha_prefill_kernel(attend: AttentionPass, decompress_rows: RowDecompressor = gather_and_decompress) -> PrefillKernel:
+    """The registry's prefill entry point (`mlakit.mla_prefill`'s shapes) running `run_mha_prefill` on
+    `attend` and `decompress_rows`.
 
     >>> mha_prefill_kernel(reference_attention_pass).__name__
     'prefill'
@@ -112,7 +129,8 @@ def mha_prefill_kernel(attend: AttentionPass) -> PrefillKernel:
         softmax_scale: float,
         kv_scale: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return run_mha_prefill(q, kv_cache, kv_b_weight, meta, attend=attend, softmax_scale=softmax_scale, kv_scale=kv_scale)
+        return run_mha_prefill(q, kv_cache, kv_b_weight, meta, attend=attend, softmax_scale=softmax_scale,
+                               kv_scale=kv_scale, decompress_rows=decompress_rows)
 
     return prefill
 

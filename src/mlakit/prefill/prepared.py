@@ -1,0 +1,149 @@
+"""The triton backend's MHA-form prefill prepared for one input layout.
+
+What `mla_prefill` works out on every call (the checks, the backend, each pass's kernels, their tiles,
+launch keys and grids) depends on the inputs' layout and the step's metadata, not on their addresses or
+values. `prepare_prefill` works it out once; `mla_prefill` keeps the result in the step's
+`PrefillMetadata` by layout (with `check_inputs=False`), so every later layer's call allocates its
+outputs and launches, per pass, the gather-decompress (one fused kernel on small passes, index_select
+and a cuBLAS GEMM on large ones) and the attention kernel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from mlakit.kernels import gather_decompress
+from mlakit.kernels.triton_prefill import LOG2E, AttentionLaunch, plan_attention
+from mlakit.prefill.metadata import PrefillMetadata
+from mlakit.prefill.mha import decompress, gather_and_decompress
+from mlakit.reference import pages_view
+
+# Passes of at most this many key rows x heads take the fused gather-decompress kernel: up to there it costs
+# the GPU about what index_select + cuBLAS do (0.85-1.05x on the H100) and saves their host time; beyond,
+# cuBLAS is 1.2-1.3x faster (benchmarks/NOTES.md, "Eager prefill").
+FUSED_GATHER_LIMIT = 65536
+
+
+def fused_rows(kv_cache: torch.Tensor, kv_scale: torch.Tensor | None, kv_b_weight: torch.Tensor,
+               dtype: torch.dtype) -> torch.Tensor | None:
+    """The cache as one matrix of rows `[pages x page_size, width]` where the fused gather-decompress
+    kernel reads it (a 16-bit cache of `dtype` without scales, `kv_b_weight` of the same dtype, pages
+    one after another); None where the torch gather serves it.
+
+    >>> fused_rows(torch.zeros(3, 16, 40, dtype=torch.bfloat16), None, torch.zeros(8, 32, dtype=torch.bfloat16),
+    ...            torch.bfloat16).shape
+    torch.Size([48, 40])
+    """
+    pages = pages_view(kv_cache)
+    if kv_scale is not None or pages.dtype != dtype or not gather_decompress.supports(pages, kv_b_weight):
+        return None
+    try:
+        return kv_cache.view(pages.shape[0] * pages.shape[1], pages.shape[2])
+    except RuntimeError:  # pages at a stride: not one matrix of rows
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class TorchGather:
+    """A pass's gather and decompression as index_select + cuBLAS GEMM, called as a `GatherLaunch` is."""
+
+    heads: int
+    nope_dim: int
+
+    def __call__(self, rows: torch.Tensor, slots: torch.Tensor,
+                 kv_b_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return decompress(rows.index_select(0, slots), kv_b_weight, self.heads, self.nope_dim)
+
+
+def plan_gather(rows: torch.Tensor, slots: torch.Tensor, kv_b_weight: torch.Tensor, heads: int,
+                nope_dim: int) -> gather_decompress.GatherLaunch | TorchGather:
+    """The gather of one pass over `rows` (from `fused_rows`): the fused kernel up to `FUSED_GATHER_LIMIT`
+    key rows x heads, torch's beyond."""
+    if slots.shape[0] * heads <= FUSED_GATHER_LIMIT:
+        return gather_decompress.plan_gather(rows, slots, kv_b_weight, heads, nope_dim)
+    return TorchGather(heads, nope_dim)
+
+
+def decompress_rows(kv_cache: torch.Tensor, kv_scale: torch.Tensor | None, slots: torch.Tensor,
+                    kv_b_weight: torch.Tensor, heads: int, nope_dim: int,
+                    dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The triton backend's `RowDecompressor`: `plan_gather`'s choice where `fused_rows` serves the cache,
+    else torch's gather (which also dequantizes fp8)."""
+    rows = fused_rows(kv_cache, kv_scale, kv_b_weight, dtype)
+    if rows is None:
+        return gather_and_decompress(kv_cache, kv_scale, slots, kv_b_weight, heads, nope_dim, dtype)
+    return plan_gather(rows, slots, kv_b_weight, heads, nope_dim)(rows, slots, kv_b_weight)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Pass:
+    """One attention pass: its key rows' cache slots and segments, and its two launches."""
+
+    slots: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    gather: gather_decompress.GatherLaunch | TorchGather
+    attend: AttentionLaunch
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedPrefill:
+    """`mla_prefill` for inputs of one layout over one step's metadata:
+    `call(q, kv_cache, kv_b_weight, kv_scale, softmax_scale) -> (out, lse)`."""
+
+    rows_shape: tuple[int, int]
+    out_shape: tuple[int, int, int]
+    out_dtype: torch.dtype
+    cu_seqlens_q: torch.Tensor
+    passes: tuple[_Pass, ...]
+
+    def __call__(self, q: torch.Tensor, kv_cache: torch.Tensor, kv_b_weight: torch.Tensor,
+                 kv_scale: torch.Tensor | None, softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = kv_cache.view(self.rows_shape)
+        out = torch.empty(self.out_shape, dtype=self.out_dtype, device=q.device)
+        lse = torch.empty(self.out_shape[:2], dtype=torch.float32, device=q.device)
+        scale_log2 = softmax_scale * LOG2E
+        for step in self.passes:
+            k_nope, k_pe, v = step.gather(rows, step.slots, kv_b_weight)
+            step.attend(q, k_nope, k_pe, v, self.cu_seqlens_q, step.cu_seqlens_k, out, lse, scale_log2)
+        return (out if self.out_dtype == q.dtype else out.to(q.dtype)), lse
+
+
+def prepare_prefill(meta: PrefillMetadata, q: torch.Tensor, kv_cache: torch.Tensor, kv_b_weight: torch.Tensor,
+                    kv_scale: torch.Tensor | None) -> PreparedPrefill | None:
+    """The prefill of `meta` prepared for inputs of these ones' layout (already checked by `mla_prefill`),
+    or None where the prepared path does not serve it: an fp8 cache (scales), pages that are not one
+    matrix of rows (`fused_rows`), a pass without key rows, or no query rows.
+
+    >>> from mlakit.prefill.metadata import plan_prefill
+    >>> device = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU runs it under Triton's interpreter
+    >>> cache = torch.randn(4, 16, 40, dtype=torch.bfloat16, device=device)
+    >>> meta = plan_prefill([5], [20], torch.tensor([[3, 1]], dtype=torch.int32, device=device), page_size=16)
+    >>> q = torch.randn(5, 2, 24, dtype=torch.bfloat16, device=device)
+    >>> weight = torch.randn(2 * 32, 32, dtype=torch.bfloat16, device=device)
+    >>> run = prepare_prefill(meta, q, cache, weight, None)
+    >>> out, lse = run(q, cache, weight, None, 24**-0.5)
+    >>> out.shape, lse.shape
+    (torch.Size([5, 2, 16]), torch.Size([5, 2]))
+    """
+    rows = fused_rows(kv_cache, kv_scale, kv_b_weight, q.dtype)
+    passes = [(meta.causal_keys, True), *((chunk, False) for chunk in meta.prefix_chunks)]
+    if rows is None or meta.queries.total == 0 or any(keys.slots.shape[0] == 0 for keys, _ in passes):
+        return None
+    rows_shape = tuple(rows.shape)
+    heads = q.shape[1]
+    nope_dim = q.shape[2] - (rows_shape[1] - kv_b_weight.shape[1])
+    v_dim = kv_b_weight.shape[0] // heads - nope_dim
+    chunked = bool(meta.prefix_chunks)
+    out_shape = (q.shape[0], heads, v_dim)
+    out = torch.empty(out_shape, dtype=torch.float32 if chunked else q.dtype, device=q.device)
+    lse = torch.empty(out_shape[:2], dtype=torch.float32, device=q.device)
+    planned = []
+    for index, (keys, causal) in enumerate(passes):
+        gather = plan_gather(rows, keys.slots, kv_b_weight, heads, nope_dim)
+        k_nope, k_pe, v = gather(rows, keys.slots, kv_b_weight)
+        attend = plan_attention(q, k_nope, k_pe, v, meta.queries.cu_seqlens, keys.segments.cu_seqlens, out, lse,
+                                max_q_len=meta.queries.max_len, causal=causal, merge=index > 0)
+        planned.append(_Pass(keys.slots, keys.segments.cu_seqlens, gather, attend))
+    return PreparedPrefill(rows_shape, out_shape, out.dtype, meta.queries.cu_seqlens, tuple(planned))

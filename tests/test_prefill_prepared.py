@@ -1,0 +1,146 @@
+"""The prefill prepared per input layout (`mlakit.prefill.prepared`): `mla_prefill` with
+`check_inputs=False` keeps one in the step's metadata per layout, and later calls of that layout run
+it. It must equal the unprepared call exactly (same kernels), read every tensor where it now is, and
+decline what it does not serve (those calls take the unprepared path)."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+import mlakit
+from mlakit.prefill.metadata import KeyRows, PrefillMetadata, Segments
+from mlakit.prefill import prepared
+from mlakit.prefill.prepared import TorchGather, fused_rows, prepare_prefill
+from test_prefill import Problem, _assert_matches
+
+CASES = [
+    # prefixes, new tokens, heads, page_size, prefix_chunk_tokens
+    ([0, 0], [5, 9], 3, 16, None),  # no prefix: one causal pass
+    ([40, 25, 0], [12, 0, 3], 1, 16, None),  # prefixes joining the causal pass
+    ([60, 0, 13], [6, 4, 0], 5, 4, 16),  # prefix chunks merged into the running result (float32 out)
+]
+
+
+def _prefill(problem: Problem, meta: PrefillMetadata, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    return mlakit.mla_prefill(problem.q, problem.batch.kv_cache, problem.weight, meta, softmax_scale=problem.scale,
+                              backend="triton", **kwargs)
+
+
+@pytest.mark.parametrize("fused_limit", [prepared.FUSED_GATHER_LIMIT, 0], ids=["fused", "torch-gather"])
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("prefixes, new, heads, page_size, chunk", CASES)
+def test_prepared_call_equals_the_checked_call_exactly(prefixes, new, heads, page_size, chunk, q_dtype, fused_limit,
+                                                       kernel_device, monkeypatch):
+    monkeypatch.setattr(prepared, "FUSED_GATHER_LIMIT", fused_limit)
+    problem = Problem(prefixes, new, heads=heads, page_size=page_size, q_dtype=q_dtype, seed=sum(prefixes) + heads,
+                      device=kernel_device)
+    meta = problem.plan(prefix_chunk_tokens=chunk)
+    assert bool(meta.prefix_chunks) == (chunk is not None)
+    checked = _prefill(problem, meta)
+    assert not meta.calls  # checked calls never prepare
+    first = _prefill(problem, meta, check_inputs=False)  # resolves, prepares, runs the prepared call
+    assert len(meta.calls) == 1
+    again = _prefill(problem, meta, check_inputs=False)  # the prepared call
+    for out, lse in (first, again):
+        assert out.dtype == q_dtype and torch.equal(out, checked[0]) and torch.equal(lse, checked[1])
+    _assert_matches(*again, *problem.latent_form())
+
+
+def test_prepared_call_reads_tensors_where_they_now_are(kernel_device):
+    problem = Problem([30, 9], [7, 5], heads=3, page_size=8, seed=1, device=kernel_device)
+    meta = problem.plan(prefix_chunk_tokens=16)
+    for _ in range(2):
+        _prefill(problem, meta, check_inputs=False)
+    for _ in range(2):  # same layout, new tensors (the allocator may reuse freed addresses) and values
+        problem.q = torch.randn_like(problem.q)
+        problem.batch.kv_cache = -problem.batch.kv_cache  # (unused slots stay NaN)
+        problem.weight = problem.weight.roll(1, 0)
+        gc.collect()
+        _assert_matches(*_prefill(problem, meta, check_inputs=False), *problem.latent_form())
+    problem.q.copy_(torch.randn_like(problem.q))  # new values at the same addresses
+    problem.weight.copy_(problem.weight.roll(1, 1))
+    problem.batch.kv_cache.neg_()
+    _assert_matches(*_prefill(problem, meta, check_inputs=False), *problem.latent_form())
+    assert len(meta.calls) == 1
+
+
+def test_a_new_layout_gets_its_own_prepared_call(kernel_device):
+    problem = Problem([21, 4], [7, 2], heads=2, page_size=8, seed=3, device=kernel_device)
+    meta = problem.plan()
+    want = problem.latent_form()
+    flat = _prefill(problem, meta, check_inputs=False)
+    with_head_axis = mlakit.mla_prefill(problem.q, problem.batch.kv_cache.unsqueeze(2), problem.weight, meta,
+                                        softmax_scale=problem.scale, backend="triton", check_inputs=False)
+    strided_q = torch.cat([problem.q, problem.q], dim=-1)[..., : problem.q.shape[-1]]
+    from_a_view = mlakit.mla_prefill(strided_q, problem.batch.kv_cache, problem.weight, meta,
+                                     softmax_scale=problem.scale, backend="triton", check_inputs=False)
+    assert len(meta.calls) == 3
+    for out, lse in (flat, with_head_axis, from_a_view):
+        _assert_matches(out, lse, *want)
+    again = _prefill(problem, meta, check_inputs=False)
+    assert torch.equal(again[0], flat[0])
+
+
+def test_scales_that_need_a_check_skip_the_prepared_call(kernel_device):
+    problem = Problem([9], [4], heads=2, page_size=8, seed=5, device=kernel_device)
+    meta = problem.plan()
+    _prefill(problem, meta, check_inputs=False)
+    for scale in (float("nan"), -1.0, 0, float("inf")):
+        with pytest.raises(mlakit.MLAInputError, match="softmax_scale"):
+            mlakit.mla_prefill(problem.q, problem.batch.kv_cache, problem.weight, meta, softmax_scale=scale,
+                               backend="triton", check_inputs=False)
+    whole = mlakit.mla_prefill(problem.q, problem.batch.kv_cache, problem.weight, meta, backend="triton",
+                               softmax_scale=1, check_inputs=False)  # an int: checked, then run unprepared
+    problem.scale = 1.0
+    _assert_matches(*whole, *problem.latent_form())
+
+
+def test_what_the_prepared_path_declines(kernel_device):
+    """fp8 caches, a weight of another dtype than the cache and pages at a stride take the torch gather; a
+    pass without key rows (no plan makes one) is not prepared. Each still gives the right answer."""
+    fp8 = Problem([13, 2], [3, 5], heads=2, page_size=8, kv_dtype="fp8_e4m3", exact_decompression=False, seed=6,
+                  device=kernel_device)
+    float32_weight = Problem([13, 2], [3, 5], heads=2, page_size=8, w_dtype=torch.float32, seed=7,
+                             device=kernel_device)
+    for problem in (fp8, float32_weight):
+        meta = problem.plan()
+        assert prepare_prefill(meta, problem.q, problem.batch.kv_cache, problem.weight, problem.batch.kv_scale) is None
+        for _ in range(2):
+            out, lse = mlakit.mla_prefill(problem.q, problem.batch.kv_cache, problem.weight, meta,
+                                          softmax_scale=problem.scale, kv_scale=problem.batch.kv_scale,
+                                          backend="triton", check_inputs=False)
+        assert not meta.calls
+        _assert_matches(out, lse, *problem.latent_form(), lse_tol=problem.score_rounding_bound() + 1e-4)
+    problem = Problem([13, 2], [3, 5], heads=2, page_size=8, seed=8, device=kernel_device)
+    cache = problem.batch.kv_cache
+    spaced = torch.empty(cache.shape[0], 2 * cache.shape[1], cache.shape[2], dtype=cache.dtype, device=cache.device)
+    spaced[:, : cache.shape[1]] = cache
+    strided = spaced[:, : cache.shape[1]]  # each page followed by a page's worth of other memory
+    assert fused_rows(strided, None, problem.weight, problem.q.dtype) is None
+    meta = problem.plan()
+    _assert_matches(*mlakit.mla_prefill(problem.q, strided, problem.weight, meta, softmax_scale=problem.scale,
+                                        backend="triton", check_inputs=False), *problem.latent_form())
+    batch = len(problem.new)
+    no_rows = KeyRows(Segments((0,) * batch, torch.zeros(batch + 1, dtype=torch.int32, device=kernel_device)),
+                      (0,) * batch, torch.zeros(0, dtype=torch.int64, device=kernel_device))
+    with_an_empty_chunk = PrefillMetadata(meta.queries, meta.causal_keys, (no_rows,), meta.page_size)
+    assert prepare_prefill(with_an_empty_chunk, problem.q, cache, problem.weight, None) is None
+    assert prepare_prefill(meta, problem.q, cache, problem.weight, None) is not None
+
+
+def test_large_passes_take_the_torch_gather(kernel_device, monkeypatch):
+    problem = Problem([40, 3], [6, 2], heads=3, page_size=8, seed=9, device=kernel_device)
+    meta = problem.plan()
+    rows = fused_rows(problem.batch.kv_cache, None, problem.weight, problem.q.dtype)
+    slots = meta.causal_keys.slots
+    monkeypatch.setattr(prepared, "FUSED_GATHER_LIMIT", 3 * slots.shape[0])
+    fused = prepared.plan_gather(rows, slots, problem.weight, 3, 16)
+    monkeypatch.setattr(prepared, "FUSED_GATHER_LIMIT", 3 * slots.shape[0] - 1)
+    assert prepared.plan_gather(rows, slots, problem.weight, 3, 16) == TorchGather(3, 16)
+    assert not isinstance(fused, TorchGather)
+    for a, b in zip(fused(rows, slots, problem.weight), TorchGather(3, 16)(rows, slots, problem.weight)):
+        assert a.shape == b.shape and a.stride()[1:] == b.stride()[1:]
+        assert torch.allclose(a.float(), b.float(), rtol=1e-2, atol=1e-2)
