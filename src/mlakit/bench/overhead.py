@@ -75,11 +75,13 @@ class OverheadCase:
 
 def default_cases() -> list[OverheadCase]:
     """The issue's grid: decode at 16 and 128 heads, q_len 1 and 2, batch 1 x 1024 and 64 x 4096; extend
-    of 4 new tokens over 8 x 1024; prefill of 512 new tokens, alone and after a 4096-token prefix."""
+    of 4 new tokens over 8 x 1024; prefill of 512 new tokens, alone and after a 4096-token prefix, and of
+    128 tokens (a prompt short enough for the host to be the bottleneck)."""
     decode = [OverheadCase("decode", heads, batch, seqlen, q_len)
               for heads in (16, 128) for q_len in (1, 2) for batch, seqlen in ((1, 1024), (64, 4096))]
     extend = [OverheadCase("extend", heads, 8, 1024, 4) for heads in (16, 128)]
-    prefill = [OverheadCase("prefill", 128, 1, 512, 512), OverheadCase("prefill", 16, 1, 4608, 512)]
+    prefill = [OverheadCase("prefill", 128, 1, 512, 512), OverheadCase("prefill", 16, 1, 4608, 512),
+               OverheadCase("prefill", 128, 1, 128, 128), OverheadCase("prefill", 16, 1, 128, 128)]
     return decode + extend + prefill
 
 

@@ -8,12 +8,13 @@ from collections.abc import Callable
 
 import torch
 
-# Calls per host-time loop: below the CUDA launch queue's depth (about a thousand launches), so that the
-# loop measures the host and not a full queue.
-CALLS = 400
+# Calls per host-time loop: few enough launches that the CUDA launch queue never fills (it holds about a
+# thousand small launches, fewer with large arguments such as TMA descriptors: 400 prefill calls filled
+# it on the H100), so that the loop measures the host and not the GPU.
+CALLS = 100
 
 
-def host_us_per_call(call: Callable[[], object], calls: int = CALLS, rounds: int = 5) -> float:
+def host_us_per_call(call: Callable[[], object], calls: int = CALLS, rounds: int = 9) -> float:
     """Host microseconds per call: the mean over `calls` back-to-back calls without a sync, the median of
     `rounds` such loops (a shared host's timings wander by tens of percent from loop to loop)."""
     call()

@@ -21,8 +21,8 @@ from mlakit.prefill.mha import decompress, gather_and_decompress
 from mlakit.reference import pages_view
 
 # Passes of at most this many key rows x heads take the fused gather-decompress kernel: up to there it costs
-# the GPU about what index_select + cuBLAS do (0.85-1.05x on the H100) and saves their host time; beyond,
-# cuBLAS is 1.2-1.3x faster (benchmarks/NOTES.md, "Eager prefill").
+# the GPU at most ~7 µs more than index_select + cuBLAS (0.85-1.05x their time on the H100) and saves ~40 µs
+# of host time a call; beyond, cuBLAS is 1.2-1.3x faster (benchmarks/NOTES.md, "Eager prefill").
 FUSED_GATHER_LIMIT = 65536
 
 
