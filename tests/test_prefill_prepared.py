@@ -144,3 +144,28 @@ def test_large_passes_take_the_torch_gather(kernel_device, monkeypatch):
     for a, b in zip(fused(rows, slots, problem.weight), TorchGather(3, 16)(rows, slots, problem.weight)):
         assert a.shape == b.shape and a.stride()[1:] == b.stride()[1:]
         assert torch.allclose(a.float(), b.float(), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("chunk", [None, 24], ids=["one-pass", "chunked"])
+def test_prepared_call_at_deepseek_widths(chunk, kernel_device):
+    """DeepSeek's widths (where an SM90 GPU runs the Hopper kernel fed by the gather's addresses)."""
+    problem = Problem([40, 0], [5, 3], heads=1, page_size=16, d_nope=128, d_v=128, kv_lora_rank=512, rope_dim=64,
+                      exact_decompression=False, seed=12, device=kernel_device)
+    meta = problem.plan(prefix_chunk_tokens=chunk)
+    checked = _prefill(problem, meta)
+    for _ in range(2):
+        out, lse = _prefill(problem, meta, check_inputs=False)
+        assert torch.equal(out, checked[0]) and torch.equal(lse, checked[1])
+    _assert_matches(out, lse, *problem.latent_form(), lse_tol=problem.score_rounding_bound() + 1e-4)
+
+
+def test_gather_matrices_are_the_views_as_tma_reads_them(kernel_device):
+    from mlakit.kernels.gather_decompress import plan_gather
+    from mlakit.kernels.hopper_prefill import head_rows
+
+    rows = torch.randn(50, 40, device=kernel_device).to(torch.bfloat16)
+    weight = torch.randn(3 * 40, 32, device=kernel_device).to(torch.bfloat16)
+    slots = torch.tensor([4, 9, 1], device=kernel_device)
+    launch = plan_gather(rows, slots, weight, heads=3, nope_dim=16)
+    buf = launch.buffer(rows.device)
+    assert launch.matrices(buf) == tuple(head_rows(view) for view in launch.views(buf))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 import torch
 import triton
@@ -21,6 +22,9 @@ import triton.language as tl
 from mlakit.errors import MLAInputError
 from mlakit.kernels.interpreter import INTERPRET
 from mlakit.kernels.launch import CachedLaunch
+
+if TYPE_CHECKING:
+    from mlakit.kernels.hopper_common import Matrix
 
 DTYPES = (torch.bfloat16, torch.float16)
 # Output rows (and the rope columns within them) start on this many bytes.
@@ -133,13 +137,26 @@ class GatherLaunch:
                 buf.as_strided((self.m, self.rope), (width, 1), self.rope_at),
                 buf.as_strided((self.m, self.heads, per_head - self.nope_dim), (width, per_head, 1), self.nope_dim))
 
-    def __call__(self, rows: torch.Tensor, slots: torch.Tensor,
-                 kv_b_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def matrices(self, buf: torch.Tensor) -> tuple[Matrix, Matrix, Matrix]:
+        """`views(buf)` as `(address, dtype, shape, strides)` matrices of token rows whose columns run over
+        every head's span (how TMA descriptors read them), computed from `buf`'s address alone."""
+        address, size, per_head = buf.data_ptr(), buf.element_size(), self.per_head
+        return ((address, self.dtype, (self.m, (self.heads - 1) * per_head + self.nope_dim), (self.width, 1)),
+                (address + self.rope_at * size, self.dtype, (self.m, self.rope), (self.width, 1)),
+                (address + self.nope_dim * size, self.dtype, (self.m, self.heads * per_head - self.nope_dim),
+                 (self.width, 1)))
+
+    def launch(self, rows: torch.Tensor, slots: torch.Tensor, kv_b_weight: torch.Tensor) -> torch.Tensor:
+        """Allocates the buffer and launches the kernel into it."""
         buf = self.buffer(rows.device)
         if self.m > 0:
             _GATHER_DECOMPRESS(self.key, self.grid, (rows, slots, kv_b_weight, buf, self.m, *self.strides),
                                self.constants)
-        return self.views(buf)
+        return buf
+
+    def __call__(self, rows: torch.Tensor, slots: torch.Tensor,
+                 kv_b_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.views(self.launch(rows, slots, kv_b_weight))
 
 
 def plan_gather(rows: torch.Tensor, slots: torch.Tensor, kv_b_weight: torch.Tensor, heads: int, nope_dim: int,

@@ -37,6 +37,9 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+# A matrix as a TMA descriptor reads it: address, dtype, shape and strides.
+Matrix = tuple[int, torch.dtype, tuple[int, int], tuple[int, int]]
+
 # Descriptors kept in each memo (a model's layers x the descriptors of one call, with room to spare).
 MAX_DESCRIPTORS = 1024
 _DESCRIPTORS: dict[tuple, TensorDescriptor] = {}
@@ -71,8 +74,7 @@ def row_descriptors(pages: torch.Tensor, boxes: tuple[tuple[int, int], ...]) -> 
     return found
 
 
-def matrix_descriptor(matrix: tuple[int, torch.dtype, tuple[int, int], tuple[int, int]],
-                      box: tuple[int, int]) -> TensorDescriptor:
+def matrix_descriptor(matrix: Matrix, box: tuple[int, int]) -> TensorDescriptor:
     """The TMA descriptor of a matrix `(address, dtype, shape, strides)` read in `box = (rows, columns)` blocks.
 
     Kept by address, shape, strides, dtype and box, so a matrix at a new address (or of a new shape)

@@ -35,7 +35,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                              warpgroup_mma_wait)
 
-from mlakit.kernels.hopper_common import (GLUON_DTYPES, capability, finish_rows, matrix_descriptor, no_keys_yet,
+from mlakit.kernels.hopper_common import (GLUON_DTYPES, Matrix, capability, finish_rows, matrix_descriptor, no_keys_yet,
                                           hand_over, online_softmax, take_over, zero_rows_from)
 from mlakit.errors import MLAInputError
 from mlakit.kernels.launch import CachedLaunch
@@ -73,7 +73,7 @@ def supports(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch
     widths_ok = (k_nope.shape[-1] in NOPE_DIMS and k_pe.shape[-1] in ROPE_DIMS and v.shape[-1] in V_DIMS
                  and q.shape[-1] == k_nope.shape[-1] + k_pe.shape[-1])
     strides = [s for t in tensors for s in t.stride()[:-1]]
-    columns_ok = all(_head_rows(t)[2][1] < 2**31 for t in tensors)  # TMA's int32 column coordinates
+    columns_ok = all(head_rows(t)[2][1] < 2**31 for t in tensors)  # TMA's int32 column coordinates
     return (widths_ok and columns_ok and all(t.data_ptr() % 16 == 0 for t in tensors)
             and all(s * q.element_size() % 16 == 0 for s in strides))
 
@@ -295,11 +295,18 @@ class HopperPrefillLaunch:
                  cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                  scale_log2: float) -> None:
         """Runs the pass on tensors of the planned layout with at least one key row (TMA descriptors need rows)."""
-        q_rows = _head_rows(q)
+        self.launch_matrices(q, head_rows(k_nope), head_rows(k_pe), head_rows(v), cu_seqlens_q, cu_seqlens_k, out,
+                             lse, scale_log2)
+
+    def launch_matrices(self, q: torch.Tensor, k_nope: Matrix, k_pe: Matrix, v: Matrix, cu_seqlens_q: torch.Tensor,
+                        cu_seqlens_k: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, scale_log2: float) -> None:
+        """The call with k_nope, k_pe and v given as the matrices `head_rows` makes of them (a caller that
+        knows their addresses needs no tensor views)."""
+        q_rows = head_rows(q)
         q_nope_box, q_pe_box, kn_box, kpe_box, v_box = self.boxes
         descriptors = (matrix_descriptor(q_rows, q_nope_box), matrix_descriptor(q_rows, q_pe_box),
-                       matrix_descriptor(_head_rows(k_nope), kn_box), matrix_descriptor(_head_rows(k_pe), kpe_box),
-                       matrix_descriptor(_head_rows(v), v_box))
+                       matrix_descriptor(k_nope, kn_box), matrix_descriptor(k_pe, kpe_box),
+                       matrix_descriptor(v, v_box))
         _PREFILL(self.key, self.grid, (*descriptors, out, lse, cu_seqlens_q, cu_seqlens_k, scale_log2, *self.strides),
                  self.constants)
 
@@ -337,7 +344,7 @@ def shared_bytes(nope_dim: int, rope_dim: int, v_dim: int, block_n: int, stages:
     return 2 * (BLOCK_M * (nope_dim + rope_dim) + stages * block_n * (nope_dim + rope_dim + v_dim)) + 1024
 
 
-def _head_rows(x: torch.Tensor) -> tuple[int, torch.dtype, tuple[int, int], tuple[int, int]]:
+def head_rows(x: torch.Tensor) -> Matrix:
     """`x [tokens, heads, width]` (or `[tokens, width]`) as one matrix of token rows whose columns run
     over every head's span (head h at column h * stride(1)): address, dtype, shape and strides."""
     if x.dim() == 2:

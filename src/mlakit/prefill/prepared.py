@@ -11,6 +11,7 @@ and a cuBLAS GEMM on large ones) and the attention kernel.
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -19,6 +20,9 @@ from mlakit.kernels.triton_prefill import LOG2E, AttentionLaunch, plan_attention
 from mlakit.prefill.metadata import PrefillMetadata
 from mlakit.prefill.mha import decompress, gather_and_decompress
 from mlakit.reference import pages_view
+
+if TYPE_CHECKING:
+    from mlakit.kernels.hopper_prefill import HopperPrefillLaunch
 
 # Passes of at most this many key rows x heads take the fused gather-decompress kernel: up to there it costs
 # the GPU at most ~7 µs more than index_select + cuBLAS (0.85-1.05x their time on the H100) and saves ~40 µs
@@ -79,12 +83,31 @@ def decompress_rows(kv_cache: torch.Tensor, kv_scale: torch.Tensor | None, slots
 
 @dataclasses.dataclass(frozen=True)
 class _Pass:
-    """One attention pass: its key rows' cache slots and segments, and its two launches."""
+    """One attention pass: its key rows' cache slots and segments, its gather and its attention launch."""
 
     slots: torch.Tensor
     cu_seqlens_k: torch.Tensor
     gather: gather_decompress.GatherLaunch | TorchGather
     attend: AttentionLaunch
+
+    def __call__(self, rows: torch.Tensor, kv_b_weight: torch.Tensor, q: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                 out: torch.Tensor, lse: torch.Tensor, scale_log2: float) -> None:
+        k_nope, k_pe, v = self.gather(rows, self.slots, kv_b_weight)
+        self.attend(q, k_nope, k_pe, v, cu_seqlens_q, self.cu_seqlens_k, out, lse, scale_log2)
+
+
+@dataclasses.dataclass(frozen=True)
+class _FusedHopperPass(_Pass):
+    """A pass whose fused gather feeds the Hopper kernel: the buffer's keys and values go to the launch as
+    addresses (`GatherLaunch.matrices`), without tensor views."""
+
+    gather: gather_decompress.GatherLaunch
+    attend: HopperPrefillLaunch
+
+    def __call__(self, rows: torch.Tensor, kv_b_weight: torch.Tensor, q: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                 out: torch.Tensor, lse: torch.Tensor, scale_log2: float) -> None:
+        k_nope, k_pe, v = self.gather.matrices(self.gather.launch(rows, self.slots, kv_b_weight))
+        self.attend.launch_matrices(q, k_nope, k_pe, v, cu_seqlens_q, self.cu_seqlens_k, out, lse, scale_log2)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,8 +128,7 @@ class PreparedPrefill:
         lse = torch.empty(self.out_shape[:2], dtype=torch.float32, device=q.device)
         scale_log2 = softmax_scale * LOG2E
         for step in self.passes:
-            k_nope, k_pe, v = step.gather(rows, step.slots, kv_b_weight)
-            step.attend(q, k_nope, k_pe, v, self.cu_seqlens_q, step.cu_seqlens_k, out, lse, scale_log2)
+            step(rows, kv_b_weight, q, self.cu_seqlens_q, out, lse, scale_log2)
         return (out if self.out_dtype == q.dtype else out.to(q.dtype)), lse
 
 
@@ -145,5 +167,6 @@ def prepare_prefill(meta: PrefillMetadata, q: torch.Tensor, kv_cache: torch.Tens
         k_nope, k_pe, v = gather(rows, keys.slots, kv_b_weight)
         attend = plan_attention(q, k_nope, k_pe, v, meta.queries.cu_seqlens, keys.segments.cu_seqlens, out, lse,
                                 max_q_len=meta.queries.max_len, causal=causal, merge=index > 0)
-        planned.append(_Pass(keys.slots, keys.segments.cu_seqlens, gather, attend))
+        fused_hopper = isinstance(gather, gather_decompress.GatherLaunch) and hasattr(attend, "launch_matrices")
+        planned.append((_FusedHopperPass if fused_hopper else _Pass)(keys.slots, keys.segments.cu_seqlens, gather, attend))
     return PreparedPrefill(rows_shape, out_shape, out.dtype, meta.queries.cu_seqlens, tuple(planned))
