@@ -3,7 +3,8 @@
 # Where the system Python already has torch (e.g. a CUDA build), the venv reuses it
 # through --system-site-packages instead of downloading another torch/triton; if the
 # package index cannot be reached there (a GPU machine without network), the system's
-# own versions of the other requirements serve, with a warning naming them.
+# own versions of the other requirements serve, with a warning naming them (only then: where the
+# index answers, a failed install stops the set-up).
 set -euo pipefail
 PYTHON="${PYTHON:-python3}"
 VENV="${VENV:-.venv}"
@@ -21,6 +22,10 @@ if "$PYTHON" -c "import torch" >/dev/null 2>&1; then
     "$PYTHON" -c 'import site, sys; print("\n".join(site.getsitepackages()) if sys.prefix != sys.base_prefix else "")' \
         > "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_python_site.pth"
     if ! pip_install -r requirements/base.txt; then
+        if "$VENV/bin/python" -m pip index versions pip --retries 0 --timeout 5 >/dev/null 2>&1; then
+            echo "bootstrap: the package index answers, so requirements/base.txt failed for another reason (above)" >&2
+            exit 1
+        fi
         missing=$("$VENV/bin/python" -c "
 import importlib.util, sys
 print(' '.join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))" $REQUIRED_MODULES)
@@ -30,7 +35,12 @@ print(' '.join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))"
         fi
         versions=$("$VENV/bin/python" -c "
 import importlib.metadata as md, sys
-print(', '.join(f'{m} {md.version(m)}' for m in sys.argv[1:]))" $REQUIRED_MODULES)
+def version(name):
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return '(version unknown)'
+print(', '.join(f'{m} {version(m)}' for m in sys.argv[1:]))" $REQUIRED_MODULES)
         echo "bootstrap: WARNING: requirements/base.txt could not be installed (no package index?); using the system's $versions" >&2
     fi
     if ! pip_install --no-deps -e .; then

@@ -52,7 +52,7 @@ def _run(q_lens, k_lens, heads, widths, causal, tuning, dtype, seed):
 @pytest.mark.parametrize("widths", WIDTHS, ids=lambda w: "x".join(map(str, w)))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("q_lens, k_lens, heads, causal", CASES)
-def test_hopper_kernel_matches_float32_oracle(q_lens, k_lens, heads, causal, dtype, widths, tuning):
+def test_sm90_kernels_match_float32_oracle(q_lens, k_lens, heads, causal, dtype, widths, tuning):
     seed = sum(q_lens) + 3 * sum(k_lens) + heads + tuning.block_n + widths[0]
     out, lse, (expected_out, expected_lse), rows = _run(q_lens, k_lens, heads, widths, causal, tuning, dtype, seed)
     _assert_matches(out[:rows], lse[:rows], expected_out[:rows], expected_lse[:rows])

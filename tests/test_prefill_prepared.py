@@ -6,12 +6,14 @@ decline what it does not serve (those calls take the unprepared path)."""
 from __future__ import annotations
 
 import gc
+import weakref
 
 import pytest
 import torch
 
 import mlakit
 from mlakit.prefill.metadata import KeyRows, PrefillMetadata, Segments
+from mlakit.kernels import gather_decompress
 from mlakit.prefill import prepared
 from mlakit.prefill.prepared import TorchGather, fused_rows, prepare_prefill
 from test_prefill import Problem, _assert_matches
@@ -93,7 +95,7 @@ def test_scales_that_need_a_check_skip_the_prepared_call(kernel_device):
             mlakit.mla_prefill(problem.q, problem.batch.kv_cache, problem.weight, meta, softmax_scale=scale,
                                backend="triton", check_inputs=False)
     whole = mlakit.mla_prefill(problem.q, problem.batch.kv_cache, problem.weight, meta, backend="triton",
-                               softmax_scale=1, check_inputs=False)  # an int: checked, then run unprepared
+                               softmax_scale=1, check_inputs=False)  # an int: checked, then the prepared call
     problem.scale = 1.0
     _assert_matches(*whole, *problem.latent_form())
 
@@ -169,3 +171,58 @@ def test_gather_matrices_are_the_views_as_tma_reads_them(kernel_device):
     launch = plan_gather(rows, slots, weight, heads=3, nope_dim=16)
     buf = launch.buffer(rows.device)
     assert launch.matrices(buf) == tuple(head_rows(view) for view in launch.views(buf))
+
+
+def test_scales_of_any_real_type_take_the_one_prepared_call(kernel_device, monkeypatch):
+    np = pytest.importorskip("numpy")
+    problem = Problem([9, 3], [4, 2], heads=2, page_size=8, seed=13, device=kernel_device)
+    meta = problem.plan()
+    prepares = []
+    real_prepare = prepared.prepare_prefill
+    monkeypatch.setattr(prepared, "prepare_prefill", lambda *args: prepares.append(1) or real_prepare(*args))
+    results = [mlakit.mla_prefill(problem.q, problem.batch.kv_cache, problem.weight, meta, softmax_scale=scale,
+                                  backend="triton", check_inputs=False)
+               for scale in (np.float64(problem.scale), np.float32(problem.scale), float(np.float32(problem.scale)))]
+    assert len(prepares) == 1 and len(meta.calls) == 1
+    assert torch.equal(results[1][0], results[2][0]) and torch.equal(results[1][1], results[2][1])
+
+
+def test_preparing_computes_nothing(kernel_device, monkeypatch):
+    """Planning reads layouts only: no gather runs (its buffers are planned unwritten), so the first call of a
+    step costs one gather a pass, like every later one."""
+    problem = Problem([60, 0, 13], [6, 4, 0], heads=5, page_size=4, seed=14, device=kernel_device)
+    meta = problem.plan(prefix_chunk_tokens=16)
+    runs = []
+    for kind in (prepared.TorchGather, gather_decompress.GatherLaunch):
+        original = kind.__call__
+        monkeypatch.setattr(kind, "__call__", lambda self, *args, original=original: runs.append(self) or original(self, *args))
+    monkeypatch.setattr(gather_decompress.GatherLaunch, "launch", lambda *args: runs.append(args) or None)
+    for limit in (prepared.FUSED_GATHER_LIMIT, 0):
+        monkeypatch.setattr(prepared, "FUSED_GATHER_LIMIT", limit)
+        assert prepare_prefill(meta, problem.q, problem.batch.kv_cache, problem.weight, None) is not None
+    assert runs == []
+
+
+def test_the_gather_buffer_lives_until_the_attention_is_queued(kernel_device):
+    """The fused Hopper pass hands the attention launch addresses, not tensors: the buffer must still be held
+    when that launch is queued, or another allocation could take its memory first."""
+    problem = Problem([20], [6], heads=2, page_size=8, seed=15, device=kernel_device)
+    meta = problem.plan()
+    rows = fused_rows(problem.batch.kv_cache, None, problem.weight, problem.q.dtype)
+    gather = gather_decompress.plan_gather(rows, meta.causal_keys.slots, problem.weight, 2, 16)
+    buffers, alive_at_launch = [], []
+    launch = gather.launch
+
+    class Recording:
+        def launch_matrices(self, *args):
+            alive_at_launch.append(buffers[0]() is not None)
+
+    def kept_launch(*args):
+        buf = launch(*args)
+        buffers.append(weakref.ref(buf))
+        return buf
+
+    step = prepared._FusedHopperPass(meta.causal_keys.slots, meta.causal_keys.segments.cu_seqlens, gather, Recording())
+    object.__setattr__(gather, "launch", kept_launch)
+    step(rows, problem.weight, problem.q, meta.queries.cu_seqlens, None, None, 1.0)
+    assert alive_at_launch == [True]

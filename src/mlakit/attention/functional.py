@@ -459,10 +459,10 @@ def mla_prefill(
                       meta.queries.cu_seqlens.device, backend if isinstance(backend, str) else id(backend))
         except (AttributeError, TypeError):
             layout = None
-        prepared = _prepared_prefill(meta, layout, softmax_scale)
-        if prepared is not None:
-            return prepared(q, kv_cache, kv_b_weight, kv_scale, softmax_scale)
     scale = checked_softmax_scale(softmax_scale)
+    prepared = _prepared_prefill(meta, layout)
+    if prepared is not None:
+        return prepared(q, kv_cache, kv_b_weight, kv_scale, scale)
     call = _resolved(layout)
     if call is None:
         check_prefill_inputs(q, kv_cache, kv_b_weight, meta, kv_scale, check_values=check_inputs)
@@ -478,11 +478,10 @@ def mla_prefill(
     return entry.prefill(q, kv_cache, kv_b_weight, meta, softmax_scale=scale, kv_scale=kv_scale)
 
 
-def _prepared_prefill(meta: PrefillMetadata, layout: tuple | None,
-                      softmax_scale: object) -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | None:
-    """The prefill `meta`'s backend prepared for this layout, when the call may take it (a scale that needs
-    no check: a finite float > 0)."""
-    if layout is None or type(softmax_scale) is not float or not 0 < softmax_scale < math.inf:
+def _prepared_prefill(meta: PrefillMetadata,
+                      layout: tuple | None) -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | None:
+    """The prefill `meta`'s backend prepared for this layout, if any."""
+    if layout is None:
         return None
     try:
         return meta.calls.get(layout)

@@ -276,13 +276,13 @@ def triton_mha_prefill(
         raise MLAInputError(f"lse: expected float32 {(tokens, heads)} with contiguous heads, got {lse.dtype} {tuple(lse.shape)}")
     out = q.new_empty(tokens, heads, v_dim) if out is None else out
     lse = torch.empty(tokens, heads, dtype=torch.float32, device=q.device) if lse is None else lse
-    plan = plan_attention(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, out, lse, max_q_len=max_q_len,
-                          causal=causal, merge=merge, tuning=tuning)
     if tokens == 0 or cu_seqlens_q.shape[0] == 1 or max_q_len == 0 or k_nope.shape[0] == 0:  # no query sees a key
         if not merge:
             out.zero_()
             lse.fill_(float("-inf"))
         return out, lse
+    plan = plan_attention(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, out, lse, max_q_len=max_q_len,
+                          causal=causal, merge=merge, tuning=tuning)
     plan(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, out, lse, softmax_scale * LOG2E)
     return out, lse
 

@@ -64,7 +64,19 @@ def decompress(
     (torch.Size([3, 2, 4]), torch.Size([3, 2]), torch.Size([3, 2, 5]))
     """
     rank = kv_b_weight.shape[1]
-    per_head = (rows[:, :rank] @ kv_b_weight.to(rows.dtype).t()).view(rows.shape[0], heads, kv_b_weight.shape[0] // heads)
+    return split_heads(rows[:, :rank] @ kv_b_weight.to(rows.dtype).t(), rows, rank, heads, nope_dim)
+
+
+def split_heads(product: torch.Tensor, rows: torch.Tensor, rank: int, heads: int,
+                nope_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`decompress`'s views: `k_nope` and `v` of the GEMM's `product [m, H * (d_nope + d_v)]` and the
+    latent `rows`' rope columns past `rank` as `k_pe`.
+
+    >>> k_nope, k_pe, v = split_heads(torch.zeros(3, 18), torch.zeros(3, 10), rank=8, heads=2, nope_dim=4)
+    >>> k_nope.shape, k_pe.shape, v.shape
+    (torch.Size([3, 2, 4]), torch.Size([3, 2]), torch.Size([3, 2, 5]))
+    """
+    per_head = product.view(rows.shape[0], heads, product.shape[1] // heads)
     return per_head[..., :nope_dim], rows[:, rank:], per_head[..., nope_dim:]
 
 

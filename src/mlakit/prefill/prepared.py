@@ -17,8 +17,8 @@ import torch
 
 from mlakit.kernels import gather_decompress
 from mlakit.kernels.triton_prefill import LOG2E, AttentionLaunch, plan_attention
-from mlakit.prefill.metadata import PrefillMetadata
-from mlakit.prefill.mha import decompress, gather_and_decompress
+from mlakit.prefill.metadata import KeyRows, PrefillMetadata
+from mlakit.prefill.mha import decompress, gather_and_decompress, split_heads
 from mlakit.reference import pages_view
 
 if TYPE_CHECKING:
@@ -59,6 +59,13 @@ class TorchGather:
     def __call__(self, rows: torch.Tensor, slots: torch.Tensor,
                  kv_b_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return decompress(rows.index_select(0, slots), kv_b_weight, self.heads, self.nope_dim)
+
+    def sample(self, rows: torch.Tensor, slots: torch.Tensor,
+               kv_b_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Unwritten tensors laid out as a call's results (to plan the attention from, computing nothing)."""
+        gathered = rows.new_empty(slots.shape[0], rows.shape[1])
+        product = rows.new_empty(slots.shape[0], kv_b_weight.shape[0])
+        return split_heads(product, gathered, kv_b_weight.shape[1], self.heads, self.nope_dim)
 
 
 def plan_gather(rows: torch.Tensor, slots: torch.Tensor, kv_b_weight: torch.Tensor, heads: int,
@@ -106,7 +113,8 @@ class _FusedHopperPass(_Pass):
 
     def __call__(self, rows: torch.Tensor, kv_b_weight: torch.Tensor, q: torch.Tensor, cu_seqlens_q: torch.Tensor,
                  out: torch.Tensor, lse: torch.Tensor, scale_log2: float) -> None:
-        k_nope, k_pe, v = self.gather.matrices(self.gather.launch(rows, self.slots, kv_b_weight))
+        buf = self.gather.launch(rows, self.slots, kv_b_weight)  # held until the attention is queued behind it
+        k_nope, k_pe, v = self.gather.matrices(buf)
         self.attend.launch_matrices(q, k_nope, k_pe, v, cu_seqlens_q, self.cu_seqlens_k, out, lse, scale_log2)
 
 
@@ -161,12 +169,21 @@ def prepare_prefill(meta: PrefillMetadata, q: torch.Tensor, kv_cache: torch.Tens
     out_shape = (q.shape[0], heads, v_dim)
     out = torch.empty(out_shape, dtype=torch.float32 if chunked else q.dtype, device=q.device)
     lse = torch.empty(out_shape[:2], dtype=torch.float32, device=q.device)
-    planned = []
-    for index, (keys, causal) in enumerate(passes):
-        gather = plan_gather(rows, keys.slots, kv_b_weight, heads, nope_dim)
-        k_nope, k_pe, v = gather(rows, keys.slots, kv_b_weight)
-        attend = plan_attention(q, k_nope, k_pe, v, meta.queries.cu_seqlens, keys.segments.cu_seqlens, out, lse,
-                                max_q_len=meta.queries.max_len, causal=causal, merge=index > 0)
-        fused_hopper = isinstance(gather, gather_decompress.GatherLaunch) and hasattr(attend, "launch_matrices")
-        planned.append((_FusedHopperPass if fused_hopper else _Pass)(keys.slots, keys.segments.cu_seqlens, gather, attend))
-    return PreparedPrefill(rows_shape, out_shape, out.dtype, meta.queries.cu_seqlens, tuple(planned))
+    planned = tuple(_plan_pass(meta, keys, causal, index > 0, rows, q, kv_b_weight, heads, nope_dim, out, lse)
+                    for index, (keys, causal) in enumerate(passes))
+    return PreparedPrefill(rows_shape, out_shape, out.dtype, meta.queries.cu_seqlens, planned)
+
+
+def _plan_pass(meta: PrefillMetadata, keys: KeyRows, causal: bool, merge: bool, rows: torch.Tensor, q: torch.Tensor,
+               kv_b_weight: torch.Tensor, heads: int, nope_dim: int, out: torch.Tensor, lse: torch.Tensor) -> _Pass:
+    """One pass planned on unwritten tensors of its gather's result layout (nothing is computed)."""
+    gather = plan_gather(rows, keys.slots, kv_b_weight, heads, nope_dim)
+    if isinstance(gather, TorchGather):
+        k_nope, k_pe, v = gather.sample(rows, keys.slots, kv_b_weight)
+    else:
+        k_nope, k_pe, v = gather.views(gather.buffer(rows.device))
+    attend = plan_attention(q, k_nope, k_pe, v, meta.queries.cu_seqlens, keys.segments.cu_seqlens, out, lse,
+                            max_q_len=meta.queries.max_len, causal=causal, merge=merge)
+    fused_hopper = isinstance(gather, gather_decompress.GatherLaunch) and hasattr(attend, "launch_matrices")
+    return (_FusedHopperPass if fused_hopper else _Pass)(keys.slots, keys.segments.cu_seqlens, gather, attend)
+
