@@ -8,7 +8,8 @@
 set -euo pipefail
 PYTHON="${PYTHON:-python3}"
 VENV="${VENV:-.venv}"
-REQUIRED_MODULES="numpy transformers safetensors click rich pytest hypothesis matplotlib"
+# The packages pinned in requirements/base.txt (each imports under its own name).
+REQUIRED_MODULES=$(sed -n 's/^\([A-Za-z0-9_.-]*\)==.*/\1/p' requirements/base.txt)
 
 pip_install() {
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$@"

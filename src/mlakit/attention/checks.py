@@ -311,7 +311,7 @@ def check_prefill_inputs(
     if meta.queries.cu_seqlens.device != q.device:
         raise _fail("meta", f"prefill metadata planned on {q.device} (the device of q)", meta.queries.cu_seqlens.device)
     if check_values:
-        slots = torch.cat([meta.causal_keys.slots, *(chunk.slots for chunk in meta.prefix_chunks)])
+        slots = torch.cat([keys.slots for keys, _ in meta.passes])
         if slots.numel() and not bool(((slots >= 0) & (slots < num_pages * page_size)).all()):
             raise _fail(
                 "block_table",

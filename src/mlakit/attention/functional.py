@@ -280,9 +280,15 @@ def _tensor_layout(tensor: torch.Tensor) -> tuple:
 
 
 def _resolved(layout: tuple | None) -> _ResolvedCall | None:
+    return _lookup(_RESOLVED, layout)
+
+
+def _lookup(memo: dict, layout: tuple | None) -> object:
+    """`memo[layout]`, or None where there is none or the layout holds an unhashable argument (the checks
+    will name it)."""
     try:
-        return _RESOLVED.get(layout)
-    except TypeError:  # an unhashable argument: the checks will name it
+        return memo.get(layout)
+    except TypeError:
         return None
 
 
@@ -293,10 +299,7 @@ def _prepared(metadata: object, layout: tuple | None, check_inputs: object,
     calls = getattr(metadata, "calls", None)
     if calls is None or check_inputs:
         return None
-    try:
-        found = calls.get(layout)
-    except TypeError:
-        return None
+    found = _lookup(calls, layout)
     if found is None:
         return None
     run, default_scale = found
@@ -460,7 +463,7 @@ def mla_prefill(
         except (AttributeError, TypeError):
             layout = None
     scale = checked_softmax_scale(softmax_scale)
-    prepared = _prepared_prefill(meta, layout)
+    prepared = _lookup(meta.calls, layout) if layout is not None else None
     if prepared is not None:
         return prepared(q, kv_cache, kv_b_weight, kv_scale, scale)
     call = _resolved(layout)
@@ -476,17 +479,6 @@ def mla_prefill(
             _keep(meta.calls, layout, run)
             return run(q, kv_cache, kv_b_weight, kv_scale, scale)
     return entry.prefill(q, kv_cache, kv_b_weight, meta, softmax_scale=scale, kv_scale=kv_scale)
-
-
-def _prepared_prefill(meta: PrefillMetadata,
-                      layout: tuple | None) -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | None:
-    """The prefill `meta`'s backend prepared for this layout, if any."""
-    if layout is None:
-        return None
-    try:
-        return meta.calls.get(layout)
-    except TypeError:
-        return None
 
 
 def _query_width(q: object, dims: int, layout: str) -> int:

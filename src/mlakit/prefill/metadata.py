@@ -87,6 +87,11 @@ class PrefillMetadata:
     calls: dict[tuple, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = dataclasses.field(
         default_factory=dict, init=False, compare=False, repr=False)
 
+    @property
+    def passes(self) -> tuple[tuple[KeyRows, bool], ...]:
+        """Each attention pass's key rows and whether it is causal: the new tokens' pass, then the prefix chunks."""
+        return ((self.causal_keys, True), *((chunk, False) for chunk in self.prefix_chunks))
+
 
 def plan_prefill(
     new_tokens: Sequence[int],

@@ -80,6 +80,17 @@ def split_heads(product: torch.Tensor, rows: torch.Tensor, rank: int, heads: int
     return per_head[..., :nope_dim], rows[:, rank:], per_head[..., nope_dim:]
 
 
+def head_dims(q: torch.Tensor, row_width: int, kv_b_weight: torch.Tensor) -> tuple[int, int]:
+    """d_nope and d_v of a prefill: q `[T, H, d_nope + d_rope]` over cache rows `row_width = kv_lora_rank +
+    d_rope` wide, decompressed through `kv_b_weight [H * (d_nope + d_v), kv_lora_rank]`.
+
+    >>> head_dims(torch.zeros(5, 2, 192), 576, torch.zeros(2 * 256, 512))
+    (128, 128)
+    """
+    nope_dim = q.shape[2] - (row_width - kv_b_weight.shape[1])
+    return nope_dim, kv_b_weight.shape[0] // q.shape[1] - nope_dim
+
+
 def gather_and_decompress(kv_cache: torch.Tensor, kv_scale: torch.Tensor | None, slots: torch.Tensor,
                           kv_b_weight: torch.Tensor, heads: int, nope_dim: int,
                           dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -111,13 +122,11 @@ def run_mha_prefill(
     `[T, H]` float32. A backend's prefill kernel is this with its `attend` (and `decompress_rows`)
     bound (`mha_prefill_kernel`)."""
     heads = q.shape[1]
-    nope_dim = q.shape[2] - (pages_view(kv_cache).shape[-1] - kv_b_weight.shape[1])
-    v_dim = kv_b_weight.shape[0] // heads - nope_dim
+    nope_dim, v_dim = head_dims(q, pages_view(kv_cache).shape[-1], kv_b_weight)
     chunked = bool(meta.prefix_chunks)
     out = torch.empty(q.shape[0], heads, v_dim, dtype=torch.float32 if chunked else q.dtype, device=q.device)
     lse = torch.empty(q.shape[0], heads, dtype=torch.float32, device=q.device)
-    passes = [(meta.causal_keys, True), *((chunk, False) for chunk in meta.prefix_chunks)]
-    for index, (keys, causal) in enumerate(passes):
+    for index, (keys, causal) in enumerate(meta.passes):
         k_nope, k_pe, v = decompress_rows(kv_cache, kv_scale, keys.slots, kv_b_weight, heads, nope_dim, q.dtype)
         attend(q, k_nope, k_pe, v, meta.queries, keys.segments, causal=causal, softmax_scale=softmax_scale,
                out=out, lse=lse, merge=index > 0)

@@ -18,7 +18,7 @@ import torch
 from mlakit.kernels import gather_decompress
 from mlakit.kernels.triton_prefill import LOG2E, AttentionLaunch, plan_attention
 from mlakit.prefill.metadata import KeyRows, PrefillMetadata
-from mlakit.prefill.mha import decompress, gather_and_decompress, split_heads
+from mlakit.prefill.mha import decompress, gather_and_decompress, head_dims, split_heads
 from mlakit.reference import pages_view
 
 if TYPE_CHECKING:
@@ -158,19 +158,17 @@ def prepare_prefill(meta: PrefillMetadata, q: torch.Tensor, kv_cache: torch.Tens
     (torch.Size([5, 2, 16]), torch.Size([5, 2]))
     """
     rows = fused_rows(kv_cache, kv_scale, kv_b_weight, q.dtype)
-    passes = [(meta.causal_keys, True), *((chunk, False) for chunk in meta.prefix_chunks)]
-    if rows is None or meta.queries.total == 0 or any(keys.slots.shape[0] == 0 for keys, _ in passes):
+    if rows is None or meta.queries.total == 0 or any(keys.slots.shape[0] == 0 for keys, _ in meta.passes):
         return None
     rows_shape = tuple(rows.shape)
     heads = q.shape[1]
-    nope_dim = q.shape[2] - (rows_shape[1] - kv_b_weight.shape[1])
-    v_dim = kv_b_weight.shape[0] // heads - nope_dim
+    nope_dim, v_dim = head_dims(q, rows_shape[1], kv_b_weight)
     chunked = bool(meta.prefix_chunks)
     out_shape = (q.shape[0], heads, v_dim)
     out = torch.empty(out_shape, dtype=torch.float32 if chunked else q.dtype, device=q.device)
     lse = torch.empty(out_shape[:2], dtype=torch.float32, device=q.device)
     planned = tuple(_plan_pass(meta, keys, causal, index > 0, rows, q, kv_b_weight, heads, nope_dim, out, lse)
-                    for index, (keys, causal) in enumerate(passes))
+                    for index, (keys, causal) in enumerate(meta.passes))
     return PreparedPrefill(rows_shape, out_shape, out.dtype, meta.queries.cu_seqlens, planned)
 
 
