@@ -177,6 +177,26 @@ def test_row_descriptors_are_kept_by_address_and_hold_no_tensor():
     assert alive() is None
 
 
+
+def test_a_descriptor_filling_two_arguments_is_expanded_once_for_each(monkeypatch):
+    """The decode kernels' latent and rope boxes are both 64 x 64 over the cache rows (one descriptor, two
+    kernel arguments with their own metadata): each argument's expansion is kept, neither evicts the other."""
+    from triton.backends.nvidia import driver as nvidia_driver
+
+    from mlakit.kernels import launch
+
+    expansions = []
+    monkeypatch.setattr(nvidia_driver, "make_tensordesc_arg",
+                        lambda descriptor, meta: expansions.append(meta["argument"]) or [meta["argument"]])
+    latent, rope = hopper_common.row_descriptors(torch.zeros(2, 64, 576, dtype=torch.bfloat16), ((64, 64), (64, 64)))
+    assert latent is rope
+    metas = ({"argument": "latent"}, {"argument": "rope"})
+    for _ in range(3):
+        assert [launch._expanded(latent, meta) for meta in metas] == [["latent"], ["rope"]]
+    assert expansions == ["latent", "rope"]
+    assert launch._expanded(latent, {"argument": "latent"}) == ["latent"]  # another kernel's metadata: its own
+    assert expansions == ["latent", "rope", "latent"]
+
 @triton.jit
 def _add_one(X, n, BLOCK: tl.constexpr):
     offsets = tl.arange(0, BLOCK)

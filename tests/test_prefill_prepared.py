@@ -203,26 +203,72 @@ def test_preparing_computes_nothing(kernel_device, monkeypatch):
     assert runs == []
 
 
-def test_the_gather_buffer_lives_until_the_attention_is_queued(kernel_device):
-    """The fused Hopper pass hands the attention launch addresses, not tensors: the buffer must still be held
-    when that launch is queued, or another allocation could take its memory first."""
-    problem = Problem([20], [6], heads=2, page_size=8, seed=15, device=kernel_device)
+def test_the_fused_passes_share_one_held_buffer(kernel_device):
+    """The fused gathers write one buffer the prepared call holds (as large as the largest pass), so no call
+    allocates one and the attention reads addresses that stay valid; each pass's keys are views made once."""
+    problem = Problem([60, 0, 13], [6, 4, 0], heads=5, page_size=4, seed=15, device=kernel_device)
+    meta = problem.plan(prefix_chunk_tokens=16)
+    run = prepare_prefill(meta, problem.q, problem.batch.kv_cache, problem.weight, None)
+    held = [step for step in run.passes if isinstance(step, prepared._HeldPass)]
+    assert len(held) == len(meta.passes) > 1
+    storages = {step.buffer.untyped_storage().data_ptr() for step in held}
+    assert len(storages) == 1
+    largest = max(step.gather.m * step.gather.width for step in held)
+    assert held[0].buffer.untyped_storage().nbytes() == largest * held[0].buffer.element_size()
+    for step in held:
+        assert step.buffer.shape == (step.gather.m, step.gather.width)
+    alive = weakref.ref(held[0].buffer)
+    del held
+    gc.collect()
+    assert alive() is not None  # the prepared call keeps it
+    for _ in range(2):  # every pass rewrites the shared buffer before its attention reads it
+        _assert_matches(*run(problem.q, problem.batch.kv_cache, problem.weight, None, problem.scale),
+                        *problem.latent_form())
+
+
+@pytest.mark.parametrize("check_inputs", [True, False], ids=["checked", "prepared"])
+@pytest.mark.parametrize("chunk", [None, 16], ids=["one-pass", "chunked"])
+def test_out_and_lse_given_are_written_in_place(chunk, check_inputs, kernel_device):
+    """Engines pass preallocated outputs: they are filled (chunked prefixes through the float32 merge, then
+    copied) and returned, equal to the allocating call's results."""
+    problem = Problem([60, 0, 13], [6, 4, 0], heads=5, page_size=4, seed=16, device=kernel_device)
+    meta = problem.plan(prefix_chunk_tokens=chunk)
+    want_out, want_lse = _prefill(problem, meta)
+    for _ in range(2):  # the second prepared call runs what the first kept
+        out = torch.full_like(want_out, float("nan"))
+        lse = torch.full_like(want_lse, float("nan"))
+        got_out, got_lse = _prefill(problem, meta, check_inputs=check_inputs, out=out, lse=lse)
+        assert got_out is out and got_lse is lse
+        assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+    only_out = torch.empty_like(want_out)
+    got_out, got_lse = _prefill(problem, meta, check_inputs=check_inputs, out=only_out)
+    assert got_out is only_out and torch.equal(only_out, want_out) and torch.equal(got_lse, want_lse)
+
+
+def test_out_and_lse_given_to_a_backend_that_cannot_write_them_are_copied(kernel_device):
+    problem = Problem([21, 4], [7, 2], heads=2, page_size=8, seed=17, device=kernel_device)
     meta = problem.plan()
-    rows = fused_rows(problem.batch.kv_cache, None, problem.weight, problem.q.dtype)
-    gather = gather_decompress.plan_gather(rows, meta.causal_keys.slots, problem.weight, 2, 16)
-    buffers, alive_at_launch = [], []
-    launch = gather.launch
+    out, lse = torch.empty(9, 2, 16, dtype=problem.q.dtype, device=kernel_device), torch.empty(9, 2, device=kernel_device)
+    got = mlakit.mla_prefill(problem.q, problem.batch.kv_cache, problem.weight, meta, softmax_scale=problem.scale,
+                             backend="reference", out=out, lse=lse)
+    assert got[0] is out and got[1] is lse
+    _assert_matches(out, lse, *problem.latent_form())
 
-    class Recording:
-        def launch_matrices(self, *args):
-            alive_at_launch.append(buffers[0]() is not None)
 
-    def kept_launch(*args):
-        buf = launch(*args)
-        buffers.append(weakref.ref(buf))
-        return buf
-
-    step = prepared._FusedHopperPass(meta.causal_keys.slots, meta.causal_keys.segments.cu_seqlens, gather, Recording())
-    object.__setattr__(gather, "launch", kept_launch)
-    step(rows, problem.weight, problem.q, meta.queries.cu_seqlens, None, None, 1.0)
-    assert alive_at_launch == [True]
+@pytest.mark.parametrize("check_inputs", [True, False], ids=["checked", "unchecked"])
+def test_outputs_of_the_wrong_layout_are_refused_by_name(check_inputs, kernel_device):
+    problem = Problem([21, 4], [7, 2], heads=2, page_size=8, seed=18, device=kernel_device)
+    meta = problem.plan()
+    tokens, dtype = 9, problem.q.dtype
+    bad = {
+        "out": [torch.empty(tokens, 2, 17, dtype=dtype, device=kernel_device),  # d_v is 16
+                torch.empty(tokens, 2, 16, dtype=torch.float32, device=kernel_device),
+                torch.empty(tokens, 16, 2, dtype=dtype, device=kernel_device).transpose(1, 2)],
+        "lse": [torch.empty(tokens, 3, device=kernel_device), torch.empty(tokens, 2, dtype=dtype, device=kernel_device),
+                torch.empty(2, tokens, device=kernel_device).t()],
+    }
+    for name, tensors in bad.items():
+        for tensor in tensors:
+            with pytest.raises(mlakit.MLAInputError, match=f"^{name}: expected"):
+                _prefill(problem, meta, check_inputs=check_inputs, **{name: tensor})
+    assert not meta.calls

@@ -266,9 +266,12 @@ def check_prefill_inputs(
     kv_scale: torch.Tensor | None,
     *,
     query_dtypes: tuple[torch.dtype, ...] = QUERY_DTYPES,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
     check_values: bool = True,
 ) -> None:
-    """Raises MLAInputError naming the first bad argument of an `mla_prefill` call.
+    """Raises MLAInputError naming the first bad argument of an `mla_prefill` call (`out` and `lse`: the
+    caller's outputs, `[T, heads, d_v]` in q's dtype and `[T, heads]` float32, last dims contiguous).
 
     >>> from mlakit.prefill.metadata import plan_prefill
     >>> table = torch.zeros(1, 1, dtype=torch.int32)
@@ -308,6 +311,8 @@ def check_prefill_inputs(
     if rows % heads or rows // heads <= nope_dim:
         raise _fail("kv_b_weight", f"{heads} heads x (d_nope {nope_dim} + d_v) rows", f"shape {tuple(kv_b_weight.shape)}")
     _check_kv_scale(kv_scale, pages, q.device)
+    check_output("out", out, (tokens, heads, rows // heads - nope_dim), q.dtype, q.device)
+    check_output("lse", lse, (tokens, heads), torch.float32, q.device)
     if meta.queries.cu_seqlens.device != q.device:
         raise _fail("meta", f"prefill metadata planned on {q.device} (the device of q)", meta.queries.cu_seqlens.device)
     if check_values:

@@ -408,7 +408,12 @@ def _run_into(entry, kernel, out, lse, *args, **kwargs) -> tuple[torch.Tensor, t
     backend that `writes_outputs`, copied there for the others."""
     if entry.writes_outputs:
         return kernel(*args, out=out, lse=lse, **kwargs)
-    result_out, result_lse = kernel(*args, **kwargs)
+    return _copied_into(out, lse, *kernel(*args, **kwargs))
+
+
+def _copied_into(out: torch.Tensor | None, lse: torch.Tensor | None, result_out: torch.Tensor,
+                 result_lse: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A kernel's results, copied into `out` and `lse` where those are given."""
     if out is not None:
         out.copy_(result_out)
         result_out = out
@@ -433,6 +438,8 @@ def mla_prefill(
     backend: str = AUTO,
     kv_scale: torch.Tensor | None = None,
     check_inputs: bool = True,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """MHA-form prefill: packed new tokens `q [T, heads, d_nope + d_rope]` (bf16/fp16, rope applied)
     attend causally to their sequence's cache, whose rows are decompressed per head through
@@ -441,10 +448,12 @@ def mla_prefill(
     `meta` comes from `plan_prefill` (once per step, shared by every layer): it says which
     cache rows each pass reads and cuts long prefixes into bounded chunks. The new tokens
     must already be in the cache. Returns out `[T, heads, d_v]` in q's dtype and lse `[T,
-    heads]` float32 (natural log). `check_inputs=False` skips the one check that reads values
+    heads]` float32 (natural log), written into `out` / `lse` where given (preallocated by the caller, as
+    engines do: a tensor of that shape and dtype on q's device, last dim contiguous). `check_inputs=False` skips the one check that reads values
     (every page index in range), which costs a host sync; the triton backend then also keeps the call
     prepared in `meta` for the inputs' layout (`mlakit.prefill.prepared`: tiles, launch keys and grids
-    of every pass worked out once), so later layers' calls only allocate and launch.
+    of every pass worked out once), so later layers' calls only allocate and launch. The prepared call holds
+    its gathers' buffer, so the calls of one `meta` must run one after another on one stream, as layers do.
 
     >>> from mlakit.prefill.metadata import plan_prefill
     >>> cache = torch.randn(4, 16, 576, dtype=torch.bfloat16)
@@ -458,27 +467,29 @@ def mla_prefill(
     if not check_inputs and isinstance(meta, PrefillMetadata):
         try:
             layout = ("prefill", *_tensor_layout(q), *_tensor_layout(kv_cache), *_tensor_layout(kv_b_weight),
-                      None if kv_scale is None else _tensor_layout(kv_scale), meta.queries.total, meta.page_size,
-                      meta.queries.cu_seqlens.device, backend if isinstance(backend, str) else id(backend))
+                      None if kv_scale is None else _tensor_layout(kv_scale),
+                      None if out is None else _tensor_layout(out), None if lse is None else _tensor_layout(lse),
+                      meta.queries.total, meta.page_size, meta.queries.cu_seqlens.device,
+                      backend if isinstance(backend, str) else id(backend))
         except (AttributeError, TypeError):
             layout = None
     scale = checked_softmax_scale(softmax_scale)
     prepared = _lookup(meta.calls, layout) if layout is not None else None
     if prepared is not None:
-        return prepared(q, kv_cache, kv_b_weight, kv_scale, scale)
+        return prepared(q, kv_cache, kv_b_weight, kv_scale, scale, out, lse)
     call = _resolved(layout)
     if call is None:
-        check_prefill_inputs(q, kv_cache, kv_b_weight, meta, kv_scale, check_values=check_inputs)
+        check_prefill_inputs(q, kv_cache, kv_b_weight, meta, kv_scale, out=out, lse=lse, check_values=check_inputs)
         call = _resolved_call("prefill", backend, q, kv_cache, 1, kv_b_weight.shape[1], True)
         _remember(layout, call)
     entry = get_backend(call.backend)
     assert entry.prefill is not None  # _backend_for only returns backends with a prefill kernel
     if layout is not None and entry.prepare_prefill is not None:
-        run = entry.prepare_prefill(meta, q, kv_cache, kv_b_weight, kv_scale)
+        run = entry.prepare_prefill(meta, q, kv_cache, kv_b_weight, kv_scale, out, lse)
         if run is not None:
             _keep(meta.calls, layout, run)
-            return run(q, kv_cache, kv_b_weight, kv_scale, scale)
-    return entry.prefill(q, kv_cache, kv_b_weight, meta, softmax_scale=scale, kv_scale=kv_scale)
+            return run(q, kv_cache, kv_b_weight, kv_scale, scale, out, lse)
+    return _copied_into(out, lse, *entry.prefill(q, kv_cache, kv_b_weight, meta, softmax_scale=scale, kv_scale=kv_scale))
 
 
 def _query_width(q: object, dims: int, layout: str) -> int:

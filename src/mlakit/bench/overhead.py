@@ -8,7 +8,7 @@ Per call, three numbers, all on the same inputs with the per-step metadata built
 - graph: the median replay of the call captured in a CUDA graph (the kernels alone).
 
 Calls: `mla_decode` with metadata (check_inputs=False, with `out=`, and the default
-check_inputs=True), `mla_extend` with metadata, `mla_prefill`, the drop-in entry points
+check_inputs=True), `mla_extend` with metadata, `mla_prefill` (allocating, and with `out=`), the drop-in entry points
 (`mlakit.compat.flash_mla.flash_mla_with_kvcache`, `mlakit.compat.flashinfer`'s `run`), and, where
 installed, FlashMLA's `flash_mla_with_kvcache` and FlashInfer's `run` (fa3 and fa2).
 """
@@ -193,9 +193,13 @@ def _prefill_calls(case: OverheadCase, device: torch.device) -> dict[str, Call]:
     meta = plan_prefill([case.new] * case.batch, [case.seqlen] * case.batch, inputs.block_table,
                         inputs.kv_cache.shape[1], heads=case.heads)
     scale = (NOPE_DIM + DIM - KV_LORA_RANK) ** -0.5
+    out = torch.empty(q.shape[0], case.heads, V_DIM, dtype=q.dtype, device=device)
+    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=device)
     return {
         "mla_prefill": lambda: mla_prefill(q, inputs.kv_cache, weight, meta, softmax_scale=scale, backend="triton",
                                            check_inputs=False),
+        "mla_prefill out=": lambda: mla_prefill(q, inputs.kv_cache, weight, meta, softmax_scale=scale,
+                                                backend="triton", check_inputs=False, out=out, lse=lse),
     }
 
 

@@ -111,7 +111,8 @@ def supports(rows: torch.Tensor, kv_b_weight: torch.Tensor) -> bool:
 class GatherLaunch:
     """`gather_decompress` for `m` slots and operands of one layout (shapes, strides, dtypes, pointer
     alignment): calling it with `(rows, slots, kv_b_weight)` of that layout allocates the buffer, launches
-    and returns the three views. Made by `plan_gather`; a prepared prefill keeps one per pass."""
+    and returns the three views; `launch` writes a buffer the caller holds. Made by `plan_gather`; a prepared
+    prefill keeps one per pass."""
 
     key: tuple
     grid: tuple[int, int, int]
@@ -146,17 +147,19 @@ class GatherLaunch:
                 (address + self.nope_dim * size, self.dtype, (self.m, self.heads * per_head - self.nope_dim),
                  (self.width, 1)))
 
-    def launch(self, rows: torch.Tensor, slots: torch.Tensor, kv_b_weight: torch.Tensor) -> torch.Tensor:
-        """Allocates the buffer and launches the kernel into it."""
-        buf = self.buffer(rows.device)
+    def launch(self, rows: torch.Tensor, slots: torch.Tensor, kv_b_weight: torch.Tensor, buf: torch.Tensor) -> None:
+        """Launches the kernel into `buf` (a `buffer`, or a 16-byte aligned tensor of its shape and dtype). Of
+        `rows` the kernel reads the address (the strides are the planned ones): the paged cache whose pages are
+        those rows serves as well as the `[rows, width]` view of it."""
         if self.m > 0:
             _GATHER_DECOMPRESS(self.key, self.grid, (rows, slots, kv_b_weight, buf, self.m, *self.strides),
                                self.constants)
-        return buf
 
     def __call__(self, rows: torch.Tensor, slots: torch.Tensor,
                  kv_b_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self.views(self.launch(rows, slots, kv_b_weight))
+        buf = self.buffer(rows.device)
+        self.launch(rows, slots, kv_b_weight, buf)
+        return self.views(buf)
 
 
 def plan_gather(rows: torch.Tensor, slots: torch.Tensor, kv_b_weight: torch.Tensor, heads: int, nope_dim: int,

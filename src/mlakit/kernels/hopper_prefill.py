@@ -34,6 +34,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                              warpgroup_mma_wait)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from mlakit.kernels.hopper_common import (GLUON_DTYPES, Matrix, capability, finish_rows, matrix_descriptor, no_keys_yet,
                                           hand_over, online_softmax, take_over, zero_rows_from)
@@ -295,20 +296,25 @@ class HopperPrefillLaunch:
                  cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                  scale_log2: float) -> None:
         """Runs the pass on tensors of the planned layout with at least one key row (TMA descriptors need rows)."""
-        self.launch_matrices(q, head_rows(k_nope), head_rows(k_pe), head_rows(v), cu_seqlens_q, cu_seqlens_k, out,
-                             lse, scale_log2)
+        self.launch_descriptors(q, *self.key_descriptors(head_rows(k_nope), head_rows(k_pe), head_rows(v)),
+                                cu_seqlens_q, cu_seqlens_k, out, lse, scale_log2)
 
-    def launch_matrices(self, q: torch.Tensor, k_nope: Matrix, k_pe: Matrix, v: Matrix, cu_seqlens_q: torch.Tensor,
-                        cu_seqlens_k: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, scale_log2: float) -> None:
-        """The call with k_nope, k_pe and v given as the matrices `head_rows` makes of them (a caller that
-        knows their addresses needs no tensor views)."""
+    def key_descriptors(self, k_nope: Matrix, k_pe: Matrix,
+                        v: Matrix) -> tuple[TensorDescriptor, TensorDescriptor, TensorDescriptor]:
+        """The TMA descriptors of k_nope, k_pe and v given as the matrices `head_rows` makes of them (a caller
+        whose keys stay at one address, such as a prepared prefill's held buffer, makes them once)."""
+        kn_box, kpe_box, v_box = self.boxes[2:]
+        return matrix_descriptor(k_nope, kn_box), matrix_descriptor(k_pe, kpe_box), matrix_descriptor(v, v_box)
+
+    def launch_descriptors(self, q: torch.Tensor, k_nope: TensorDescriptor, k_pe: TensorDescriptor,
+                           v: TensorDescriptor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                           out: torch.Tensor, lse: torch.Tensor, scale_log2: float) -> None:
+        """The call with k_nope, k_pe and v given as their `key_descriptors`."""
         q_rows = head_rows(q)
-        q_nope_box, q_pe_box, kn_box, kpe_box, v_box = self.boxes
-        descriptors = (matrix_descriptor(q_rows, q_nope_box), matrix_descriptor(q_rows, q_pe_box),
-                       matrix_descriptor(k_nope, kn_box), matrix_descriptor(k_pe, kpe_box),
-                       matrix_descriptor(v, v_box))
-        _PREFILL(self.key, self.grid, (*descriptors, out, lse, cu_seqlens_q, cu_seqlens_k, scale_log2, *self.strides),
-                 self.constants)
+        q_nope_box, q_pe_box = self.boxes[:2]
+        _PREFILL(self.key, self.grid, (matrix_descriptor(q_rows, q_nope_box), matrix_descriptor(q_rows, q_pe_box),
+                                       k_nope, k_pe, v, out, lse, cu_seqlens_q, cu_seqlens_k, scale_log2,
+                                       *self.strides), self.constants)
 
 
 def plan_launch(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor,

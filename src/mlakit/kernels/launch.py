@@ -79,14 +79,16 @@ def _raw_launch(compiled: object) -> _RawLaunch | None:
 
 
 def _expanded(descriptor: object, meta: object) -> list:
-    """The launcher's arguments for a host TMA descriptor (tensor map, shape, strides), kept on the descriptor."""
+    """The launcher's arguments for a host TMA descriptor (tensor map, shape, strides), kept on the descriptor
+    per kernel argument it fills (`meta`): one descriptor may fill two arguments of one kernel (two boxes of one
+    shape over one matrix), each with its own `meta`."""
     from triton.backends.nvidia.driver import make_tensordesc_arg
 
-    kept = descriptor.__dict__.get("_launch_arguments")
-    if kept is None or kept[0] is not meta:
-        kept = (meta, make_tensordesc_arg(descriptor, meta))
-        descriptor.__dict__["_launch_arguments"] = kept
-    return kept[1]
+    kept = descriptor.__dict__.setdefault("_launch_arguments", {})
+    found = kept.get(id(meta))
+    if found is None or found[0] is not meta:
+        found = kept[id(meta)] = (meta, make_tensordesc_arg(descriptor, meta))
+    return found[1]
 
 
 class CachedLaunch:

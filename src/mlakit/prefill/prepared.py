@@ -6,12 +6,16 @@ values. `prepare_prefill` works it out once; `mla_prefill` keeps the result in t
 `PrefillMetadata` by layout (with `check_inputs=False`), so every later layer's call allocates its
 outputs and launches, per pass, the gather-decompress (one fused kernel on small passes, index_select
 and a cuBLAS GEMM on large ones) and the attention kernel.
+
+The fused gathers write one buffer the prepared call holds (at most `FUSED_GATHER_LIMIT` key rows x
+heads of rows: 32-40 MiB at DeepSeek's widths) for as long as the metadata lives, so the calls of one
+metadata must run one after another on one stream, as a model's layers do (the decode plan's rule).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import torch
 
@@ -20,9 +24,6 @@ from mlakit.kernels.triton_prefill import LOG2E, AttentionLaunch, plan_attention
 from mlakit.prefill.metadata import KeyRows, PrefillMetadata
 from mlakit.prefill.mha import decompress, gather_and_decompress, head_dims, split_heads
 from mlakit.reference import pages_view
-
-if TYPE_CHECKING:
-    from mlakit.kernels.hopper_prefill import HopperPrefillLaunch
 
 # Passes of at most this many key rows x heads take the fused gather-decompress kernel: up to there it costs
 # the GPU at most ~7 µs more than index_select + cuBLAS (0.85-1.05x their time on the H100) and saves ~40 µs
@@ -68,8 +69,11 @@ class TorchGather:
         return split_heads(product, gathered, kv_b_weight.shape[1], self.heads, self.nope_dim)
 
 
+Gather = gather_decompress.GatherLaunch | TorchGather
+
+
 def plan_gather(rows: torch.Tensor, slots: torch.Tensor, kv_b_weight: torch.Tensor, heads: int,
-                nope_dim: int) -> gather_decompress.GatherLaunch | TorchGather:
+                nope_dim: int) -> Gather:
     """The gather of one pass over `rows` (from `fused_rows`): the fused kernel up to `FUSED_GATHER_LIMIT`
     key rows x heads, torch's beyond."""
     if slots.shape[0] * heads <= FUSED_GATHER_LIMIT:
@@ -90,60 +94,69 @@ def decompress_rows(kv_cache: torch.Tensor, kv_scale: torch.Tensor | None, slots
 
 @dataclasses.dataclass(frozen=True)
 class _Pass:
-    """One attention pass: its key rows' cache slots and segments, its gather and its attention launch."""
+    """One attention pass whose keys and values torch gathers into new tensors every call."""
 
     slots: torch.Tensor
     cu_seqlens_k: torch.Tensor
-    gather: gather_decompress.GatherLaunch | TorchGather
+    gather: TorchGather
     attend: AttentionLaunch
 
-    def __call__(self, rows: torch.Tensor, kv_b_weight: torch.Tensor, q: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                 out: torch.Tensor, lse: torch.Tensor, scale_log2: float) -> None:
-        k_nope, k_pe, v = self.gather(rows, self.slots, kv_b_weight)
+    def __call__(self, kv_cache: torch.Tensor, kv_b_weight: torch.Tensor, q: torch.Tensor,
+                 cu_seqlens_q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, scale_log2: float) -> None:
+        k_nope, k_pe, v = self.gather(kv_cache.view(-1, kv_cache.shape[-1]), self.slots, kv_b_weight)
         self.attend(q, k_nope, k_pe, v, cu_seqlens_q, self.cu_seqlens_k, out, lse, scale_log2)
 
 
 @dataclasses.dataclass(frozen=True)
-class _FusedHopperPass(_Pass):
-    """A pass whose fused gather feeds the Hopper kernel: the buffer's keys and values go to the launch as
-    addresses (`GatherLaunch.matrices`), without tensor views."""
+class _HeldPass:
+    """One attention pass whose fused gather writes a buffer the prepared call holds: what the attention reads
+    of it (views, or for the Hopper kernel TMA descriptors of `GatherLaunch.matrices`) is made once, when planned."""
 
+    slots: torch.Tensor
+    cu_seqlens_k: torch.Tensor
     gather: gather_decompress.GatherLaunch
-    attend: HopperPrefillLaunch
+    buffer: torch.Tensor
+    keys: tuple
+    attend: Callable[..., None]
 
-    def __call__(self, rows: torch.Tensor, kv_b_weight: torch.Tensor, q: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                 out: torch.Tensor, lse: torch.Tensor, scale_log2: float) -> None:
-        buf = self.gather.launch(rows, self.slots, kv_b_weight)  # held until the attention is queued behind it
-        k_nope, k_pe, v = self.gather.matrices(buf)
-        self.attend.launch_matrices(q, k_nope, k_pe, v, cu_seqlens_q, self.cu_seqlens_k, out, lse, scale_log2)
+    def __call__(self, kv_cache: torch.Tensor, kv_b_weight: torch.Tensor, q: torch.Tensor,
+                 cu_seqlens_q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, scale_log2: float) -> None:
+        self.gather.launch(kv_cache, self.slots, kv_b_weight, self.buffer)
+        self.attend(q, *self.keys, cu_seqlens_q, self.cu_seqlens_k, out, lse, scale_log2)
 
 
 @dataclasses.dataclass(frozen=True)
 class PreparedPrefill:
     """`mla_prefill` for inputs of one layout over one step's metadata:
-    `call(q, kv_cache, kv_b_weight, kv_scale, softmax_scale) -> (out, lse)`."""
+    `call(q, kv_cache, kv_b_weight, kv_scale, softmax_scale, out=None, lse=None) -> (out, lse)`, writing the
+    caller's `out` and `lse` (of the layout it was prepared for) where given. Chunked prefixes merge their
+    passes in a float32 result (`out_dtype`), then copied into `out`."""
 
-    rows_shape: tuple[int, int]
     out_shape: tuple[int, int, int]
     out_dtype: torch.dtype
     cu_seqlens_q: torch.Tensor
-    passes: tuple[_Pass, ...]
+    passes: tuple[_Pass | _HeldPass, ...]
 
     def __call__(self, q: torch.Tensor, kv_cache: torch.Tensor, kv_b_weight: torch.Tensor,
-                 kv_scale: torch.Tensor | None, softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = kv_cache.view(self.rows_shape)
-        out = torch.empty(self.out_shape, dtype=self.out_dtype, device=q.device)
-        lse = torch.empty(self.out_shape[:2], dtype=torch.float32, device=q.device)
+                 kv_scale: torch.Tensor | None, softmax_scale: float, out: torch.Tensor | None = None,
+                 lse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        direct = out is not None and self.out_dtype == q.dtype
+        result = out if direct else torch.empty(self.out_shape, dtype=self.out_dtype, device=q.device)
+        if lse is None:
+            lse = torch.empty(self.out_shape[:2], dtype=torch.float32, device=q.device)
         scale_log2 = softmax_scale * LOG2E
         for step in self.passes:
-            step(rows, kv_b_weight, q, self.cu_seqlens_q, out, lse, scale_log2)
-        return (out if self.out_dtype == q.dtype else out.to(q.dtype)), lse
+            step(kv_cache, kv_b_weight, q, self.cu_seqlens_q, result, lse, scale_log2)
+        if self.out_dtype == q.dtype:
+            return result, lse
+        return (result.to(q.dtype) if out is None else out.copy_(result)), lse
 
 
 def prepare_prefill(meta: PrefillMetadata, q: torch.Tensor, kv_cache: torch.Tensor, kv_b_weight: torch.Tensor,
-                    kv_scale: torch.Tensor | None) -> PreparedPrefill | None:
-    """The prefill of `meta` prepared for inputs of these ones' layout (already checked by `mla_prefill`),
-    or None where the prepared path does not serve it: an fp8 cache (scales), pages that are not one
+                    kv_scale: torch.Tensor | None, out: torch.Tensor | None = None,
+                    lse: torch.Tensor | None = None) -> PreparedPrefill | None:
+    """The prefill of `meta` prepared for inputs (and the caller's `out` and `lse`, or None) of these ones'
+    layout (already checked by `mla_prefill`), or None where the prepared path does not serve it: an fp8 cache (scales), pages that are not one
     matrix of rows (`fused_rows`), a pass without key rows, or no query rows.
 
     >>> from mlakit.prefill.metadata import plan_prefill
@@ -160,28 +173,43 @@ def prepare_prefill(meta: PrefillMetadata, q: torch.Tensor, kv_cache: torch.Tens
     rows = fused_rows(kv_cache, kv_scale, kv_b_weight, q.dtype)
     if rows is None or meta.queries.total == 0 or any(keys.slots.shape[0] == 0 for keys, _ in meta.passes):
         return None
-    rows_shape = tuple(rows.shape)
     heads = q.shape[1]
-    nope_dim, v_dim = head_dims(q, rows_shape[1], kv_b_weight)
+    nope_dim, v_dim = head_dims(q, rows.shape[1], kv_b_weight)
     chunked = bool(meta.prefix_chunks)
     out_shape = (q.shape[0], heads, v_dim)
-    out = torch.empty(out_shape, dtype=torch.float32 if chunked else q.dtype, device=q.device)
-    lse = torch.empty(out_shape[:2], dtype=torch.float32, device=q.device)
-    planned = tuple(_plan_pass(meta, keys, causal, index > 0, rows, q, kv_b_weight, heads, nope_dim, out, lse)
-                    for index, (keys, causal) in enumerate(meta.passes))
-    return PreparedPrefill(rows_shape, out_shape, out.dtype, meta.queries.cu_seqlens, planned)
+    if out is None or chunked:
+        out = torch.empty(out_shape, dtype=torch.float32 if chunked else q.dtype, device=q.device)
+    if lse is None:
+        lse = torch.empty(out_shape[:2], dtype=torch.float32, device=q.device)
+    gathers = tuple(plan_gather(rows, keys.slots, kv_b_weight, heads, nope_dim) for keys, _ in meta.passes)
+    scratch = _scratch(gathers, q.device)
+    planned = tuple(_plan_pass(meta, keys, causal, index > 0, gather, scratch, rows, q, kv_b_weight, out, lse)
+                    for index, ((keys, causal), gather) in enumerate(zip(meta.passes, gathers)))
+    return PreparedPrefill(out_shape, out.dtype, meta.queries.cu_seqlens, planned)
 
 
-def _plan_pass(meta: PrefillMetadata, keys: KeyRows, causal: bool, merge: bool, rows: torch.Tensor, q: torch.Tensor,
-               kv_b_weight: torch.Tensor, heads: int, nope_dim: int, out: torch.Tensor, lse: torch.Tensor) -> _Pass:
+def _plan_pass(meta: PrefillMetadata, keys: KeyRows, causal: bool, merge: bool, gather: Gather,
+               scratch: torch.Tensor | None, rows: torch.Tensor, q: torch.Tensor, kv_b_weight: torch.Tensor,
+               out: torch.Tensor, lse: torch.Tensor) -> _Pass | _HeldPass:
     """One pass planned on unwritten tensors of its gather's result layout (nothing is computed)."""
-    gather = plan_gather(rows, keys.slots, kv_b_weight, heads, nope_dim)
-    if isinstance(gather, TorchGather):
-        k_nope, k_pe, v = gather.sample(rows, keys.slots, kv_b_weight)
-    else:
-        k_nope, k_pe, v = gather.views(gather.buffer(rows.device))
-    attend = plan_attention(q, k_nope, k_pe, v, meta.queries.cu_seqlens, keys.segments.cu_seqlens, out, lse,
-                            max_q_len=meta.queries.max_len, causal=causal, merge=merge)
-    fused_hopper = isinstance(gather, gather_decompress.GatherLaunch) and hasattr(attend, "launch_matrices")
-    return (_FusedHopperPass if fused_hopper else _Pass)(keys.slots, keys.segments.cu_seqlens, gather, attend)
+    def attention(k_nope, k_pe, v):
+        return plan_attention(q, k_nope, k_pe, v, meta.queries.cu_seqlens, keys.segments.cu_seqlens, out, lse,
+                              max_q_len=meta.queries.max_len, causal=causal, merge=merge)
 
+    if isinstance(gather, TorchGather):
+        return _Pass(keys.slots, keys.segments.cu_seqlens, gather, attention(*gather.sample(rows, keys.slots, kv_b_weight)))
+    buffer = scratch[: gather.m * gather.width].view(gather.m, gather.width)
+    attend = attention(*gather.views(buffer))
+    if hasattr(attend, "launch_descriptors"):
+        return _HeldPass(keys.slots, keys.segments.cu_seqlens, gather, buffer,
+                         attend.key_descriptors(*gather.matrices(buffer)), attend.launch_descriptors)
+    return _HeldPass(keys.slots, keys.segments.cu_seqlens, gather, buffer, gather.views(buffer), attend)
+
+
+def _scratch(gathers: tuple[Gather, ...], device: torch.device) -> torch.Tensor | None:
+    """One buffer for every fused gather of a prepared call, as large as the largest (the passes run one after
+    another, each attention before the next gather); None where torch gathers every pass."""
+    held = [gather for gather in gathers if isinstance(gather, gather_decompress.GatherLaunch)]
+    if not held:
+        return None
+    return torch.empty(max(gather.m * gather.width for gather in held), dtype=held[0].dtype, device=device)

@@ -55,12 +55,12 @@ class CallPreparer(Protocol):
 
 class PrefillPreparer(Protocol):
     """Prepares a backend's MHA-form prefill for every later call of one input layout over one step's
-    `PrefillMetadata`: returns `call(q, kv_cache, kv_b_weight, kv_scale, softmax_scale) -> (out, lse)`,
-    or None where it cannot."""
+    `PrefillMetadata` (the caller's `out` and `lse`, or None, among them): returns
+    `call(q, kv_cache, kv_b_weight, kv_scale, softmax_scale, out, lse) -> (out, lse)`, or None where it cannot."""
 
     def __call__(
         self, meta: PrefillMetadata, q: torch.Tensor, kv_cache: torch.Tensor, kv_b_weight: torch.Tensor,
-        kv_scale: torch.Tensor | None,
+        kv_scale: torch.Tensor | None, out: torch.Tensor | None, lse: torch.Tensor | None,
     ) -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | None: ...
 
 
