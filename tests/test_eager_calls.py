@@ -197,6 +197,29 @@ def test_a_descriptor_filling_two_arguments_is_expanded_once_for_each(monkeypatc
     assert launch._expanded(latent, {"argument": "latent"}) == ["latent"]  # another kernel's metadata: its own
     assert expansions == ["latent", "rope", "latent"]
 
+
+def test_kernels_without_descriptors_launch_through_the_c_entry(monkeypatch):
+    """On Triton 3.6 the raw launch serves kernels without descriptor arguments too (the launcher's C function
+    itself), and never one that needs scratch memory (the Python launcher allocates it)."""
+    from mlakit.kernels import launch
+
+    class Runner:
+        launch = staticmethod(print)  # a C function, as Triton's launcher module's entry is
+        global_scratch_size = profile_scratch_size = 0
+        launch_cooperative_grid = launch_pdl = False
+
+    class Compiled:
+        run = Runner()
+
+    monkeypatch.setattr(launch.triton, "__version__", "3.6.0")
+    raw = launch._raw_launch(Compiled())
+    assert raw is not None and raw.launch is print and raw.descriptors == ()
+    Runner.global_scratch_size = 64
+    assert launch._raw_launch(Compiled()) is None
+    Runner.global_scratch_size = 0
+    monkeypatch.setattr(launch.triton, "__version__", "3.7.1")
+    assert launch._raw_launch(Compiled()) is None
+
 @triton.jit
 def _add_one(X, n, BLOCK: tl.constexpr):
     offsets = tl.arange(0, BLOCK)

@@ -8,9 +8,9 @@ Per call, three numbers, all on the same inputs with the per-step metadata built
 - graph: the median replay of the call captured in a CUDA graph (the kernels alone).
 
 Calls: `mla_decode` with metadata (check_inputs=False, with `out=`, and the default
-check_inputs=True), `mla_extend` with metadata, `mla_prefill` (allocating, and with `out=`), the drop-in entry points
-(`mlakit.compat.flash_mla.flash_mla_with_kvcache`, `mlakit.compat.flashinfer`'s `run`), and, where
-installed, FlashMLA's `flash_mla_with_kvcache` and FlashInfer's `run` (fa3 and fa2).
+check_inputs=True), `mla_extend` with metadata and `mla_prefill` (each allocating, and with `out=`), the
+drop-in entry points (`mlakit.compat.flash_mla.flash_mla_with_kvcache`, `mlakit.compat.flashinfer`'s
+`run`), and, where installed, FlashMLA's `flash_mla_with_kvcache` and FlashInfer's `run` (fa3 and fa2).
 """
 
 from __future__ import annotations
@@ -133,9 +133,13 @@ def _extend_calls(x: DecodeInputs) -> dict[str, Call]:
     q = x.q.reshape(batch * new, heads, DIM)
     cu_seqlens_q = torch.arange(0, (batch + 1) * new, new, dtype=torch.int32, device=q.device)
     md = mla_extend_metadata(x.cache_seqlens, cu_seqlens_q, max_q_len=new, heads=heads, backend="triton")
+    out = torch.empty(batch * new, heads, KV_LORA_RANK, dtype=q.dtype, device=q.device)
+    lse = torch.empty(batch * new, heads, dtype=torch.float32, device=q.device)
+    common = dict(max_q_len=new, softmax_scale=x.softmax_scale, backend="triton", check_inputs=False, metadata=md)
     return {
-        "mla_extend": lambda: mla_extend(q, x.kv_cache, x.block_table, x.cache_seqlens, cu_seqlens_q, max_q_len=new,
-                                         softmax_scale=x.softmax_scale, backend="triton", check_inputs=False, metadata=md),
+        "mla_extend": lambda: mla_extend(q, x.kv_cache, x.block_table, x.cache_seqlens, cu_seqlens_q, **common),
+        "mla_extend out=": lambda: mla_extend(q, x.kv_cache, x.block_table, x.cache_seqlens, cu_seqlens_q, out=out,
+                                              lse=lse, **common),
         **_compat_flashinfer_call(x),
     }
 

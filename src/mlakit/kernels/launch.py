@@ -8,9 +8,10 @@ specializes a kernel on (argument dtypes, the values of integer arguments, wheth
 16-byte aligned, the constexprs): the launch sites build it from shapes, strides, dtypes and
 pointer alignment. Tensors are passed on every call, so nothing that points at memory is kept.
 
-On Triton 3.6, kernels with TMA descriptor arguments skip one more per-call cost: the launcher's Python
-loop that expands each descriptor into a CUDA tensor map (`fill_tma_descriptor`) on every launch; the
-expansion is kept on the descriptor object (which `hopper_common.row_descriptors` keeps by address).
+On Triton 3.6 a kernel without scratch memory is launched through its C entry, past the Python launcher
+around it; for kernels with TMA descriptor arguments that skips the launcher's loop that expands each
+descriptor into a CUDA tensor map (`fill_tma_descriptor`) on every launch: the expansion is kept on the
+descriptor object (which `hopper_common.row_descriptors` keeps by address).
 
 With `MLAKIT_VERIFY_LAUNCHES=1` every direct launch first asks Triton which kernel it would run
 and raises `StaleLaunchError` if that is not the cached one (the GPU tests run so). Under the CPU
@@ -59,18 +60,19 @@ class _RawLaunch:
 
 
 def _raw_launch(compiled: object) -> _RawLaunch | None:
-    """The C entry behind `compiled.run` where it is Triton 3.6's descriptor-expanding wrapper around it and the
-    kernel needs no scratch memory; None otherwise (the kernel is then launched through `compiled.run`)."""
+    """Triton 3.6's C launch entry behind `compiled.run` (the launcher itself, or for a kernel with tensor-descriptor
+    arguments the C entry inside its descriptor-expanding wrapper) where the kernel needs no scratch memory; None
+    otherwise (the kernel is then launched through `compiled.run`)."""
     if not triton.__version__.startswith("3.6."):
         return None
     runner = compiled.run
     wrapper = getattr(runner, "launch", None)
-    if getattr(runner, "global_scratch_size", 1) or getattr(runner, "profile_scratch_size", 1):
+    if wrapper is None or getattr(runner, "global_scratch_size", 1) or getattr(runner, "profile_scratch_size", 1):
         return None
     try:
         captured = inspect.getclosurevars(wrapper).nonlocals
-    except TypeError:  # no Python wrapper: the kernel has no descriptor arguments
-        return None
+    except TypeError:  # not a Python function: the C launcher of a kernel without descriptor arguments
+        return _RawLaunch(wrapper, (), runner.launch_cooperative_grid, runner.launch_pdl)
     if set(captured) != {"launcher", "tensordesc_indices", "tensordesc_meta"} or not captured["tensordesc_meta"]:
         return None
     positions = sorted(captured["tensordesc_indices"])
@@ -129,7 +131,7 @@ class CachedLaunch:
                 for old in list(self._compiled)[: MAX_KEYS // 2]:
                     del self._compiled[old]
             raw = _raw_launch(compiled)
-            if raw is not None and raw.descriptors[-1][0] >= len(args):  # descriptors passed by name: the plain path
+            if raw is not None and raw.descriptors and raw.descriptors[-1][0] >= len(args):  # passed by name: the plain path
                 raw = None
             self._compiled[device, key] = (compiled, self._trailing_values(len(args), constants), raw)
             return
@@ -144,9 +146,11 @@ class CachedLaunch:
             compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata, None, None, None,
                          *args, *trailing)
             return
-        flat = list(args)
-        for position, meta in reversed(raw.descriptors):
-            flat[position:position + 1] = _expanded(args[position], meta)
+        flat = args
+        if raw.descriptors:
+            flat = list(args)
+            for position, meta in reversed(raw.descriptors):
+                flat[position:position + 1] = _expanded(args[position], meta)
         raw.launch(grid[0], grid[1], grid[2], stream, compiled.function, raw.cooperative, raw.pdl, None, None,
                    compiled.packed_metadata, None, None, None, *flat, *trailing)
 
