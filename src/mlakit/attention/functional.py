@@ -161,8 +161,8 @@ def mla_decode(
 
     Shape, dtype and device are always checked (once per layout of the arguments: a repeated
     layout reuses the verdict and the backend choice). `check_inputs=True` also reads the lengths
-    and page indices, which costs a host sync: 0.26-0.65 ms of host time a call on the H100
-    machine, against 0.02-0.05 ms with `check_inputs=False` and `metadata=` (`mlakit bench
+    and page indices, which costs a host sync: 0.25-0.39 ms of host time a call on the H100
+    machine, against 0.02-0.03 ms with `check_inputs=False`, `metadata=` and `out=` (`mlakit bench
     overhead`); pass `check_inputs=False` in serving steps and inside CUDA-graph capture.
 
     >>> q = torch.randn(2, 1, 4, 576, dtype=torch.bfloat16)
