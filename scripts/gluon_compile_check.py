@@ -3,6 +3,7 @@
 reports, per configuration, registers per thread, spills and shared memory (ptxas -v).
 
     python scripts/gluon_compile_check.py                      # with the installed triton
+    python scripts/gluon_compile_check.py --kernel hopper_persistent   # the persistent form (or: both)
     PYTHONPATH=/path/to/triton-3.6/site-packages python scripts/gluon_compile_check.py   # the device's version
 
 Gluon kernels do not run under the CPU interpreter; this catches what the compiler refuses (layouts,
@@ -42,11 +43,11 @@ def _arguments(nope: int, rope: int, v_dim: int, block_n: int, dtype: torch.dtyp
     k_pe = torch.empty(tokens, rope, dtype=dtype)
     k_nope, v = kv[..., :nope], kv[..., nope:]
     descriptors = [
-        matrix_descriptor(hp._head_rows(q), (64, min(hp.TMA_COLUMNS, nope))),
-        matrix_descriptor(hp._head_rows(q), (64, rope)),
-        matrix_descriptor(hp._head_rows(k_nope), (block_n, min(hp.TMA_COLUMNS, nope))),
-        matrix_descriptor(hp._head_rows(k_pe), (block_n, rope)),
-        matrix_descriptor(hp._head_rows(v), (block_n, min(hp.TMA_COLUMNS, v_dim))),
+        matrix_descriptor(hp.head_rows(q), (64, min(hp.TMA_COLUMNS, nope))),
+        matrix_descriptor(hp.head_rows(q), (64, rope)),
+        matrix_descriptor(hp.head_rows(k_nope), (block_n, min(hp.TMA_COLUMNS, nope))),
+        matrix_descriptor(hp.head_rows(k_pe), (block_n, rope)),
+        matrix_descriptor(hp.head_rows(v), (block_n, min(hp.TMA_COLUMNS, v_dim))),
     ]
     out = torch.empty(tokens, heads, v_dim, dtype=dtype)
     lse = torch.empty(tokens, heads)
@@ -55,13 +56,20 @@ def _arguments(nope: int, rope: int, v_dim: int, block_n: int, dtype: torch.dtyp
             out.stride(1), lse.stride(0)]
 
 
+# The kernels by `PrefillTuning.kernel` name, and the persistent one's schedule arguments (units, row blocks,
+# heads, head group: unspecialized, any values do).
+KERNELS = {"hopper": hp.mha_prefill_hopper_kernel, "hopper_persistent": hp.mha_prefill_hopper_persistent_kernel}
+SCHEDULE = [1000, 10, 100, 7]
+
+
 def compile_one(nope: int, rope: int, v_dim: int, block_n: int, stages: int, causal: bool, merge: bool,
-                dtype: torch.dtype) -> str:
+                dtype: torch.dtype, kernel: str = "hopper") -> str:
     """One configuration compiled to a cubin; its ptxas resource line (or the compiler's error)."""
-    fn = hp.mha_prefill_hopper_kernel
+    fn = KERNELS[kernel]
     names = [p.name for p in fn.params]
     runtime = [n for n in names if n not in CONSTEXPRS]
-    values = dict(zip(runtime, _arguments(nope, rope, v_dim, block_n, dtype)))
+    arguments = _arguments(nope, rope, v_dim, block_n, dtype) + (SCHEDULE if kernel == "hopper_persistent" else [])
+    values = dict(zip(runtime, arguments, strict=True))
     constexprs = dict(NOPE_DIM=nope, ROPE_DIM=rope, V_DIM=v_dim, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal,
                       MERGE=merge)
     signature = {n: "constexpr" if n in constexprs else mangle_type(values[n]) for n in names}
@@ -86,7 +94,8 @@ def compile_one(nope: int, rope: int, v_dim: int, block_n: int, stages: int, cau
 @click.option("--dims", default="128,64,128;64,32,64", show_default=True, help="nope,rope,v sets, ';'-separated")
 @click.option("--block-n", "block_ns", default="64,128", show_default=True)
 @click.option("--stages", "stage_counts", default="2,3", show_default=True)
-def main(dims: str, block_ns: str, stage_counts: str) -> None:
+@click.option("--kernel", "kernel_name", type=click.Choice([*KERNELS, "both"]), default="hopper", show_default=True)
+def main(dims: str, block_ns: str, stage_counts: str, kernel_name: str) -> None:
     print(f"triton {triton.__version__}")
     failed = False
     for spec, block_n, stages in itertools.product(dims.split(";"), map(int, block_ns.split(",")),
@@ -96,10 +105,11 @@ def main(dims: str, block_ns: str, stage_counts: str) -> None:
         if hp.shared_bytes(nope, rope, v_dim, block_n, stages) > hp.SHARED_MEMORY_LIMIT or stages < 2:
             print(f"{shape}: refused by plan_launch (stages < 2 or shared memory over {hp.SHARED_MEMORY_LIMIT} B)")
             continue
-        for causal, merge in itertools.product((True, False), (False, True)):
-            line = compile_one(nope, rope, v_dim, block_n, stages, causal, merge, torch.bfloat16)
+        for kernel, causal, merge in itertools.product(list(KERNELS) if kernel_name == "both" else [kernel_name],
+                                                       (True, False), (False, True)):
+            line = compile_one(nope, rope, v_dim, block_n, stages, causal, merge, torch.bfloat16, kernel)
             failed |= line.startswith("FAILED")
-            print(f"{shape} causal {causal} merge {merge}: {line}")
+            print(f"{kernel} {shape} causal {causal} merge {merge}: {line}")
     sys.exit(1 if failed else 0)
 
 

@@ -587,8 +587,10 @@ def test_prefix_chunks_cover_what_the_queries_read_once_in_full_chunks(lens, chu
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(kernel="cudnn"), "PrefillTuning.kernel: expected one of ('portable', 'hopper'), got 'cudnn'"),
+    (dict(kernel="cudnn"), "PrefillTuning.kernel: expected one of ('portable', 'hopper', 'hopper_persistent'), got 'cudnn'"),
     (dict(kernel="hopper", block_m=64), "PrefillTuning: the hopper kernel runs block_m 128 on num_warps 4"),
+    (dict(kernel="hopper_persistent", num_warps=8), "the hopper_persistent kernel runs block_m 128 on num_warps 4"),
+    (dict(kernel="hopper_persistent", num_stages=1), "with block_n 64 or 128 and num_stages >= 2"),
     (dict(kernel="hopper", num_warps=8), "PrefillTuning: the hopper kernel runs block_m 128 on num_warps 4"),
     (dict(kernel="hopper", num_stages=1), "with block_n 64 or 128 and num_stages >= 2"),
     (dict(kernel="hopper", block_n=32), "with block_n 64 or 128 and num_stages >= 2"),
@@ -600,7 +602,24 @@ def test_prefill_tuning_refuses_what_no_kernel_runs(kwargs, message):
         PrefillTuning(**fields)
 
 
-def test_hopper_tuning_is_refused_off_hopper():
+@pytest.mark.parametrize("row_blocks, heads, segments, head_mib, sms", [
+    (64, 128, 1, 4, 132), (3, 5, 3, 0.01, 132), (1, 1, 1, 1000, 132), (16, 128, 8, 1, 2), (0, 4, 1, 1, 132),
+])
+def test_persistent_schedule_takes_one_program_per_sm_at_most(row_blocks, heads, segments, head_mib, sms):
+    """The persistent kernel's grid: one program per SM, none without a unit (but one at least); the
+    heads run together keep their keys within L2_KEY_BYTES (one head at least)."""
+    from mlakit.kernels import hopper_prefill
+
+    programs, (units, blocks, heads_out, head_group) = hopper_prefill.persistent_schedule(
+        row_blocks, heads, segments, int(head_mib * 2**20), sms)
+    assert (units, blocks, heads_out) == (row_blocks * heads * segments, row_blocks, heads)
+    assert programs == max(1, min(sms, units))
+    assert 1 <= head_group <= heads
+    assert head_group == 1 or head_group * int(head_mib * 2**20) <= hopper_prefill.L2_KEY_BYTES
+
+
+@pytest.mark.parametrize("kernel", ["hopper", "hopper_persistent"])
+def test_hopper_tuning_is_refused_off_hopper(kernel):
     """On the CPU (or any GPU but SM90) an explicit hopper tuning names what the kernel needs."""
     if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9:
         pytest.skip("an SM90 GPU runs the hopper kernel (tests/test_prefill_hopper_gpu.py)")
@@ -609,4 +628,4 @@ def test_hopper_tuning_is_refused_off_hopper():
     cu = _segments([4], device).cu_seqlens
     with pytest.raises(MLAInputError, match="tuning: the hopper kernel needs an SM90 GPU"):
         triton_mha_prefill(q, k_nope, k_pe, v, cu, cu, max_q_len=4, causal=True, softmax_scale=0.1,
-                           tuning=PrefillTuning(128, 128, 4, 2, kernel="hopper"))
+                           tuning=PrefillTuning(128, 128, 4, 2, kernel=kernel))

@@ -1,7 +1,8 @@
 """The Hopper (SM90) Gluon prefill kernel against the float32 oracle: ragged and empty segments,
 q_len > k_len, odd head counts, NaN rows past the last segment, both causal modes, the merge into
 an earlier result, DeepSeek's and MiniCPM3's widths, every tile / ring setting it takes, and the
-refusals. Needs an SM90 GPU."""
+refusals; every case also on the persistent form ("hopper_persistent"), on every SM and on two programs
+that loop over many units each. Needs an SM90 GPU."""
 
 from __future__ import annotations
 
@@ -21,8 +22,10 @@ pytestmark = [
 
 DEVICE = "cuda"
 WIDTHS = [(128, 64, 128), (64, 32, 64)]  # d_nope, d_rope, d_v
-TUNINGS = [PrefillTuning(128, 128, 4, 2, kernel="hopper"), PrefillTuning(128, 64, 4, 3, kernel="hopper"),
-           PrefillTuning(128, 64, 4, 2, kernel="hopper"),
+HOPPER_TUNINGS = [PrefillTuning(128, 128, 4, 2, kernel=kernel) for kernel in ("hopper", "hopper_persistent")]
+TUNINGS = [*HOPPER_TUNINGS,
+           *(PrefillTuning(128, block_n, 4, stages, kernel=kernel) for kernel in ("hopper", "hopper_persistent")
+             for block_n, stages in ((64, 3), (64, 2))),
            PrefillTuning(128, 64, 8, 3)]  # the portable kernel's SM90 tiles, which mla_prefill no longer picks here
 CASES = [
     # q_lens, k_lens, heads, causal
@@ -32,6 +35,7 @@ CASES = [
     ([129, 64, 65], [129, 64, 65], 3, True),  # row counts at the warpgroup and program edges
     ([33, 1, 0, 250], [500, 0, 9, 250], 3, False),
     ([127, 128], [255, 256], 2, False),  # key counts at tile edges
+    ([700, 300], [900, 300], 12, True),  # more units (6 row blocks x 12 heads x 2) than an H100's 132 SMs
 ]
 
 
@@ -60,8 +64,24 @@ def test_sm90_kernels_match_float32_oracle(q_lens, k_lens, heads, causal, dtype,
     assert torch.equal(out[:rows][blind].float(), torch.zeros_like(out[:rows][blind].float()))
 
 
+@pytest.mark.parametrize("block_n, stages", [(128, 2), (64, 3)])
+@pytest.mark.parametrize("widths", WIDTHS, ids=lambda w: "x".join(map(str, w)))
+@pytest.mark.parametrize("q_lens, k_lens, heads, causal", CASES)
+def test_persistent_kernel_on_two_programs_matches_float32_oracle(q_lens, k_lens, heads, causal, widths, block_n,
+                                                                  stages, monkeypatch):
+    """Two programs take every unit between them: the ring's stages and phases, Q's and the turns carry across
+    units, units without rows or keys among them."""
+    monkeypatch.setattr(hopper_prefill, "sm_count", lambda device: 2)
+    tuning = PrefillTuning(128, block_n, 4, stages, kernel="hopper_persistent")
+    out, lse, (expected_out, expected_lse), rows = _run(q_lens, k_lens, heads, widths, causal, tuning, torch.bfloat16,
+                                                        seed=sum(q_lens) + heads)
+    _assert_matches(out[:rows], lse[:rows], expected_out[:rows], expected_lse[:rows])
+
+
+@pytest.mark.parametrize("programs", [None, 2], ids=["every-sm", "two-programs"])
+@pytest.mark.parametrize("tuning", HOPPER_TUNINGS, ids=lambda t: t.kernel)
 @pytest.mark.parametrize("causal_first", [True, False])
-def test_hopper_kernel_merges_a_second_key_set_into_the_first(causal_first):
+def test_hopper_kernel_merges_a_second_key_set_into_the_first(causal_first, tuning, programs, monkeypatch):
     """Keys A, then keys B merged in (no mask), equals the portable kernel doing the same; rows of a
     segment without B keys stay exactly as they were."""
     q_lens, a_lens, b_lens = [190, 4, 70], [190, 300, 70], [260, 0, 3]
@@ -71,8 +91,10 @@ def test_hopper_kernel_merges_a_second_key_set_into_the_first(causal_first):
     _, b_nope, b_pe, b_v = _kernel_inputs(q_lens, b_lens, heads, d_nope, d_rope, d_v, torch.bfloat16, seed=6,
                                           device=DEVICE)
     queries, a_keys, b_keys = _segments(q_lens, DEVICE), _segments(a_lens, DEVICE), _segments(b_lens, DEVICE)
+    if programs is not None:
+        monkeypatch.setattr(hopper_prefill, "sm_count", lambda device: programs)
     results = []
-    for tuning in (TUNINGS[0], TUNINGS[-1]):
+    for tuning in (tuning, TUNINGS[-1]):
         out = torch.empty(q.shape[0], heads, d_v, dtype=torch.float32, device=DEVICE)
         lse = torch.empty(out.shape[:2], dtype=torch.float32, device=DEVICE)
         kwargs = dict(max_q_len=queries.max_len, softmax_scale=0.1, out=out, lse=lse, tuning=tuning)

@@ -267,8 +267,8 @@ def _parse_case(spec: str) -> DecodeCase:
 @bench.command()
 @click.option("--quick", is_flag=True, help="The two 128-head targets (n8192 p0, n2048 p32768) plus spot checks.")
 @click.option("--case", "case_specs", multiple=True, help="heads,batch,new_tokens,prefix (repeatable).")
-@click.option("--tuning", "tunings", multiple=True, help="NAME=block_m,block_n,warps,stages[,kernel] extra attention variants (kernel: portable or "
-                                                         "hopper, e.g. h64=128,64,4,3,hopper).")
+@click.option("--tuning", "tunings", multiple=True, help="NAME=block_m,block_n,warps,stages[,kernel] extra attention variants (kernel: portable, "
+                                                         "hopper or hopper_persistent, e.g. h64=128,64,4,3,hopper).")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=Path("prefill_bench.json"), show_default=True)
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=Path("prefill_bench.png"), show_default=True)
 def prefill(quick: bool, case_specs: tuple[str, ...], tunings: tuple[str, ...], json_path: Path, plot_path: Path) -> None:

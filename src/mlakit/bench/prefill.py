@@ -256,12 +256,14 @@ def attention_kernels(tunings: dict[str, PrefillTuning]) -> dict[str, AttentionF
 
 def parse_tuning(spec: str) -> tuple[str, PrefillTuning]:
     """`NAME=block_m,block_n,warps,stages[,kernel]` as a named PrefillTuning (needs triton; kernel
-    "portable" by default, or "hopper").
+    "portable" by default, "hopper" or "hopper_persistent").
 
     >>> parse_tuning("wide=128,128,8,3")
     ('wide', PrefillTuning(block_m=128, block_n=128, num_warps=8, num_stages=3, kernel='portable'))
     >>> parse_tuning("h64=128,64,4,3,hopper")[1].kernel
     'hopper'
+    >>> parse_tuning("persist=128,128,4,2,hopper_persistent")[1].kernel
+    'hopper_persistent'
     """
     from mlakit.kernels.triton_prefill import PrefillTuning
 

@@ -20,6 +20,10 @@ One program owns 128 query rows of one head of one segment:
   is done, so the ring needs two stages at least. Tiles every row of a warpgroup fully sees skip
   the mask; a warpgroup waits for and releases every tile, computing only those its rows can see.
 
+The persistent form (`mha_prefill_hopper_persistent_kernel`, tuning kernel "hopper_persistent") runs one
+program per SM over the same work units (row block, head, segment): its producer loads the next unit's Q
+and first tiles while the consumers store the last unit's rows (`_unit` gives the order).
+
 `triton_mha_prefill` runs it by default wherever `supports` holds (benchmarks/NOTES.md, p5: 1.05-1.17x
 faster than the portable kernel on an H100).
 """
@@ -37,7 +41,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from mlakit.kernels.hopper_common import (GLUON_DTYPES, Matrix, capability, finish_rows, matrix_descriptor, no_keys_yet,
-                                          hand_over, online_softmax, take_over, zero_rows_from)
+                                          hand_over, online_softmax, sm_count, take_over, zero_rows_from)
 from mlakit.errors import MLAInputError
 from mlakit.kernels.launch import CachedLaunch
 from mlakit.kernels.triton_prefill import merged_with_earlier, program_segment
@@ -61,6 +65,8 @@ SHARED_MEMORY_LIMIT = 232448
 # Keys per tile and ring stages by default (shared memory at DeepSeek's widths: Q 48 KiB + 80 KiB a stage).
 DEFAULT_BLOCK_N = 128
 DEFAULT_STAGES = 2
+# Key bytes (K_nope and V) of the heads whose units the persistent kernel runs together: within an H100's 50 MiB L2.
+L2_KEY_BYTES = 32 * 2**20
 
 
 def supports(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor) -> bool:
@@ -80,13 +86,9 @@ def supports(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch
 
 
 @gluon.jit
-def _producer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready, kv_free,
-              Q_DESC, QPE_DESC, KN_DESC, KPE_DESC, V_DESC, q_row, q_col, k_row, kn_col, v_col, num_tiles,
-              NOPE_DIM: gl.constexpr, V_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    """Q's two warpgroup halves, then the key tiles into the ring (stage t % STAGES reloaded once
-    both consumers released it)."""
+def _load_q(q_nope_smem, q_pe_smem, q_ready, Q_DESC, QPE_DESC, q_row, q_col, NOPE_DIM: gl.constexpr):
+    """Q's two warpgroup halves (rows q_row .., columns q_col ..), completing on `q_ready`."""
     nope_chunk: gl.constexpr = Q_DESC.block_type.shape[1]
-    v_chunk: gl.constexpr = V_DESC.block_type.shape[1]
     q_bytes: gl.constexpr = 2 * ((NOPE_DIM // nope_chunk) * Q_DESC.block_type.nbytes + QPE_DESC.block_type.nbytes)
     mbarrier.expect(q_ready, q_bytes)
     for half in gl.static_range(2):
@@ -95,12 +97,23 @@ def _producer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_rea
             tma.async_copy_global_to_shared(Q_DESC, [row, q_col + c * nope_chunk], q_ready,
                                             q_nope_smem.index(half).slice(c * nope_chunk, nope_chunk, dim=1))
         tma.async_copy_global_to_shared(QPE_DESC, [row, q_col + NOPE_DIM], q_ready, q_pe_smem.index(half))
+
+
+@gluon.jit
+def _load_tiles(kn_smem, kpe_smem, v_smem, kv_ready, kv_free, KN_DESC, KPE_DESC, V_DESC, k_row, kn_col, v_col,
+                first_tile, num_tiles, NOPE_DIM: gl.constexpr, V_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                STAGES: gl.constexpr):
+    """Key tiles 0 .. num_tiles of a program into the ring; `first_tile` counts the ring's earlier tiles (stage
+    and phase follow the running count, reloaded once both consumers released the stage)."""
+    nope_chunk: gl.constexpr = KN_DESC.block_type.shape[1]
+    v_chunk: gl.constexpr = V_DESC.block_type.shape[1]
     tile_bytes: gl.constexpr = ((NOPE_DIM // nope_chunk) * KN_DESC.block_type.nbytes + KPE_DESC.block_type.nbytes
                                 + (V_DIM // v_chunk) * V_DESC.block_type.nbytes)
     for t in range(num_tiles):
-        stage = t % STAGES
-        if t >= STAGES:
-            mbarrier.wait(kv_free.index(stage), (t // STAGES - 1) & 1)
+        count = first_tile + t
+        stage = count % STAGES
+        if count >= STAGES:
+            mbarrier.wait(kv_free.index(stage), (count // STAGES - 1) & 1)
         bar = kv_ready.index(stage)
         mbarrier.expect(bar, tile_bytes)
         row = k_row + t * BLOCK_N
@@ -114,13 +127,37 @@ def _producer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_rea
 
 
 @gluon.jit
+def _producer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready, kv_free,
+              Q_DESC, QPE_DESC, KN_DESC, KPE_DESC, V_DESC, q_row, q_col, k_row, kn_col, v_col, num_tiles,
+              NOPE_DIM: gl.constexpr, V_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """Q's two warpgroup halves, then the key tiles into the ring (stage t % STAGES reloaded once
+    both consumers released it)."""
+    _load_q(q_nope_smem, q_pe_smem, q_ready, Q_DESC, QPE_DESC, q_row, q_col, NOPE_DIM)
+    _load_tiles(kn_smem, kpe_smem, v_smem, kv_ready, kv_free, KN_DESC, KPE_DESC, V_DESC, k_row, kn_col, v_col,
+                0, num_tiles, NOPE_DIM, V_DIM, BLOCK_N, STAGES)
+
+
+@gluon.jit
 def _consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready, kv_free,
               OUT, LSE, q_start, q_len, k_len, m0, head, num_tiles, scale_log2,
               stride_o_tok, stride_o_head, stride_lse_tok,
               HALF: gl.constexpr, V_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
               CAUSAL: gl.constexpr, MERGE: gl.constexpr):
     """Rows m0 + HALF * 64 .. + 64 of the program: attention over the tiles they see, then the
-    store (merged into the earlier result with MERGE).
+    store (merged into the earlier result with MERGE)."""
+    acc, m_i, l_i = _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready, kv_free,
+                                 q_len, k_len, m0, num_tiles, 0, 0, scale_log2, HALF, V_DIM, BLOCK_N, STAGES, CAUSAL)
+    _store_rows(acc, m_i, l_i, OUT, LSE, q_start, q_len, m0, head, stride_o_tok, stride_o_head, stride_lse_tok,
+                HALF, V_DIM, MERGE)
+
+
+@gluon.jit
+def _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready, kv_free,
+                 q_len, k_len, m0, num_tiles, first_tile, q_phase, scale_log2,
+                 HALF: gl.constexpr, V_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                 CAUSAL: gl.constexpr):
+    """Rows m0 + HALF * 64 .. + 64 over the program's num_tiles key tiles: the unnormalized output,
+    running max and sum. `first_tile` counts the ring's earlier tiles, `q_phase` is Q's phase.
 
     Per tile t the warpgroup issues S_t = Q K_t^T and the deferred P_{t-1} V_{t-1} together, then
     runs the softmax of S_t while the other warpgroup's pair runs: the two take turns on named
@@ -151,11 +188,12 @@ def _consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_rea
     q_pe = q_pe_smem.index(HALF)
     if HALF == 1:
         hand_over(TURN_BARRIERS[0])  # the first turn is the first warpgroup's
-    mbarrier.wait(q_ready, 0)
+    mbarrier.wait(q_ready, q_phase)
     for t in range(num_tiles):
-        stage = t % STAGES
-        previous = (t + STAGES - 1) % STAGES
-        mbarrier.wait(kv_ready.index(stage), (t // STAGES) & 1)
+        count = first_tile + t
+        stage = count % STAGES
+        previous = (count + STAGES - 1) % STAGES
+        mbarrier.wait(kv_ready.index(stage), (count // STAGES) & 1)
         computes = t < my_tiles
         # V rows past the segment: P is 0 there, but 0 * NaN is not. The second warpgroup zeroes them (whether
         # or not it computes the tile) before its turn; every P V of the tile comes after that turn.
@@ -202,12 +240,21 @@ def _consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_rea
     if HALF == 0:
         take_over(my_turn)  # the second warpgroup's last hand-over
     if my_tiles > 0 and my_tiles == num_tiles:  # the last tile's P V, deferred past the loop
-        last = (num_tiles - 1) % STAGES
+        last = (first_tile + num_tiles - 1) % STAGES
         acc_mma = warpgroup_mma(p, v_smem.index(last), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc_mma])
         gl.thread_barrier()
         mbarrier.arrive(kv_free.index(last), count=1)
+    return acc, m_i, l_i
 
+
+@gluon.jit
+def _store_rows(acc, m_i, l_i, OUT, LSE, q_start, q_len, m0, head, stride_o_tok, stride_o_head, stride_lse_tok,
+                HALF: gl.constexpr, V_DIM: gl.constexpr, MERGE: gl.constexpr):
+    """The warpgroup's rows normalized and stored with their lse (merged into the earlier result with MERGE)."""
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, V_DIM, 16])
+    row0 = m0 + HALF * WARPGROUP_ROWS
     lse, inv_l = finish_rows(m_i, l_i)
     out_rows = row0 + gl.arange(0, WARPGROUP_ROWS, layout=gl.SliceLayout(1, o_layout))
     cols = gl.arange(0, V_DIM, layout=gl.SliceLayout(0, o_layout))
@@ -226,25 +273,20 @@ def _consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_rea
 
 
 @gluon.jit
-def mha_prefill_hopper_kernel(
-    Q_DESC, QPE_DESC, KN_DESC, KPE_DESC, V_DESC, OUT, LSE, CU_SEQLENS_Q, CU_SEQLENS_K,
-    scale_log2, stride_q_head, stride_kn_head, stride_v_head, stride_o_tok, stride_o_head, stride_lse_tok,
-    NOPE_DIM: gl.constexpr, ROPE_DIM: gl.constexpr, V_DIM: gl.constexpr,
-    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, MERGE: gl.constexpr,
-):
-    """Grid (row blocks of the longest segment, heads, segments), heaviest row blocks first; launched
-    with 4 warps (the first consumer) plus a 4-warp consumer and a 1-warp producer."""
-    block, head, q_start, q_len, k_start, k_len = program_segment(CU_SEQLENS_Q, CU_SEQLENS_K)
-    m0 = block * 2 * WARPGROUP_ROWS
-    if m0 >= q_len or (MERGE and k_len == 0):
-        return
+def _program_tiles(m0, q_len, k_len, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """The key tiles rows m0 .. m0 + 128 see (0 where they see none)."""
     if CAUSAL:
         hi = gl.minimum(k_len, m0 + 2 * WARPGROUP_ROWS + k_len - q_len)
     else:
         hi = k_len
-    num_tiles = gl.cdiv(gl.maximum(hi, 0), BLOCK_N)
+    return gl.cdiv(gl.maximum(hi, 0), BLOCK_N)
 
-    dtype: gl.constexpr = Q_DESC.block_type.element_ty
+
+@gluon.jit
+def _shared_buffers(dtype: gl.constexpr, NOPE_DIM: gl.constexpr, ROPE_DIM: gl.constexpr, V_DIM: gl.constexpr,
+                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """Q, the ring of key tiles and their barriers (initialized): q_ready (one arrival, the producer's
+    expect), kv_ready (likewise) and kv_free (two arrivals, one per consumer) per stage."""
     q_nope_smem = gl.allocate_shared_memory(dtype, [2, WARPGROUP_ROWS, NOPE_DIM],
                                             gl.NVMMASharedLayout.get_default_for([WARPGROUP_ROWS, NOPE_DIM], dtype))
     q_pe_smem = gl.allocate_shared_memory(dtype, [2, WARPGROUP_ROWS, ROPE_DIM],
@@ -262,6 +304,25 @@ def mha_prefill_hopper_kernel(
     for st in gl.static_range(STAGES):
         mbarrier.init(kv_ready.index(st), count=1)
         mbarrier.init(kv_free.index(st), count=2)
+    return q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready, kv_free
+
+
+@gluon.jit
+def mha_prefill_hopper_kernel(
+    Q_DESC, QPE_DESC, KN_DESC, KPE_DESC, V_DESC, OUT, LSE, CU_SEQLENS_Q, CU_SEQLENS_K,
+    scale_log2, stride_q_head, stride_kn_head, stride_v_head, stride_o_tok, stride_o_head, stride_lse_tok,
+    NOPE_DIM: gl.constexpr, ROPE_DIM: gl.constexpr, V_DIM: gl.constexpr,
+    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, MERGE: gl.constexpr,
+):
+    """Grid (row blocks of the longest segment, heads, segments), heaviest row blocks first; launched
+    with 4 warps (the first consumer) plus a 4-warp consumer and a 1-warp producer."""
+    block, head, q_start, q_len, k_start, k_len = program_segment(CU_SEQLENS_Q, CU_SEQLENS_K)
+    m0 = block * 2 * WARPGROUP_ROWS
+    if m0 >= q_len or (MERGE and k_len == 0):
+        return
+    num_tiles = _program_tiles(m0, q_len, k_len, BLOCK_N, CAUSAL)
+    q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready, kv_free = _shared_buffers(
+        Q_DESC.block_type.element_ty, NOPE_DIM, ROPE_DIM, V_DIM, BLOCK_N, STAGES)
     fence_async_shared()
     gl.thread_barrier()
 
@@ -279,6 +340,125 @@ def mha_prefill_hopper_kernel(
     ], [4, 1], [232, 40])
 
 
+@gluon.jit
+def _unit(wave, CU_SEQLENS_Q, CU_SEQLENS_K, num_units, row_blocks, heads, head_group,
+          BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, MERGE: gl.constexpr):
+    """The program's work unit of this wave and whether it runs: row block, head, the segment's query and
+    key ranges, its first row and key tile count. Units run segment by segment, within a segment group by
+    group of `head_group` heads (their keys stay in L2), within a group heaviest row block first, then head;
+    program p takes unit p of even waves and the mirrored one of odd waves (their costs even out)."""
+    pid = gl.program_id(0)
+    programs = gl.num_programs(0)
+    unit = wave * programs + pid + (wave % 2) * (programs - 1 - 2 * pid)
+    in_range = unit < num_units
+    unit = gl.minimum(unit, num_units - 1)
+    per_segment = row_blocks * heads
+    seq = unit // per_segment
+    rest = unit % per_segment
+    group = rest // (row_blocks * head_group)
+    within = rest % (row_blocks * head_group)
+    group_heads = gl.minimum(head_group, heads - group * head_group)
+    block = row_blocks - 1 - within // group_heads
+    head = group * head_group + within % group_heads
+    q_start = gl.load(CU_SEQLENS_Q + seq)
+    k_start = gl.load(CU_SEQLENS_K + seq)
+    q_len = gl.load(CU_SEQLENS_Q + seq + 1) - q_start
+    k_len = gl.load(CU_SEQLENS_K + seq + 1) - k_start
+    m0 = block * 2 * WARPGROUP_ROWS
+    runs = in_range & (m0 < q_len)
+    if MERGE:
+        runs = runs & (k_len > 0)
+    return runs, head, q_start, q_len, k_start, k_len, m0, _program_tiles(m0, q_len, k_len, BLOCK_N, CAUSAL)
+
+
+@gluon.jit
+def _persistent_consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, kv_ready, kv_free,
+                         OUT, LSE, CU_SEQLENS_Q, CU_SEQLENS_K, num_units, row_blocks, heads, head_group, scale_log2,
+                         stride_o_tok, stride_o_head, stride_lse_tok,
+                         HALF: gl.constexpr, V_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                         CAUSAL: gl.constexpr, MERGE: gl.constexpr):
+    """`_consumer` over the program's units: Q goes back (q_free) once the unit's tiles are done, before the
+    store. Between units the two warpgroups meet on the second turn barrier, so that the second one's first
+    hand-over of a unit comes after the first one took its last of the unit before."""
+    first_tile = 0
+    done = 0
+    for wave in range(gl.cdiv(num_units, gl.num_programs(0))):
+        runs, head, q_start, q_len, k_start, k_len, m0, num_tiles = _unit(
+            wave, CU_SEQLENS_Q, CU_SEQLENS_K, num_units, row_blocks, heads, head_group, BLOCK_N, CAUSAL, MERGE)
+        if runs:
+            acc, m_i, l_i = _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready,
+                                         kv_free, q_len, k_len, m0, num_tiles, first_tile, done & 1, scale_log2,
+                                         HALF, V_DIM, BLOCK_N, STAGES, CAUSAL)
+            gl.thread_barrier()
+            mbarrier.arrive(q_free, count=1)
+            _store_rows(acc, m_i, l_i, OUT, LSE, q_start, q_len, m0, head, stride_o_tok, stride_o_head,
+                        stride_lse_tok, HALF, V_DIM, MERGE)
+            if HALF == 0:
+                hand_over(TURN_BARRIERS[1])
+            else:
+                take_over(TURN_BARRIERS[1])
+            first_tile += num_tiles
+            done += 1
+
+
+@gluon.jit
+def _persistent_producer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, kv_ready, kv_free,
+                         Q_DESC, QPE_DESC, KN_DESC, KPE_DESC, V_DESC, CU_SEQLENS_Q, CU_SEQLENS_K,
+                         num_units, row_blocks, heads, head_group, stride_q_head, stride_kn_head, stride_v_head,
+                         NOPE_DIM: gl.constexpr, V_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                         CAUSAL: gl.constexpr, MERGE: gl.constexpr):
+    """`_producer` over the program's units: a unit's Q once both consumers released the last one's, its
+    tiles into the ring after the last unit's (the running tile count keeps stages and phases)."""
+    first_tile = 0
+    done = 0
+    for wave in range(gl.cdiv(num_units, gl.num_programs(0))):
+        runs, head, q_start, q_len, k_start, k_len, m0, num_tiles = _unit(
+            wave, CU_SEQLENS_Q, CU_SEQLENS_K, num_units, row_blocks, heads, head_group, BLOCK_N, CAUSAL, MERGE)
+        if runs:
+            if done > 0:
+                mbarrier.wait(q_free, (done - 1) & 1)
+            _load_q(q_nope_smem, q_pe_smem, q_ready, Q_DESC, QPE_DESC, q_start + m0, head * stride_q_head, NOPE_DIM)
+            _load_tiles(kn_smem, kpe_smem, v_smem, kv_ready, kv_free, KN_DESC, KPE_DESC, V_DESC, k_start,
+                        head * stride_kn_head, head * stride_v_head, first_tile, num_tiles, NOPE_DIM, V_DIM, BLOCK_N,
+                        STAGES)
+            first_tile += num_tiles
+            done += 1
+
+
+@gluon.jit(do_not_specialize=("num_units", "row_blocks", "heads", "head_group"))
+def mha_prefill_hopper_persistent_kernel(
+    Q_DESC, QPE_DESC, KN_DESC, KPE_DESC, V_DESC, OUT, LSE, CU_SEQLENS_Q, CU_SEQLENS_K,
+    scale_log2, stride_q_head, stride_kn_head, stride_v_head, stride_o_tok, stride_o_head, stride_lse_tok,
+    num_units, row_blocks, heads, head_group,
+    NOPE_DIM: gl.constexpr, ROPE_DIM: gl.constexpr, V_DIM: gl.constexpr,
+    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, MERGE: gl.constexpr,
+):
+    """The persistent form of `mha_prefill_hopper_kernel`: grid (programs, 1, 1), each program looping over
+    the work units (row block, head, segment) `_unit` gives it, so the producer loads a unit's Q and first
+    tiles while the consumers store the last one's rows. Q gets a `q_free` barrier (two arrivals)."""
+    q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready, kv_free = _shared_buffers(
+        Q_DESC.block_type.element_ty, NOPE_DIM, ROPE_DIM, V_DIM, BLOCK_N, STAGES)
+    q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_free, count=2)
+    fence_async_shared()
+    gl.thread_barrier()
+
+    gl.warp_specialize([
+        (_persistent_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, kv_ready, kv_free,
+                                OUT, LSE, CU_SEQLENS_Q, CU_SEQLENS_K, num_units, row_blocks, heads, head_group,
+                                scale_log2, stride_o_tok, stride_o_head, stride_lse_tok,
+                                0, V_DIM, BLOCK_N, STAGES, CAUSAL, MERGE)),
+        (_persistent_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, kv_ready, kv_free,
+                                OUT, LSE, CU_SEQLENS_Q, CU_SEQLENS_K, num_units, row_blocks, heads, head_group,
+                                scale_log2, stride_o_tok, stride_o_head, stride_lse_tok,
+                                1, V_DIM, BLOCK_N, STAGES, CAUSAL, MERGE)),
+        (_persistent_producer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, kv_ready, kv_free,
+                                Q_DESC, QPE_DESC, KN_DESC, KPE_DESC, V_DESC, CU_SEQLENS_Q, CU_SEQLENS_K,
+                                num_units, row_blocks, heads, head_group, stride_q_head, stride_kn_head,
+                                stride_v_head, NOPE_DIM, V_DIM, BLOCK_N, STAGES, CAUSAL, MERGE)),
+    ], [4, 1], [232, 40])
+
+
 @dataclasses.dataclass(frozen=True)
 class HopperPrefillLaunch:
     """What one attention pass's launch takes from its operands' layout (not their addresses): the
@@ -291,6 +471,9 @@ class HopperPrefillLaunch:
     strides: tuple[int, ...]
     constants: Mapping[str, object]
     boxes: tuple[tuple[int, int], ...]
+    # The persistent kernel's (`persistent=True`) and its trailing arguments: units, row blocks, heads, head group.
+    persistent: bool = False
+    schedule: tuple[int, ...] = ()
 
     def __call__(self, q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor,
                  cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
@@ -312,17 +495,19 @@ class HopperPrefillLaunch:
         """The call with k_nope, k_pe and v given as their `key_descriptors`."""
         q_rows = head_rows(q)
         q_nope_box, q_pe_box = self.boxes[:2]
-        _PREFILL(self.key, self.grid, (matrix_descriptor(q_rows, q_nope_box), matrix_descriptor(q_rows, q_pe_box),
-                                       k_nope, k_pe, v, out, lse, cu_seqlens_q, cu_seqlens_k, scale_log2,
-                                       *self.strides), self.constants)
+        launch = _PERSISTENT if self.persistent else _PREFILL
+        launch(self.key, self.grid, (matrix_descriptor(q_rows, q_nope_box), matrix_descriptor(q_rows, q_pe_box),
+                                     k_nope, k_pe, v, out, lse, cu_seqlens_q, cu_seqlens_k, scale_log2,
+                                     *self.strides, *self.schedule), self.constants)
 
 
 def plan_launch(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor,
                 cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, *,
                 max_q_len: int, causal: bool, merge: bool, block_n: int = DEFAULT_BLOCK_N,
-                stages: int = DEFAULT_STAGES) -> HopperPrefillLaunch:
+                stages: int = DEFAULT_STAGES, persistent: bool = False) -> HopperPrefillLaunch:
     """The Hopper kernel's launch of one `triton_mha_prefill` pass for operands of these ones' layout
-    (`supports` must hold); refuses a key tile or ring that does not fit."""
+    (`supports` must hold); refuses a key tile or ring that does not fit. `persistent`: the persistent
+    kernel's, one program per SM at most (`persistent_schedule`)."""
     nope_dim, rope_dim, v_dim = k_nope.shape[-1], k_pe.shape[-1], v.shape[-1]
     need = shared_bytes(nope_dim, rope_dim, v_dim, block_n, stages)
     if block_n not in (64, 128) or stages < 2 or need > SHARED_MEMORY_LIMIT:
@@ -338,7 +523,27 @@ def plan_launch(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: to
     boxes = ((int(WARPGROUP_ROWS), nope_chunk), (int(WARPGROUP_ROWS), rope_dim), (block_n, nope_chunk),
              (block_n, rope_dim), (block_n, v_chunk))
     grid = (-(-max_q_len // BLOCK_M), q.shape[1], cu_seqlens_q.shape[0] - 1)
-    return HopperPrefillLaunch(key, grid, strides, MappingProxyType(constants), boxes)
+    if not persistent:
+        return HopperPrefillLaunch(key, grid, strides, MappingProxyType(constants), boxes)
+    programs, schedule = persistent_schedule(*grid, k_nope.shape[0] * (nope_dim + v_dim) * k_nope.element_size(),
+                                             sm_count(q.device))
+    return HopperPrefillLaunch(key, (programs, 1, 1), strides, MappingProxyType(constants), boxes, True, schedule)
+
+
+def persistent_schedule(row_blocks: int, heads: int, segments: int, head_key_bytes: int,
+                        sms: int) -> tuple[int, tuple[int, int, int, int]]:
+    """The persistent kernel's program count (one per SM, at most one per unit, at least one) and its
+    schedule arguments: units (row block, head, segment), row blocks, heads and the heads whose keys
+    (`head_key_bytes` each: K_nope and V of every key row) run together within L2_KEY_BYTES.
+
+    >>> persistent_schedule(64, 128, 1, 8192 * 256 * 2, 132)  # DeepSeek's 128 heads, 8192 tokens
+    (132, (8192, 64, 128, 8))
+    >>> persistent_schedule(1, 3, 2, 10**9, 132), persistent_schedule(0, 3, 1, 0, 132)
+    ((6, (6, 1, 3, 1)), (1, (0, 0, 3, 3)))
+    """
+    units = row_blocks * heads * segments
+    head_group = max(1, min(heads, L2_KEY_BYTES // max(1, head_key_bytes)))
+    return max(1, min(sms, units)), (units, row_blocks, heads, head_group)
 
 
 def shared_bytes(nope_dim: int, rope_dim: int, v_dim: int, block_n: int, stages: int) -> int:
@@ -360,3 +565,4 @@ def head_rows(x: torch.Tensor) -> Matrix:
 
 
 _PREFILL = CachedLaunch(mha_prefill_hopper_kernel)
+_PERSISTENT = CachedLaunch(mha_prefill_hopper_persistent_kernel)

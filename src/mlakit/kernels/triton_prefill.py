@@ -31,7 +31,9 @@ LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)
 
 
-KERNELS = ("portable", "hopper")
+KERNELS = ("portable", "hopper", "hopper_persistent")
+# The Gluon kernels of `hopper_prefill`: "hopper_persistent" is its persistent form (one program per SM).
+HOPPER_KERNELS = ("hopper", "hopper_persistent")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +41,8 @@ class PrefillTuning:
     """Tile sizes and launch settings of the prefill kernel: `kernel` "portable" (this module's
     Triton kernel) or "hopper" (`hopper_prefill`'s Gluon kernel, SM90 only: 128 query rows a
     program on 4 + 4 + 1 warps, so block_m 128 and num_warps 4; block_n 64 or 128 keys a tile and
-    num_stages >= 2 tiles in flight, within 227 KiB of shared memory)."""
+    num_stages >= 2 tiles in flight, within 227 KiB of shared memory), or "hopper_persistent" (its
+    persistent form, same settings)."""
 
     block_m: int
     block_n: int
@@ -56,9 +59,9 @@ class PrefillTuning:
             raise MLAInputError(f"PrefillTuning.kernel: expected one of {KERNELS}, got {self.kernel!r}")
         if self.num_stages < 1:
             raise MLAInputError(f"PrefillTuning.num_stages: expected >= 1, got {self.num_stages}")
-        if self.kernel == "hopper" and ((self.block_m, self.num_warps) != (128, 4) or self.num_stages < 2
-                                        or self.block_n not in (64, 128)):
-            raise MLAInputError(f"PrefillTuning: the hopper kernel runs block_m 128 on num_warps 4 with block_n 64 or 128 "
+        if self.kernel in HOPPER_KERNELS and ((self.block_m, self.num_warps) != (128, 4) or self.num_stages < 2
+                                              or self.block_n not in (64, 128)):
+            raise MLAInputError(f"PrefillTuning: the {self.kernel} kernel runs block_m 128 on num_warps 4 with block_n 64 or 128 "
                                 f"and num_stages >= 2, got {self}")
 
 
@@ -315,11 +318,12 @@ def plan_attention(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v:
     dtypes, pointer alignment; the addresses may change between calls): the Hopper kernel's where
     it takes them, else the portable one's (`_tuning_for`)."""
     tuning = _tuning_for(tuning, q, k_nope, k_pe, v)
-    if tuning.kernel == "hopper":
+    if tuning.kernel in HOPPER_KERNELS:
         from mlakit.kernels.hopper_prefill import plan_launch
 
         return plan_launch(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, out, lse, max_q_len=max_q_len, causal=causal,
-                           merge=merge, block_n=tuning.block_n, stages=tuning.num_stages)
+                           merge=merge, block_n=tuning.block_n, stages=tuning.num_stages,
+                           persistent=tuning.kernel == "hopper_persistent")
     nope_dim, rope_dim, v_dim = k_nope.shape[-1], k_pe.shape[-1], v.shape[-1]
     grid = (-(-max_q_len // tuning.block_m), q.shape[1], cu_seqlens_q.shape[0] - 1)
     tensors = (q, k_nope, k_pe, v, out, lse, cu_seqlens_q, cu_seqlens_k)
@@ -333,10 +337,10 @@ def plan_attention(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v:
 
 def _tuning_for(tuning: PrefillTuning | None, q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor,
                 v: torch.Tensor) -> PrefillTuning:
-    """The tuning a call runs: the caller's (a hopper one refused where that kernel cannot take the
-    operands), else the Hopper kernel's where it can (faster than the portable one on every case
+    """The tuning a call runs: the caller's (a hopper or hopper_persistent one refused where that kernel
+    cannot take the operands), else the Hopper kernel's where it can (faster than the portable one on every case
     measured: benchmarks/NOTES.md, p5), else the device's portable tiles."""
-    if tuning is None or tuning.kernel == "hopper":
+    if tuning is None or tuning.kernel in HOPPER_KERNELS:
         from mlakit.kernels import hopper_prefill
 
         if hopper_prefill.supports(q, k_nope, k_pe, v):
