@@ -156,8 +156,9 @@ def prepare_prefill(meta: PrefillMetadata, q: torch.Tensor, kv_cache: torch.Tens
                     kv_scale: torch.Tensor | None, out: torch.Tensor | None = None,
                     lse: torch.Tensor | None = None) -> PreparedPrefill | None:
     """The prefill of `meta` prepared for inputs (and the caller's `out` and `lse`, or None) of these ones'
-    layout (already checked by `mla_prefill`), or None where the prepared path does not serve it: an fp8 cache (scales), pages that are not one
-    matrix of rows (`fused_rows`), a pass without key rows, or no query rows.
+    layout (already checked by `mla_prefill`), or None where the prepared path does not serve it: an fp8
+    cache (scales), pages that are not one matrix of rows (`fused_rows`), a pass without key rows, or no
+    query rows.
 
     >>> from mlakit.prefill.metadata import plan_prefill
     >>> device = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU runs it under Triton's interpreter
