@@ -57,9 +57,9 @@ def _arguments(nope: int, rope: int, v_dim: int, block_n: int, dtype: torch.dtyp
 
 
 # The kernels by `PrefillTuning.kernel` name, and the persistent one's schedule arguments (units, row blocks,
-# heads, head group: unspecialized, any values do).
+# heads, head group: unspecialized, any values do) and its int32 unit counter.
 KERNELS = {"hopper": hp.mha_prefill_hopper_kernel, "hopper_persistent": hp.mha_prefill_hopper_persistent_kernel}
-SCHEDULE = [1000, 10, 100, 7]
+SCHEDULE = [1000, 10, 100, 7, torch.zeros(1, dtype=torch.int32)]
 
 
 def compile_one(nope: int, rope: int, v_dim: int, block_n: int, stages: int, causal: bool, merge: bool,

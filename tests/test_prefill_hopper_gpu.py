@@ -2,17 +2,20 @@
 q_len > k_len, odd head counts, NaN rows past the last segment, both causal modes, the merge into
 an earlier result, DeepSeek's and MiniCPM3's widths, every tile / ring setting it takes, and the
 refusals; every case also on the persistent form ("hopper_persistent"), on every SM and on two programs
-that loop over many units each. Needs an SM90 GPU."""
+that take many units each from the launch's counter (left at zero for the next launch, also across the
+passes of a prepared prefill). Needs an SM90 GPU."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+import mlakit
 from mlakit.errors import MLAInputError
-from mlakit.kernels import hopper_prefill
-from mlakit.kernels.triton_prefill import HOPPER_TUNING, PrefillTuning, _tuning_for, default_prefill_tuning, triton_mha_prefill
-from test_prefill import _assert_matches, _kernel_inputs, _oracle_pass, _segments
+from mlakit.kernels import hopper_prefill, triton_prefill
+from mlakit.kernels.triton_prefill import (HOPPER_TUNING, PrefillTuning, _tuning_for, default_prefill_tuning,
+                                           plan_attention, triton_mha_prefill)
+from test_prefill import Problem, _assert_matches, _kernel_inputs, _oracle_pass, _segments
 
 pytestmark = [
     pytest.mark.gpu,
@@ -76,6 +79,67 @@ def test_persistent_kernel_on_two_programs_matches_float32_oracle(q_lens, k_lens
     out, lse, (expected_out, expected_lse), rows = _run(q_lens, k_lens, heads, widths, causal, tuning, torch.bfloat16,
                                                         seed=sum(q_lens) + heads)
     _assert_matches(out[:rows], lse[:rows], expected_out[:rows], expected_lse[:rows])
+
+
+@pytest.mark.parametrize("programs", [2, 5, 132])
+def test_persistent_launches_reuse_their_counter(programs, monkeypatch):
+    """One launch object run twice on new values (units beyond the programs, skipped units among them: an
+    empty segment, row blocks past the shorter segments): each run takes every unit, and the counter is back
+    at zero after each."""
+    monkeypatch.setattr(hopper_prefill, "sm_count", lambda device: programs)
+    q_lens, k_lens, heads, causal = [700, 0, 300, 5], [900, 4, 300, 5], 12, True
+    queries, keys = _segments(q_lens, DEVICE), _segments(k_lens, DEVICE)
+    out = torch.empty(sum(q_lens), heads, 128, dtype=torch.bfloat16, device=DEVICE)
+    lse = torch.empty(out.shape[:2], dtype=torch.float32, device=DEVICE)
+    launch = None
+    for seed in (11, 12):
+        q, k_nope, k_pe, v = _kernel_inputs(q_lens, k_lens, heads, 128, 64, 128, torch.bfloat16, seed=seed,
+                                            device=DEVICE)
+        if launch is None:
+            launch = plan_attention(q, k_nope, k_pe, v, queries.cu_seqlens, keys.cu_seqlens, out, lse,
+                                    max_q_len=queries.max_len, causal=causal, merge=False,
+                                    tuning=PrefillTuning(128, 128, 4, 2, kernel="hopper_persistent"))
+            assert launch.persistent and launch.grid[0] == min(programs, launch.schedule[0])
+            assert launch.schedule[0] > launch.grid[0]
+        scale = 192**-0.5
+        launch(q, k_nope, k_pe, v, queries.cu_seqlens, keys.cu_seqlens, out, lse, scale * triton_prefill.LOG2E)
+        assert launch.taken.item() == 0
+        want_out, want_lse = _oracle_pass(q.float(), k_nope.float(), k_pe.float(), v.float(), queries, keys,
+                                          causal=causal, softmax_scale=scale)
+        rows = out.shape[0]  # q carries NaN padding rows past the segments (never read)
+        _assert_matches(out, lse, want_out[:rows], want_lse[:rows])
+
+
+def test_prepared_prefill_runs_the_persistent_kernel_pass_after_pass(monkeypatch):
+    """A prepared prefill keeps its persistent launches (and their counters) across calls; with prefix chunks
+    merged in, each call runs several of them. Every call equals the unprepared one exactly (a unit's result
+    does not depend on the program that takes it) and leaves every counter at zero."""
+    monkeypatch.setattr(triton_prefill, "HOPPER_TUNING", PrefillTuning(128, 128, 4, 2, kernel="hopper_persistent"))
+    monkeypatch.setattr(hopper_prefill, "sm_count", lambda device: 3)
+    launches = []
+    plan_launch = hopper_prefill.plan_launch
+
+    def recorded(*args, **kwargs):
+        launches.append(plan_launch(*args, **kwargs))
+        return launches[-1]
+
+    monkeypatch.setattr(hopper_prefill, "plan_launch", recorded)
+    problem = Problem([300, 0, 40], [200, 130, 9], heads=5, page_size=16, d_nope=64, d_v=64, rope_dim=32, seed=4,
+                      device=DEVICE)
+    meta = problem.plan(prefix_chunk_tokens=128)
+
+    def prefill(**kwargs):
+        return mlakit.mla_prefill(problem.q, problem.batch.kv_cache, problem.weight, meta, softmax_scale=problem.scale,
+                                  backend="triton", **kwargs)
+
+    checked = prefill()
+    results = [prefill(check_inputs=False) for _ in range(3)]
+    assert len(meta.calls) == 1
+    assert launches and all(launch.persistent for launch in launches)
+    assert all(launch.taken.item() == 0 for launch in launches)
+    for out, lse in results:
+        assert torch.equal(out, checked[0]) and torch.equal(lse, checked[1])
+    _assert_matches(*results[-1], *problem.latent_form())
 
 
 @pytest.mark.parametrize("programs", [None, 2], ids=["every-sm", "two-programs"])

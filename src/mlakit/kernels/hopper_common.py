@@ -215,3 +215,20 @@ def _named_barrier(OP: gl.constexpr, BARRIER: gl.constexpr):
     # Inline assembly needs an operand: the program id stands in.
     gl.inline_asm_elementwise(f"bar.{OP} {BARRIER}, 256;\n mov.u32 $0, 0;", "=r,r", [gl.program_id(0)],
                               dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def take_unit(TAKEN, units, programs):
+    """The unit a persistent program takes after finishing (or skipping) one: the next untaken one past the
+    first round (units 0 .. programs - 1 go to programs 0 .. programs - 1), from the int32 counter TAKEN;
+    `units` where every unit is taken. Every unit takes once when it is done, so the take that finds
+    units - 1 taken is the last of the launch: it sets the counter back to zero for the next launch.
+    Launches of one round take nothing."""
+    if units > programs:
+        taken = gl.atomic_add(TAKEN, 1)
+        if taken == units - 1:
+            gl.store(TAKEN, 0)
+        unit = gl.minimum(programs + taken, units)
+    else:
+        unit = units
+    return unit

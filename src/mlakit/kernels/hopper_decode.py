@@ -66,6 +66,7 @@ from mlakit.kernels.hopper_common import (
     row_descriptors,
     serves,
     sm_count,
+    take_unit,
     split_range,
     take_over,
     store_lse,
@@ -921,7 +922,7 @@ def mla_decode_hopper_seesaw_kernel(
     barriers. Persistent: a launch of at most one program per SM takes the plan's units (a work item's
     row tile; WORK_STATE[0] items of row_tiles units each, in a plan of work_rows rows), unit p first for
     program p, so that no program waits behind programs that find no work; then, for a ragged batch
-    (WORK_STATE[2]), the next untaken one as each program finishes one (`_take_unit`: the shorter splits
+    (WORK_STATE[2]), the next untaken one as each program finishes one (`take_unit`: the shorter splits
     fill in where programs finish first), otherwise in snake order (program p's second unit is the p-th
     from the end of the second round, ...), each unit's plan entry loaded while the one before runs
     (NOTES.md v30). With MERGE, a split's partial is counted in MERGE_STATE once written, and the program
@@ -976,7 +977,7 @@ def mla_decode_hopper_seesaw_kernel(
                 _merge_if_last(WORK, unit, row_tiles, MERGE_STATE, OUT, LSE, PART_OUT, PART_LSE,
                                OUT_STRIDES, LSE_STRIDES, PART_STRIDES, HEADS, KV_LORA_RANK)
         if ragged:
-            unit = _take_unit(WORK_STATE + 1, units, programs)
+            unit = take_unit(WORK_STATE + 1, units, programs)
             b, split, num_splits, first_token, q_len, seqlen = _unit_work(WORK, SEQLENS, unit, row_tiles, work_rows)
         else:
             unit = next_unit
@@ -1076,23 +1077,6 @@ def _unit_work(WORK, SEQLENS, unit, row_tiles, work_rows):
     last row instead; the caller never runs units past the plan's items)."""
     b, split, num_splits, first_token, q_len = work_item(WORK, gl.minimum(unit // row_tiles, work_rows - 1))
     return b, split, num_splits, first_token, q_len, gl.load(SEQLENS + b)
-
-
-@gluon.jit
-def _take_unit(TAKEN, units, programs):
-    """The unit a program takes after finishing one in a ragged batch: the next untaken one past the
-    first round (units 0 .. programs - 1 go to programs 0 .. programs - 1), from the counter TAKEN;
-    `units` where every unit is taken. Every finished unit takes once, so the take that finds units - 1
-    taken is the last: it sets the counter back to zero for the next launch. Launches of one round
-    take nothing."""
-    if units > programs:
-        taken = gl.atomic_add(TAKEN, 1)
-        if taken == units - 1:
-            gl.store(TAKEN, 0)
-        unit = gl.minimum(programs + taken, units)
-    else:
-        unit = units
-    return unit
 
 
 @gluon.jit

@@ -21,11 +21,14 @@ One program owns 128 query rows of one head of one segment:
   the mask; a warpgroup waits for and releases every tile, computing only those its rows can see.
 
 The persistent form (`mha_prefill_hopper_persistent_kernel`, tuning kernel "hopper_persistent") runs one
-program per SM over the same work units (row block, head, segment): its producer loads the next unit's Q
-and first tiles while the consumers store the last unit's rows (`_unit` gives the order).
+program per SM over the same work units (row block, head, segment), heaviest first (`_unit` gives the order):
+program p starts on unit p, and its producer takes each later one from a global counter once it has issued a
+unit's loads (`take_unit`; the launch holds the counter), publishing it to the consumers through shared
+memory, so it loads the next unit's Q and first tiles while the consumers store the last unit's rows.
 
-`triton_mha_prefill` runs it by default wherever `supports` holds (benchmarks/NOTES.md, p5: 1.05-1.17x
-faster than the portable kernel on an H100).
+`triton_mha_prefill` runs the persistent form (64-key tiles, 3 stages) by default wherever `supports` holds
+(benchmarks/NOTES.md, p5-p7: on an H100 the Hopper tier is 1.05-1.17x faster than the portable kernel, and
+the persistent form 4-15% faster than one program per row block on 6 of 7 cases measured).
 """
 from __future__ import annotations
 
@@ -41,7 +44,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from mlakit.kernels.hopper_common import (GLUON_DTYPES, Matrix, capability, finish_rows, matrix_descriptor, no_keys_yet,
-                                          hand_over, online_softmax, sm_count, take_over, zero_rows_from)
+                                          hand_over, online_softmax, sm_count, take_over, take_unit, zero_rows_from)
 from mlakit.errors import MLAInputError
 from mlakit.kernels.launch import CachedLaunch
 from mlakit.kernels.triton_prefill import merged_with_earlier, program_segment
@@ -62,9 +65,9 @@ ZERO_CHUNK = gl.constexpr(64)
 ZERO_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
 # Shared memory a program may take on an H100 (227 KiB).
 SHARED_MEMORY_LIMIT = 232448
-# Keys per tile and ring stages by default (shared memory at DeepSeek's widths: Q 48 KiB + 80 KiB a stage).
-DEFAULT_BLOCK_N = 128
-DEFAULT_STAGES = 2
+# Keys per tile and ring stages by default (shared memory at DeepSeek's widths: Q 48 KiB + 40 KiB a stage).
+DEFAULT_BLOCK_N = 64
+DEFAULT_STAGES = 3
 # Key bytes (K_nope and V) of the heads whose units the persistent kernel runs together: within an H100's 50 MiB L2.
 L2_KEY_BYTES = 32 * 2**20
 
@@ -341,17 +344,12 @@ def mha_prefill_hopper_kernel(
 
 
 @gluon.jit
-def _unit(wave, CU_SEQLENS_Q, CU_SEQLENS_K, num_units, row_blocks, heads, head_group,
-          BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, MERGE: gl.constexpr):
-    """The program's work unit of this wave and whether it runs: row block, head, the segment's query and
+def _unit(unit, CU_SEQLENS_Q, CU_SEQLENS_K, row_blocks, heads, head_group, BLOCK_N: gl.constexpr,
+          CAUSAL: gl.constexpr, MERGE: gl.constexpr):
+    """Work unit `unit` (below the unit count) and whether it runs: row block, head, the segment's query and
     key ranges, its first row and key tile count. Units run segment by segment, within a segment group by
-    group of `head_group` heads (their keys stay in L2), within a group heaviest row block first, then head;
-    program p takes unit p of even waves and the mirrored one of odd waves (their costs even out)."""
-    pid = gl.program_id(0)
-    programs = gl.num_programs(0)
-    unit = wave * programs + pid + (wave % 2) * (programs - 1 - 2 * pid)
-    in_range = unit < num_units
-    unit = gl.minimum(unit, num_units - 1)
+    group of `head_group` heads (their keys stay in L2), within a group heaviest row block first, then head:
+    taken in this order, the heaviest go first and the light ones fill in where programs finish early."""
     per_segment = row_blocks * heads
     seq = unit // per_segment
     rest = unit % per_segment
@@ -365,97 +363,142 @@ def _unit(wave, CU_SEQLENS_Q, CU_SEQLENS_K, num_units, row_blocks, heads, head_g
     q_len = gl.load(CU_SEQLENS_Q + seq + 1) - q_start
     k_len = gl.load(CU_SEQLENS_K + seq + 1) - k_start
     m0 = block * 2 * WARPGROUP_ROWS
-    runs = in_range & (m0 < q_len)
+    runs = m0 < q_len
     if MERGE:
         runs = runs & (k_len > 0)
     return runs, head, q_start, q_len, k_start, k_len, m0, _program_tiles(m0, q_len, k_len, BLOCK_N, CAUSAL)
 
 
 @gluon.jit
+def _publish_unit(unit_smem, unit_ready, unit_free, unit, published):
+    """The producer hands the consumers its `published`-th running unit (or the unit count: stop) through the
+    two-slot ring `unit_smem`: the slot once both consumers read what it held two units before (`unit_free`),
+    the index stored, then `unit_ready` (its release orders the warp's store before the consumers' reads)."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    slot = published % 2
+    if published >= 2:
+        mbarrier.wait(unit_free.index(slot), (published // 2 - 1) & 1)
+    unit_smem.index(slot).store(gl.full([1], unit, gl.int32, layout))
+    gl.thread_barrier()
+    mbarrier.arrive(unit_ready.index(slot), count=1)
+
+
+@gluon.jit
+def _read_unit(unit_smem, unit_ready, unit_free, published):
+    """A consumer warpgroup's read of the producer's `published`-th unit (`_publish_unit`), the slot given back
+    (one of `unit_free`'s two arrivals) once every thread of the warpgroup holds it."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    slot = published % 2
+    mbarrier.wait(unit_ready.index(slot), (published // 2) & 1)
+    unit = gl.max(unit_smem.index(slot).load(layout), axis=0)
+    gl.thread_barrier()
+    mbarrier.arrive(unit_free.index(slot), count=1)
+    return unit
+
+
+@gluon.jit
 def _persistent_consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, kv_ready, kv_free,
-                         OUT, LSE, CU_SEQLENS_Q, CU_SEQLENS_K, num_units, row_blocks, heads, head_group, scale_log2,
-                         stride_o_tok, stride_o_head, stride_lse_tok,
+                         unit_smem, unit_ready, unit_free, OUT, LSE, CU_SEQLENS_Q, CU_SEQLENS_K, num_units, row_blocks,
+                         heads, head_group, scale_log2, stride_o_tok, stride_o_head, stride_lse_tok,
                          HALF: gl.constexpr, V_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                          CAUSAL: gl.constexpr, MERGE: gl.constexpr):
-    """`_consumer` over the program's units: Q goes back (q_free) once the unit's tiles are done, before the
-    store. Between units the two warpgroups meet on the second turn barrier, so that the second one's first
-    hand-over of a unit comes after the first one took its last of the unit before."""
+    """`_consumer` over the units the producer publishes (every one runs) until it publishes the unit count:
+    Q goes back (q_free) once the unit's tiles are done, before the store. Between units the two warpgroups
+    meet on the second turn barrier, so that the second one's first hand-over of a unit comes after the first
+    one took its last of the unit before."""
     first_tile = 0
     done = 0
-    for wave in range(gl.cdiv(num_units, gl.num_programs(0))):
-        runs, head, q_start, q_len, k_start, k_len, m0, num_tiles = _unit(
-            wave, CU_SEQLENS_Q, CU_SEQLENS_K, num_units, row_blocks, heads, head_group, BLOCK_N, CAUSAL, MERGE)
-        if runs:
-            acc, m_i, l_i = _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready,
-                                         kv_free, q_len, k_len, m0, num_tiles, first_tile, done & 1, scale_log2,
-                                         HALF, V_DIM, BLOCK_N, STAGES, CAUSAL)
-            gl.thread_barrier()
-            mbarrier.arrive(q_free, count=1)
-            _store_rows(acc, m_i, l_i, OUT, LSE, q_start, q_len, m0, head, stride_o_tok, stride_o_head,
-                        stride_lse_tok, HALF, V_DIM, MERGE)
-            if HALF == 0:
-                hand_over(TURN_BARRIERS[1])
-            else:
-                take_over(TURN_BARRIERS[1])
-            first_tile += num_tiles
-            done += 1
+    unit = _read_unit(unit_smem, unit_ready, unit_free, done)
+    while unit < num_units:
+        _, head, q_start, q_len, _, k_len, m0, num_tiles = _unit(
+            unit, CU_SEQLENS_Q, CU_SEQLENS_K, row_blocks, heads, head_group, BLOCK_N, CAUSAL, MERGE)
+        acc, m_i, l_i = _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready,
+                                     kv_free, q_len, k_len, m0, num_tiles, first_tile, done & 1, scale_log2,
+                                     HALF, V_DIM, BLOCK_N, STAGES, CAUSAL)
+        gl.thread_barrier()
+        mbarrier.arrive(q_free, count=1)
+        _store_rows(acc, m_i, l_i, OUT, LSE, q_start, q_len, m0, head, stride_o_tok, stride_o_head,
+                    stride_lse_tok, HALF, V_DIM, MERGE)
+        if HALF == 0:
+            hand_over(TURN_BARRIERS[1])
+        else:
+            take_over(TURN_BARRIERS[1])
+        first_tile += num_tiles
+        done += 1
+        unit = _read_unit(unit_smem, unit_ready, unit_free, done)
 
 
 @gluon.jit
 def _persistent_producer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, kv_ready, kv_free,
-                         Q_DESC, QPE_DESC, KN_DESC, KPE_DESC, V_DESC, CU_SEQLENS_Q, CU_SEQLENS_K,
-                         num_units, row_blocks, heads, head_group, stride_q_head, stride_kn_head, stride_v_head,
-                         NOPE_DIM: gl.constexpr, V_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                         CAUSAL: gl.constexpr, MERGE: gl.constexpr):
-    """`_producer` over the program's units: a unit's Q once both consumers released the last one's, its
-    tiles into the ring after the last unit's (the running tile count keeps stages and phases)."""
+                         unit_smem, unit_ready, unit_free, Q_DESC, QPE_DESC, KN_DESC, KPE_DESC, V_DESC, CU_SEQLENS_Q,
+                         CU_SEQLENS_K, TAKEN, num_units, row_blocks, heads, head_group, stride_q_head, stride_kn_head,
+                         stride_v_head, NOPE_DIM: gl.constexpr, V_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                         STAGES: gl.constexpr, CAUSAL: gl.constexpr, MERGE: gl.constexpr):
+    """`_producer` over the units the program takes (`take_unit`, the next one once a unit's last tile is
+    issued): each one that runs published to the consumers (`_publish_unit`), its Q loaded once both consumers
+    released the last one's, its tiles into the ring after the last unit's (the running tile count keeps
+    stages and phases); units that do not run are neither published nor loaded. The unit count ends it."""
     first_tile = 0
-    done = 0
-    for wave in range(gl.cdiv(num_units, gl.num_programs(0))):
-        runs, head, q_start, q_len, k_start, k_len, m0, num_tiles = _unit(
-            wave, CU_SEQLENS_Q, CU_SEQLENS_K, num_units, row_blocks, heads, head_group, BLOCK_N, CAUSAL, MERGE)
+    published = 0
+    unit = gl.program_id(0)
+    while unit < num_units:
+        runs, head, q_start, _, k_start, _, m0, num_tiles = _unit(
+            unit, CU_SEQLENS_Q, CU_SEQLENS_K, row_blocks, heads, head_group, BLOCK_N, CAUSAL, MERGE)
         if runs:
-            if done > 0:
-                mbarrier.wait(q_free, (done - 1) & 1)
+            _publish_unit(unit_smem, unit_ready, unit_free, unit, published)
+            if published > 0:
+                mbarrier.wait(q_free, (published - 1) & 1)
             _load_q(q_nope_smem, q_pe_smem, q_ready, Q_DESC, QPE_DESC, q_start + m0, head * stride_q_head, NOPE_DIM)
             _load_tiles(kn_smem, kpe_smem, v_smem, kv_ready, kv_free, KN_DESC, KPE_DESC, V_DESC, k_start,
                         head * stride_kn_head, head * stride_v_head, first_tile, num_tiles, NOPE_DIM, V_DIM, BLOCK_N,
                         STAGES)
             first_tile += num_tiles
-            done += 1
+            published += 1
+        unit = take_unit(TAKEN, num_units, gl.num_programs(0))
+    _publish_unit(unit_smem, unit_ready, unit_free, num_units, published)
 
 
 @gluon.jit(do_not_specialize=("num_units", "row_blocks", "heads", "head_group"))
 def mha_prefill_hopper_persistent_kernel(
     Q_DESC, QPE_DESC, KN_DESC, KPE_DESC, V_DESC, OUT, LSE, CU_SEQLENS_Q, CU_SEQLENS_K,
     scale_log2, stride_q_head, stride_kn_head, stride_v_head, stride_o_tok, stride_o_head, stride_lse_tok,
-    num_units, row_blocks, heads, head_group,
+    num_units, row_blocks, heads, head_group, TAKEN,
     NOPE_DIM: gl.constexpr, ROPE_DIM: gl.constexpr, V_DIM: gl.constexpr,
     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, MERGE: gl.constexpr,
 ):
     """The persistent form of `mha_prefill_hopper_kernel`: grid (programs, 1, 1), each program looping over
-    the work units (row block, head, segment) `_unit` gives it, so the producer loads a unit's Q and first
-    tiles while the consumers store the last one's rows. Q gets a `q_free` barrier (two arrivals)."""
+    work units (row block, head, segment; `_unit`), program p's first unit p, every later one taken from the
+    int32 counter TAKEN (zero before the launch, zero again after it: `take_unit`), so the producer loads a
+    unit's Q and first tiles while the consumers store the last one's rows. Only the producer takes: it
+    publishes each unit that runs to the consumers through a two-slot shared ring (`unit_smem`, barriers
+    `unit_ready`, one arrival, and `unit_free`, two). Q gets a `q_free` barrier (two arrivals)."""
     q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready, kv_free = _shared_buffers(
         Q_DESC.block_type.element_ty, NOPE_DIM, ROPE_DIM, V_DIM, BLOCK_N, STAGES)
     q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    unit_smem = gl.allocate_shared_memory(gl.int32, [2, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    unit_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    unit_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_free, count=2)
+    for slot in gl.static_range(2):
+        mbarrier.init(unit_ready.index(slot), count=1)
+        mbarrier.init(unit_free.index(slot), count=2)
     fence_async_shared()
     gl.thread_barrier()
 
     gl.warp_specialize([
         (_persistent_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, kv_ready, kv_free,
-                                OUT, LSE, CU_SEQLENS_Q, CU_SEQLENS_K, num_units, row_blocks, heads, head_group,
-                                scale_log2, stride_o_tok, stride_o_head, stride_lse_tok,
+                                unit_smem, unit_ready, unit_free, OUT, LSE, CU_SEQLENS_Q, CU_SEQLENS_K, num_units,
+                                row_blocks, heads, head_group, scale_log2, stride_o_tok, stride_o_head, stride_lse_tok,
                                 0, V_DIM, BLOCK_N, STAGES, CAUSAL, MERGE)),
         (_persistent_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, kv_ready, kv_free,
-                                OUT, LSE, CU_SEQLENS_Q, CU_SEQLENS_K, num_units, row_blocks, heads, head_group,
-                                scale_log2, stride_o_tok, stride_o_head, stride_lse_tok,
+                                unit_smem, unit_ready, unit_free, OUT, LSE, CU_SEQLENS_Q, CU_SEQLENS_K, num_units,
+                                row_blocks, heads, head_group, scale_log2, stride_o_tok, stride_o_head, stride_lse_tok,
                                 1, V_DIM, BLOCK_N, STAGES, CAUSAL, MERGE)),
         (_persistent_producer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, kv_ready, kv_free,
-                                Q_DESC, QPE_DESC, KN_DESC, KPE_DESC, V_DESC, CU_SEQLENS_Q, CU_SEQLENS_K,
-                                num_units, row_blocks, heads, head_group, stride_q_head, stride_kn_head,
-                                stride_v_head, NOPE_DIM, V_DIM, BLOCK_N, STAGES, CAUSAL, MERGE)),
+                                unit_smem, unit_ready, unit_free, Q_DESC, QPE_DESC, KN_DESC, KPE_DESC, V_DESC,
+                                CU_SEQLENS_Q, CU_SEQLENS_K, TAKEN, num_units, row_blocks, heads, head_group,
+                                stride_q_head, stride_kn_head, stride_v_head, NOPE_DIM, V_DIM, BLOCK_N, STAGES, CAUSAL,
+                                MERGE)),
     ], [4, 1], [232, 40])
 
 
@@ -471,9 +514,13 @@ class HopperPrefillLaunch:
     strides: tuple[int, ...]
     constants: Mapping[str, object]
     boxes: tuple[tuple[int, int], ...]
-    # The persistent kernel's (`persistent=True`) and its trailing arguments: units, row blocks, heads, head group.
+    # The persistent kernel's (`persistent=True`) and its trailing arguments: units, row blocks, heads, head group,
+    # and `taken`, its int32 counter of units taken (zero between launches: the kernel sets it back). Launches
+    # of one such launch object share the counter, so they must run one after another (on one stream), never
+    # concurrently with each other (on two streams).
     persistent: bool = False
     schedule: tuple[int, ...] = ()
+    taken: torch.Tensor | None = dataclasses.field(default=None, compare=False)
 
     def __call__(self, q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor,
                  cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
@@ -495,10 +542,12 @@ class HopperPrefillLaunch:
         """The call with k_nope, k_pe and v given as their `key_descriptors`."""
         q_rows = head_rows(q)
         q_nope_box, q_pe_box = self.boxes[:2]
-        launch = _PERSISTENT if self.persistent else _PREFILL
-        launch(self.key, self.grid, (matrix_descriptor(q_rows, q_nope_box), matrix_descriptor(q_rows, q_pe_box),
-                                     k_nope, k_pe, v, out, lse, cu_seqlens_q, cu_seqlens_k, scale_log2,
-                                     *self.strides, *self.schedule), self.constants)
+        arguments = (matrix_descriptor(q_rows, q_nope_box), matrix_descriptor(q_rows, q_pe_box), k_nope, k_pe, v, out,
+                     lse, cu_seqlens_q, cu_seqlens_k, scale_log2, *self.strides)
+        if self.persistent:
+            _PERSISTENT(self.key, self.grid, (*arguments, *self.schedule, self.taken), self.constants)
+        else:
+            _PREFILL(self.key, self.grid, arguments, self.constants)
 
 
 def plan_launch(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor,
@@ -507,7 +556,8 @@ def plan_launch(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: to
                 stages: int = DEFAULT_STAGES, persistent: bool = False) -> HopperPrefillLaunch:
     """The Hopper kernel's launch of one `triton_mha_prefill` pass for operands of these ones' layout
     (`supports` must hold); refuses a key tile or ring that does not fit. `persistent`: the persistent
-    kernel's, one program per SM at most (`persistent_schedule`)."""
+    kernel's, one program per SM at most (`persistent_schedule`), with its own zeroed unit counter (a launch
+    object must not run concurrently with itself: see `HopperPrefillLaunch`)."""
     nope_dim, rope_dim, v_dim = k_nope.shape[-1], k_pe.shape[-1], v.shape[-1]
     need = shared_bytes(nope_dim, rope_dim, v_dim, block_n, stages)
     if block_n not in (64, 128) or stages < 2 or need > SHARED_MEMORY_LIMIT:
@@ -527,7 +577,9 @@ def plan_launch(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: to
         return HopperPrefillLaunch(key, grid, strides, MappingProxyType(constants), boxes)
     programs, schedule = persistent_schedule(*grid, k_nope.shape[0] * (nope_dim + v_dim) * k_nope.element_size(),
                                              sm_count(q.device))
-    return HopperPrefillLaunch(key, (programs, 1, 1), strides, MappingProxyType(constants), boxes, True, schedule)
+    taken = torch.zeros(1, dtype=torch.int32, device=q.device)
+    return HopperPrefillLaunch(key, (programs, 1, 1), strides, MappingProxyType(constants), boxes, True, schedule,
+                               taken)
 
 
 def persistent_schedule(row_blocks: int, heads: int, segments: int, head_key_bytes: int,

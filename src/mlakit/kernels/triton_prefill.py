@@ -65,7 +65,9 @@ class PrefillTuning:
                                 f"and num_stages >= 2, got {self}")
 
 
-HOPPER_TUNING = PrefillTuning(block_m=128, block_n=128, num_warps=4, num_stages=2, kernel="hopper")
+# The SM90 default: the persistent Hopper kernel, 64-key tiles in a 3-stage ring (4-15% faster than the
+# one-program-per-row-block kernel with 128 x 2 on 6 of 7 cases measured, 5% slower on one: NOTES.md, p7).
+HOPPER_TUNING = PrefillTuning(block_m=128, block_n=64, num_warps=4, num_stages=3, kernel="hopper_persistent")
 
 
 @functools.cache
@@ -338,8 +340,8 @@ def plan_attention(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v:
 def _tuning_for(tuning: PrefillTuning | None, q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor,
                 v: torch.Tensor) -> PrefillTuning:
     """The tuning a call runs: the caller's (a hopper or hopper_persistent one refused where that kernel
-    cannot take the operands), else the Hopper kernel's where it can (faster than the portable one on every case
-    measured: benchmarks/NOTES.md, p5), else the device's portable tiles."""
+    cannot take the operands), else the persistent Hopper kernel's where it can (`HOPPER_TUNING`; faster than the
+    portable one on every case measured: benchmarks/NOTES.md, p5-p7), else the device's portable tiles."""
     if tuning is None or tuning.kernel in HOPPER_KERNELS:
         from mlakit.kernels import hopper_prefill
 
