@@ -66,7 +66,8 @@ class PrefillTuning:
 
 
 # The SM90 default: the persistent Hopper kernel, 64-key tiles in a 3-stage ring (4-15% faster than the
-# one-program-per-row-block kernel with 128 x 2 on 6 of 7 cases measured, 5% slower on one: NOTES.md, p7).
+# one-program-per-row-block kernel with 128 x 2 on 6 of 7 cases measured, 7% on the seventh in a rerun:
+# NOTES.md, p7-p8).
 HOPPER_TUNING = PrefillTuning(block_m=128, block_n=64, num_warps=4, num_stages=3, kernel="hopper_persistent")
 
 
