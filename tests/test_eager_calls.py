@@ -3,6 +3,7 @@ descriptors) and never what depends on where the tensors are or what they hold: 
 lengths or output at a new address, or with new values, is read and written where it now is."""
 
 import gc
+import types
 import weakref
 
 import pytest
@@ -177,7 +178,6 @@ def test_row_descriptors_are_kept_by_address_and_hold_no_tensor():
     assert alive() is None
 
 
-
 def test_a_descriptor_filling_two_arguments_is_expanded_once_for_each(monkeypatch):
     """The decode kernels' latent and rope boxes are both 64 x 64 over the cache rows (one descriptor, two
     kernel arguments with their own metadata): each argument's expansion is kept, neither evicts the other."""
@@ -219,6 +219,25 @@ def test_kernels_without_descriptors_launch_through_the_c_entry(monkeypatch):
     Runner.global_scratch_size = 0
     monkeypatch.setattr(launch.triton, "__version__", "3.7.1")
     assert launch._raw_launch(Compiled()) is None
+
+
+def test_a_kept_raw_launch_passes_the_arguments_as_given(monkeypatch):
+    """A kernel without descriptor arguments, launched through its kept C entry: grid, stream, the compiled
+    function and metadata, then this call's arguments unchanged and the first call's trailing constants."""
+    from mlakit.kernels import launch
+
+    calls = []
+    compiled = type("Compiled", (), {"function": "fn", "packed_metadata": "meta"})()
+    raw = launch._RawLaunch(lambda *args: calls.append(args), (), False, False)
+    cached = launch.CachedLaunch(_add_one)
+    monkeypatch.setattr(launch, "INTERPRET", False)
+    monkeypatch.setattr(launch, "VERIFY", False)
+    active = types.SimpleNamespace(get_current_device=lambda: 0, get_current_stream=lambda device: "stream")
+    monkeypatch.setattr(launch, "driver", types.SimpleNamespace(active=active))
+    cached._compiled[0, "key"] = (compiled, (64,), raw)
+    cached("key", (3, 1, 1), ("x", 7), {"BLOCK": 64})
+    assert calls == [(3, 1, 1, "stream", "fn", False, False, None, None, "meta", None, None, None, "x", 7, 64)]
+
 
 @triton.jit
 def _add_one(X, n, BLOCK: tl.constexpr):

@@ -272,3 +272,59 @@ def test_outputs_of_the_wrong_layout_are_refused_by_name(check_inputs, kernel_de
             with pytest.raises(mlakit.MLAInputError, match=f"^{name}: expected"):
                 _prefill(problem, meta, check_inputs=check_inputs, **{name: tensor})
     assert not meta.calls
+
+
+@pytest.mark.parametrize("check_inputs", [True, False], ids=["checked", "prepared"])
+@pytest.mark.parametrize("chunk", [None, 16], ids=["one-pass", "chunked"])
+def test_lse_given_without_out(chunk, check_inputs, kernel_device):
+    problem = Problem([60, 0, 13], [6, 4, 0], heads=5, page_size=4, seed=19, device=kernel_device)
+    meta = problem.plan(prefix_chunk_tokens=chunk)
+    want_out, want_lse = _prefill(problem, meta)
+    for _ in range(2):
+        lse = torch.full_like(want_lse, float("nan"))
+        got_out, got_lse = _prefill(problem, meta, check_inputs=check_inputs, lse=lse)
+        assert got_lse is lse and torch.equal(lse, want_lse) and torch.equal(got_out, want_out)
+
+
+@pytest.mark.parametrize("chunk", [None, 16], ids=["one-pass", "chunked"])
+@pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "misaligned"])
+def test_strided_outputs_are_written_where_they_are_and_nowhere_else(offset, chunk, kernel_device):
+    """out rows at a stride (a wider buffer's columns), possibly one element off 16-byte alignment, and lse
+    columns of a wider buffer: written in place, the bytes around them untouched."""
+    problem = Problem([60, 0, 13], [6, 4, 0], heads=5, page_size=4, seed=20, device=kernel_device)
+    meta = problem.plan(prefix_chunk_tokens=chunk)
+    want_out, want_lse = _prefill(problem, meta)
+    tokens, heads, d_v = want_out.shape
+    for _ in range(2):
+        wide_out = torch.full((tokens * heads * (d_v + 3) + 8,), float("nan"), dtype=want_out.dtype,
+                              device=kernel_device)
+        out = wide_out[offset: offset + tokens * heads * (d_v + 3)].view(tokens, heads, d_v + 3)[..., :d_v]
+        wide_lse = torch.full((tokens, heads + 2), float("nan"), device=kernel_device)
+        lse = wide_lse[:, 1: heads + 1]
+        got_out, got_lse = _prefill(problem, meta, check_inputs=False, out=out, lse=lse)
+        assert got_out is out and torch.equal(out, want_out) and torch.equal(lse, want_lse)
+        assert torch.isnan(wide_out.view(-1)[offset:][: tokens * heads * (d_v + 3)].view(tokens, heads, d_v + 3)
+                           [..., d_v:]).all()
+        assert torch.isnan(wide_lse[:, 0]).all() and torch.isnan(wide_lse[:, -1]).all()
+
+
+@pytest.mark.gpu
+def test_a_call_inside_graph_capture_runs_unprepared():
+    """Preparing inside capture would leave the persistent kernel's counters zeroed only on replay: such a call
+    runs unprepared (its graph replays the same result), and the next eager call prepares."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    problem = Problem([300, 0, 40], [200, 130, 9], heads=5, page_size=16, d_nope=64, d_v=64, rope_dim=32, seed=21,
+                      device="cuda")
+    meta = problem.plan(prefix_chunk_tokens=128)
+    want_out, want_lse = _prefill(problem, meta)
+    out, lse = torch.full_like(want_out, float("nan")), torch.full_like(want_lse, float("nan"))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _prefill(problem, meta, check_inputs=False, out=out, lse=lse)
+    assert not meta.calls
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+    eager_out, eager_lse = _prefill(problem, meta, check_inputs=False)
+    assert len(meta.calls) == 1 and torch.equal(eager_out, want_out) and torch.equal(eager_lse, want_lse)

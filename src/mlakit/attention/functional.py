@@ -448,12 +448,16 @@ def mla_prefill(
     `meta` comes from `plan_prefill` (once per step, shared by every layer): it says which
     cache rows each pass reads and cuts long prefixes into bounded chunks. The new tokens
     must already be in the cache. Returns out `[T, heads, d_v]` in q's dtype and lse `[T,
-    heads]` float32 (natural log), written into `out` / `lse` where given (preallocated by the caller, as
-    engines do: a tensor of that shape and dtype on q's device, last dim contiguous). `check_inputs=False` skips the one check that reads values
-    (every page index in range), which costs a host sync; the triton backend then also keeps the call
-    prepared in `meta` for the inputs' layout (`mlakit.prefill.prepared`: tiles, launch keys and grids
-    of every pass worked out once), so later layers' calls only allocate and launch. The prepared call holds
-    its gathers' buffer, so the calls of one `meta` must run one after another on one stream, as layers do.
+    heads]` float32 (natural log), written into `out` / `lse` where given (preallocated by the
+    caller, as engines do: tensors of those shapes and dtypes on q's device, last dims contiguous).
+
+    `check_inputs=False` skips the one check that reads values (every page index in range), which
+    costs a host sync; the triton backend then also keeps the call prepared in `meta` for the
+    inputs' layout (`mlakit.prefill.prepared`: tiles, launch keys and grids of every pass worked out
+    once), so later layers' calls only launch (and allocate the outputs not given). The prepared call
+    holds its gathers' buffer, so the calls of one `meta` must run one after another on one stream,
+    as layers do. Calls inside CUDA-graph capture run unprepared (capture them after an eager call,
+    or let the graph hold their launches).
 
     >>> from mlakit.prefill.metadata import plan_prefill
     >>> cache = torch.randn(4, 16, 576, dtype=torch.bfloat16)

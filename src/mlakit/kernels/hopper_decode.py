@@ -66,11 +66,11 @@ from mlakit.kernels.hopper_common import (
     row_descriptors,
     serves,
     sm_count,
-    take_unit,
     split_range,
-    take_over,
     store_lse,
     store_output,
+    take_over,
+    take_unit,
     work_item,
     zero_rows_from,
 )

@@ -514,7 +514,7 @@ class HopperPrefillLaunch:
     strides: tuple[int, ...]
     constants: Mapping[str, object]
     boxes: tuple[tuple[int, int], ...]
-    # The persistent kernel's (`persistent=True`) and its trailing arguments: units, row blocks, heads, head group,
+    # For the persistent kernel (`persistent=True`): its trailing arguments (units, row blocks, heads, head group)
     # and `taken`, its int32 counter of units taken (zero between launches: the kernel sets it back). Launches
     # of one such launch object share the counter, so they must run one after another (on one stream), never
     # concurrently with each other (on two streams).

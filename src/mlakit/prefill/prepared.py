@@ -18,6 +18,7 @@ import dataclasses
 from collections.abc import Callable
 
 import torch
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from mlakit.kernels import gather_decompress
 from mlakit.kernels.triton_prefill import LOG2E, AttentionLaunch, plan_attention
@@ -116,7 +117,7 @@ class _HeldPass:
     cu_seqlens_k: torch.Tensor
     gather: gather_decompress.GatherLaunch
     buffer: torch.Tensor
-    keys: tuple
+    keys: tuple[torch.Tensor, ...] | tuple[TensorDescriptor, ...]
     attend: Callable[..., None]
 
     def __call__(self, kv_cache: torch.Tensor, kv_b_weight: torch.Tensor, q: torch.Tensor,
@@ -157,8 +158,9 @@ def prepare_prefill(meta: PrefillMetadata, q: torch.Tensor, kv_cache: torch.Tens
                     lse: torch.Tensor | None = None) -> PreparedPrefill | None:
     """The prefill of `meta` prepared for inputs (and the caller's `out` and `lse`, or None) of these ones'
     layout (already checked by `mla_prefill`), or None where the prepared path does not serve it: an fp8
-    cache (scales), pages that are not one matrix of rows (`fused_rows`), a pass without key rows, or no
-    query rows.
+    cache (scales), pages that are not one matrix of rows (`fused_rows`), a pass without key rows, no
+    query rows, or a call inside CUDA-graph capture (where the zeroed launch counters of the persistent
+    kernel would be zeroed only when the graph replays).
 
     >>> from mlakit.prefill.metadata import plan_prefill
     >>> device = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU runs it under Triton's interpreter
@@ -171,6 +173,8 @@ def prepare_prefill(meta: PrefillMetadata, q: torch.Tensor, kv_cache: torch.Tens
     >>> out.shape, lse.shape
     (torch.Size([5, 2, 16]), torch.Size([5, 2]))
     """
+    if q.is_cuda and torch.cuda.is_current_stream_capturing():  # its buffers and counters would be filled on replay
+        return None
     rows = fused_rows(kv_cache, kv_scale, kv_b_weight, q.dtype)
     if rows is None or meta.queries.total == 0 or any(keys.slots.shape[0] == 0 for keys, _ in meta.passes):
         return None
@@ -198,7 +202,8 @@ def _plan_pass(meta: PrefillMetadata, keys: KeyRows, causal: bool, merge: bool, 
                               max_q_len=meta.queries.max_len, causal=causal, merge=merge)
 
     if isinstance(gather, TorchGather):
-        return _Pass(keys.slots, keys.segments.cu_seqlens, gather, attention(*gather.sample(rows, keys.slots, kv_b_weight)))
+        sample = gather.sample(rows, keys.slots, kv_b_weight)
+        return _Pass(keys.slots, keys.segments.cu_seqlens, gather, attention(*sample))
     buffer = scratch[: gather.m * gather.width].view(gather.m, gather.width)
     attend = attention(*gather.views(buffer))
     if hasattr(attend, "launch_descriptors"):

@@ -56,7 +56,8 @@ class CallPreparer(Protocol):
 class PrefillPreparer(Protocol):
     """Prepares a backend's MHA-form prefill for every later call of one input layout over one step's
     `PrefillMetadata` (the caller's `out` and `lse`, or None, among them): returns
-    `call(q, kv_cache, kv_b_weight, kv_scale, softmax_scale, out, lse) -> (out, lse)`, or None where it cannot."""
+    `call(q, kv_cache, kv_b_weight, kv_scale, softmax_scale, out, lse) -> (out, lse)`, which writes into the
+    `out` and `lse` it is given (and returns them), or None where it cannot."""
 
     def __call__(
         self, meta: PrefillMetadata, q: torch.Tensor, kv_cache: torch.Tensor, kv_b_weight: torch.Tensor,
