@@ -65,9 +65,6 @@ ZERO_CHUNK = gl.constexpr(64)
 ZERO_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
 # Shared memory a program may take on an H100 (227 KiB).
 SHARED_MEMORY_LIMIT = 232448
-# Keys per tile and ring stages by default (shared memory at DeepSeek's widths: Q 48 KiB + 40 KiB a stage).
-DEFAULT_BLOCK_N = 64
-DEFAULT_STAGES = 3
 # Key bytes (K_nope and V) of the heads whose units the persistent kernel runs together: within an H100's 50 MiB L2.
 L2_KEY_BYTES = 32 * 2**20
 
@@ -552,8 +549,8 @@ class HopperPrefillLaunch:
 
 def plan_launch(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor,
                 cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, *,
-                max_q_len: int, causal: bool, merge: bool, block_n: int = DEFAULT_BLOCK_N,
-                stages: int = DEFAULT_STAGES, persistent: bool = False) -> HopperPrefillLaunch:
+                max_q_len: int, causal: bool, merge: bool, block_n: int, stages: int,
+                persistent: bool = False) -> HopperPrefillLaunch:
     """The Hopper kernel's launch of one `triton_mha_prefill` pass for operands of these ones' layout
     (`supports` must hold); refuses a key tile or ring that does not fit. `persistent`: the persistent
     kernel's, one program per SM at most (`persistent_schedule`), with its own zeroed unit counter (a launch
