@@ -511,13 +511,17 @@ class HopperPrefillLaunch:
     strides: tuple[int, ...]
     constants: Mapping[str, object]
     boxes: tuple[tuple[int, int], ...]
-    # For the persistent kernel (`persistent=True`): its trailing arguments (units, row blocks, heads, head group)
-    # and `taken`, its int32 counter of units taken (zero between launches: the kernel sets it back). Launches
-    # of one such launch object share the counter, so they must run one after another (on one stream), never
-    # concurrently with each other (on two streams).
-    persistent: bool = False
+    # For the persistent kernel: its trailing arguments (units, row blocks, heads, head group) and `taken`, its
+    # int32 counter of units taken (zero between launches: the kernel sets it back). Launches of one such launch
+    # object share the counter, so they must run one after another (on one stream), never concurrently with
+    # each other (on two streams).
     schedule: tuple[int, ...] = ()
     taken: torch.Tensor | None = dataclasses.field(default=None, compare=False)
+
+    @property
+    def persistent(self) -> bool:
+        """Whether this is the persistent kernel's launch (it holds a unit counter)."""
+        return self.taken is not None
 
     def __call__(self, q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor,
                  cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
@@ -575,8 +579,7 @@ def plan_launch(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: to
     programs, schedule = persistent_schedule(*grid, k_nope.shape[0] * (nope_dim + v_dim) * k_nope.element_size(),
                                              sm_count(q.device))
     taken = torch.zeros(1, dtype=torch.int32, device=q.device)
-    return HopperPrefillLaunch(key, (programs, 1, 1), strides, MappingProxyType(constants), boxes, True, schedule,
-                               taken)
+    return HopperPrefillLaunch(key, (programs, 1, 1), strides, MappingProxyType(constants), boxes, schedule, taken)
 
 
 def persistent_schedule(row_blocks: int, heads: int, segments: int, head_key_bytes: int,

@@ -16,15 +16,18 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from mlakit.kernels import gather_decompress
 from mlakit.kernels.triton_prefill import LOG2E, AttentionLaunch, plan_attention
 from mlakit.prefill.metadata import KeyRows, PrefillMetadata
 from mlakit.prefill.mha import decompress, gather_and_decompress, head_dims, split_heads
 from mlakit.reference import pages_view
+
+if TYPE_CHECKING:
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 # Passes of at most this many key rows x heads take the fused gather-decompress kernel: up to there it costs
 # the GPU at most ~7 µs more than index_select + cuBLAS (0.85-1.05x their time on the H100) and saves ~40 µs
