@@ -211,6 +211,14 @@ def take_over(BARRIER: gl.constexpr):
 
 
 @gluon.jit
+def named_barrier_at(barrier, OP: gl.constexpr, THREADS: gl.constexpr):
+    """`bar.OP` ("arrive" or "sync") on the named barrier whose id `barrier` is known at run time only, for
+    THREADS threads in all (a multiple of 32)."""
+    gl.inline_asm_elementwise(f"bar.{OP} $1, {THREADS};\n mov.u32 $0, 0;", "=r,r", [barrier], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
+@gluon.jit
 def _named_barrier(OP: gl.constexpr, BARRIER: gl.constexpr):
     # Inline assembly needs an operand: the program id stands in.
     gl.inline_asm_elementwise(f"bar.{OP} {BARRIER}, 256;\n mov.u32 $0, 0;", "=r,r", [gl.program_id(0)],

@@ -582,9 +582,19 @@ def _rope_view(slot, ROPE_DIM: gl.constexpr):
 
 
 @gluon.jit
+def _separate_barriers(COUNT: gl.constexpr):
+    """COUNT mbarriers, each its own allocation: Triton's barrier analysis does not tell views of one allocation
+    apart, and puts a warpgroup barrier between any two operations on them (benchmarks/experiments/membar_probe.py)."""
+    barriers = ()
+    for _ in gl.static_range(COUNT):
+        barriers = barriers + (gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout()),)
+    return barriers
+
+
+@gluon.jit
 def _chunk_barrier(chunk_ready, k_lat, stage: gl.constexpr, c: gl.constexpr):
     """The barrier of chunk c of the stage (latent chunks 0 .., then the rope as the last one)."""
-    return chunk_ready.index(stage * (k_lat.shape[1] // TMA_CHUNK + 1) + c)
+    return chunk_ready[stage * (k_lat.shape[1] // TMA_CHUNK + 1) + c]
 
 
 @gluon.jit
@@ -945,7 +955,7 @@ def mla_decode_hopper_seesaw_kernel(
     row_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     rows_smem = gl.allocate_shared_memory(gl.float32, [7, BLOCK_M], row_layout)
     chunks: gl.constexpr = KV_LORA_RANK // TMA_CHUNK + 1
-    chunk_ready = gl.allocate_shared_memory(gl.int64, [2 * chunks, 1], mbarrier.MBarrierLayout())
+    chunk_ready = _separate_barriers(2 * chunks)
 
     if FP8:
         kv_scale = gl.load(KV_SCALE)
@@ -1091,7 +1101,7 @@ def _seesaw_unit(
     start, end, num_tiles = split_range(seqlen, split, num_splits)
     chunks: gl.constexpr = KV_LORA_RANK // TMA_CHUNK + 1
     for c in gl.static_range(2 * chunks):
-        mbarrier.init(chunk_ready.index(c), count=1)
+        mbarrier.init(chunk_ready[c], count=1)
     FP8: gl.constexpr = CHUNK_DESC.block_type.element_ty.is_fp8()
     q_dtype: gl.constexpr = Q.dtype.element_ty
     _load_query(_as_dtype(q_lat_all.index(0), q_dtype), _as_dtype(q_rope_smem, q_dtype), Q, tile, first_token, q_len,
@@ -1129,7 +1139,7 @@ def _seesaw_unit(
             HEADS, PAGE_SIZE, KV_LORA_RANK)),
     ], [4], [248])
     for c in gl.static_range(2 * chunks):
-        mbarrier.invalidate(chunk_ready.index(c))
+        mbarrier.invalidate(chunk_ready[c])
 
 
 SEESAW = CachedLaunch(mla_decode_hopper_seesaw_kernel)

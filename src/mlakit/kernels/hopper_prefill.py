@@ -44,7 +44,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from mlakit.kernels.hopper_common import (GLUON_DTYPES, Matrix, capability, finish_rows, matrix_descriptor, no_keys_yet,
-                                          hand_over, online_softmax, sm_count, take_over, take_unit, zero_rows_from)
+                                          hand_over, named_barrier_at, online_softmax, sm_count, take_over, take_unit, zero_rows_from)
 from mlakit.errors import MLAInputError
 from mlakit.kernels.launch import CachedLaunch
 from mlakit.kernels.triton_prefill import merged_with_earlier, program_segment
@@ -63,6 +63,11 @@ TURN_BARRIERS = gl.constexpr((8, 9))
 # One warpgroup zeroing V rows past a segment's end, 64 columns at a time, 16 bytes per thread and row.
 ZERO_CHUNK = gl.constexpr(64)
 ZERO_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
+# Named barriers that give ring stage s back to the producer: FIRST_RELEASE_BARRIER + s, both consumer
+# warpgroups arriving and the producer warp waiting (ids up to 15: at most MAX_STAGES stages).
+FIRST_RELEASE_BARRIER = gl.constexpr(10)
+MAX_STAGES = 6
+RELEASE_THREADS = gl.constexpr(2 * 128 + 32)
 # Shared memory a program may take on an H100 (227 KiB).
 SHARED_MEMORY_LIMIT = 232448
 # Key bytes (K_nope and V) of the heads whose units the persistent kernel runs together: within an H100's 50 MiB L2.
@@ -100,7 +105,29 @@ def _load_q(q_nope_smem, q_pe_smem, q_ready, Q_DESC, QPE_DESC, q_row, q_col, NOP
 
 
 @gluon.jit
-def _load_tiles(kn_smem, kpe_smem, v_smem, kv_ready, kv_free, KN_DESC, KPE_DESC, V_DESC, k_row, kn_col, v_col,
+def _release_stage(stage):
+    """A consumer warpgroup gives ring stage `stage` back to the producer: each thread arrives on the stage's
+    named barrier once its own reads of the stage are done (its MMA waits). A named barrier touches no shared
+    memory, so the compiler adds no barrier of its own around it (it puts two around an mbarrier arrive)."""
+    named_barrier_at(FIRST_RELEASE_BARRIER + stage, "arrive", RELEASE_THREADS)
+
+
+@gluon.jit
+def _wait_for_stage(stage):
+    """The producer waits until both consumers gave ring stage `stage` back (`_release_stage`)."""
+    named_barrier_at(FIRST_RELEASE_BARRIER + stage, "sync", RELEASE_THREADS)
+
+
+@gluon.jit
+def _drain_stages(total_tiles, STAGES: gl.constexpr):
+    """The producer's waits for the ring's last `STAGES` releases, which no reload waits for: every named barrier
+    the consumers arrived on is completed before the program ends."""
+    for count in range(gl.maximum(total_tiles - STAGES, 0), total_tiles):
+        _wait_for_stage(count % STAGES)
+
+
+@gluon.jit
+def _load_tiles(kn_smem, kpe_smem, v_smem, kv_ready, KN_DESC, KPE_DESC, V_DESC, k_row, kn_col, v_col,
                 first_tile, num_tiles, NOPE_DIM: gl.constexpr, V_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                 STAGES: gl.constexpr):
     """Key tiles 0 .. num_tiles of a program into the ring; `first_tile` counts the ring's earlier tiles (stage
@@ -113,7 +140,7 @@ def _load_tiles(kn_smem, kpe_smem, v_smem, kv_ready, kv_free, KN_DESC, KPE_DESC,
         count = first_tile + t
         stage = count % STAGES
         if count >= STAGES:
-            mbarrier.wait(kv_free.index(stage), (count // STAGES - 1) & 1)
+            _wait_for_stage(stage)
         bar = kv_ready.index(stage)
         mbarrier.expect(bar, tile_bytes)
         row = k_row + t * BLOCK_N
@@ -127,32 +154,33 @@ def _load_tiles(kn_smem, kpe_smem, v_smem, kv_ready, kv_free, KN_DESC, KPE_DESC,
 
 
 @gluon.jit
-def _producer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready, kv_free,
+def _producer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready,
               Q_DESC, QPE_DESC, KN_DESC, KPE_DESC, V_DESC, q_row, q_col, k_row, kn_col, v_col, num_tiles,
               NOPE_DIM: gl.constexpr, V_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """Q's two warpgroup halves, then the key tiles into the ring (stage t % STAGES reloaded once
     both consumers released it)."""
     _load_q(q_nope_smem, q_pe_smem, q_ready, Q_DESC, QPE_DESC, q_row, q_col, NOPE_DIM)
-    _load_tiles(kn_smem, kpe_smem, v_smem, kv_ready, kv_free, KN_DESC, KPE_DESC, V_DESC, k_row, kn_col, v_col,
+    _load_tiles(kn_smem, kpe_smem, v_smem, kv_ready, KN_DESC, KPE_DESC, V_DESC, k_row, kn_col, v_col,
                 0, num_tiles, NOPE_DIM, V_DIM, BLOCK_N, STAGES)
+    _drain_stages(num_tiles, STAGES)
 
 
 @gluon.jit
-def _consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready, kv_free,
+def _consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready,
               OUT, LSE, q_start, q_len, k_len, m0, head, num_tiles, scale_log2,
               stride_o_tok, stride_o_head, stride_lse_tok,
               HALF: gl.constexpr, V_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
               CAUSAL: gl.constexpr, MERGE: gl.constexpr):
     """Rows m0 + HALF * 64 .. + 64 of the program: attention over the tiles they see, then the
     store (merged into the earlier result with MERGE)."""
-    acc, m_i, l_i = _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready, kv_free,
+    acc, m_i, l_i = _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready,
                                  q_len, k_len, m0, num_tiles, 0, 0, scale_log2, HALF, V_DIM, BLOCK_N, STAGES, CAUSAL)
     _store_rows(acc, m_i, l_i, OUT, LSE, q_start, q_len, m0, head, stride_o_tok, stride_o_head, stride_lse_tok,
                 HALF, V_DIM, MERGE)
 
 
 @gluon.jit
-def _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready, kv_free,
+def _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready,
                  q_len, k_len, m0, num_tiles, first_tile, q_phase, scale_log2,
                  HALF: gl.constexpr, V_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                  CAUSAL: gl.constexpr):
@@ -220,11 +248,10 @@ def _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_
             acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc_mma])
         else:
             hand_over(their_turn)
-        gl.thread_barrier()
         if t > 0 and t <= my_tiles:
-            mbarrier.arrive(kv_free.index(previous), count=1)
+            _release_stage(previous)
         if not computes:
-            mbarrier.arrive(kv_free.index(stage), count=1)
+            _release_stage(stage)
         else:
             s = s * scale_log2
             if t * BLOCK_N + BLOCK_N > unmasked_hi:
@@ -243,8 +270,7 @@ def _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_
         last = (first_tile + num_tiles - 1) % STAGES
         acc_mma = warpgroup_mma(p, v_smem.index(last), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc_mma])
-        gl.thread_barrier()
-        mbarrier.arrive(kv_free.index(last), count=1)
+        _release_stage(last)
     return acc, m_i, l_i
 
 
@@ -286,7 +312,7 @@ def _program_tiles(m0, q_len, k_len, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr
 def _shared_buffers(dtype: gl.constexpr, NOPE_DIM: gl.constexpr, ROPE_DIM: gl.constexpr, V_DIM: gl.constexpr,
                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """Q, the ring of key tiles and their barriers (initialized): q_ready (one arrival, the producer's
-    expect), kv_ready (likewise) and kv_free (two arrivals, one per consumer) per stage."""
+    expect), kv_ready (likewise) per stage (stages go back to the producer through named barriers: `_release_stage`)."""
     q_nope_smem = gl.allocate_shared_memory(dtype, [2, WARPGROUP_ROWS, NOPE_DIM],
                                             gl.NVMMASharedLayout.get_default_for([WARPGROUP_ROWS, NOPE_DIM], dtype))
     q_pe_smem = gl.allocate_shared_memory(dtype, [2, WARPGROUP_ROWS, ROPE_DIM],
@@ -299,12 +325,10 @@ def _shared_buffers(dtype: gl.constexpr, NOPE_DIM: gl.constexpr, ROPE_DIM: gl.co
                                        gl.NVMMASharedLayout.get_default_for([BLOCK_N, V_DIM], dtype))
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    kv_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready, count=1)
     for st in gl.static_range(STAGES):
         mbarrier.init(kv_ready.index(st), count=1)
-        mbarrier.init(kv_free.index(st), count=2)
-    return q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready, kv_free
+    return q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready
 
 
 @gluon.jit
@@ -321,19 +345,19 @@ def mha_prefill_hopper_kernel(
     if m0 >= q_len or (MERGE and k_len == 0):
         return
     num_tiles = _program_tiles(m0, q_len, k_len, BLOCK_N, CAUSAL)
-    q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready, kv_free = _shared_buffers(
+    q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready = _shared_buffers(
         Q_DESC.block_type.element_ty, NOPE_DIM, ROPE_DIM, V_DIM, BLOCK_N, STAGES)
     fence_async_shared()
     gl.thread_barrier()
 
     gl.warp_specialize([
-        (_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready, kv_free,
+        (_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready,
                      OUT, LSE, q_start, q_len, k_len, m0, head, num_tiles, scale_log2,
                      stride_o_tok, stride_o_head, stride_lse_tok, 0, V_DIM, BLOCK_N, STAGES, CAUSAL, MERGE)),
-        (_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready, kv_free,
+        (_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready,
                      OUT, LSE, q_start, q_len, k_len, m0, head, num_tiles, scale_log2,
                      stride_o_tok, stride_o_head, stride_lse_tok, 1, V_DIM, BLOCK_N, STAGES, CAUSAL, MERGE)),
-        (_producer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready, kv_free,
+        (_producer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready,
                      Q_DESC, QPE_DESC, KN_DESC, KPE_DESC, V_DESC, q_start + m0, head * stride_q_head,
                      k_start, head * stride_kn_head, head * stride_v_head, num_tiles,
                      NOPE_DIM, V_DIM, BLOCK_N, STAGES)),
@@ -394,7 +418,7 @@ def _read_unit(unit_smem, unit_ready, unit_free, published):
 
 
 @gluon.jit
-def _persistent_consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, kv_ready, kv_free,
+def _persistent_consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, kv_ready,
                          unit_smem, unit_ready, unit_free, OUT, LSE, CU_SEQLENS_Q, CU_SEQLENS_K, num_units, row_blocks,
                          heads, head_group, scale_log2, stride_o_tok, stride_o_head, stride_lse_tok,
                          HALF: gl.constexpr, V_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
@@ -410,7 +434,7 @@ def _persistent_consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_re
         _, head, q_start, q_len, _, k_len, m0, num_tiles = _unit(
             unit, CU_SEQLENS_Q, CU_SEQLENS_K, row_blocks, heads, head_group, BLOCK_N, CAUSAL, MERGE)
         acc, m_i, l_i = _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready,
-                                     kv_free, q_len, k_len, m0, num_tiles, first_tile, done & 1, scale_log2,
+                                     q_len, k_len, m0, num_tiles, first_tile, done & 1, scale_log2,
                                      HALF, V_DIM, BLOCK_N, STAGES, CAUSAL)
         gl.thread_barrier()
         mbarrier.arrive(q_free, count=1)
@@ -426,7 +450,7 @@ def _persistent_consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_re
 
 
 @gluon.jit
-def _persistent_producer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, kv_ready, kv_free,
+def _persistent_producer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, kv_ready,
                          unit_smem, unit_ready, unit_free, Q_DESC, QPE_DESC, KN_DESC, KPE_DESC, V_DESC, CU_SEQLENS_Q,
                          CU_SEQLENS_K, TAKEN, num_units, row_blocks, heads, head_group, stride_q_head, stride_kn_head,
                          stride_v_head, NOPE_DIM: gl.constexpr, V_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -446,13 +470,14 @@ def _persistent_producer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_re
             if published > 0:
                 mbarrier.wait(q_free, (published - 1) & 1)
             _load_q(q_nope_smem, q_pe_smem, q_ready, Q_DESC, QPE_DESC, q_start + m0, head * stride_q_head, NOPE_DIM)
-            _load_tiles(kn_smem, kpe_smem, v_smem, kv_ready, kv_free, KN_DESC, KPE_DESC, V_DESC, k_start,
+            _load_tiles(kn_smem, kpe_smem, v_smem, kv_ready, KN_DESC, KPE_DESC, V_DESC, k_start,
                         head * stride_kn_head, head * stride_v_head, first_tile, num_tiles, NOPE_DIM, V_DIM, BLOCK_N,
                         STAGES)
             first_tile += num_tiles
             published += 1
         unit = take_unit(TAKEN, num_units, gl.num_programs(0))
     _publish_unit(unit_smem, unit_ready, unit_free, num_units, published)
+    _drain_stages(first_tile, STAGES)
 
 
 @gluon.jit(do_not_specialize=("num_units", "row_blocks", "heads", "head_group"))
@@ -469,7 +494,7 @@ def mha_prefill_hopper_persistent_kernel(
     unit's Q and first tiles while the consumers store the last one's rows. Only the producer takes: it
     publishes each unit that runs to the consumers through a two-slot shared ring (`unit_smem`, barriers
     `unit_ready`, one arrival, and `unit_free`, two). Q gets a `q_free` barrier (two arrivals)."""
-    q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready, kv_free = _shared_buffers(
+    q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready = _shared_buffers(
         Q_DESC.block_type.element_ty, NOPE_DIM, ROPE_DIM, V_DIM, BLOCK_N, STAGES)
     q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     unit_smem = gl.allocate_shared_memory(gl.int32, [2, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
@@ -483,15 +508,15 @@ def mha_prefill_hopper_persistent_kernel(
     gl.thread_barrier()
 
     gl.warp_specialize([
-        (_persistent_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, kv_ready, kv_free,
+        (_persistent_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, kv_ready,
                                 unit_smem, unit_ready, unit_free, OUT, LSE, CU_SEQLENS_Q, CU_SEQLENS_K, num_units,
                                 row_blocks, heads, head_group, scale_log2, stride_o_tok, stride_o_head, stride_lse_tok,
                                 0, V_DIM, BLOCK_N, STAGES, CAUSAL, MERGE)),
-        (_persistent_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, kv_ready, kv_free,
+        (_persistent_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, kv_ready,
                                 unit_smem, unit_ready, unit_free, OUT, LSE, CU_SEQLENS_Q, CU_SEQLENS_K, num_units,
                                 row_blocks, heads, head_group, scale_log2, stride_o_tok, stride_o_head, stride_lse_tok,
                                 1, V_DIM, BLOCK_N, STAGES, CAUSAL, MERGE)),
-        (_persistent_producer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, kv_ready, kv_free,
+        (_persistent_producer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, kv_ready,
                                 unit_smem, unit_ready, unit_free, Q_DESC, QPE_DESC, KN_DESC, KPE_DESC, V_DESC,
                                 CU_SEQLENS_Q, CU_SEQLENS_K, TAKEN, num_units, row_blocks, heads, head_group,
                                 stride_q_head, stride_kn_head, stride_v_head, NOPE_DIM, V_DIM, BLOCK_N, STAGES, CAUSAL,
@@ -561,9 +586,10 @@ def plan_launch(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: to
     object must not run concurrently with itself: see `HopperPrefillLaunch`)."""
     nope_dim, rope_dim, v_dim = k_nope.shape[-1], k_pe.shape[-1], v.shape[-1]
     need = shared_bytes(nope_dim, rope_dim, v_dim, block_n, stages)
-    if block_n not in (64, 128) or stages < 2 or need > SHARED_MEMORY_LIMIT:
-        raise MLAInputError(f"block_n, stages: expected block_n 64 or 128 and stages >= 2 (a warpgroup releases a tile "
-                            f"once it holds the next) within {SHARED_MEMORY_LIMIT} bytes of shared memory, got block_n "
+    if block_n not in (64, 128) or not 2 <= stages <= MAX_STAGES or need > SHARED_MEMORY_LIMIT:
+        raise MLAInputError(f"block_n, stages: expected block_n 64 or 128 and 2 <= stages <= {MAX_STAGES} (a warpgroup "
+                            f"releases a tile once it holds the next; a named barrier a stage) within "
+                            f"{SHARED_MEMORY_LIMIT} bytes of shared memory, got block_n "
                             f"{block_n}, stages {stages}: {need} bytes")
     nope_chunk, v_chunk = min(TMA_COLUMNS, nope_dim), min(TMA_COLUMNS, v_dim)
     strides = (q.stride(1), k_nope.stride(1), v.stride(1), out.stride(0), out.stride(1), lse.stride(0))
