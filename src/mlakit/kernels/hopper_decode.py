@@ -836,8 +836,8 @@ def _seesaw_even_partition(
         inv_l = inv_l * kv_scale
     final_rows.store(inv_l)
     hand_over(ROW_SUMS_READY)
-    _store_columns(acc * _row_vector(inv_l, o_layout)[:, None], 0, OUT, PART_OUT, first_token, b, split, num_splits,
-                   tile, q_len, OUT_STRIDES, PART_STRIDES, HEADS, o_layout)
+    _store_half(acc * _row_vector(inv_l, o_layout)[:, None], 0, q_lat_all, OUT, PART_OUT, first_token, b, split,
+                num_splits, tile, q_len, OUT_STRIDES, PART_STRIDES, HEADS, o_layout)
     store_lse(lse, rows, LSE, PART_LSE, first_token, b, split, num_splits, q_len,
                LSE_STRIDES, PART_STRIDES, HEADS)
 
@@ -911,8 +911,38 @@ def _seesaw_odd_partition(
                      lat_chunks // 2, True, t1 + 1 < num_tiles)
     take_over(ROW_SUMS_READY)
     inv_l = final_rows.load(gl.SliceLayout(1, o_layout))
-    _store_columns(acc * inv_l[:, None], half, OUT, PART_OUT, first_token, b, split, num_splits, tile, q_len,
-                   OUT_STRIDES, PART_STRIDES, HEADS, o_layout)
+    _store_half(acc * inv_l[:, None], half, q_lat_all, OUT, PART_OUT, first_token, b, split, num_splits, tile, q_len,
+                OUT_STRIDES, PART_STRIDES, HEADS, o_layout)
+
+
+@gluon.constexpr_function
+def _row_piece_layout(width):
+    """Register layout of a warpgroup's `[BLOCK_M, width]` 16-bit rows in 16-byte pieces, a row's pieces on
+    neighbouring lanes (whole 128-byte lines per warp store)."""
+    lanes = min(32, width // 8)
+    return gl.BlockedLayout([1, 8], [32 // lanes, lanes], [4, 1], [1, 0])
+
+
+@gluon.jit
+def _store_half(out, col0, q_lat_all, OUT, PART_OUT, first_token, b, split, num_splits, tile, q_len,
+                OUT_STRIDES, PART_STRIDES, HEADS: gl.constexpr, LAYOUT: gl.constexpr):
+    """A seesaw warpgroup's normalized half of the output, columns col0 .. . A single-split sequence's goes to
+    OUT through the same columns of the query buffer, which neither warpgroup reads once both have passed
+    their last S: the accumulator's layout would write each row in 4-byte pieces, half a sector at a time,
+    and the programs of a batch that fills the GPU all store at once (NOTES.md v49). A split's float32
+    partial, twice as wide, goes straight from the accumulator."""
+    if num_splits == 1:
+        staging = _as_dtype(q_lat_all.index(0), OUT.dtype.element_ty).slice(col0, out.shape[1], dim=1)
+        staging.store(out.to(OUT.dtype.element_ty))
+        gl.thread_barrier()
+        pieces: gl.constexpr = _row_piece_layout(out.shape[1])
+        rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, pieces))
+        cols = col0 + gl.arange(0, out.shape[1], layout=gl.SliceLayout(0, pieces))
+        store_output(staging.load(pieces), rows[:, None], cols[None, :], OUT, PART_OUT, first_token, b, 0, 1, q_len,
+                     OUT_STRIDES, PART_STRIDES, HEADS)
+    else:
+        _store_columns(out, col0, OUT, PART_OUT, first_token, b, split, num_splits, tile, q_len,
+                       OUT_STRIDES, PART_STRIDES, HEADS, LAYOUT)
 
 
 @gluon.jit(do_not_specialize=["stride_bt_b", "work_rows"])
