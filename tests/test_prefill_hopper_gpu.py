@@ -13,8 +13,8 @@ import torch
 import mlakit
 from mlakit.errors import MLAInputError
 from mlakit.kernels import hopper_prefill, triton_prefill
-from mlakit.kernels.triton_prefill import (HOPPER_TUNING, PrefillTuning, _tuning_for, default_prefill_tuning,
-                                           plan_attention, triton_mha_prefill)
+from mlakit.kernels.triton_prefill import (HOPPER_TUNING, SHORT_HOPPER_TUNING, SHORT_PROMPT_TOKENS, PrefillTuning,
+                                           _tuning_for, default_prefill_tuning, plan_attention, triton_mha_prefill)
 from test_prefill import Problem, _assert_matches, _kernel_inputs, _oracle_pass, _segments
 
 pytestmark = [
@@ -182,6 +182,22 @@ def test_hopper_tuning_is_refused_where_the_kernel_cannot_run():
     with pytest.raises(MLAInputError, match="block_n, stages: expected block_n 64 or 128 .* got block_n 128, stages 3"):
         triton_mha_prefill(q, k_nope, k_pe, v, cu, cu, max_q_len=8, causal=True, softmax_scale=0.2,
                            tuning=PrefillTuning(128, 128, 4, 3, kernel="hopper"))
+
+
+@pytest.mark.parametrize("max_q_len, causal, block_n", [(SHORT_PROMPT_TOKENS, True, 64), (SHORT_PROMPT_TOKENS + 1, True, 128),
+                                                      (SHORT_PROMPT_TOKENS, False, 128)])
+def test_short_causal_passes_take_64_key_tiles(max_q_len, causal, block_n):
+    """Without a tuning, a causal pass of at most SHORT_PROMPT_TOKENS query tokens a segment runs the persistent
+    kernel with 64-key tiles (SHORT_HOPPER_TUNING), longer and non-causal passes the default's 128-key tiles."""
+    q, k_nope, k_pe, v = _kernel_inputs([max_q_len], [max_q_len], 2, 128, 64, 128, torch.bfloat16, seed=4,
+                                        device=DEVICE)
+    segments = _segments([max_q_len], DEVICE)
+    out = torch.empty(max_q_len, 2, 128, dtype=torch.bfloat16, device=DEVICE)
+    lse = torch.empty(out.shape[:2], dtype=torch.float32, device=DEVICE)
+    launch = plan_attention(q, k_nope, k_pe, v, segments.cu_seqlens, segments.cu_seqlens, out, lse,
+                            max_q_len=max_q_len, causal=causal, merge=False)
+    assert launch.persistent and launch.constants["BLOCK_N"] == block_n
+    assert _tuning_for(None, q, k_nope, k_pe, v, short=True) == SHORT_HOPPER_TUNING
 
 
 def test_calls_without_a_tuning_take_the_hopper_kernel_where_it_runs():

@@ -8,17 +8,20 @@ q, k and v of one dtype, d_nope 64 or 128, d_rope 32 or 64, d_v 64 or 128 (DeepS
 
 One program owns 128 query rows of one head of one segment:
 
-- the producer (one warp) loads the program's Q once, then each tile of BLOCK_N keys (K_nope,
-  the shared K_pe, V) into a STAGES-deep ring, all by TMA in boxes of at most 64 columns;
-  a tile completes on its stage's `ready` barrier. Keys past the last segment arrive as zeros,
-  keys of the next segment are masked like keys past the segment's end;
+- the producer (one warp) loads the program's Q once, then each tile of BLOCK_N keys into two
+  STAGES-deep rings, its K (K_nope and the shared K_pe) into the K ring and its V into the V ring,
+  in the order the consumers use them (K_t with V_{t-1}), all by TMA in boxes of at most 64 columns;
+  each completes on its stage's `ready` barrier. Keys past the last segment arrive as zeros, keys
+  of the next segment are masked like keys past the segment's end;
 - two consumer warpgroups take 64 of the rows each. Per tile a warpgroup issues S_t = Q_nope
   K_nope^T + Q_pe K_pe^T (from shared memory) together with the previous tile's deferred
   O += P_{t-1} V_{t-1} (P from registers), then runs the softmax of S_t (base 2) while the other
-  warpgroup issues its pair: the two take turns on named barriers (FA3's ping-pong). A tile goes
-  back to the producer (its stage's `free` barrier, two arrivals) once both warpgroups' P V of it
-  is done, so the ring needs two stages at least. Tiles every row of a warpgroup fully sees skip
-  the mask; a warpgroup waits for and releases every tile, computing only those its rows can see.
+  warpgroup issues its pair: the two take turns on named barriers (FA3's ping-pong). A K stage goes
+  back to the producer (a named barrier both warpgroups arrive on) once both S of it are done, a V
+  stage once both P V of it are, a tile earlier for K than one ring would allow: two stages of 128
+  keys each keep the loads as far ahead as three of one ring did. Tiles every row of a warpgroup
+  fully sees skip the mask; a warpgroup waits for and releases every tile, computing only those its
+  rows can see.
 
 The persistent form (`mha_prefill_hopper_persistent_kernel`, tuning kernel "hopper_persistent") runs one
 program per SM over the same work units (row block, head, segment), heaviest first (`_unit` gives the order):
@@ -26,9 +29,10 @@ program p starts on unit p, and its producer takes each later one from a global 
 unit's loads (`take_unit`; the launch holds the counter), publishing it to the consumers through shared
 memory, so it loads the next unit's Q and first tiles while the consumers store the last unit's rows.
 
-`triton_mha_prefill` runs the persistent form (64-key tiles, 3 stages) by default wherever `supports` holds
-(benchmarks/NOTES.md, p5-p7: on an H100 the Hopper tier is 1.05-1.17x faster than the portable kernel, and
-the persistent form 4-15% faster than one program per row block on 6 of 7 cases measured).
+`triton_mha_prefill` runs the persistent form (128-key tiles, 2 stages a ring) by default wherever `supports`
+holds (benchmarks/NOTES.md, p5-p11: on an H100 the Hopper tier is 1.05-1.17x faster than the portable kernel,
+the persistent form 4-15% faster than one program per row block, and the split rings with 128-key tiles
+10-16% faster again on long prompts and prefixes).
 """
 from __future__ import annotations
 
@@ -63,10 +67,14 @@ TURN_BARRIERS = gl.constexpr((8, 9))
 # One warpgroup zeroing V rows past a segment's end, 64 columns at a time, 16 bytes per thread and row.
 ZERO_CHUNK = gl.constexpr(64)
 ZERO_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
-# Named barriers that give ring stage s back to the producer: FIRST_RELEASE_BARRIER + s, both consumer
-# warpgroups arriving and the producer warp waiting (ids up to 15: at most MAX_STAGES stages).
+# Named barriers that give a stage back to the producer, both consumer warpgroups arriving and the producer warp
+# waiting: K ring stage s on FIRST_RELEASE_BARRIER + s, V ring stage s on FIRST_RELEASE_BARRIER + MAX_STAGES + s
+# (ids up to 15).
 FIRST_RELEASE_BARRIER = gl.constexpr(10)
-MAX_STAGES = 6
+MAX_STAGES = 3
+RING_BARRIERS = gl.constexpr(MAX_STAGES)
+K_RING = gl.constexpr(0)
+V_RING = gl.constexpr(1)
 RELEASE_THREADS = gl.constexpr(2 * 128 + 32)
 # Shared memory a program may take on an H100 (227 KiB).
 SHARED_MEMORY_LIMIT = 232448
@@ -105,91 +113,117 @@ def _load_q(q_nope_smem, q_pe_smem, q_ready, Q_DESC, QPE_DESC, q_row, q_col, NOP
 
 
 @gluon.jit
-def _release_stage(stage):
-    """A consumer warpgroup gives ring stage `stage` back to the producer: each thread arrives on the stage's
-    named barrier once its own reads of the stage are done (its MMA waits). A named barrier touches no shared
-    memory, so the compiler adds no barrier of its own around it (it puts two around an mbarrier arrive)."""
-    named_barrier_at(FIRST_RELEASE_BARRIER + stage, "arrive", RELEASE_THREADS)
+def _release_stage(stage, RING: gl.constexpr):
+    """A consumer warpgroup gives stage `stage` of ring RING (K_RING or V_RING) back to the producer: each thread
+    arrives on the stage's named barrier once its own reads of the stage are done (its MMA waits). A named barrier
+    touches no shared memory, so the compiler adds no barrier of its own around it (it puts two around an
+    mbarrier arrive)."""
+    named_barrier_at(FIRST_RELEASE_BARRIER + RING * RING_BARRIERS + stage, "arrive", RELEASE_THREADS)
 
 
 @gluon.jit
-def _wait_for_stage(stage):
-    """The producer waits until both consumers gave ring stage `stage` back (`_release_stage`)."""
-    named_barrier_at(FIRST_RELEASE_BARRIER + stage, "sync", RELEASE_THREADS)
+def _wait_for_stage(stage, RING: gl.constexpr):
+    """The producer waits until both consumers gave stage `stage` of ring RING back (`_release_stage`)."""
+    named_barrier_at(FIRST_RELEASE_BARRIER + RING * RING_BARRIERS + stage, "sync", RELEASE_THREADS)
 
 
 @gluon.jit
 def _drain_stages(total_tiles, STAGES: gl.constexpr):
-    """The producer's waits for the ring's last `STAGES` releases, which no reload waits for: every named barrier
+    """The producer's waits for both rings' last `STAGES` releases, which no reload waits for: every named barrier
     the consumers arrived on is completed before the program ends."""
     for count in range(gl.maximum(total_tiles - STAGES, 0), total_tiles):
-        _wait_for_stage(count % STAGES)
+        _wait_for_stage(count % STAGES, K_RING)
+        _wait_for_stage(count % STAGES, V_RING)
 
 
 @gluon.jit
-def _load_tiles(kn_smem, kpe_smem, v_smem, kv_ready, KN_DESC, KPE_DESC, V_DESC, k_row, kn_col, v_col,
+def _load_tiles(kn_smem, kpe_smem, v_smem, k_ready, v_ready, KN_DESC, KPE_DESC, V_DESC, k_row, kn_col, v_col,
                 first_tile, num_tiles, NOPE_DIM: gl.constexpr, V_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                 STAGES: gl.constexpr):
-    """Key tiles 0 .. num_tiles of a program into the ring; `first_tile` counts the ring's earlier tiles (stage
-    and phase follow the running count, reloaded once both consumers released the stage)."""
-    nope_chunk: gl.constexpr = KN_DESC.block_type.shape[1]
-    v_chunk: gl.constexpr = V_DESC.block_type.shape[1]
-    tile_bytes: gl.constexpr = ((NOPE_DIM // nope_chunk) * KN_DESC.block_type.nbytes + KPE_DESC.block_type.nbytes
-                                + (V_DIM // v_chunk) * V_DESC.block_type.nbytes)
+    """Key tiles 0 .. num_tiles of a program into the two rings, in the order the consumers need them: K_0, then
+    K_t and V_{t-1} (tile t's S and the previous tile's deferred P V), then the last V. `first_tile` counts the
+    rings' earlier tiles (stages and phases follow the running count; a stage is reloaded once both consumers
+    released it: K after its S, V after its P V, so K stages come back a tile earlier than V ones)."""
     for t in range(num_tiles):
-        count = first_tile + t
-        stage = count % STAGES
-        if count >= STAGES:
-            _wait_for_stage(stage)
-        bar = kv_ready.index(stage)
-        mbarrier.expect(bar, tile_bytes)
-        row = k_row + t * BLOCK_N
-        for c in gl.static_range(NOPE_DIM // nope_chunk):
-            tma.async_copy_global_to_shared(KN_DESC, [row, kn_col + c * nope_chunk], bar,
-                                            kn_smem.index(stage).slice(c * nope_chunk, nope_chunk, dim=1))
-        tma.async_copy_global_to_shared(KPE_DESC, [row, 0], bar, kpe_smem.index(stage))
-        for c in gl.static_range(V_DIM // v_chunk):
-            tma.async_copy_global_to_shared(V_DESC, [row, v_col + c * v_chunk], bar,
-                                            v_smem.index(stage).slice(c * v_chunk, v_chunk, dim=1))
+        _load_keys(kn_smem, kpe_smem, k_ready, KN_DESC, KPE_DESC, k_row + t * BLOCK_N, kn_col, first_tile + t,
+                   NOPE_DIM, STAGES)
+        if t > 0:
+            _load_values(v_smem, v_ready, V_DESC, k_row + (t - 1) * BLOCK_N, v_col, first_tile + t - 1, V_DIM, STAGES)
+    if num_tiles > 0:
+        _load_values(v_smem, v_ready, V_DESC, k_row + (num_tiles - 1) * BLOCK_N, v_col, first_tile + num_tiles - 1,
+                     V_DIM, STAGES)
 
 
 @gluon.jit
-def _producer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready,
+def _load_keys(kn_smem, kpe_smem, k_ready, KN_DESC, KPE_DESC, row, kn_col, count, NOPE_DIM: gl.constexpr,
+               STAGES: gl.constexpr):
+    """The ring's `count`-th K tile (K_nope and K_pe of key rows row ..) into its K stage, completing on k_ready."""
+    nope_chunk: gl.constexpr = KN_DESC.block_type.shape[1]
+    k_bytes: gl.constexpr = (NOPE_DIM // nope_chunk) * KN_DESC.block_type.nbytes + KPE_DESC.block_type.nbytes
+    stage = count % STAGES
+    if count >= STAGES:
+        _wait_for_stage(stage, K_RING)
+    bar = k_ready.index(stage)
+    mbarrier.expect(bar, k_bytes)
+    for c in gl.static_range(NOPE_DIM // nope_chunk):
+        tma.async_copy_global_to_shared(KN_DESC, [row, kn_col + c * nope_chunk], bar,
+                                        kn_smem.index(stage).slice(c * nope_chunk, nope_chunk, dim=1))
+    tma.async_copy_global_to_shared(KPE_DESC, [row, 0], bar, kpe_smem.index(stage))
+
+
+@gluon.jit
+def _load_values(v_smem, v_ready, V_DESC, row, v_col, count, V_DIM: gl.constexpr, STAGES: gl.constexpr):
+    """The ring's `count`-th V tile (key rows row ..) into its V stage, completing on v_ready."""
+    v_chunk: gl.constexpr = V_DESC.block_type.shape[1]
+    stage = count % STAGES
+    if count >= STAGES:
+        _wait_for_stage(stage, V_RING)
+    bar = v_ready.index(stage)
+    mbarrier.expect(bar, (V_DIM // v_chunk) * V_DESC.block_type.nbytes)
+    for c in gl.static_range(V_DIM // v_chunk):
+        tma.async_copy_global_to_shared(V_DESC, [row, v_col + c * v_chunk], bar,
+                                        v_smem.index(stage).slice(c * v_chunk, v_chunk, dim=1))
+
+
+@gluon.jit
+def _producer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_ready, v_ready,
               Q_DESC, QPE_DESC, KN_DESC, KPE_DESC, V_DESC, q_row, q_col, k_row, kn_col, v_col, num_tiles,
               NOPE_DIM: gl.constexpr, V_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """Q's two warpgroup halves, then the key tiles into the ring (stage t % STAGES reloaded once
     both consumers released it)."""
     _load_q(q_nope_smem, q_pe_smem, q_ready, Q_DESC, QPE_DESC, q_row, q_col, NOPE_DIM)
-    _load_tiles(kn_smem, kpe_smem, v_smem, kv_ready, KN_DESC, KPE_DESC, V_DESC, k_row, kn_col, v_col,
+    _load_tiles(kn_smem, kpe_smem, v_smem, k_ready, v_ready, KN_DESC, KPE_DESC, V_DESC, k_row, kn_col, v_col,
                 0, num_tiles, NOPE_DIM, V_DIM, BLOCK_N, STAGES)
     _drain_stages(num_tiles, STAGES)
 
 
 @gluon.jit
-def _consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready,
+def _consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_ready, v_ready,
               OUT, LSE, q_start, q_len, k_len, m0, head, num_tiles, scale_log2,
               stride_o_tok, stride_o_head, stride_lse_tok,
               HALF: gl.constexpr, V_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
               CAUSAL: gl.constexpr, MERGE: gl.constexpr):
     """Rows m0 + HALF * 64 .. + 64 of the program: attention over the tiles they see, then the
     store (merged into the earlier result with MERGE)."""
-    acc, m_i, l_i = _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready,
+    acc, m_i, l_i = _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_ready, v_ready,
                                  q_len, k_len, m0, num_tiles, 0, 0, scale_log2, HALF, V_DIM, BLOCK_N, STAGES, CAUSAL)
     _store_rows(acc, m_i, l_i, OUT, LSE, q_start, q_len, m0, head, stride_o_tok, stride_o_head, stride_lse_tok,
                 HALF, V_DIM, MERGE)
 
 
 @gluon.jit
-def _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready,
+def _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_ready, v_ready,
                  q_len, k_len, m0, num_tiles, first_tile, q_phase, scale_log2,
                  HALF: gl.constexpr, V_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                  CAUSAL: gl.constexpr):
     """Rows m0 + HALF * 64 .. + 64 over the program's num_tiles key tiles: the unnormalized output,
-    running max and sum. `first_tile` counts the ring's earlier tiles, `q_phase` is Q's phase.
+    running max and sum. `first_tile` counts the rings' earlier tiles, `q_phase` is Q's phase.
 
     Per tile t the warpgroup issues S_t = Q K_t^T and the deferred P_{t-1} V_{t-1} together, then
     runs the softmax of S_t while the other warpgroup's pair runs: the two take turns on named
-    barriers (one turn per tile of the program, computed or not, so both take the same number)."""
+    barriers (one turn per tile of the program, computed or not, so both take the same number).
+    K_t goes back to the producer once S_t is done, V_t once P_t V_t is; a tile the warpgroup does not
+    compute goes back once it has landed (a stage is reloaded only after its load completed)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -220,11 +254,16 @@ def _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_
     for t in range(num_tiles):
         count = first_tile + t
         stage = count % STAGES
+        phase = (count // STAGES) & 1
         previous = (count + STAGES - 1) % STAGES
-        mbarrier.wait(kv_ready.index(stage), (count // STAGES) & 1)
         computes = t < my_tiles
+        mbarrier.wait(k_ready.index(stage), phase)
+        if t > 0 and t <= my_tiles:
+            mbarrier.wait(v_ready.index(previous), ((count - 1) // STAGES) & 1)
         # V rows past the segment: P is 0 there, but 0 * NaN is not. The second warpgroup zeroes them (whether
         # or not it computes the tile) before its turn; every P V of the tile comes after that turn.
+        if (HALF == 1 and (t + 1) * BLOCK_N > k_len) or not computes:
+            mbarrier.wait(v_ready.index(stage), phase)
         if HALF == 1 and (t + 1) * BLOCK_N > k_len:
             zero_rows_from(v_smem.index(stage), k_len - t * BLOCK_N, ZERO_CHUNK, ZERO_LAYOUT)
             fence_async_shared()
@@ -248,10 +287,11 @@ def _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_
             acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc_mma])
         else:
             hand_over(their_turn)
+        _release_stage(stage, K_RING)
         if t > 0 and t <= my_tiles:
-            _release_stage(previous)
+            _release_stage(previous, V_RING)
         if not computes:
-            _release_stage(stage)
+            _release_stage(stage, V_RING)
         else:
             s = s * scale_log2
             if t * BLOCK_N + BLOCK_N > unmasked_hi:
@@ -267,10 +307,12 @@ def _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_
     if HALF == 0:
         take_over(my_turn)  # the second warpgroup's last hand-over
     if my_tiles > 0 and my_tiles == num_tiles:  # the last tile's P V, deferred past the loop
-        last = (first_tile + num_tiles - 1) % STAGES
+        last_count = first_tile + num_tiles - 1
+        last = last_count % STAGES
+        mbarrier.wait(v_ready.index(last), (last_count // STAGES) & 1)
         acc_mma = warpgroup_mma(p, v_smem.index(last), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc_mma])
-        _release_stage(last)
+        _release_stage(last, V_RING)
     return acc, m_i, l_i
 
 
@@ -312,7 +354,8 @@ def _program_tiles(m0, q_len, k_len, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr
 def _shared_buffers(dtype: gl.constexpr, NOPE_DIM: gl.constexpr, ROPE_DIM: gl.constexpr, V_DIM: gl.constexpr,
                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """Q, the ring of key tiles and their barriers (initialized): q_ready (one arrival, the producer's
-    expect), kv_ready (likewise) per stage (stages go back to the producer through named barriers: `_release_stage`)."""
+    expect), k_ready and v_ready (likewise) per stage of the K and V rings (stages go back to the producer through
+    named barriers: `_release_stage`)."""
     q_nope_smem = gl.allocate_shared_memory(dtype, [2, WARPGROUP_ROWS, NOPE_DIM],
                                             gl.NVMMASharedLayout.get_default_for([WARPGROUP_ROWS, NOPE_DIM], dtype))
     q_pe_smem = gl.allocate_shared_memory(dtype, [2, WARPGROUP_ROWS, ROPE_DIM],
@@ -324,11 +367,13 @@ def _shared_buffers(dtype: gl.constexpr, NOPE_DIM: gl.constexpr, ROPE_DIM: gl.co
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, V_DIM],
                                        gl.NVMMASharedLayout.get_default_for([BLOCK_N, V_DIM], dtype))
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready, count=1)
     for st in gl.static_range(STAGES):
-        mbarrier.init(kv_ready.index(st), count=1)
-    return q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready
+        mbarrier.init(k_ready.index(st), count=1)
+        mbarrier.init(v_ready.index(st), count=1)
+    return q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_ready, v_ready
 
 
 @gluon.jit
@@ -345,19 +390,19 @@ def mha_prefill_hopper_kernel(
     if m0 >= q_len or (MERGE and k_len == 0):
         return
     num_tiles = _program_tiles(m0, q_len, k_len, BLOCK_N, CAUSAL)
-    q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready = _shared_buffers(
+    q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_ready, v_ready = _shared_buffers(
         Q_DESC.block_type.element_ty, NOPE_DIM, ROPE_DIM, V_DIM, BLOCK_N, STAGES)
     fence_async_shared()
     gl.thread_barrier()
 
     gl.warp_specialize([
-        (_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready,
+        (_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_ready, v_ready,
                      OUT, LSE, q_start, q_len, k_len, m0, head, num_tiles, scale_log2,
                      stride_o_tok, stride_o_head, stride_lse_tok, 0, V_DIM, BLOCK_N, STAGES, CAUSAL, MERGE)),
-        (_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready,
+        (_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_ready, v_ready,
                      OUT, LSE, q_start, q_len, k_len, m0, head, num_tiles, scale_log2,
                      stride_o_tok, stride_o_head, stride_lse_tok, 1, V_DIM, BLOCK_N, STAGES, CAUSAL, MERGE)),
-        (_producer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready,
+        (_producer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_ready, v_ready,
                      Q_DESC, QPE_DESC, KN_DESC, KPE_DESC, V_DESC, q_start + m0, head * stride_q_head,
                      k_start, head * stride_kn_head, head * stride_v_head, num_tiles,
                      NOPE_DIM, V_DIM, BLOCK_N, STAGES)),
@@ -418,7 +463,7 @@ def _read_unit(unit_smem, unit_ready, unit_free, published):
 
 
 @gluon.jit
-def _persistent_consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, kv_ready,
+def _persistent_consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, k_ready, v_ready,
                          unit_smem, unit_ready, unit_free, OUT, LSE, CU_SEQLENS_Q, CU_SEQLENS_K, num_units, row_blocks,
                          heads, head_group, scale_log2, stride_o_tok, stride_o_head, stride_lse_tok,
                          HALF: gl.constexpr, V_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
@@ -433,7 +478,7 @@ def _persistent_consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_re
     while unit < num_units:
         _, head, q_start, q_len, _, k_len, m0, num_tiles = _unit(
             unit, CU_SEQLENS_Q, CU_SEQLENS_K, row_blocks, heads, head_group, BLOCK_N, CAUSAL, MERGE)
-        acc, m_i, l_i = _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready,
+        acc, m_i, l_i = _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_ready, v_ready,
                                      q_len, k_len, m0, num_tiles, first_tile, done & 1, scale_log2,
                                      HALF, V_DIM, BLOCK_N, STAGES, CAUSAL)
         gl.thread_barrier()
@@ -450,7 +495,7 @@ def _persistent_consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_re
 
 
 @gluon.jit
-def _persistent_producer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, kv_ready,
+def _persistent_producer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, k_ready, v_ready,
                          unit_smem, unit_ready, unit_free, Q_DESC, QPE_DESC, KN_DESC, KPE_DESC, V_DESC, CU_SEQLENS_Q,
                          CU_SEQLENS_K, TAKEN, num_units, row_blocks, heads, head_group, stride_q_head, stride_kn_head,
                          stride_v_head, NOPE_DIM: gl.constexpr, V_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -470,7 +515,7 @@ def _persistent_producer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_re
             if published > 0:
                 mbarrier.wait(q_free, (published - 1) & 1)
             _load_q(q_nope_smem, q_pe_smem, q_ready, Q_DESC, QPE_DESC, q_start + m0, head * stride_q_head, NOPE_DIM)
-            _load_tiles(kn_smem, kpe_smem, v_smem, kv_ready, KN_DESC, KPE_DESC, V_DESC, k_start,
+            _load_tiles(kn_smem, kpe_smem, v_smem, k_ready, v_ready, KN_DESC, KPE_DESC, V_DESC, k_start,
                         head * stride_kn_head, head * stride_v_head, first_tile, num_tiles, NOPE_DIM, V_DIM, BLOCK_N,
                         STAGES)
             first_tile += num_tiles
@@ -494,7 +539,7 @@ def mha_prefill_hopper_persistent_kernel(
     unit's Q and first tiles while the consumers store the last one's rows. Only the producer takes: it
     publishes each unit that runs to the consumers through a two-slot shared ring (`unit_smem`, barriers
     `unit_ready`, one arrival, and `unit_free`, two). Q gets a `q_free` barrier (two arrivals)."""
-    q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, kv_ready = _shared_buffers(
+    q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_ready, v_ready = _shared_buffers(
         Q_DESC.block_type.element_ty, NOPE_DIM, ROPE_DIM, V_DIM, BLOCK_N, STAGES)
     q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     unit_smem = gl.allocate_shared_memory(gl.int32, [2, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
@@ -508,15 +553,15 @@ def mha_prefill_hopper_persistent_kernel(
     gl.thread_barrier()
 
     gl.warp_specialize([
-        (_persistent_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, kv_ready,
+        (_persistent_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, k_ready, v_ready,
                                 unit_smem, unit_ready, unit_free, OUT, LSE, CU_SEQLENS_Q, CU_SEQLENS_K, num_units,
                                 row_blocks, heads, head_group, scale_log2, stride_o_tok, stride_o_head, stride_lse_tok,
                                 0, V_DIM, BLOCK_N, STAGES, CAUSAL, MERGE)),
-        (_persistent_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, kv_ready,
+        (_persistent_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, k_ready, v_ready,
                                 unit_smem, unit_ready, unit_free, OUT, LSE, CU_SEQLENS_Q, CU_SEQLENS_K, num_units,
                                 row_blocks, heads, head_group, scale_log2, stride_o_tok, stride_o_head, stride_lse_tok,
                                 1, V_DIM, BLOCK_N, STAGES, CAUSAL, MERGE)),
-        (_persistent_producer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, kv_ready,
+        (_persistent_producer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, k_ready, v_ready,
                                 unit_smem, unit_ready, unit_free, Q_DESC, QPE_DESC, KN_DESC, KPE_DESC, V_DESC,
                                 CU_SEQLENS_Q, CU_SEQLENS_K, TAKEN, num_units, row_blocks, heads, head_group,
                                 stride_q_head, stride_kn_head, stride_v_head, NOPE_DIM, V_DIM, BLOCK_N, STAGES, CAUSAL,

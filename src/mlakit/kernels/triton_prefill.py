@@ -65,10 +65,13 @@ class PrefillTuning:
                                 f"and num_stages >= 2, got {self}")
 
 
-# The SM90 default: the persistent Hopper kernel, 64-key tiles in a 3-stage ring (4-15% faster than the
-# one-program-per-row-block kernel with 128 x 2 on 6 of 7 cases measured, 7% on the seventh in a rerun:
-# NOTES.md, p7-p8).
-HOPPER_TUNING = PrefillTuning(block_m=128, block_n=64, num_warps=4, num_stages=3, kernel="hopper_persistent")
+# The SM90 default: the persistent Hopper kernel, 128-key tiles, K and V rings of 2 stages each (10-16% faster
+# than 64-key tiles in one 3-stage ring at 8192 tokens and with long prefixes: NOTES.md, p11).
+HOPPER_TUNING = PrefillTuning(block_m=128, block_n=128, num_warps=4, num_stages=2, kernel="hopper_persistent")
+# Causal passes of at most SHORT_PROMPT_TOKENS query tokens a segment take 64-key tiles in 3-stage rings instead
+# (3-5% faster at 128 and 256 tokens, level at 512: NOTES.md, p11).
+SHORT_HOPPER_TUNING = PrefillTuning(block_m=128, block_n=64, num_warps=4, num_stages=3, kernel="hopper_persistent")
+SHORT_PROMPT_TOKENS = 256
 
 
 @functools.cache
@@ -320,7 +323,7 @@ def plan_attention(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v:
     """The launch of one `triton_mha_prefill` pass for operands of these ones' layout (shapes, strides,
     dtypes, pointer alignment; the addresses may change between calls): the Hopper kernel's where
     it takes them, else the portable one's (`_tuning_for`)."""
-    tuning = _tuning_for(tuning, q, k_nope, k_pe, v)
+    tuning = _tuning_for(tuning, q, k_nope, k_pe, v, short=causal and max_q_len <= SHORT_PROMPT_TOKENS)
     if tuning.kernel in HOPPER_KERNELS:
         from mlakit.kernels.hopper_prefill import plan_launch
 
@@ -339,15 +342,16 @@ def plan_attention(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v:
 
 
 def _tuning_for(tuning: PrefillTuning | None, q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor,
-                v: torch.Tensor) -> PrefillTuning:
+                v: torch.Tensor, short: bool = False) -> PrefillTuning:
     """The tuning a call runs: the caller's (a hopper or hopper_persistent one refused where that kernel
-    cannot take the operands), else the persistent Hopper kernel's where it can (`HOPPER_TUNING`; faster than the
-    portable one on every case measured: benchmarks/NOTES.md, p5-p7), else the device's portable tiles."""
+    cannot take the operands), else the persistent Hopper kernel's where it can (`HOPPER_TUNING`, or
+    `SHORT_HOPPER_TUNING` for a `short` pass; faster than the portable one on every case measured:
+    benchmarks/NOTES.md, p5-p11), else the device's portable tiles."""
     if tuning is None or tuning.kernel in HOPPER_KERNELS:
         from mlakit.kernels import hopper_prefill
 
         if hopper_prefill.supports(q, k_nope, k_pe, v):
-            return tuning or HOPPER_TUNING
+            return tuning or (SHORT_HOPPER_TUNING if short else HOPPER_TUNING)
         if tuning is not None:
             raise MLAInputError(
                 "tuning: the hopper kernel needs an SM90 GPU, bf16 or fp16 q, k and v of one dtype, d_nope 64 or 128, "
