@@ -166,6 +166,14 @@ def store_output(out, rows, cols, OUT, PART_OUT, first_token, b, split, num_spli
         gl.store(part + rows * PART_STRIDES[2] + cols, out, mask=row_ok)
 
 
+@gluon.constexpr_function
+def row_piece_layout(width):
+    """Register layout of a warpgroup's `[rows, width]` 16-bit values in 16-byte pieces, a row's pieces on
+    neighbouring lanes (whole 128-byte lines per warp store)."""
+    lanes = min(32, width // 8)
+    return gl.BlockedLayout([1, 8], [32 // lanes, lanes], [4, 1], [1, 0])
+
+
 @gluon.jit
 def zero_rows_from(smem, first_bad, CHUNK: gl.constexpr, LAYOUT: gl.constexpr):
     """Rows first_bad .. of `smem` set to zero, CHUNK columns at a time (TMA brings whole page rows:

@@ -64,6 +64,7 @@ from mlakit.kernels.hopper_common import (
     no_keys_yet,
     online_softmax,
     row_descriptors,
+    row_piece_layout,
     serves,
     sm_count,
     split_range,
@@ -915,14 +916,6 @@ def _seesaw_odd_partition(
                 OUT_STRIDES, PART_STRIDES, HEADS, o_layout)
 
 
-@gluon.constexpr_function
-def _row_piece_layout(width):
-    """Register layout of a warpgroup's `[BLOCK_M, width]` 16-bit rows in 16-byte pieces, a row's pieces on
-    neighbouring lanes (whole 128-byte lines per warp store)."""
-    lanes = min(32, width // 8)
-    return gl.BlockedLayout([1, 8], [32 // lanes, lanes], [4, 1], [1, 0])
-
-
 @gluon.jit
 def _store_half(out, col0, q_lat_all, OUT, PART_OUT, first_token, b, split, num_splits, tile, q_len,
                 OUT_STRIDES, PART_STRIDES, HEADS: gl.constexpr, LAYOUT: gl.constexpr):
@@ -935,7 +928,7 @@ def _store_half(out, col0, q_lat_all, OUT, PART_OUT, first_token, b, split, num_
         staging = _as_dtype(q_lat_all.index(0), OUT.dtype.element_ty).slice(col0, out.shape[1], dim=1)
         staging.store(out.to(OUT.dtype.element_ty))
         gl.thread_barrier()
-        pieces: gl.constexpr = _row_piece_layout(out.shape[1])
+        pieces: gl.constexpr = row_piece_layout(out.shape[1])
         rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, pieces))
         cols = col0 + gl.arange(0, out.shape[1], layout=gl.SliceLayout(0, pieces))
         store_output(staging.load(pieces), rows[:, None], cols[None, :], OUT, PART_OUT, first_token, b, 0, 1, q_len,

@@ -48,7 +48,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from mlakit.kernels.hopper_common import (GLUON_DTYPES, Matrix, capability, finish_rows, matrix_descriptor, no_keys_yet,
-                                          hand_over, named_barrier_at, online_softmax, sm_count, take_over, take_unit, zero_rows_from)
+                                          hand_over, named_barrier_at, online_softmax, row_piece_layout, sm_count,
+                                          take_over, take_unit, zero_rows_from)
 from mlakit.errors import MLAInputError
 from mlakit.kernels.launch import CachedLaunch
 from mlakit.kernels.triton_prefill import merged_with_earlier, program_segment
@@ -207,8 +208,8 @@ def _consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_read
     store (merged into the earlier result with MERGE)."""
     acc, m_i, l_i = _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_ready, v_ready,
                                  q_len, k_len, m0, num_tiles, 0, 0, scale_log2, HALF, V_DIM, BLOCK_N, STAGES, CAUSAL)
-    _store_rows(acc, m_i, l_i, OUT, LSE, q_start, q_len, m0, head, stride_o_tok, stride_o_head, stride_lse_tok,
-                HALF, V_DIM, MERGE)
+    _store_rows(acc, m_i, l_i, q_nope_smem, q_ready, OUT, LSE, q_start, q_len, m0, head, stride_o_tok, stride_o_head,
+                stride_lse_tok, HALF, V_DIM, MERGE, False)
 
 
 @gluon.jit
@@ -317,9 +318,12 @@ def _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_r
 
 
 @gluon.jit
-def _store_rows(acc, m_i, l_i, OUT, LSE, q_start, q_len, m0, head, stride_o_tok, stride_o_head, stride_lse_tok,
-                HALF: gl.constexpr, V_DIM: gl.constexpr, MERGE: gl.constexpr):
-    """The warpgroup's rows normalized and stored with their lse (merged into the earlier result with MERGE)."""
+def _store_rows(acc, m_i, l_i, q_nope_smem, q_free, OUT, LSE, q_start, q_len, m0, head, stride_o_tok, stride_o_head,
+                stride_lse_tok, HALF: gl.constexpr, V_DIM: gl.constexpr, MERGE: gl.constexpr, PERSISTENT: gl.constexpr):
+    """The warpgroup's rows normalized and stored with their lse (merged into the earlier result with MERGE).
+    The rows go out through the warpgroup's half of the Q buffer, which only its own MMAs read, as 16-byte
+    row pieces (the accumulator's layout would write 4-byte ones, half a sector at a time); the persistent
+    form gives Q back (`q_free`) once they are read from it."""
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, V_DIM, 16])
     row0 = m0 + HALF * WARPGROUP_ROWS
@@ -336,8 +340,33 @@ def _store_rows(acc, m_i, l_i, OUT, LSE, q_start, q_len, m0, head, stride_o_tok,
         earlier_lse = gl.load(lse_ptrs, mask=row_ok, other=float("-inf"))
         earlier_out = gl.load(out_ptrs, mask=row_ok[:, None], other=0.0).to(gl.float32)
         out, lse = merged_with_earlier(earlier_out, earlier_lse, out, lse)
-    gl.store(out_ptrs, out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
     gl.store(lse_ptrs, lse, mask=row_ok)
+    out_dtype: gl.constexpr = OUT.dtype.element_ty
+    if V_DIM <= q_nope_smem.shape[2] and out_dtype == q_nope_smem.dtype:
+        staging = q_nope_smem.index(HALF).slice(0, V_DIM, dim=1)
+        staging.store(out.to(out_dtype))
+        gl.thread_barrier()
+        pieces: gl.constexpr = row_piece_layout(V_DIM)
+        values = staging.load(pieces)
+        _give_q_back(q_free, PERSISTENT)
+        piece_rows = row0 + gl.arange(0, WARPGROUP_ROWS, layout=gl.SliceLayout(1, pieces))
+        piece_cols = gl.arange(0, V_DIM, layout=gl.SliceLayout(0, pieces))
+        piece_tokens = (q_start + piece_rows).to(gl.int64)
+        gl.store(OUT + piece_tokens[:, None] * stride_o_tok + head * stride_o_head + piece_cols[None, :], values,
+                 mask=(piece_rows < q_len)[:, None])
+    else:
+        _give_q_back(q_free, PERSISTENT)
+        gl.store(out_ptrs, out.to(out_dtype), mask=row_ok[:, None])
+
+
+@gluon.jit
+def _give_q_back(q_free, PERSISTENT: gl.constexpr):
+    """The persistent form's consumer warpgroup is done with Q (its MMAs and reads): one of `q_free`'s two
+    arrivals, after every thread's reads and a proxy fence (the next Q arrives by TMA)."""
+    if PERSISTENT:
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(q_free, count=1)
 
 
 @gluon.jit
@@ -469,9 +498,9 @@ def _persistent_consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_re
                          HALF: gl.constexpr, V_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                          CAUSAL: gl.constexpr, MERGE: gl.constexpr):
     """`_consumer` over the units the producer publishes (every one runs) until it publishes the unit count:
-    Q goes back (q_free) once the unit's tiles are done, before the store. Between units the two warpgroups
-    meet on the second turn barrier, so that the second one's first hand-over of a unit comes after the first
-    one took its last of the unit before."""
+    Q goes back (q_free) once the unit's rows have passed through it on their way out (`_store_rows`).
+    Between units the two warpgroups meet on the second turn barrier, so that the second one's first
+    hand-over of a unit comes after the first one took its last of the unit before."""
     first_tile = 0
     done = 0
     unit = _read_unit(unit_smem, unit_ready, unit_free, done)
@@ -481,10 +510,8 @@ def _persistent_consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_re
         acc, m_i, l_i = _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_ready, v_ready,
                                      q_len, k_len, m0, num_tiles, first_tile, done & 1, scale_log2,
                                      HALF, V_DIM, BLOCK_N, STAGES, CAUSAL)
-        gl.thread_barrier()
-        mbarrier.arrive(q_free, count=1)
-        _store_rows(acc, m_i, l_i, OUT, LSE, q_start, q_len, m0, head, stride_o_tok, stride_o_head,
-                    stride_lse_tok, HALF, V_DIM, MERGE)
+        _store_rows(acc, m_i, l_i, q_nope_smem, q_free, OUT, LSE, q_start, q_len, m0, head, stride_o_tok,
+                    stride_o_head, stride_lse_tok, HALF, V_DIM, MERGE, True)
         if HALF == 0:
             hand_over(TURN_BARRIERS[1])
         else:
