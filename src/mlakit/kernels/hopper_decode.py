@@ -923,7 +923,8 @@ def _store_half(out, col0, q_lat_all, OUT, PART_OUT, first_token, b, split, num_
     OUT through the same columns of the query buffer, which neither warpgroup reads once both have passed
     their last S: the accumulator's layout would write each row in 4-byte pieces, half a sector at a time,
     and the programs of a batch that fills the GPU all store at once (NOTES.md v49). A split's float32
-    partial, twice as wide, goes straight from the accumulator."""
+    partial, twice as wide, goes straight from the accumulator. (The next unit's Q arrives by cp.async, in the
+    generic proxy like these stores; a TMA load of Q would need a proxy fence after the read-back.)"""
     if num_splits == 1:
         staging = _as_dtype(q_lat_all.index(0), OUT.dtype.element_ty).slice(col0, out.shape[1], dim=1)
         staging.store(out.to(OUT.dtype.element_ty))

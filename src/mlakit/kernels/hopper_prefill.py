@@ -385,6 +385,7 @@ def _shared_buffers(dtype: gl.constexpr, NOPE_DIM: gl.constexpr, ROPE_DIM: gl.co
     """Q, the ring of key tiles and their barriers (initialized): q_ready (one arrival, the producer's
     expect), k_ready and v_ready (likewise) per stage of the K and V rings (stages go back to the producer through
     named barriers: `_release_stage`)."""
+    gl.static_assert(STAGES <= RING_BARRIERS, "at most RING_BARRIERS stages a ring (one release barrier each)")
     q_nope_smem = gl.allocate_shared_memory(dtype, [2, WARPGROUP_ROWS, NOPE_DIM],
                                             gl.NVMMASharedLayout.get_default_for([WARPGROUP_ROWS, NOPE_DIM], dtype))
     q_pe_smem = gl.allocate_shared_memory(dtype, [2, WARPGROUP_ROWS, ROPE_DIM],
