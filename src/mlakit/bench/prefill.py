@@ -102,6 +102,8 @@ class PrefillCase:
 
 TARGET = PrefillCase(128, 1, 8192, 0)
 CHUNKED_TARGET = PrefillCase(128, 1, 2048, 32768)
+# Issue 22: a chunked prefix within this factor of the one-piece plan's time.
+CHUNKED_TARGET_RATIO = 1.1
 
 
 def default_cases(quick: bool) -> list[PrefillCase]:
@@ -452,17 +454,17 @@ def run_cases(
 
 
 def summary(results: list[PrefillResult]) -> list[str]:
-    """The issue's targets: attention on the target case, chunked over one-piece at a 32768-token prefix (<= 1.3x).
+    """The issue's targets: attention on the target case, chunked over one-piece at a 32768-token prefix (<= 1.1x).
 
     >>> summary([PrefillResult(CHUNKED_TARGET, "full", "chunk_8192", 2.4, 10**12, 0.5, 1e-3, x_one_piece=1.2)])
-    ['chunked h128 b1 n2048 p32768: chunk_8192 1.20x one-piece (target <= 1.3x)']
+    ['chunked h128 b1 n2048 p32768: chunk_8192 1.20x one-piece (target <= 1.1x)']
     """
     lines = [
         f"target {r.case.label}: {r.kernel} at {r.matmul_ratio * 100:.0f}% of the matmul ceiling"
         for r in results if r.case == TARGET and r.part == "attention"
     ]
     lines += [
-        f"chunked {r.case.label}: {r.kernel} {r.x_one_piece:.2f}x one-piece (target <= 1.3x)"
+        f"chunked {r.case.label}: {r.kernel} {r.x_one_piece:.2f}x one-piece (target <= {CHUNKED_TARGET_RATIO}x)"
         for r in results if r.case.prefix == 32768 and r.x_one_piece is not None
     ]
     return lines
