@@ -81,6 +81,8 @@ RELEASE_THREADS = gl.constexpr(2 * 128 + 32)
 SHARED_MEMORY_LIMIT = 232448
 # Key bytes (K_nope and V) of the heads whose units the persistent kernel runs together: within an H100's 50 MiB L2.
 L2_KEY_BYTES = 32 * 2**20
+# Fields of a unit the persistent kernel's producer publishes to the consumers (`_publish_unit`).
+UNIT_FIELDS = gl.constexpr(7)
 
 
 def supports(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor) -> bool:
@@ -466,36 +468,46 @@ def _unit(unit, CU_SEQLENS_Q, CU_SEQLENS_K, row_blocks, heads, head_group, BLOCK
 
 
 @gluon.jit
-def _publish_unit(unit_smem, unit_ready, unit_free, unit, published):
-    """The producer hands the consumers its `published`-th running unit (or the unit count: stop) through the
-    two-slot ring `unit_smem`: the slot once both consumers read what it held two units before (`unit_free`),
-    the index stored, then `unit_ready` (its release orders the warp's store before the consumers' reads)."""
+def _publish_unit(unit_smem, unit_ready, unit_free, work, published):
+    """The producer hands the consumers its `published`-th running unit through the two-slot ring `unit_smem`:
+    `work` = (unit, head, q_start, q_len, k_len, m0, num_tiles) as `_unit` gives them (unit = the unit count:
+    stop), so the consumers need no global loads of their own; the slot once both consumers read what it held
+    two units before (`unit_free`), the fields stored, then `unit_ready` (its release orders the warp's stores
+    before the consumers' reads)."""
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     slot = published % 2
     if published >= 2:
         mbarrier.wait(unit_free.index(slot), (published // 2 - 1) & 1)
-    unit_smem.index(slot).store(gl.full([1], unit, gl.int32, layout))
+    for field in gl.static_range(UNIT_FIELDS):
+        unit_smem.index(slot * UNIT_FIELDS + field).store(gl.full([1], work[field], gl.int32, layout))
     gl.thread_barrier()
     mbarrier.arrive(unit_ready.index(slot), count=1)
 
 
 @gluon.jit
 def _read_unit(unit_smem, unit_ready, unit_free, published):
-    """A consumer warpgroup's read of the producer's `published`-th unit (`_publish_unit`), the slot given back
-    (one of `unit_free`'s two arrivals) once every thread of the warpgroup holds it."""
+    """A consumer warpgroup's read of the producer's `published`-th unit (`_publish_unit`): its fields, the slot
+    given back (one of `unit_free`'s two arrivals) once every thread of the warpgroup holds them."""
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     slot = published % 2
     mbarrier.wait(unit_ready.index(slot), (published // 2) & 1)
-    unit = gl.max(unit_smem.index(slot).load(layout), axis=0)
+    base = slot * UNIT_FIELDS
+    unit = gl.max(unit_smem.index(base).load(layout), axis=0)
+    head = gl.max(unit_smem.index(base + 1).load(layout), axis=0)
+    q_start = gl.max(unit_smem.index(base + 2).load(layout), axis=0)
+    q_len = gl.max(unit_smem.index(base + 3).load(layout), axis=0)
+    k_len = gl.max(unit_smem.index(base + 4).load(layout), axis=0)
+    m0 = gl.max(unit_smem.index(base + 5).load(layout), axis=0)
+    num_tiles = gl.max(unit_smem.index(base + 6).load(layout), axis=0)
     gl.thread_barrier()
     mbarrier.arrive(unit_free.index(slot), count=1)
-    return unit
+    return unit, head, q_start, q_len, k_len, m0, num_tiles
 
 
 @gluon.jit
 def _persistent_consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, k_ready, v_ready,
-                         unit_smem, unit_ready, unit_free, OUT, LSE, CU_SEQLENS_Q, CU_SEQLENS_K, num_units, row_blocks,
-                         heads, head_group, scale_log2, stride_o_tok, stride_o_head, stride_lse_tok,
+                         unit_smem, unit_ready, unit_free, OUT, LSE, num_units, scale_log2, stride_o_tok, stride_o_head,
+                         stride_lse_tok,
                          HALF: gl.constexpr, V_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                          CAUSAL: gl.constexpr, MERGE: gl.constexpr):
     """`_consumer` over the units the producer publishes (every one runs) until it publishes the unit count:
@@ -504,10 +516,8 @@ def _persistent_consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_re
     hand-over of a unit comes after the first one took its last of the unit before."""
     first_tile = 0
     done = 0
-    unit = _read_unit(unit_smem, unit_ready, unit_free, done)
+    unit, head, q_start, q_len, k_len, m0, num_tiles = _read_unit(unit_smem, unit_ready, unit_free, done)
     while unit < num_units:
-        _, head, q_start, q_len, _, k_len, m0, num_tiles = _unit(
-            unit, CU_SEQLENS_Q, CU_SEQLENS_K, row_blocks, heads, head_group, BLOCK_N, CAUSAL, MERGE)
         acc, m_i, l_i = _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_ready, v_ready,
                                      q_len, k_len, m0, num_tiles, first_tile, done & 1, scale_log2,
                                      HALF, V_DIM, BLOCK_N, STAGES, CAUSAL)
@@ -519,7 +529,7 @@ def _persistent_consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_re
             take_over(TURN_BARRIERS[1])
         first_tile += num_tiles
         done += 1
-        unit = _read_unit(unit_smem, unit_ready, unit_free, done)
+        unit, head, q_start, q_len, k_len, m0, num_tiles = _read_unit(unit_smem, unit_ready, unit_free, done)
 
 
 @gluon.jit
@@ -536,10 +546,10 @@ def _persistent_producer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_re
     published = 0
     unit = gl.program_id(0)
     while unit < num_units:
-        runs, head, q_start, _, k_start, _, m0, num_tiles = _unit(
+        runs, head, q_start, q_len, k_start, k_len, m0, num_tiles = _unit(
             unit, CU_SEQLENS_Q, CU_SEQLENS_K, row_blocks, heads, head_group, BLOCK_N, CAUSAL, MERGE)
         if runs:
-            _publish_unit(unit_smem, unit_ready, unit_free, unit, published)
+            _publish_unit(unit_smem, unit_ready, unit_free, (unit, head, q_start, q_len, k_len, m0, num_tiles), published)
             if published > 0:
                 mbarrier.wait(q_free, (published - 1) & 1)
             _load_q(q_nope_smem, q_pe_smem, q_ready, Q_DESC, QPE_DESC, q_start + m0, head * stride_q_head, NOPE_DIM)
@@ -549,7 +559,7 @@ def _persistent_producer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_re
             first_tile += num_tiles
             published += 1
         unit = take_unit(TAKEN, num_units, gl.num_programs(0))
-    _publish_unit(unit_smem, unit_ready, unit_free, num_units, published)
+    _publish_unit(unit_smem, unit_ready, unit_free, (num_units, 0, 0, 0, 0, 0, 0), published)
     _drain_stages(first_tile, STAGES)
 
 
@@ -565,12 +575,13 @@ def mha_prefill_hopper_persistent_kernel(
     work units (row block, head, segment; `_unit`), program p's first unit p, every later one taken from the
     int32 counter TAKEN (zero before the launch, zero again after it: `take_unit`), so the producer loads a
     unit's Q and first tiles while the consumers store the last one's rows. Only the producer takes: it
-    publishes each unit that runs to the consumers through a two-slot shared ring (`unit_smem`, barriers
-    `unit_ready`, one arrival, and `unit_free`, two). Q gets a `q_free` barrier (two arrivals)."""
+    publishes each unit that runs, with its work, to the consumers through a two-slot shared ring
+    (`unit_smem`, barriers `unit_ready`, one arrival, and `unit_free`, two). Q gets a `q_free` barrier (two
+    arrivals)."""
     q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_ready, v_ready = _shared_buffers(
         Q_DESC.block_type.element_ty, NOPE_DIM, ROPE_DIM, V_DIM, BLOCK_N, STAGES)
     q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    unit_smem = gl.allocate_shared_memory(gl.int32, [2, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    unit_smem = gl.allocate_shared_memory(gl.int32, [2 * UNIT_FIELDS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     unit_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     unit_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_free, count=2)
@@ -582,12 +593,12 @@ def mha_prefill_hopper_persistent_kernel(
 
     gl.warp_specialize([
         (_persistent_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, k_ready, v_ready,
-                                unit_smem, unit_ready, unit_free, OUT, LSE, CU_SEQLENS_Q, CU_SEQLENS_K, num_units,
-                                row_blocks, heads, head_group, scale_log2, stride_o_tok, stride_o_head, stride_lse_tok,
+                                unit_smem, unit_ready, unit_free, OUT, LSE, num_units, scale_log2, stride_o_tok,
+                                stride_o_head, stride_lse_tok,
                                 0, V_DIM, BLOCK_N, STAGES, CAUSAL, MERGE)),
         (_persistent_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, k_ready, v_ready,
-                                unit_smem, unit_ready, unit_free, OUT, LSE, CU_SEQLENS_Q, CU_SEQLENS_K, num_units,
-                                row_blocks, heads, head_group, scale_log2, stride_o_tok, stride_o_head, stride_lse_tok,
+                                unit_smem, unit_ready, unit_free, OUT, LSE, num_units, scale_log2, stride_o_tok,
+                                stride_o_head, stride_lse_tok,
                                 1, V_DIM, BLOCK_N, STAGES, CAUSAL, MERGE)),
         (_persistent_producer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, k_ready, v_ready,
                                 unit_smem, unit_ready, unit_free, Q_DESC, QPE_DESC, KN_DESC, KPE_DESC, V_DESC,
