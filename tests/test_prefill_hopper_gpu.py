@@ -184,8 +184,9 @@ def test_hopper_tuning_is_refused_where_the_kernel_cannot_run():
                            tuning=PrefillTuning(128, 128, 4, 3, kernel="hopper"))
 
 
-@pytest.mark.parametrize("max_q_len, causal, block_n", [(SHORT_PROMPT_TOKENS, True, 64), (SHORT_PROMPT_TOKENS + 1, True, 128),
-                                                      (SHORT_PROMPT_TOKENS, False, 128)])
+@pytest.mark.parametrize("max_q_len, causal, block_n",
+                         [(SHORT_PROMPT_TOKENS, True, 64), (SHORT_PROMPT_TOKENS + 1, True, 128),
+                          (SHORT_PROMPT_TOKENS, False, 128)])
 def test_short_causal_passes_take_64_key_tiles(max_q_len, causal, block_n):
     """Without a tuning, a causal pass of at most SHORT_PROMPT_TOKENS query tokens a segment runs the persistent
     kernel with 64-key tiles (SHORT_HOPPER_TUNING), longer and non-causal passes the default's 128-key tiles."""

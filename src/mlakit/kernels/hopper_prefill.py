@@ -549,7 +549,8 @@ def _persistent_producer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_re
         runs, head, q_start, q_len, k_start, k_len, m0, num_tiles = _unit(
             unit, CU_SEQLENS_Q, CU_SEQLENS_K, row_blocks, heads, head_group, BLOCK_N, CAUSAL, MERGE)
         if runs:
-            _publish_unit(unit_smem, unit_ready, unit_free, (unit, head, q_start, q_len, k_len, m0, num_tiles), published)
+            work = (unit, head, q_start, q_len, k_len, m0, num_tiles)
+            _publish_unit(unit_smem, unit_ready, unit_free, work, published)
             if published > 0:
                 mbarrier.wait(q_free, (published - 1) & 1)
             _load_q(q_nope_smem, q_pe_smem, q_ready, Q_DESC, QPE_DESC, q_start + m0, head * stride_q_head, NOPE_DIM)
