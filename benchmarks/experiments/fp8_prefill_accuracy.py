@@ -96,7 +96,10 @@ def demo() -> None:
     import mlakit.prefill.mha as mha
     from mlakit.config import ServingConfig
     from mlakit.demo.checkpoint import DEMO_DIR, ensure_demo_checkpoint
-    from mlakit.demo.run import CACHE_BUDGET_BYTES, DEMO_NEW_TOKENS, DEMO_PROMPTS, _verdict
+    from transformers import AutoModelForCausalLM
+
+    from mlakit.demo.run import CACHE_BUDGET_BYTES, DEMO_NEW_TOKENS, DEMO_PROMPTS
+    from mlakit.demo.verdict import gap_bound, teacher_forced_verdict
     from mlakit.model.generate import build_runner
     from mlakit.model.runner import Request
 
@@ -117,7 +120,8 @@ def demo() -> None:
     runner = build_runner(DEMO_DIR, config, CACHE_BUDGET_BYTES, console, mixed_steps=True)
     outputs = runner.generate([Request(list(p), DEMO_NEW_TOKENS, arrival_step=2 * i) for i, p in enumerate(DEMO_PROMPTS)])
     mha.attend_heads = exact
-    verdict = _verdict(DEMO_DIR, runner, outputs)
+    hf = AutoModelForCausalLM.from_pretrained(DEMO_DIR, dtype=torch.float32).eval()
+    verdict = teacher_forced_verdict(hf, DEMO_PROMPTS, outputs, gap_bound(runner.cache.stores[0].dtype))
     for d in verdict.divergences:
         print(f"  prompt {d.prompt}, token {d.position}: fp8 prefill {d.ours}, transformers {d.theirs}, gap {d.gap:.2g}")
     print(f"demo, every prefill pass in fp8 (q, k, v, P in e4m3), decode exact: {verdict.summary()}")
