@@ -67,6 +67,17 @@ def test_sm90_kernels_match_float32_oracle(q_lens, k_lens, heads, causal, dtype,
     assert torch.equal(out[:rows][blind].float(), torch.zeros_like(out[:rows][blind].float()))
 
 
+@pytest.mark.parametrize("tuning", HOPPER_TUNINGS, ids=lambda t: t.kernel)
+@pytest.mark.parametrize("widths", [(128, 64, 64), (64, 32, 128)], ids=lambda w: "x".join(map(str, w)))
+@pytest.mark.parametrize("q_lens, k_lens, heads, causal", CASES[:4])
+def test_sm90_kernels_take_v_narrower_or_wider_than_nope(q_lens, k_lens, heads, causal, widths, tuning):
+    """d_v below d_nope (the rows leave through a slice of the warpgroup's Q half) and above it (too wide for
+    the Q half: stored straight from the accumulator), against the oracle."""
+    out, lse, (expected_out, expected_lse), rows = _run(q_lens, k_lens, heads, widths, causal, tuning, torch.bfloat16,
+                                                        seed=sum(q_lens) + widths[2])
+    _assert_matches(out[:rows], lse[:rows], expected_out[:rows], expected_lse[:rows])
+
+
 @pytest.mark.parametrize("block_n, stages", [(128, 2), (64, 3)])
 @pytest.mark.parametrize("widths", WIDTHS, ids=lambda w: "x".join(map(str, w)))
 @pytest.mark.parametrize("q_lens, k_lens, heads, causal", CASES)
