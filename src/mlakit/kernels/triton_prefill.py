@@ -41,8 +41,8 @@ class PrefillTuning:
     """Tile sizes and launch settings of the prefill kernel: `kernel` "portable" (this module's
     Triton kernel) or "hopper" (`hopper_prefill`'s Gluon kernel, SM90 only: 128 query rows a
     program on 4 + 4 + 1 warps, so block_m 128 and num_warps 4; block_n 64 or 128 keys a tile and
-    num_stages >= 2 tiles in flight, within 227 KiB of shared memory), or "hopper_persistent" (its
-    persistent form, same settings)."""
+    num_stages 2 or 3 stages in each of its K and V rings, within 227 KiB of shared memory), or
+    "hopper_persistent" (its persistent form, same settings)."""
 
     block_m: int
     block_n: int
