@@ -1,4 +1,5 @@
-"""Issue 3's decode targets read off benchmark rows (`mlakit bench decode-targets`), on made-up rows."""
+"""The decode issues' targets read off benchmark rows (`mlakit bench decode-targets`), on made-up rows: issue 3's
+against the anchors, issue 23's against FlashMLA rows of the same run."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from click.testing import CliRunner
 
 from mlakit.bench.cli import bench
 from mlakit.bench.decode import DecodeCase
-from mlakit.bench.decode_targets import LARGE_CASE_TOKENS, anchor_simple_triton_times, check_targets, result_rows
+from mlakit.bench.decode_targets import (FP8_128_HEAD_TOKENS, LARGE_CASE_TOKENS, anchor_simple_triton_times,
+                                         check_round3_targets, check_targets, result_rows)
 
 
 def _row(heads, batch, seqlen, q_len=1, kv_dtype="bf16", page_size=64, kernel="triton", time_us=100.0, x_floor=1.1,
@@ -110,5 +112,46 @@ def test_cli_reads_a_grid_written_in_parts(tmp_path):
     result = CliRunner().invoke(bench, ["decode-targets", *map(str, paths)])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert len(lines) == len(check_targets(GOOD_GRID, {}))
+    assert len(lines) == len(check_targets(GOOD_GRID, {})) + len(check_round3_targets(GOOD_GRID))
     assert lines[0].startswith("met") and "16 heads (q1, q2) and batch 1" in lines[0]
+    assert lines[-4].startswith("no cases") and "round 3, batched" in lines[-4]  # GOOD_GRID has no FlashMLA rows
+
+
+ROUND3_GRID = [
+    _row(128, 64, 1024, time_us=45.0), _row(128, 64, 1024, kernel="flashmla", time_us=46.0),
+    _row(16, 16, 4096, q_len=2, time_us=50.0), _row(16, 16, 4096, q_len=2, kernel="flashmla", time_us=50.0),
+    _row(128, 1, 16384, time_us=30.0), _row(128, 1, 16384, kernel="flashmla", time_us=44.0),
+    _row(64, 64, 1024, time_us=40.0), _row(64, 64, 1024, kernel="flashmla", time_us=30.0),  # 64 heads: no target
+    _row(128, 16, 4096, time_us=60.0),  # no FlashMLA row: in no FlashMLA target
+    _row(128, 64, 4096, time_us=140.0), _row(128, 64, 4096, kv_dtype="fp8_e4m3", time_us=133.0),
+    _row(128, 4, 1024, time_us=20.0), _row(128, 4, 1024, kv_dtype="fp8_e4m3", time_us=25.0),  # 4096 tokens: none
+    _row(16, 64, 4096, time_us=120.0), _row(16, 64, 4096, kv_dtype="fp8_e4m3", time_us=70.0),
+]
+
+
+def test_round3_targets_pair_our_rows_with_flashmla_rows_of_the_same_case():
+    by_target = _by_target(check_round3_targets(ROUND3_GRID))
+    assert all(c.met for c in by_target.values()), [c.line() for c in by_target.values() if not c.met]
+    batched = by_target["round 3, batched at 16 and 128 heads (q1, q2)"]
+    assert (batched.cases, batched.value, batched.worst_case) == (2, 1.0, "h16 16x4096 q2 bf16 p64")
+    assert by_target["round 3, batch 1"].value == pytest.approx(30.0 / 44.0)
+    fp8_128 = by_target[f"round 3, fp8 at 128 heads, >= {FP8_128_HEAD_TOKENS} KV tokens"]
+    assert (fp8_128.cases, fp8_128.value) == (1, pytest.approx(133.0 / 140.0))
+    assert by_target[f"round 3, fp8 at 16 heads, >= {LARGE_CASE_TOKENS} KV tokens"].value == pytest.approx(120 / 70)
+
+
+@pytest.mark.parametrize(
+    "changed, target",
+    [
+        (_row(128, 64, 1024, time_us=46.5), "round 3, batched at 16 and 128 heads (q1, q2)"),
+        (_row(128, 1, 16384, time_us=44.5), "round 3, batch 1"),
+        (_row(128, 64, 4096, kv_dtype="fp8_e4m3", time_us=134.0),
+         f"round 3, fp8 at 128 heads, >= {FP8_128_HEAD_TOKENS} KV tokens"),
+        (_row(16, 64, 4096, kv_dtype="fp8_e4m3", time_us=76.0),
+         f"round 3, fp8 at 16 heads, >= {LARGE_CASE_TOKENS} KV tokens"),
+    ],
+)
+def test_one_round3_case_past_its_bound_misses_that_target_alone(changed, target):
+    grid = [r for r in ROUND3_GRID if r["case"] != changed["case"] or r["kernel"] != "triton"] + [changed]
+    missed = [c.target.split(":")[0] for c in check_round3_targets(grid) if not c.met]
+    assert missed == [target]

@@ -24,7 +24,7 @@ from mlakit.bench.decode import (
     write_results,
 )
 from mlakit.bench.peers import backend_kernel, parse_backends, usable_decode_backends
-from mlakit.bench.decode_targets import anchor_simple_triton_times, check_targets, result_rows
+from mlakit.bench.decode_targets import anchor_simple_triton_times, check_round3_targets, check_targets, result_rows
 from mlakit.device import DeviceInfo
 from mlakit.errors import ConfigError
 
@@ -203,12 +203,13 @@ def overhead(case_specs: tuple[str, ...], calls: int, profile: str | None, json_
 @bench.command("decode-targets")
 @click.argument("results", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 def decode_targets(results: tuple[Path, ...]) -> None:
-    """Issue 3's H100 speed targets, checked against `mlakit bench decode` JSON files (e.g. a grid run in parts)."""
+    """The decode issues' H100 speed targets (issue 3's, then issue 23's against FlashMLA rows of the same run),
+    checked against `mlakit bench decode` JSON files (e.g. a grid run in parts)."""
     _echo_targets(result_rows(results))
 
 
 def _echo_targets(rows: list[dict[str, object]]) -> None:
-    for check in check_targets(rows, anchor_simple_triton_times(ANCHORS)):
+    for check in [*check_targets(rows, anchor_simple_triton_times(ANCHORS)), *check_round3_targets(rows)]:
         click.echo(check.line())
 
 

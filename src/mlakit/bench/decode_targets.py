@@ -1,10 +1,11 @@
-"""Issue 3's speed targets for the Triton decode kernel, checked against `mlakit bench decode` results.
+"""The decode issues' speed targets for the Triton decode kernel, checked against `mlakit bench decode` results.
 
 Each target names the cases it covers, its bound, whether every covered case meets it, and the case
 farthest from it, so that a grid's standing is read off one run instead of by hand. The targets are
-H100 ones: FlashMLA and the simple Triton kernel enter through the anchors' times
-(benchmarks/anchors_h100.json, already divided into our rows as `x_flashmla_anchor`), our fp8 times
-through our bf16 rows of the same run.
+H100 ones. Issue 3's (`check_targets`): FlashMLA and the simple Triton kernel enter through the anchors'
+times (benchmarks/anchors_h100.json, already divided into our rows as `x_flashmla_anchor`), our fp8 times
+through our bf16 rows of the same run. Issue 23's (`check_round3_targets`): FlashMLA through its own rows of
+the same run (`--backends triton,flashmla`), fp8 through our bf16 rows.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from mlakit.bench.decode import DecodeCase, anchor_times, anchor_token_scale
 Row = dict[str, object]
 # 128-head cases with at least this many KV tokens have the tighter FlashMLA bound.
 LARGE_CASE_TOKENS = 262_144
+# Issue 23 holds fp8 at 128 heads to 0.95x our bf16 time on cases with at least this many KV tokens.
+FP8_128_HEAD_TOKENS = 65_536
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +84,44 @@ def check_targets(rows: Iterable[Row], simple_triton_us: dict[tuple[int, int, in
     checks.append(TargetCheck("geometric mean over the anchored cases, any page size: <= 1.0x FlashMLA",
                               len(all_anchored), geomean <= 1.0, geomean, "every anchored case"))
     return checks
+
+
+def check_round3_targets(rows: Iterable[Row]) -> list[TargetCheck]:
+    """Issue 23's targets over our kernel's page-64 rows: against FlashMLA's rows of the same case in the same
+    run (a case without one counts in no FlashMLA target) and, for fp8, against our bf16 rows.
+
+    >>> ours = {"kernel": "triton", "case": "h128 64x1024 q1 bf16 p64", "heads": 128, "batch": 64, "seqlen": 1024,
+    ...         "q_len": 1, "kv_dtype": "bf16", "page_size": 64, "time_us": 51.0}
+    >>> batched = check_round3_targets([ours, dict(ours, kernel="flashmla", time_us=45.0)])[0]
+    >>> batched.met, round(batched.value, 3), batched.worst_case
+    (False, 1.133, 'h128 64x1024 q1 bf16 p64')
+    """
+    rows = list(rows)
+    ours = [r for r in rows if r["kernel"] == "triton" and r["page_size"] == 64]
+    bf16 = [r for r in ours if r["kv_dtype"] == "bf16"]
+    flashmla_time = {_shape(r): r["time_us"] for r in rows if r["kernel"] == "flashmla" and r["kv_dtype"] == "bf16"}
+    paired = [r for r in bf16 if _shape(r) in flashmla_time]
+    bf16_time = {_shape(r): r["time_us"] for r in bf16}
+    fp8 = [r for r in ours if r["kv_dtype"] != "bf16" and _shape(r) in bf16_time]
+
+    def over_flashmla(row: Row) -> float:
+        return row["time_us"] / flashmla_time[_shape(row)]
+
+    def over_bf16(row: Row) -> float:
+        return row["time_us"] / bf16_time[_shape(row)]
+
+    return [
+        _at_most("round 3, batched at 16 and 128 heads (q1, q2): <= 1.0x FlashMLA (same run)", 1.0,
+                 [r for r in paired if r["batch"] > 1 and r["heads"] in (16, 128) and r["q_len"] in (1, 2)],
+                 over_flashmla),
+        _at_most("round 3, batch 1: <= 1.0x FlashMLA (same run)", 1.0, [r for r in paired if r["batch"] == 1],
+                 over_flashmla),
+        _at_most(f"round 3, fp8 at 128 heads, >= {FP8_128_HEAD_TOKENS} KV tokens: <= 0.95x our bf16", 0.95,
+                 [r for r in fp8 if r["heads"] == 128 and _tokens(r) >= FP8_128_HEAD_TOKENS], over_bf16),
+        _at_least(f"round 3, fp8 at 16 heads, >= {LARGE_CASE_TOKENS} KV tokens: >= 1.6x faster than our bf16", 1.6,
+                  [r for r in fp8 if r["heads"] == 16 and _tokens(r) >= LARGE_CASE_TOKENS],
+                  lambda r: 1.0 / over_bf16(r)),
+    ]
 
 
 def anchor_simple_triton_times(path: Path) -> dict[tuple[int, int, int | None], float]:
