@@ -1,0 +1,143 @@
+"""Device experiment: an in-kernel timeline of the decode seesaw (globaltimer stamps), the tool behind v49.
+
+Usage, from the repository root on an SM90 device:
+    python benchmarks/experiments/seesaw_timeline.py stamp .device/tl        # a stamped copy of src/ there
+    PYTHONPATH=.device/tl/src:tests python benchmarks/experiments/seesaw_timeline.py run 128,64,1024,1 128,64,ragged,2
+
+`stamp` copies the package and inserts, into that copy's `hopper_decode.py`, eight globaltimer stamps per unit
+(unit start, prologue done, warpgroup 0's first softmax, each warpgroup's loop end and stores done, unit end),
+written to an int64 buffer passed as the seesaw's KV_SCALE argument (bf16 caches never read it). It fails,
+naming the anchor, when the kernel's source no longer has the text it anchors on: update the anchors then.
+`run` times each case (CUDA-graph replay, as the benchmark does), then runs one eager call after an L2 flush
+and prints, per event, the min / median / max over programs (us from the first program's first stamp), for
+each program's first unit and for its last later one, and per-program medians of the phases.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+EVENTS = ("unit start", "prologue", "S0 done(wg0)", "loop end wg0", "loop end wg1", "stored wg0", "stored wg1",
+          "unit end")
+STAMP = '''TIMELINE = None  # seesaw_timeline.py: an int64 [programs * 2 * 8] tensor of stamps, passed as KV_SCALE (bf16 only)
+
+
+@gluon.jit
+def _stamp(TL, slot, event: gl.constexpr):
+    t = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [slot], dtype=gl.int64, is_pure=False, pack=1)
+    gl.store(TL + slot * 8 + event, t)
+
+
+'''
+# (anchor, replacement) pairs applied in order to hopper_decode.py; each anchor must occur exactly once.
+EDITS = (
+    ("@gluon.jit\ndef _separate_barriers(", STAMP + "@gluon.jit\ndef _separate_barriers("),
+    ("    num_splits, scale_log2, kv_scale, OUT, LSE, PART_OUT, PART_LSE, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,\n"
+     "    HEADS: gl.constexpr,",
+     "    num_splits, scale_log2, kv_scale, OUT, LSE, PART_OUT, PART_LSE, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,\n"
+     "    TL, slot, HEADS: gl.constexpr,"),
+    ("    num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES,\n    HEADS: gl.constexpr,",
+     "    num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES, TL, slot,\n    HEADS: gl.constexpr,"),
+    ("        p0, scale0, m_i = online_softmax(_masked(s, tok0, end, visible, scale_log2), m_i)\n",
+     "        p0, scale0, m_i = online_softmax(_masked(s, tok0, end, visible, scale_log2), m_i)\n"
+     "        if pair == 0:\n            _stamp(TL, slot, 2)\n"),
+    ("    lse, inv_l = finish_rows(m_i, l_i)\n    if FP8:\n",
+     "    _stamp(TL, slot, 3)\n    lse, inv_l = finish_rows(m_i, l_i)\n    if FP8:\n"),
+    ("               LSE_STRIDES, PART_STRIDES, HEADS)\n\n\n@gluon.jit\ndef _seesaw_odd_partition(",
+     "               LSE_STRIDES, PART_STRIDES, HEADS)\n    _stamp(TL, slot, 5)\n\n\n@gluon.jit\ndef _seesaw_odd_partition("),
+    ("    take_over(ROW_SUMS_READY)\n", "    _stamp(TL, slot, 4)\n    take_over(ROW_SUMS_READY)\n"),
+    ("                OUT_STRIDES, PART_STRIDES, HEADS, o_layout)\n\n\n@gluon.jit\ndef _store_half(",
+     "                OUT_STRIDES, PART_STRIDES, HEADS, o_layout)\n    _stamp(TL, slot, 6)\n\n\n"
+     "@gluon.jit\ndef _store_half("),
+    ("        tile = unit % row_tiles\n        if split < num_splits and tile * BLOCK_M < q_len * HEADS:\n",
+     "        tile = unit % row_tiles\n        slot = gl.program_id(0) * 2 + gl.minimum(units_done - 1, 1)\n"
+     "        _stamp(KV_SCALE, slot, 0)\n        if split < num_splits and tile * BLOCK_M < q_len * HEADS:\n"),
+    ("                LSE_STRIDES, PART_STRIDES, HEADS, PAGE_SIZE, KV_LORA_RANK)\n            if MERGE",
+     "                LSE_STRIDES, PART_STRIDES, KV_SCALE, slot, HEADS, PAGE_SIZE, KV_LORA_RANK)\n            if MERGE"),
+    ("    OUT, LSE, PART_OUT, PART_LSE, scale_log2, kv_scale, Q_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, "
+     "PART_STRIDES,\n    HEADS: gl.constexpr,",
+     "    OUT, LSE, PART_OUT, PART_LSE, scale_log2, kv_scale, Q_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, "
+     "PART_STRIDES,\n    TL, slot, HEADS: gl.constexpr,"),
+    ("    fence_async_shared()\n    gl.thread_barrier()\n\n    m_even, scale_even",
+     "    fence_async_shared()\n    gl.thread_barrier()\n    _stamp(TL, slot, 1)\n\n    m_even, scale_even"),
+    ("            PART_STRIDES, HEADS, PAGE_SIZE, KV_LORA_RANK)),",
+     "            PART_STRIDES, TL, slot, HEADS, PAGE_SIZE, KV_LORA_RANK)),"),
+    ("            num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES,\n            HEADS, PAGE_SIZE, "
+     "KV_LORA_RANK)),",
+     "            num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES,\n            TL, slot, HEADS, "
+     "PAGE_SIZE, KV_LORA_RANK)),"),
+    ("    ], [4], [248])\n", "    ], [4], [248])\n    _stamp(TL, slot, 7)\n"),
+    ("kv_scale if fp8 else work_state,", "kv_scale if fp8 else TIMELINE,"),
+)
+
+
+def stamp(destination: Path) -> None:
+    """A copy of src/ under `destination` whose seesaw kernel writes the timeline's stamps."""
+    target = destination / "src"
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(Path("src"), target, ignore=shutil.ignore_patterns("__pycache__"))
+    kernel = target / "mlakit" / "kernels" / "hopper_decode.py"
+    text = kernel.read_text()
+    for anchor, replacement in EDITS:
+        if text.count(anchor) != 1:
+            raise SystemExit(f"anchor found {text.count(anchor)} times (expected once): {anchor!r}")
+        text = text.replace(anchor, replacement)
+    kernel.write_text(text)
+    print(f"stamped copy in {target}")
+
+
+def run(specs: list[str]) -> None:
+    """The timeline of each case (module docstring)."""
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from decode_case import case_inputs, decode_call, parse_case
+
+    from mlakit.bench.decode import time_graph_replay
+    from mlakit.kernels import hopper_decode
+
+    if not hasattr(hopper_decode, "TIMELINE"):
+        raise SystemExit("not a stamped copy: run `stamp` first and put its src/ first on PYTHONPATH")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    hopper_decode.TIMELINE = torch.zeros(sms * 2 * 8, dtype=torch.int64, device="cuda")
+    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    for spec in specs:
+        inputs, plan = case_inputs(parse_case(spec))
+        call = decode_call(inputs, plan)
+        graph_us = time_graph_replay(call)
+        torch.cuda.synchronize()
+        hopper_decode.TIMELINE.zero_()
+        flush.zero_()
+        call()
+        torch.cuda.synchronize()
+        stamps = hopper_decode.TIMELINE.view(sms, 2, 8).cpu()
+        started = stamps[:, 0, 0] > 0
+        first = stamps[started, 0, 0].min()
+        print(f"{spec}: graph replay {graph_us:.1f} us, kernel span (stamps) {(stamps.max() - first) / 1000:.1f} us, "
+              f"programs with a unit {int(started.sum())}, with a later one {int((stamps[:, 1, 0] > 0).sum())}")
+        for unit, label in ((0, "first unit"), (1, "last later unit")):
+            rows = stamps[stamps[:, unit, 0] > 0, unit]
+            if len(rows) == 0:
+                continue
+            print(f"  {label}:")
+            for event, name in enumerate(EVENTS):
+                times = rows[:, event][rows[:, event] > 0]
+                if len(times):
+                    us = (times - first).double() / 1000
+                    print(f"    {name:14s} min {us.min():7.1f}  median {us.median():7.1f}  max {us.max():7.1f}")
+            whole = rows[(rows > 0).all(1)].double() / 1000
+            phase = (whole[:, 1:] - whole[:, :-1]).median(0).values
+            print(f"    medians a program: prologue {phase[0]:.1f}, to S0 {phase[1]:.1f}, loop {phase[2]:.1f}, "
+                  f"warpgroup 0 stores {(whole[:, 5] - whole[:, 3]).median():.1f}, warpgroup 1 from loop end to "
+                  f"stored {(whole[:, 6] - whole[:, 4]).median():.1f}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 3 and sys.argv[1] == "stamp":
+        stamp(Path(sys.argv[2]))
+    elif len(sys.argv) >= 3 and sys.argv[1] == "run":
+        run(sys.argv[2:])
+    else:
+        raise SystemExit(__doc__)
