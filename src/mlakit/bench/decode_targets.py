@@ -55,12 +55,9 @@ def check_targets(rows: Iterable[Row], simple_triton_us: dict[tuple[int, int, in
     'met       16 heads (q1, q2) and batch 1: <= 1.05x FlashMLA: worst 0.960x (h16 1x1024 q1 bf16 p64; 1 cases)'
     """
     every_page_size = [r for r in rows if r["kernel"] == "triton"]
-    ours = [r for r in every_page_size if r["page_size"] == 64]
-    bf16 = [r for r in ours if r["kv_dtype"] == "bf16"]
+    bf16, bf16_time, fp8 = _page_64_rows(every_page_size)
     anchored = [r for r in bf16 if "x_flashmla_anchor" in r]
     large = [r for r in anchored if r["heads"] == 128 and _tokens(r) >= LARGE_CASE_TOKENS]
-    bf16_time = {_shape(r): r["time_us"] for r in bf16}
-    fp8 = [r for r in ours if r["kv_dtype"] != "bf16" and _shape(r) in bf16_time]
     simple_q1 = [r for r in bf16 if r["heads"] == 128 and r["q_len"] == 1 and _anchor_key(r) in simple_triton_us]
     checks = [
         _at_most("16 heads (q1, q2) and batch 1: <= 1.05x FlashMLA", 1.05,
@@ -97,12 +94,9 @@ def check_round3_targets(rows: Iterable[Row]) -> list[TargetCheck]:
     (False, 1.133, 'h128 64x1024 q1 bf16 p64')
     """
     rows = list(rows)
-    ours = [r for r in rows if r["kernel"] == "triton" and r["page_size"] == 64]
-    bf16 = [r for r in ours if r["kv_dtype"] == "bf16"]
+    bf16, bf16_time, fp8 = _page_64_rows([r for r in rows if r["kernel"] == "triton"])
     flashmla_time = {_shape(r): r["time_us"] for r in rows if r["kernel"] == "flashmla" and r["kv_dtype"] == "bf16"}
     paired = [r for r in bf16 if _shape(r) in flashmla_time]
-    bf16_time = {_shape(r): r["time_us"] for r in bf16}
-    fp8 = [r for r in ours if r["kv_dtype"] != "bf16" and _shape(r) in bf16_time]
 
     def over_flashmla(row: Row) -> float:
         return row["time_us"] / flashmla_time[_shape(row)]
@@ -138,6 +132,15 @@ def anchor_simple_triton_times(path: Path) -> dict[tuple[int, int, int | None], 
 def result_rows(paths: Iterable[Path]) -> list[Row]:
     """The result rows of `mlakit bench decode` JSON files, in order."""
     return [row for path in paths for row in json.loads(Path(path).read_text())["results"]]
+
+
+def _page_64_rows(ours: list[Row]) -> tuple[list[Row], dict[tuple, float], list[Row]]:
+    """Of our kernel's rows, the page-64 bf16 ones, their times by shape, and the page-64 fp8 ones that have a
+    bf16 twin of the same shape (the per-case targets' rows)."""
+    page_64 = [r for r in ours if r["page_size"] == 64]
+    bf16 = [r for r in page_64 if r["kv_dtype"] == "bf16"]
+    bf16_time = {_shape(r): r["time_us"] for r in bf16}
+    return bf16, bf16_time, [r for r in page_64 if r["kv_dtype"] != "bf16" and _shape(r) in bf16_time]
 
 
 def _at_most(target: str, bound: float, rows: list[Row], value: Callable[[Row], float]) -> TargetCheck:

@@ -121,13 +121,19 @@ def _release_stage(stage, RING: gl.constexpr):
     arrives on the stage's named barrier once its own reads of the stage are done (its MMA waits). A named barrier
     touches no shared memory, so the compiler adds no barrier of its own around it (it puts two around an
     mbarrier arrive)."""
-    named_barrier_at(FIRST_RELEASE_BARRIER + RING * RING_BARRIERS + stage, "arrive", RELEASE_THREADS)
+    named_barrier_at(_release_barrier(stage, RING), "arrive", RELEASE_THREADS)
 
 
 @gluon.jit
 def _wait_for_stage(stage, RING: gl.constexpr):
     """The producer waits until both consumers gave stage `stage` of ring RING back (`_release_stage`)."""
-    named_barrier_at(FIRST_RELEASE_BARRIER + RING * RING_BARRIERS + stage, "sync", RELEASE_THREADS)
+    named_barrier_at(_release_barrier(stage, RING), "sync", RELEASE_THREADS)
+
+
+@gluon.jit
+def _release_barrier(stage, RING: gl.constexpr):
+    """The named barrier that gives stage `stage` of ring RING back to the producer."""
+    return FIRST_RELEASE_BARRIER + RING * RING_BARRIERS + stage
 
 
 @gluon.jit
@@ -265,9 +271,10 @@ def _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_r
             mbarrier.wait(v_ready.index(previous), ((count - 1) // STAGES) & 1)
         # V rows past the segment: P is 0 there, but 0 * NaN is not. The second warpgroup zeroes them (whether
         # or not it computes the tile) before its turn; every P V of the tile comes after that turn.
-        if (HALF == 1 and (t + 1) * BLOCK_N > k_len) or not computes:
+        zeroes_tail = HALF == 1 and (t + 1) * BLOCK_N > k_len
+        if zeroes_tail or not computes:
             mbarrier.wait(v_ready.index(stage), phase)
-        if HALF == 1 and (t + 1) * BLOCK_N > k_len:
+        if zeroes_tail:
             zero_rows_from(v_smem.index(stage), k_len - t * BLOCK_N, ZERO_CHUNK, ZERO_LAYOUT)
             fence_async_shared()
             gl.thread_barrier()
