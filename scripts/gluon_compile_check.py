@@ -31,7 +31,7 @@ from mlakit.kernels import hopper_prefill as hp
 from mlakit.kernels.hopper_common import matrix_descriptor
 
 SM90 = GPUTarget("cuda", 90, 32)
-CONSTEXPRS = ("NOPE_DIM", "ROPE_DIM", "V_DIM", "BLOCK_N", "STAGES", "CAUSAL", "MERGE")
+CONSTEXPRS = ("NOPE_DIM", "ROPE_DIM", "V_DIM", "BLOCK_N", "STAGES", "CAUSAL", "MERGE", "Q_BUFFERS")
 
 
 def _arguments(nope: int, rope: int, v_dim: int, block_n: int, dtype: torch.dtype) -> list[object]:
@@ -72,6 +72,8 @@ def compile_one(nope: int, rope: int, v_dim: int, block_n: int, stages: int, cau
     values = dict(zip(runtime, arguments, strict=True))
     constexprs = dict(NOPE_DIM=nope, ROPE_DIM=rope, V_DIM=v_dim, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal,
                       MERGE=merge)
+    if kernel == "hopper_persistent":
+        constexprs["Q_BUFFERS"] = hp.q_buffers(nope, rope, v_dim, block_n, stages)
     signature = {n: "constexpr" if n in constexprs else mangle_type(values[n]) for n in names}
     source = GluonASTSource(fn, signature, {(names.index(n),): v for n, v in constexprs.items()})
     try:

@@ -102,17 +102,18 @@ def supports(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch
 
 
 @gluon.jit
-def _load_q(q_nope_smem, q_pe_smem, q_ready, Q_DESC, QPE_DESC, q_row, q_col, NOPE_DIM: gl.constexpr):
-    """Q's two warpgroup halves (rows q_row .., columns q_col ..), completing on `q_ready`."""
+def _load_q(q_nope_smem, q_pe_smem, q_ready, Q_DESC, QPE_DESC, q_row, q_col, buffer, NOPE_DIM: gl.constexpr):
+    """Q's two warpgroup halves (rows q_row .., columns q_col ..) into Q buffer `buffer`, completing on `q_ready`."""
     nope_chunk: gl.constexpr = Q_DESC.block_type.shape[1]
     q_bytes: gl.constexpr = 2 * ((NOPE_DIM // nope_chunk) * Q_DESC.block_type.nbytes + QPE_DESC.block_type.nbytes)
     mbarrier.expect(q_ready, q_bytes)
     for half in gl.static_range(2):
         row = q_row + half * WARPGROUP_ROWS
+        q_nope = q_nope_smem.index(buffer * 2 + half)
         for c in gl.static_range(NOPE_DIM // nope_chunk):
             tma.async_copy_global_to_shared(Q_DESC, [row, q_col + c * nope_chunk], q_ready,
-                                            q_nope_smem.index(half).slice(c * nope_chunk, nope_chunk, dim=1))
-        tma.async_copy_global_to_shared(QPE_DESC, [row, q_col + NOPE_DIM], q_ready, q_pe_smem.index(half))
+                                            q_nope.slice(c * nope_chunk, nope_chunk, dim=1))
+        tma.async_copy_global_to_shared(QPE_DESC, [row, q_col + NOPE_DIM], q_ready, q_pe_smem.index(buffer * 2 + half))
 
 
 @gluon.jit
@@ -200,7 +201,7 @@ def _producer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_read
               NOPE_DIM: gl.constexpr, V_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """Q's two warpgroup halves, then the key tiles into the ring (stage t % STAGES reloaded once
     both consumers released it)."""
-    _load_q(q_nope_smem, q_pe_smem, q_ready, Q_DESC, QPE_DESC, q_row, q_col, NOPE_DIM)
+    _load_q(q_nope_smem, q_pe_smem, q_ready.index(0), Q_DESC, QPE_DESC, q_row, q_col, 0, NOPE_DIM)
     _load_tiles(kn_smem, kpe_smem, v_smem, k_ready, v_ready, KN_DESC, KPE_DESC, V_DESC, k_row, kn_col, v_col,
                 0, num_tiles, NOPE_DIM, V_DIM, BLOCK_N, STAGES)
     _drain_stages(num_tiles, STAGES)
@@ -214,19 +215,21 @@ def _consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_read
               CAUSAL: gl.constexpr, MERGE: gl.constexpr):
     """Rows m0 + HALF * 64 .. + 64 of the program: attention over the tiles they see, then the
     store (merged into the earlier result with MERGE)."""
-    acc, m_i, l_i = _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_ready, v_ready,
-                                 q_len, k_len, m0, num_tiles, 0, 0, scale_log2, HALF, V_DIM, BLOCK_N, STAGES, CAUSAL)
-    _store_rows(acc, m_i, l_i, q_nope_smem, q_ready, OUT, LSE, q_start, q_len, m0, head, stride_o_tok, stride_o_head,
-                stride_lse_tok, HALF, V_DIM, MERGE, False)
+    acc, m_i, l_i = _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready.index(0), k_ready,
+                                 v_ready, q_len, k_len, m0, num_tiles, 0, 0, 0, scale_log2, HALF, V_DIM, BLOCK_N,
+                                 STAGES, CAUSAL)
+    _store_rows(acc, m_i, l_i, q_nope_smem, q_ready.index(0), OUT, LSE, q_start, q_len, m0, head, 0, stride_o_tok,
+                stride_o_head, stride_lse_tok, HALF, V_DIM, MERGE, False)
 
 
 @gluon.jit
 def _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_ready, v_ready,
-                 q_len, k_len, m0, num_tiles, first_tile, q_phase, scale_log2,
+                 q_len, k_len, m0, num_tiles, first_tile, q_phase, q_buffer, scale_log2,
                  HALF: gl.constexpr, V_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                  CAUSAL: gl.constexpr):
     """Rows m0 + HALF * 64 .. + 64 over the program's num_tiles key tiles: the unnormalized output,
-    running max and sum. `first_tile` counts the rings' earlier tiles, `q_phase` is Q's phase.
+    running max and sum. `first_tile` counts the rings' earlier tiles, `q_phase` is the phase of Q buffer
+    `q_buffer`'s `q_ready`.
 
     Per tile t the warpgroup issues S_t = Q K_t^T and the deferred P_{t-1} V_{t-1} together, then
     runs the softmax of S_t while the other warpgroup's pair runs: the two take turns on named
@@ -255,8 +258,8 @@ def _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_r
     acc = gl.zeros([WARPGROUP_ROWS, V_DIM], gl.float32, layout=o_layout)
     s_zero = gl.zeros([WARPGROUP_ROWS, BLOCK_N], gl.float32, layout=s_layout)
     p = gl.zeros([WARPGROUP_ROWS, BLOCK_N], q_nope_smem.dtype, layout=p_layout)
-    q_nope = q_nope_smem.index(HALF)
-    q_pe = q_pe_smem.index(HALF)
+    q_nope = q_nope_smem.index(q_buffer * 2 + HALF)
+    q_pe = q_pe_smem.index(q_buffer * 2 + HALF)
     if HALF == 1:
         hand_over(TURN_BARRIERS[0])  # the first turn is the first warpgroup's
     mbarrier.wait(q_ready, q_phase)
@@ -327,8 +330,9 @@ def _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_r
 
 
 @gluon.jit
-def _store_rows(acc, m_i, l_i, q_nope_smem, q_free, OUT, LSE, q_start, q_len, m0, head, stride_o_tok, stride_o_head,
-                stride_lse_tok, HALF: gl.constexpr, V_DIM: gl.constexpr, MERGE: gl.constexpr, PERSISTENT: gl.constexpr):
+def _store_rows(acc, m_i, l_i, q_nope_smem, q_free, OUT, LSE, q_start, q_len, m0, head, q_buffer, stride_o_tok,
+                stride_o_head, stride_lse_tok, HALF: gl.constexpr, V_DIM: gl.constexpr, MERGE: gl.constexpr,
+                PERSISTENT: gl.constexpr):
     """The warpgroup's rows normalized and stored with their lse (merged into the earlier result with MERGE).
     The rows go out through the warpgroup's half of the Q buffer, which only its own MMAs read, as 16-byte
     row pieces (the accumulator's layout would write 4-byte ones, half a sector at a time); the persistent
@@ -352,7 +356,7 @@ def _store_rows(acc, m_i, l_i, q_nope_smem, q_free, OUT, LSE, q_start, q_len, m0
     gl.store(lse_ptrs, lse, mask=row_ok)
     out_dtype: gl.constexpr = OUT.dtype.element_ty
     if V_DIM <= q_nope_smem.shape[2] and out_dtype == q_nope_smem.dtype:
-        staging = q_nope_smem.index(HALF).slice(0, V_DIM, dim=1)
+        staging = q_nope_smem.index(q_buffer * 2 + HALF).slice(0, V_DIM, dim=1)
         staging.store(out.to(out_dtype))
         gl.thread_barrier()
         pieces: gl.constexpr = row_piece_layout(V_DIM)
@@ -390,14 +394,15 @@ def _program_tiles(m0, q_len, k_len, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr
 
 @gluon.jit
 def _shared_buffers(dtype: gl.constexpr, NOPE_DIM: gl.constexpr, ROPE_DIM: gl.constexpr, V_DIM: gl.constexpr,
-                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    """Q, the ring of key tiles and their barriers (initialized): q_ready (one arrival, the producer's
-    expect), k_ready and v_ready (likewise) per stage of the K and V rings (stages go back to the producer through
-    named barriers: `_release_stage`)."""
+                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr):
+    """Q_BUFFERS Q buffers (two warpgroup halves each: buffer b's half h is index 2 b + h), the rings of key tiles
+    and their barriers (initialized): q_ready per Q buffer (one arrival, the producer's expect), k_ready and v_ready
+    (likewise) per stage of the K and V rings (stages go back to the producer through named barriers:
+    `_release_stage`)."""
     gl.static_assert(STAGES <= RING_BARRIERS, "at most RING_BARRIERS stages a ring (one release barrier each)")
-    q_nope_smem = gl.allocate_shared_memory(dtype, [2, WARPGROUP_ROWS, NOPE_DIM],
+    q_nope_smem = gl.allocate_shared_memory(dtype, [2 * Q_BUFFERS, WARPGROUP_ROWS, NOPE_DIM],
                                             gl.NVMMASharedLayout.get_default_for([WARPGROUP_ROWS, NOPE_DIM], dtype))
-    q_pe_smem = gl.allocate_shared_memory(dtype, [2, WARPGROUP_ROWS, ROPE_DIM],
+    q_pe_smem = gl.allocate_shared_memory(dtype, [2 * Q_BUFFERS, WARPGROUP_ROWS, ROPE_DIM],
                                           gl.NVMMASharedLayout.get_default_for([WARPGROUP_ROWS, ROPE_DIM], dtype))
     kn_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, NOPE_DIM],
                                         gl.NVMMASharedLayout.get_default_for([BLOCK_N, NOPE_DIM], dtype))
@@ -405,10 +410,11 @@ def _shared_buffers(dtype: gl.constexpr, NOPE_DIM: gl.constexpr, ROPE_DIM: gl.co
                                          gl.NVMMASharedLayout.get_default_for([BLOCK_N, ROPE_DIM], dtype))
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, V_DIM],
                                        gl.NVMMASharedLayout.get_default_for([BLOCK_N, V_DIM], dtype))
-    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [Q_BUFFERS, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_ready, count=1)
+    for buffer in gl.static_range(Q_BUFFERS):
+        mbarrier.init(q_ready.index(buffer), count=1)
     for st in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(st), count=1)
         mbarrier.init(v_ready.index(st), count=1)
@@ -430,7 +436,7 @@ def mha_prefill_hopper_kernel(
         return
     num_tiles = _program_tiles(m0, q_len, k_len, BLOCK_N, CAUSAL)
     q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_ready, v_ready = _shared_buffers(
-        Q_DESC.block_type.element_ty, NOPE_DIM, ROPE_DIM, V_DIM, BLOCK_N, STAGES)
+        Q_DESC.block_type.element_ty, NOPE_DIM, ROPE_DIM, V_DIM, BLOCK_N, STAGES, 1)
     fence_async_shared()
     gl.thread_barrier()
 
@@ -516,20 +522,23 @@ def _persistent_consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_re
                          unit_smem, unit_ready, unit_free, OUT, LSE, num_units, scale_log2, stride_o_tok, stride_o_head,
                          stride_lse_tok,
                          HALF: gl.constexpr, V_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                         CAUSAL: gl.constexpr, MERGE: gl.constexpr):
+                         CAUSAL: gl.constexpr, MERGE: gl.constexpr, Q_BUFFERS: gl.constexpr):
     """`_consumer` over the units the producer publishes (every one runs) until it publishes the unit count:
-    Q goes back (q_free) once the unit's rows have passed through it on their way out (`_store_rows`).
+    the i-th unit's Q is in buffer i % Q_BUFFERS, which goes back (its q_free) once the unit's rows have passed
+    through it on their way out (`_store_rows`).
     Between units the two warpgroups meet on the second turn barrier, so that the second one's first
     hand-over of a unit comes after the first one took its last of the unit before."""
     first_tile = 0
     done = 0
     unit, head, q_start, q_len, k_len, m0, num_tiles = _read_unit(unit_smem, unit_ready, unit_free, done)
     while unit < num_units:
-        acc, m_i, l_i = _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_ready, v_ready,
-                                     q_len, k_len, m0, num_tiles, first_tile, done & 1, scale_log2,
-                                     HALF, V_DIM, BLOCK_N, STAGES, CAUSAL)
-        _store_rows(acc, m_i, l_i, q_nope_smem, q_free, OUT, LSE, q_start, q_len, m0, head, stride_o_tok,
-                    stride_o_head, stride_lse_tok, HALF, V_DIM, MERGE, True)
+        q_buffer = done % Q_BUFFERS
+        acc, m_i, l_i = _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready.index(q_buffer),
+                                     k_ready, v_ready, q_len, k_len, m0, num_tiles, first_tile,
+                                     (done // Q_BUFFERS) & 1, q_buffer, scale_log2, HALF, V_DIM, BLOCK_N, STAGES,
+                                     CAUSAL)
+        _store_rows(acc, m_i, l_i, q_nope_smem, q_free.index(q_buffer), OUT, LSE, q_start, q_len, m0, head,
+                    q_buffer, stride_o_tok, stride_o_head, stride_lse_tok, HALF, V_DIM, MERGE, True)
         if HALF == 0:
             hand_over(TURN_BARRIERS[1])
         else:
@@ -544,11 +553,12 @@ def _persistent_producer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_re
                          unit_smem, unit_ready, unit_free, Q_DESC, QPE_DESC, KN_DESC, KPE_DESC, V_DESC, CU_SEQLENS_Q,
                          CU_SEQLENS_K, TAKEN, num_units, row_blocks, heads, head_group, stride_q_head, stride_kn_head,
                          stride_v_head, NOPE_DIM: gl.constexpr, V_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-                         STAGES: gl.constexpr, CAUSAL: gl.constexpr, MERGE: gl.constexpr):
+                         STAGES: gl.constexpr, CAUSAL: gl.constexpr, MERGE: gl.constexpr, Q_BUFFERS: gl.constexpr):
     """`_producer` over the units the program takes (`take_unit`, the next one once a unit's last tile is
-    issued): each one that runs published to the consumers (`_publish_unit`), its Q loaded once both consumers
-    released the last one's, its tiles into the ring after the last unit's (the running tile count keeps
-    stages and phases); units that do not run are neither published nor loaded. The unit count ends it."""
+    issued): each one that runs published to the consumers (`_publish_unit`), its Q loaded into buffer
+    published % Q_BUFFERS once both consumers released that buffer's last unit, its tiles into the rings after
+    the last unit's (the running tile count keeps stages and phases); units that do not run are neither
+    published nor loaded. The unit count ends it."""
     first_tile = 0
     published = 0
     unit = gl.program_id(0)
@@ -558,9 +568,11 @@ def _persistent_producer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_re
         if runs:
             work = (unit, head, q_start, q_len, k_len, m0, num_tiles)
             _publish_unit(unit_smem, unit_ready, unit_free, work, published)
-            if published > 0:
-                mbarrier.wait(q_free, (published - 1) & 1)
-            _load_q(q_nope_smem, q_pe_smem, q_ready, Q_DESC, QPE_DESC, q_start + m0, head * stride_q_head, NOPE_DIM)
+            q_buffer = published % Q_BUFFERS
+            if published >= Q_BUFFERS:
+                mbarrier.wait(q_free.index(q_buffer), (published // Q_BUFFERS - 1) & 1)
+            _load_q(q_nope_smem, q_pe_smem, q_ready.index(q_buffer), Q_DESC, QPE_DESC, q_start + m0,
+                    head * stride_q_head, q_buffer, NOPE_DIM)
             _load_tiles(kn_smem, kpe_smem, v_smem, k_ready, v_ready, KN_DESC, KPE_DESC, V_DESC, k_start,
                         head * stride_kn_head, head * stride_v_head, first_tile, num_tiles, NOPE_DIM, V_DIM, BLOCK_N,
                         STAGES)
@@ -577,22 +589,24 @@ def mha_prefill_hopper_persistent_kernel(
     scale_log2, stride_q_head, stride_kn_head, stride_v_head, stride_o_tok, stride_o_head, stride_lse_tok,
     num_units, row_blocks, heads, head_group, TAKEN,
     NOPE_DIM: gl.constexpr, ROPE_DIM: gl.constexpr, V_DIM: gl.constexpr,
-    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, MERGE: gl.constexpr,
+    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, MERGE: gl.constexpr, Q_BUFFERS: gl.constexpr,
 ):
     """The persistent form of `mha_prefill_hopper_kernel`: grid (programs, 1, 1), each program looping over
     work units (row block, head, segment; `_unit`), program p's first unit p, every later one taken from the
     int32 counter TAKEN (zero before the launch, zero again after it: `take_unit`), so the producer loads a
     unit's Q and first tiles while the consumers store the last one's rows. Only the producer takes: it
     publishes each unit that runs, with its work, to the consumers through a two-slot shared ring
-    (`unit_smem`, barriers `unit_ready`, one arrival, and `unit_free`, two). Q gets a `q_free` barrier (two
-    arrivals)."""
+    (`unit_smem`, barriers `unit_ready`, one arrival, and `unit_free`, two). Each of the Q_BUFFERS Q buffers
+    (two where shared memory allows: the next unit's Q then loads while the consumers compute this one) gets a
+    `q_free` barrier (two arrivals)."""
     q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_ready, v_ready = _shared_buffers(
-        Q_DESC.block_type.element_ty, NOPE_DIM, ROPE_DIM, V_DIM, BLOCK_N, STAGES)
-    q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        Q_DESC.block_type.element_ty, NOPE_DIM, ROPE_DIM, V_DIM, BLOCK_N, STAGES, Q_BUFFERS)
+    q_free = gl.allocate_shared_memory(gl.int64, [Q_BUFFERS, 1], mbarrier.MBarrierLayout())
     unit_smem = gl.allocate_shared_memory(gl.int32, [2 * UNIT_FIELDS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     unit_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     unit_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_free, count=2)
+    for buffer in gl.static_range(Q_BUFFERS):
+        mbarrier.init(q_free.index(buffer), count=2)
     for slot in gl.static_range(2):
         mbarrier.init(unit_ready.index(slot), count=1)
         mbarrier.init(unit_free.index(slot), count=2)
@@ -603,16 +617,16 @@ def mha_prefill_hopper_persistent_kernel(
         (_persistent_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, k_ready, v_ready,
                                 unit_smem, unit_ready, unit_free, OUT, LSE, num_units, scale_log2, stride_o_tok,
                                 stride_o_head, stride_lse_tok,
-                                0, V_DIM, BLOCK_N, STAGES, CAUSAL, MERGE)),
+                                0, V_DIM, BLOCK_N, STAGES, CAUSAL, MERGE, Q_BUFFERS)),
         (_persistent_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, k_ready, v_ready,
                                 unit_smem, unit_ready, unit_free, OUT, LSE, num_units, scale_log2, stride_o_tok,
                                 stride_o_head, stride_lse_tok,
-                                1, V_DIM, BLOCK_N, STAGES, CAUSAL, MERGE)),
+                                1, V_DIM, BLOCK_N, STAGES, CAUSAL, MERGE, Q_BUFFERS)),
         (_persistent_producer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, k_ready, v_ready,
                                 unit_smem, unit_ready, unit_free, Q_DESC, QPE_DESC, KN_DESC, KPE_DESC, V_DESC,
                                 CU_SEQLENS_Q, CU_SEQLENS_K, TAKEN, num_units, row_blocks, heads, head_group,
                                 stride_q_head, stride_kn_head, stride_v_head, NOPE_DIM, V_DIM, BLOCK_N, STAGES, CAUSAL,
-                                MERGE)),
+                                MERGE, Q_BUFFERS)),
     ], [4, 1], [232, 40])
 
 
@@ -697,7 +711,18 @@ def plan_launch(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: to
     programs, schedule = persistent_schedule(*grid, k_nope.shape[0] * (nope_dim + v_dim) * k_nope.element_size(),
                                              sm_count(q.device))
     taken = torch.zeros(1, dtype=torch.int32, device=q.device)
+    constants["Q_BUFFERS"] = q_buffers(nope_dim, rope_dim, v_dim, block_n, stages)
     return HopperPrefillLaunch(key, (programs, 1, 1), strides, MappingProxyType(constants), boxes, schedule, taken)
+
+
+def q_buffers(nope_dim: int, rope_dim: int, v_dim: int, block_n: int, stages: int) -> int:
+    """The persistent kernel's Q buffers: two where a second one fits the shared memory, else one.
+
+    >>> q_buffers(128, 64, 128, 64, 3), q_buffers(128, 64, 128, 128, 2)
+    (2, 1)
+    """
+    second = 2 * BLOCK_M * (nope_dim + rope_dim)
+    return 2 if shared_bytes(nope_dim, rope_dim, v_dim, block_n, stages) + second <= SHARED_MEMORY_LIMIT else 1
 
 
 def persistent_schedule(row_blocks: int, heads: int, segments: int, head_key_bytes: int,

@@ -68,10 +68,10 @@ class PrefillTuning:
 # The SM90 default: the persistent Hopper kernel, 128-key tiles, K and V rings of 2 stages each (10-16% faster
 # than 64-key tiles in one 3-stage ring at 8192 tokens and with long prefixes: NOTES.md, p11).
 HOPPER_TUNING = PrefillTuning(block_m=128, block_n=128, num_warps=4, num_stages=2, kernel="hopper_persistent")
-# Causal passes of at most SHORT_PROMPT_TOKENS query tokens a segment take 64-key tiles in 3-stage rings instead
-# (3-5% faster at 128 and 256 tokens, level at 512: NOTES.md, p11).
+# Causal passes of at most SHORT_PROMPT_TOKENS query tokens a segment take 64-key tiles in 3-stage rings instead,
+# where two Q buffers fit (6% faster at 256 tokens, 7-8% at 512, 2-4% at 1024, 9% slower at 2048: NOTES.md, p15).
 SHORT_HOPPER_TUNING = PrefillTuning(block_m=128, block_n=64, num_warps=4, num_stages=3, kernel="hopper_persistent")
-SHORT_PROMPT_TOKENS = 256
+SHORT_PROMPT_TOKENS = 1024
 
 
 @functools.cache
