@@ -15,22 +15,15 @@ each program's first unit and for its last later one, and per-program medians of
 
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 
+from kernel_stamps import stamp_functions, stamped_copy
+
 EVENTS = ("unit start", "prologue", "S0 done(wg0)", "loop end wg0", "loop end wg1", "stored wg0", "stored wg1",
           "unit end")
-STAMP = '''TIMELINE = None  # seesaw_timeline.py: an int64 [programs * 2 * 8] tensor of stamps, passed as KV_SCALE (bf16 only)
-
-
-@gluon.jit
-def _stamp(TL, slot, event: gl.constexpr):
-    t = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [slot], dtype=gl.int64, is_pure=False, pack=1)
-    gl.store(TL + slot * 8 + event, t)
-
-
-'''
+STAMP = ("TIMELINE = None  # seesaw_timeline.py: an int64 [programs * 2 * 8] tensor of stamps, passed as KV_SCALE "
+         "(bf16 only)\n\n\n" + stamp_functions(len(EVENTS)))
 # (anchor, replacement) pairs applied in order to hopper_decode.py; each anchor must occur exactly once.
 EDITS = (
     ("@gluon.jit\ndef _separate_barriers(", STAMP + "@gluon.jit\ndef _separate_barriers("),
@@ -75,17 +68,7 @@ EDITS = (
 
 def stamp(destination: Path) -> None:
     """A copy of src/ under `destination` whose seesaw kernel writes the timeline's stamps."""
-    target = destination / "src"
-    shutil.rmtree(target, ignore_errors=True)
-    shutil.copytree(Path("src"), target, ignore=shutil.ignore_patterns("__pycache__"))
-    kernel = target / "mlakit" / "kernels" / "hopper_decode.py"
-    text = kernel.read_text()
-    for anchor, replacement in EDITS:
-        if text.count(anchor) != 1:
-            raise SystemExit(f"anchor found {text.count(anchor)} times (expected once): {anchor!r}")
-        text = text.replace(anchor, replacement)
-    kernel.write_text(text)
-    print(f"stamped copy in {target}")
+    stamped_copy(destination, "hopper_decode.py", EDITS)
 
 
 def run(specs: list[str]) -> None:

@@ -1,0 +1,48 @@
+"""Shared by the in-kernel timeline experiments (`seesaw_timeline.py`, `prefill_timeline.py`): a copy of src/
+whose kernel module has globaltimer stamps inserted at named anchors.
+
+A stamped kernel gets `_stamp(TL, slot, event)` (the globaltimer, in ns, into int64 `TL[slot * EVENTS + event]`;
+a negative slot records nothing) and `_record(TL, slot, event, value)` (a value instead of a time), where EVENTS is
+the experiment's events per slot.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+
+def stamp_functions(events: int) -> str:
+    """The Gluon source of `_stamp` and `_record` for `events` events a slot, to insert before a kernel function."""
+    return f'''@gluon.jit
+def _stamp(TL, slot, event: gl.constexpr):
+    t = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [slot], dtype=gl.int64, is_pure=False, pack=1)
+    if slot >= 0:
+        gl.store(TL + slot * {events} + event, t)
+
+
+@gluon.jit
+def _record(TL, slot, event: gl.constexpr, value):
+    if slot >= 0:
+        gl.store(TL + slot * {events} + event, value.to(gl.int64))
+
+
+'''
+
+
+def stamped_copy(destination: Path, kernel: str, edits: tuple[tuple[str, str], ...]) -> Path:
+    """Copies src/ to `destination`/src and applies `edits` ((anchor, replacement) pairs, in order) to its module
+    `kernel` (a path under src/mlakit/kernels); each anchor must occur exactly once, or it stops naming the anchor
+    (the kernel's text moved: update the anchors)."""
+    target = destination / "src"
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(Path("src"), target, ignore=shutil.ignore_patterns("__pycache__"))
+    path = target / "mlakit" / "kernels" / kernel
+    text = path.read_text()
+    for anchor, replacement in edits:
+        if text.count(anchor) != 1:
+            raise SystemExit(f"anchor found {text.count(anchor)} times in {kernel} (expected once): {anchor!r}")
+        text = text.replace(anchor, replacement)
+    path.write_text(text)
+    print(f"stamped copy in {target}")
+    return target
