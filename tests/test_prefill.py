@@ -590,10 +590,11 @@ def test_prefix_chunks_cover_what_the_queries_read_once_in_full_chunks(lens, chu
     (dict(kernel="cudnn"), "PrefillTuning.kernel: expected one of ('portable', 'hopper', 'hopper_persistent'), got 'cudnn'"),
     (dict(kernel="hopper", block_m=64), "PrefillTuning: the hopper kernel runs block_m 128 on num_warps 4"),
     (dict(kernel="hopper_persistent", num_warps=8), "the hopper_persistent kernel runs block_m 128 on num_warps 4"),
-    (dict(kernel="hopper_persistent", num_stages=1), "with block_n 64 or 128 and num_stages >= 2"),
+    (dict(kernel="hopper_persistent", num_stages=1), "with block_n 64 or 128 and 2 <= num_stages <= 3"),
+    (dict(kernel="hopper_persistent", num_stages=4), "with block_n 64 or 128 and 2 <= num_stages <= 3"),
     (dict(kernel="hopper", num_warps=8), "PrefillTuning: the hopper kernel runs block_m 128 on num_warps 4"),
-    (dict(kernel="hopper", num_stages=1), "with block_n 64 or 128 and num_stages >= 2"),
-    (dict(kernel="hopper", block_n=32), "with block_n 64 or 128 and num_stages >= 2"),
+    (dict(kernel="hopper", num_stages=1), "with block_n 64 or 128 and 2 <= num_stages <= 3"),
+    (dict(kernel="hopper", block_n=32), "with block_n 64 or 128 and 2 <= num_stages <= 3"),
     (dict(num_stages=0), "PrefillTuning.num_stages: expected >= 1, got 0"),
 ])
 def test_prefill_tuning_refuses_what_no_kernel_runs(kwargs, message):

@@ -175,6 +175,16 @@ def row_piece_layout(width):
 
 
 @gluon.jit
+def staged_in_row_pieces(staging, values):
+    """A warpgroup's 16-bit `values [rows, width]` written to the shared-memory view `staging` (same shape; only
+    this warpgroup may use it meanwhile) and read back in `row_piece_layout(width)`, for global stores in 16-byte
+    row pieces (an MMA accumulator's layout would store 4-byte ones, half a sector at a time)."""
+    staging.store(values)
+    gl.thread_barrier()
+    return staging.load(row_piece_layout(values.shape[1]))
+
+
+@gluon.jit
 def zero_rows_from(smem, first_bad, CHUNK: gl.constexpr, LAYOUT: gl.constexpr):
     """Rows first_bad .. of `smem` set to zero, CHUNK columns at a time (TMA brings whole page rows:
     rows past a sequence's end may hold anything, NaN included)."""

@@ -65,6 +65,7 @@ from mlakit.kernels.hopper_common import (
     online_softmax,
     row_descriptors,
     row_piece_layout,
+    staged_in_row_pieces,
     serves,
     sm_count,
     split_range,
@@ -927,12 +928,11 @@ def _store_half(out, col0, q_lat_all, OUT, PART_OUT, first_token, b, split, num_
     generic proxy like these stores; a TMA load of Q would need a proxy fence after the read-back.)"""
     if num_splits == 1:
         staging = _as_dtype(q_lat_all.index(0), OUT.dtype.element_ty).slice(col0, out.shape[1], dim=1)
-        staging.store(out.to(OUT.dtype.element_ty))
-        gl.thread_barrier()
         pieces: gl.constexpr = row_piece_layout(out.shape[1])
+        values = staged_in_row_pieces(staging, out.to(OUT.dtype.element_ty))
         rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, pieces))
         cols = col0 + gl.arange(0, out.shape[1], layout=gl.SliceLayout(0, pieces))
-        store_output(staging.load(pieces), rows[:, None], cols[None, :], OUT, PART_OUT, first_token, b, 0, 1, q_len,
+        store_output(values, rows[:, None], cols[None, :], OUT, PART_OUT, first_token, b, 0, 1, q_len,
                      OUT_STRIDES, PART_STRIDES, HEADS)
     else:
         _store_columns(out, col0, OUT, PART_OUT, first_token, b, split, num_splits, tile, q_len,

@@ -49,10 +49,11 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from mlakit.kernels.hopper_common import (GLUON_DTYPES, Matrix, capability, finish_rows, matrix_descriptor, no_keys_yet,
                                           hand_over, named_barrier_at, online_softmax, row_piece_layout, sm_count,
+                                          staged_in_row_pieces,
                                           take_over, take_unit, zero_rows_from)
 from mlakit.errors import MLAInputError
 from mlakit.kernels.launch import CachedLaunch
-from mlakit.kernels.triton_prefill import merged_with_earlier, program_segment
+from mlakit.kernels.triton_prefill import HOPPER_MAX_STAGES, merged_with_earlier, program_segment
 
 # Query rows of one program and of one consumer warpgroup.
 BLOCK_M = 128
@@ -69,11 +70,10 @@ TURN_BARRIERS = gl.constexpr((8, 9))
 ZERO_CHUNK = gl.constexpr(64)
 ZERO_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
 # Named barriers that give a stage back to the producer, both consumer warpgroups arriving and the producer warp
-# waiting: K ring stage s on FIRST_RELEASE_BARRIER + s, V ring stage s on FIRST_RELEASE_BARRIER + MAX_STAGES + s
+# waiting: K ring stage s on FIRST_RELEASE_BARRIER + s, V ring stage s on FIRST_RELEASE_BARRIER + HOPPER_MAX_STAGES + s
 # (ids up to 15).
 FIRST_RELEASE_BARRIER = gl.constexpr(10)
-MAX_STAGES = 3
-RING_BARRIERS = gl.constexpr(MAX_STAGES)
+RING_BARRIERS = gl.constexpr(HOPPER_MAX_STAGES)
 K_RING = gl.constexpr(0)
 V_RING = gl.constexpr(1)
 RELEASE_THREADS = gl.constexpr(2 * 128 + 32)
@@ -356,11 +356,8 @@ def _store_rows(acc, m_i, l_i, q_nope_smem, q_free, OUT, LSE, q_start, q_len, m0
     gl.store(lse_ptrs, lse, mask=row_ok)
     out_dtype: gl.constexpr = OUT.dtype.element_ty
     if V_DIM <= q_nope_smem.shape[2] and out_dtype == q_nope_smem.dtype:
-        staging = q_nope_smem.index(q_buffer * 2 + HALF).slice(0, V_DIM, dim=1)
-        staging.store(out.to(out_dtype))
-        gl.thread_barrier()
         pieces: gl.constexpr = row_piece_layout(V_DIM)
-        values = staging.load(pieces)
+        values = staged_in_row_pieces(q_nope_smem.index(q_buffer * 2 + HALF).slice(0, V_DIM, dim=1), out.to(out_dtype))
         _give_q_back(q_free, PERSISTENT)
         piece_rows = row0 + gl.arange(0, WARPGROUP_ROWS, layout=gl.SliceLayout(1, pieces))
         piece_cols = gl.arange(0, V_DIM, layout=gl.SliceLayout(0, pieces))
@@ -692,8 +689,8 @@ def plan_launch(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: to
     object must not run concurrently with itself: see `HopperPrefillLaunch`)."""
     nope_dim, rope_dim, v_dim = k_nope.shape[-1], k_pe.shape[-1], v.shape[-1]
     need = shared_bytes(nope_dim, rope_dim, v_dim, block_n, stages)
-    if block_n not in (64, 128) or not 2 <= stages <= MAX_STAGES or need > SHARED_MEMORY_LIMIT:
-        raise MLAInputError(f"block_n, stages: expected block_n 64 or 128 and 2 <= stages <= {MAX_STAGES} (a warpgroup "
+    if block_n not in (64, 128) or not 2 <= stages <= HOPPER_MAX_STAGES or need > SHARED_MEMORY_LIMIT:
+        raise MLAInputError(f"block_n, stages: expected block_n 64 or 128 and 2 <= stages <= {HOPPER_MAX_STAGES} (a warpgroup "
                             f"releases a tile once it holds the next; a named barrier a stage) within "
                             f"{SHARED_MEMORY_LIMIT} bytes of shared memory, got block_n "
                             f"{block_n}, stages {stages}: {need} bytes")

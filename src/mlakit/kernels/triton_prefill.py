@@ -34,6 +34,9 @@ LN2 = tl.constexpr(0.6931471805599453)
 KERNELS = ("portable", "hopper", "hopper_persistent")
 # The Gluon kernels of `hopper_prefill`: "hopper_persistent" is its persistent form (one program per SM).
 HOPPER_KERNELS = ("hopper", "hopper_persistent")
+# Stages of each of their K and V rings: at least 2 (a warpgroup releases a tile once it holds the next), at most
+# HOPPER_MAX_STAGES (a named barrier a stage).
+HOPPER_MAX_STAGES = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,10 +62,11 @@ class PrefillTuning:
             raise MLAInputError(f"PrefillTuning.kernel: expected one of {KERNELS}, got {self.kernel!r}")
         if self.num_stages < 1:
             raise MLAInputError(f"PrefillTuning.num_stages: expected >= 1, got {self.num_stages}")
-        if self.kernel in HOPPER_KERNELS and ((self.block_m, self.num_warps) != (128, 4) or self.num_stages < 2
+        if self.kernel in HOPPER_KERNELS and ((self.block_m, self.num_warps) != (128, 4)
+                                              or not 2 <= self.num_stages <= HOPPER_MAX_STAGES
                                               or self.block_n not in (64, 128)):
             raise MLAInputError(f"PrefillTuning: the {self.kernel} kernel runs block_m 128 on num_warps 4 with block_n 64 or 128 "
-                                f"and num_stages >= 2, got {self}")
+                                f"and 2 <= num_stages <= {HOPPER_MAX_STAGES}, got {self}")
 
 
 # The SM90 default: the persistent Hopper kernel, 128-key tiles, K and V rings of 2 stages each (10-16% faster

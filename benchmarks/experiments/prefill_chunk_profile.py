@@ -1,0 +1,77 @@
+"""Device experiment: where a chunked prefix's extra time goes, kernel by kernel (torch.profiler).
+
+Usage: python benchmarks/experiments/prefill_chunk_profile.py HEADS,BATCH,NEW,PREFIX [CHUNK_TOKENS ...]
+
+Runs `mla_prefill` as `bench prefill`'s "full" part does (paged cache of shuffled pages, metadata built outside
+the call) for the one-piece plan and each chunk size, three calls each under the profiler after a warm-up, and
+prints per plan the CUDA time per call of each kernel name (summed over its launches) with its launch count,
+then the difference of each chunked plan from the one-piece plan by kernel.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from mlakit.bench.decode import DecodeCase, make_inputs
+from mlakit.bench.prefill import KV_LORA_RANK, NOPE_DIM, PAGE_SIZE, QK_DIM, V_DIM, PrefillCase, _prefill_call
+from mlakit.prefill.metadata import plan_prefill
+
+CALLS = 3
+
+
+def kernel_times(call) -> dict[str, tuple[float, int]]:
+    """CUDA microseconds per call and launches per call of each kernel name over CALLS profiled calls."""
+    for _ in range(2):
+        call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(CALLS):
+            call()
+        torch.cuda.synchronize()
+    totals: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            name = event.name[:70]
+            totals[name][0] += event.device_time / CALLS
+            totals[name][1] += 1 / CALLS
+    return {name: (us, round(n)) for name, (us, n) in totals.items()}
+
+
+def main(spec: str, chunks: list[int]) -> None:
+    case = PrefillCase.parse(spec)
+    device = torch.device("cuda")
+    paged = make_inputs(DecodeCase(case.heads, case.batch, case.seq_keys, page_size=PAGE_SIZE), device)
+    gen = torch.Generator(device=device).manual_seed(1)
+    q = torch.randn(case.query_rows, case.heads, QK_DIM, generator=gen, device=device, dtype=torch.bfloat16)
+    weight = torch.randn(case.heads * (NOPE_DIM + V_DIM), KV_LORA_RANK, generator=gen, device=device,
+                         dtype=torch.bfloat16) * KV_LORA_RANK**-0.5
+    plans = {"one_piece": max(1, case.batch * case.prefix), **{f"chunk_{n}": n for n in chunks}}
+    profiles = {}
+    for name, chunk in plans.items():
+        meta = plan_prefill([case.new_tokens] * case.batch, [case.seq_keys] * case.batch, paged.block_table,
+                            PAGE_SIZE, prefix_chunk_tokens=chunk, heads=case.heads)
+        profiles[name] = kernel_times(_prefill_call(q, paged.kv_cache, weight, meta))
+        total = sum(us for us, _ in profiles[name].values())
+        print(f"{case.label} {name}: {total:.0f} us of kernels a call, {len(meta.prefix_chunks)} prefix chunks")
+        for kernel, (us, n) in sorted(profiles[name].items(), key=lambda kv: -kv[1][0]):
+            print(f"    {us:9.1f} us  x{n:<4d} {kernel}")
+    base = profiles["one_piece"]
+    for name in plans:
+        if name == "one_piece":
+            continue
+        print(f"{name} minus one_piece, by kernel:")
+        for kernel in sorted(set(base) | set(profiles[name]),
+                             key=lambda k: -abs(profiles[name].get(k, (0, 0))[0] - base.get(k, (0, 0))[0])):
+            delta = profiles[name].get(kernel, (0, 0))[0] - base.get(kernel, (0, 0))[0]
+            if abs(delta) >= 1:
+                print(f"    {delta:+9.1f} us  {kernel}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        raise SystemExit(__doc__)
+    main(sys.argv[1], [int(n) for n in sys.argv[2:]] or [8192, 4096])
