@@ -29,10 +29,9 @@ SLOT = "gl.program_id(0) * TIMELINE_UNITS + gl.minimum({count}, TIMELINE_UNITS -
 # (anchor, replacement) pairs applied in order to hopper_prefill.py; each anchor must occur exactly once.
 EDITS = (
     ("@gluon.jit\ndef _load_q(", HEADER + "@gluon.jit\ndef _load_q("),
-    ("                 q_len, k_len, m0, num_tiles, first_tile, q_phase, q_buffer, scale_log2,\n                 HALF:",
-     "                 q_len, k_len, m0, num_tiles, first_tile, q_phase, q_buffer, scale_log2, TL, slot,\n"
-     "                 HALF:"),
-    ("num_tiles, 0, 0, 0, scale_log2, HALF, V_DIM,", "num_tiles, 0, 0, 0, scale_log2, LSE, -1, HALF, V_DIM,"),
+    ("q_phase, q_buffer, scale_log2, q_free, k_read,\n", "q_phase, q_buffer, scale_log2, q_free, k_read, TL, slot,\n"),
+    ("num_tiles, 0, 0, 0, scale_log2, q_ready.index(0),\n                                 q_ready.index(0), HALF,",
+     "num_tiles, 0, 0, 0, scale_log2, q_ready.index(0),\n                                 q_ready.index(0), LSE, -1, HALF,"),
     ("        take_over(my_turn)\n        s = s_zero\n",
      "        take_over(my_turn)\n        if t == 0:\n            _stamp(TL, slot, 2 + HALF)\n        s = s_zero\n"),
     ("            p = gl.convert_layout(p_tile.to(q_nope_smem.dtype), p_layout)\n",
@@ -42,9 +41,8 @@ EDITS = (
     ("        q_buffer = done % Q_BUFFERS\n",
      "        q_buffer = done % Q_BUFFERS\n        slot = " + SLOT.format(count="done") + "\n"
      "        _stamp(TL, slot, HALF)\n"),
-    ("(done // Q_BUFFERS) & 1, q_buffer, scale_log2, HALF,", "(done // Q_BUFFERS) & 1, q_buffer, scale_log2, TL, slot, HALF,"),
-    ("stride_lse_tok, HALF, V_DIM, MERGE, True)\n",
-     "stride_lse_tok, HALF, V_DIM, MERGE, True)\n        _stamp(TL, slot, 6 + HALF)\n"),
+    ("q_free.index(q_buffer), k_read,\n                                     HALF,", "q_free.index(q_buffer), k_read, TL, slot,\n                                     HALF,"),
+    ("                        STAGE_IN_Q, True)\n", "                        STAGE_IN_Q, True)\n        _stamp(TL, slot, 6 + HALF)\n"),
     ("                         stride_v_head, NOPE_DIM: gl.constexpr,",
      "                         stride_v_head, TL, NOPE_DIM: gl.constexpr,"),
     ("            _publish_unit(unit_smem, unit_ready, unit_free, work, published)\n",

@@ -83,6 +83,11 @@ SHARED_MEMORY_LIMIT = 232448
 L2_KEY_BYTES = 32 * 2**20
 # Fields of a unit the persistent kernel's producer publishes to the consumers (`_publish_unit`).
 UNIT_FIELDS = gl.constexpr(7)
+# Where a consumer warpgroup's output rows pass on their way out (`_store_rows`): its half of the Q buffer, the
+# first rows of the unit's last K stage, or nowhere (stored from the accumulator's layout).
+STAGE_IN_Q = gl.constexpr(0)
+STAGE_IN_K = gl.constexpr(1)
+NO_STAGING = gl.constexpr(2)
 
 
 def supports(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor) -> bool:
@@ -216,20 +221,22 @@ def _consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_read
     """Rows m0 + HALF * 64 .. + 64 of the program: attention over the tiles they see, then the
     store (merged into the earlier result with MERGE)."""
     acc, m_i, l_i = _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready.index(0), k_ready,
-                                 v_ready, q_len, k_len, m0, num_tiles, 0, 0, 0, scale_log2, HALF, V_DIM, BLOCK_N,
-                                 STAGES, CAUSAL)
-    _store_rows(acc, m_i, l_i, q_nope_smem, q_ready.index(0), OUT, LSE, q_start, q_len, m0, head, 0, stride_o_tok,
-                stride_o_head, stride_lse_tok, HALF, V_DIM, MERGE, False)
+                                 v_ready, q_len, k_len, m0, num_tiles, 0, 0, 0, scale_log2, q_ready.index(0),
+                                 q_ready.index(0), HALF, V_DIM, BLOCK_N, STAGES, CAUSAL, False)
+    _store_rows(acc, m_i, l_i, q_nope_smem, kn_smem, q_ready.index(0), OUT, LSE, q_start, q_len, m0, head, 0, 0,
+                stride_o_tok, stride_o_head, stride_lse_tok, HALF, V_DIM, MERGE, STAGE_IN_Q, False)
 
 
 @gluon.jit
 def _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_ready, v_ready,
-                 q_len, k_len, m0, num_tiles, first_tile, q_phase, q_buffer, scale_log2,
+                 q_len, k_len, m0, num_tiles, first_tile, q_phase, q_buffer, scale_log2, q_free, k_read,
                  HALF: gl.constexpr, V_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                 CAUSAL: gl.constexpr):
+                 CAUSAL: gl.constexpr, EARLY_Q_BACK: gl.constexpr):
     """Rows m0 + HALF * 64 .. + 64 over the program's num_tiles key tiles: the unnormalized output,
     running max and sum. `first_tile` counts the rings' earlier tiles, `q_phase` is the phase of Q buffer
-    `q_buffer`'s `q_ready`.
+    `q_buffer`'s `q_ready`. With EARLY_Q_BACK the second warpgroup gives Q back (`q_free`) once its last S
+    is done and keeps the unit's last K stage for its rows' way out (`_store_rows`, STAGE_IN_K: it gives the
+    stage back there), and the first warpgroup tells it on `k_read` when its own S are done.
 
     Per tile t the warpgroup issues S_t = Q K_t^T and the deferred P_{t-1} V_{t-1} together, then
     runs the softmax of S_t while the other warpgroup's pair runs: the two take turns on named
@@ -300,7 +307,10 @@ def _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_r
             acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc_mma])
         else:
             hand_over(their_turn)
-        _release_stage(stage, K_RING)
+        if not (EARLY_Q_BACK and HALF == 1):
+            _release_stage(stage, K_RING)
+        elif t < num_tiles - 1:
+            _release_stage(stage, K_RING)
         if t > 0 and t <= my_tiles:
             _release_stage(previous, V_RING)
         if not computes:
@@ -317,8 +327,12 @@ def _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_r
             l_i = l_i * alpha + gl.sum(p_tile, 1)
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
             p = gl.convert_layout(p_tile.to(q_nope_smem.dtype), p_layout)
+    if EARLY_Q_BACK and HALF == 1:
+        _give_q_back(q_free)
     if HALF == 0:
         take_over(my_turn)  # the second warpgroup's last hand-over
+        if EARLY_Q_BACK:  # after that hand-over, so that its arrivals never run two units ahead of the waits
+            mbarrier.arrive(k_read, count=1)
     if my_tiles > 0 and my_tiles == num_tiles:  # the last tile's P V, deferred past the loop
         last_count = first_tile + num_tiles - 1
         last = last_count % STAGES
@@ -330,13 +344,15 @@ def _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_r
 
 
 @gluon.jit
-def _store_rows(acc, m_i, l_i, q_nope_smem, q_free, OUT, LSE, q_start, q_len, m0, head, q_buffer, stride_o_tok,
-                stride_o_head, stride_lse_tok, HALF: gl.constexpr, V_DIM: gl.constexpr, MERGE: gl.constexpr,
-                PERSISTENT: gl.constexpr):
+def _store_rows(acc, m_i, l_i, q_nope_smem, kn_smem, q_free, OUT, LSE, q_start, q_len, m0, head, q_buffer, k_stage,
+                stride_o_tok, stride_o_head, stride_lse_tok, HALF: gl.constexpr, V_DIM: gl.constexpr,
+                MERGE: gl.constexpr, STAGING: gl.constexpr, GIVE_Q_BACK: gl.constexpr):
     """The warpgroup's rows normalized and stored with their lse (merged into the earlier result with MERGE).
-    The rows go out through the warpgroup's half of the Q buffer, which only its own MMAs read, as 16-byte
-    row pieces (the accumulator's layout would write 4-byte ones, half a sector at a time); the persistent
-    form gives Q back (`q_free`) once they are read from it."""
+    Where Q is wide enough for them the rows go out as 16-byte row pieces (the accumulator's layout would write
+    4-byte ones, half a sector at a time) through STAGING: the warpgroup's half of Q buffer `q_buffer`, which
+    only its own MMAs read, or (STAGE_IN_K) the first rows of K stage `k_stage`, which the other warpgroup no
+    longer reads (`_attend_rows`) and which goes back to the producer once they are read from it. With
+    GIVE_Q_BACK, Q goes back (`q_free`) once the rows no longer need it."""
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, V_DIM, 16])
     row0 = m0 + HALF * WARPGROUP_ROWS
@@ -355,28 +371,37 @@ def _store_rows(acc, m_i, l_i, q_nope_smem, q_free, OUT, LSE, q_start, q_len, m0
         out, lse = merged_with_earlier(earlier_out, earlier_lse, out, lse)
     gl.store(lse_ptrs, lse, mask=row_ok)
     out_dtype: gl.constexpr = OUT.dtype.element_ty
-    if V_DIM <= q_nope_smem.shape[2] and out_dtype == q_nope_smem.dtype:
+    if STAGING != NO_STAGING and V_DIM <= q_nope_smem.shape[2] and out_dtype == q_nope_smem.dtype:
         pieces: gl.constexpr = row_piece_layout(V_DIM)
-        values = staged_in_row_pieces(q_nope_smem.index(q_buffer * 2 + HALF).slice(0, V_DIM, dim=1), out.to(out_dtype))
-        _give_q_back(q_free, PERSISTENT)
+        if STAGING == STAGE_IN_Q:
+            staging = q_nope_smem.index(q_buffer * 2 + HALF).slice(0, V_DIM, dim=1)
+        else:
+            staging = kn_smem.index(k_stage).slice(0, WARPGROUP_ROWS, dim=0).slice(0, V_DIM, dim=1)
+        values = staged_in_row_pieces(staging, out.to(out_dtype))
+        if GIVE_Q_BACK:
+            _give_q_back(q_free)
+        if STAGING == STAGE_IN_K:
+            fence_async_shared()
+            gl.thread_barrier()
+            _release_stage(k_stage, K_RING)
         piece_rows = row0 + gl.arange(0, WARPGROUP_ROWS, layout=gl.SliceLayout(1, pieces))
         piece_cols = gl.arange(0, V_DIM, layout=gl.SliceLayout(0, pieces))
         piece_tokens = (q_start + piece_rows).to(gl.int64)
         gl.store(OUT + piece_tokens[:, None] * stride_o_tok + head * stride_o_head + piece_cols[None, :], values,
                  mask=(piece_rows < q_len)[:, None])
     else:
-        _give_q_back(q_free, PERSISTENT)
+        if GIVE_Q_BACK:
+            _give_q_back(q_free)
         gl.store(out_ptrs, out.to(out_dtype), mask=row_ok[:, None])
 
 
 @gluon.jit
-def _give_q_back(q_free, PERSISTENT: gl.constexpr):
+def _give_q_back(q_free):
     """The persistent form's consumer warpgroup is done with Q (its MMAs and reads): one of `q_free`'s two
     arrivals, after every thread's reads and a proxy fence (the next Q arrives by TMA)."""
-    if PERSISTENT:
-        fence_async_shared()
-        gl.thread_barrier()
-        mbarrier.arrive(q_free, count=1)
+    fence_async_shared()
+    gl.thread_barrier()
+    mbarrier.arrive(q_free, count=1)
 
 
 @gluon.jit
@@ -515,16 +540,20 @@ def _read_unit(unit_smem, unit_ready, unit_free, published):
 
 
 @gluon.jit
-def _persistent_consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, k_ready, v_ready,
+def _persistent_consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_read,
                          unit_smem, unit_ready, unit_free, OUT, LSE, num_units, scale_log2, stride_o_tok, stride_o_head,
                          stride_lse_tok,
                          HALF: gl.constexpr, V_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                          CAUSAL: gl.constexpr, MERGE: gl.constexpr, Q_BUFFERS: gl.constexpr):
     """`_consumer` over the units the producer publishes (every one runs) until it publishes the unit count:
     the i-th unit's Q is in buffer i % Q_BUFFERS, which goes back (its q_free) once the unit's rows have passed
-    through it on their way out (`_store_rows`).
+    through it on their way out (`_store_rows`). With one Q buffer the second warpgroup's rows pass through the
+    unit's last K stage instead and it gives Q back after its last S, so that the next unit's Q loads while its
+    last P V and stores run (NOTES.md, p19).
     Between units the two warpgroups meet on the second turn barrier, so that the second one's first
     hand-over of a unit comes after the first one took its last of the unit before."""
+    EARLY: gl.constexpr = (Q_BUFFERS == 1 and V_DIM <= q_nope_smem.shape[2] and BLOCK_N >= WARPGROUP_ROWS
+                           and OUT.dtype.element_ty == q_nope_smem.dtype)
     first_tile = 0
     done = 0
     unit, head, q_start, q_len, k_len, m0, num_tiles = _read_unit(unit_smem, unit_ready, unit_free, done)
@@ -532,10 +561,23 @@ def _persistent_consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_re
         q_buffer = done % Q_BUFFERS
         acc, m_i, l_i = _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready.index(q_buffer),
                                      k_ready, v_ready, q_len, k_len, m0, num_tiles, first_tile,
-                                     (done // Q_BUFFERS) & 1, q_buffer, scale_log2, HALF, V_DIM, BLOCK_N, STAGES,
-                                     CAUSAL)
-        _store_rows(acc, m_i, l_i, q_nope_smem, q_free.index(q_buffer), OUT, LSE, q_start, q_len, m0, head,
-                    q_buffer, stride_o_tok, stride_o_head, stride_lse_tok, HALF, V_DIM, MERGE, True)
+                                     (done // Q_BUFFERS) & 1, q_buffer, scale_log2, q_free.index(q_buffer), k_read,
+                                     HALF, V_DIM, BLOCK_N, STAGES, CAUSAL, EARLY)
+        last_stage = (first_tile + num_tiles - 1) % STAGES
+        if EARLY and HALF == 1:
+            mbarrier.wait(k_read, done & 1)
+            if num_tiles > 0:
+                _store_rows(acc, m_i, l_i, q_nope_smem, kn_smem, q_free.index(q_buffer), OUT, LSE, q_start, q_len, m0,
+                            head, q_buffer, last_stage, stride_o_tok, stride_o_head, stride_lse_tok, HALF, V_DIM,
+                            MERGE, STAGE_IN_K, False)
+            else:
+                _store_rows(acc, m_i, l_i, q_nope_smem, kn_smem, q_free.index(q_buffer), OUT, LSE, q_start, q_len, m0,
+                            head, q_buffer, last_stage, stride_o_tok, stride_o_head, stride_lse_tok, HALF, V_DIM,
+                            MERGE, NO_STAGING, False)
+        else:
+            _store_rows(acc, m_i, l_i, q_nope_smem, kn_smem, q_free.index(q_buffer), OUT, LSE, q_start, q_len, m0,
+                        head, q_buffer, last_stage, stride_o_tok, stride_o_head, stride_lse_tok, HALF, V_DIM, MERGE,
+                        STAGE_IN_Q, True)
         if HALF == 0:
             hand_over(TURN_BARRIERS[1])
         else:
@@ -602,6 +644,8 @@ def mha_prefill_hopper_persistent_kernel(
     unit_smem = gl.allocate_shared_memory(gl.int32, [2 * UNIT_FIELDS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     unit_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     unit_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_read = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(k_read, count=1)
     for buffer in gl.static_range(Q_BUFFERS):
         mbarrier.init(q_free.index(buffer), count=2)
     for slot in gl.static_range(2):
@@ -612,11 +656,11 @@ def mha_prefill_hopper_persistent_kernel(
 
     gl.warp_specialize([
         (_persistent_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, k_ready, v_ready,
-                                unit_smem, unit_ready, unit_free, OUT, LSE, num_units, scale_log2, stride_o_tok,
+                                k_read, unit_smem, unit_ready, unit_free, OUT, LSE, num_units, scale_log2, stride_o_tok,
                                 stride_o_head, stride_lse_tok,
                                 0, V_DIM, BLOCK_N, STAGES, CAUSAL, MERGE, Q_BUFFERS)),
         (_persistent_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, k_ready, v_ready,
-                                unit_smem, unit_ready, unit_free, OUT, LSE, num_units, scale_log2, stride_o_tok,
+                                k_read, unit_smem, unit_ready, unit_free, OUT, LSE, num_units, scale_log2, stride_o_tok,
                                 stride_o_head, stride_lse_tok,
                                 1, V_DIM, BLOCK_N, STAGES, CAUSAL, MERGE, Q_BUFFERS)),
         (_persistent_producer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, k_ready, v_ready,
