@@ -9,6 +9,8 @@ the experiment's events per slot.
 from __future__ import annotations
 
 import shutil
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -46,3 +48,13 @@ def stamped_copy(destination: Path, kernel: str, edits: tuple[tuple[str, str], .
     path.write_text(text)
     print(f"stamped copy in {target}")
     return target
+
+
+def main(doc: str, stamp: Callable[[Path], None], run: Callable[[list[str]], None]) -> None:
+    """A timeline tool's command line: `stamp DESTINATION` or `run CASE ...`, else its usage (`doc`)."""
+    if len(sys.argv) >= 3 and sys.argv[1] == "stamp":
+        stamp(Path(sys.argv[2]))
+    elif len(sys.argv) >= 3 and sys.argv[1] == "run":
+        run(sys.argv[2:])
+    else:
+        raise SystemExit(doc)

@@ -10,35 +10,16 @@ then the difference of each chunked plan from the one-piece plan by kernel.
 
 from __future__ import annotations
 
-import collections
 import sys
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+from cuda_profile import kernel_times
 
 from mlakit.bench.decode import DecodeCase, make_inputs
 from mlakit.bench.prefill import KV_LORA_RANK, NOPE_DIM, PAGE_SIZE, QK_DIM, V_DIM, PrefillCase, _prefill_call
 from mlakit.prefill.metadata import plan_prefill
 
 CALLS = 3
-
-
-def kernel_times(call) -> dict[str, tuple[float, int]]:
-    """CUDA microseconds per call and launches per call of each kernel name over CALLS profiled calls."""
-    for _ in range(2):
-        call()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(CALLS):
-            call()
-        torch.cuda.synchronize()
-    totals: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            name = event.name[:70]
-            totals[name][0] += event.device_time / CALLS
-            totals[name][1] += 1 / CALLS
-    return {name: (us, round(n)) for name, (us, n) in totals.items()}
 
 
 def main(spec: str, chunks: list[int]) -> None:
@@ -54,7 +35,7 @@ def main(spec: str, chunks: list[int]) -> None:
     for name, chunk in plans.items():
         meta = plan_prefill([case.new_tokens] * case.batch, [case.seq_keys] * case.batch, paged.block_table,
                             PAGE_SIZE, prefix_chunk_tokens=chunk, heads=case.heads)
-        profiles[name] = kernel_times(_prefill_call(q, paged.kv_cache, weight, meta))
+        profiles[name] = kernel_times(_prefill_call(q, paged.kv_cache, weight, meta), CALLS)
         total = sum(us for us, _ in profiles[name].values())
         print(f"{case.label} {name}: {total:.0f} us of kernels a call, {len(meta.prefix_chunks)} prefix chunks")
         for kernel, (us, n) in sorted(profiles[name].items(), key=lambda kv: -kv[1][0]):

@@ -15,10 +15,9 @@ over the programs' middle units (the first and last two left out) of each phase,
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-from kernel_stamps import stamp_functions, stamped_copy
+from kernel_stamps import main, stamp_functions, stamped_copy
 
 UNITS = 512
 EVENTS = ("read wg0", "read wg1", "turn wg0", "turn wg1", "loop end wg0", "loop end wg1", "stored wg0", "stored wg1",
@@ -129,9 +128,4 @@ def run(specs: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) >= 3 and sys.argv[1] == "stamp":
-        stamp(Path(sys.argv[2]))
-    elif len(sys.argv) >= 3 and sys.argv[1] == "run":
-        run(sys.argv[2:])
-    else:
-        raise SystemExit(__doc__)
+    main(__doc__, stamp, run)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from kernel_stamps import stamp_functions, stamped_copy
+from kernel_stamps import main, stamp_functions, stamped_copy
 
 EVENTS = ("unit start", "prologue", "S0 done(wg0)", "loop end wg0", "loop end wg1", "stored wg0", "stored wg1",
           "unit end")
@@ -118,9 +118,4 @@ def run(specs: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) >= 3 and sys.argv[1] == "stamp":
-        stamp(Path(sys.argv[2]))
-    elif len(sys.argv) >= 3 and sys.argv[1] == "run":
-        run(sys.argv[2:])
-    else:
-        raise SystemExit(__doc__)
+    main(__doc__, stamp, run)
