@@ -195,19 +195,21 @@ def test_hopper_tuning_is_refused_where_the_kernel_cannot_run():
                            tuning=PrefillTuning(128, 128, 4, 3, kernel="hopper"))
 
 
-@pytest.mark.parametrize("max_q_len, causal, block_n",
-                         [(SHORT_PROMPT_TOKENS, True, 64), (SHORT_PROMPT_TOKENS + 1, True, 128),
-                          (SHORT_PROMPT_TOKENS, False, 128)])
-def test_short_causal_passes_take_64_key_tiles(max_q_len, causal, block_n):
-    """Without a tuning, a causal pass of at most SHORT_PROMPT_TOKENS query tokens a segment runs the persistent
-    kernel with 64-key tiles (SHORT_HOPPER_TUNING), longer and non-causal passes the default's 128-key tiles."""
-    q, k_nope, k_pe, v = _kernel_inputs([max_q_len], [max_q_len], 2, 128, 64, 128, torch.bfloat16, seed=4,
+@pytest.mark.parametrize("max_q_len, prefix, max_k_len, causal, block_n",
+                         [(SHORT_PROMPT_TOKENS, 0, None, True, 64), (SHORT_PROMPT_TOKENS + 1, 0, None, True, 128),
+                          (SHORT_PROMPT_TOKENS, 0, None, False, 128), (64, 512, None, True, 128),
+                          (64, 512, 576, True, 128), (64, 64, 128, True, 64)])
+def test_short_causal_passes_take_64_key_tiles(max_q_len, prefix, max_k_len, causal, block_n):
+    """Without a tuning, a causal pass whose segments have at most SHORT_PROMPT_TOKENS keys runs the persistent
+    kernel with 64-key tiles (SHORT_HOPPER_TUNING); longer ones (a short prompt over a long prefix included: by
+    `max_k_len`, or without it by the key rows) and non-causal passes the default's 128-key tiles."""
+    q, k_nope, k_pe, v = _kernel_inputs([max_q_len], [max_q_len + prefix], 2, 128, 64, 128, torch.bfloat16, seed=4,
                                         device=DEVICE)
-    segments = _segments([max_q_len], DEVICE)
     out = torch.empty(max_q_len, 2, 128, dtype=torch.bfloat16, device=DEVICE)
     lse = torch.empty(out.shape[:2], dtype=torch.float32, device=DEVICE)
-    launch = plan_attention(q, k_nope, k_pe, v, segments.cu_seqlens, segments.cu_seqlens, out, lse,
-                            max_q_len=max_q_len, causal=causal, merge=False)
+    launch = plan_attention(q, k_nope, k_pe, v, _segments([max_q_len], DEVICE).cu_seqlens,
+                            _segments([max_q_len + prefix], DEVICE).cu_seqlens, out, lse, max_q_len=max_q_len,
+                            causal=causal, merge=False, max_k_len=max_k_len)
     assert launch.persistent and launch.constants["BLOCK_N"] == block_n
     assert _tuning_for(None, q, k_nope, k_pe, v, short=True) == SHORT_HOPPER_TUNING
 

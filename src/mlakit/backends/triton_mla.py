@@ -127,6 +127,7 @@ def _attention_pass(
     triton_mha_prefill(
         q, k_nope, k_pe, v, queries.cu_seqlens, keys.cu_seqlens,
         max_q_len=queries.max_len, causal=causal, softmax_scale=softmax_scale, out=out, lse=lse, merge=merge,
+        max_k_len=keys.max_len,
     )
 
 

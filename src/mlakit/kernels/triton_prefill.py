@@ -72,10 +72,11 @@ class PrefillTuning:
 # The SM90 default: the persistent Hopper kernel, 128-key tiles, K and V rings of 2 stages each (10-16% faster
 # than 64-key tiles in one 3-stage ring at 8192 tokens and with long prefixes: NOTES.md, p11).
 HOPPER_TUNING = PrefillTuning(block_m=128, block_n=128, num_warps=4, num_stages=2, kernel="hopper_persistent")
-# Causal passes of at most SHORT_PROMPT_TOKENS query tokens a segment take 64-key tiles in 3-stage rings instead,
-# where two Q buffers fit (6% faster at 256 tokens, 7-8% at 512, 2-4% at 1024, 9% slower at 2048: NOTES.md, p15).
+# Causal passes of at most SHORT_PROMPT_TOKENS keys a segment take 64-key tiles in 3-stage rings instead, where two
+# Q buffers fit (6% faster at 256 tokens, 7-8% at 512; since p19 128-key tiles are 5-10% faster at 1024 tokens and
+# 15% with a 4096-token prefix: NOTES.md, p15, p19).
 SHORT_HOPPER_TUNING = PrefillTuning(block_m=128, block_n=64, num_warps=4, num_stages=3, kernel="hopper_persistent")
-SHORT_PROMPT_TOKENS = 1024
+SHORT_PROMPT_TOKENS = 512
 
 
 @functools.cache
@@ -253,12 +254,14 @@ def triton_mha_prefill(
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
     merge: bool = False,
+    max_k_len: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Varlen attention of packed queries `q [T, H, d_nope + d_rope]` over keys `k_nope [Tk, H, d_nope]`
     with the shared rope key `k_pe [Tk, d_rope]` and values `v [Tk, H, d_v]`.
 
     Segment b is `q[cu_seqlens_q[b]:cu_seqlens_q[b+1]]` over keys `cu_seqlens_k[b]:cu_seqlens_k[b+1]`
-    (int32 offsets on the device; `max_q_len`, the longest query segment, sizes the grid).
+    (int32 offsets on the device; `max_q_len`, the longest query segment, sizes the grid; `max_k_len`, the
+    longest key segment where the caller knows it, picks the tiles: `plan_attention`).
     Returns out `[T, H, d_v]` (q's dtype, or written into `out`) and lse `[T, H]` float32
     (natural log, or written into `lse`); a query without keys gets zeros and -inf. With
     `merge=True` the result is merged by lse into the earlier `out` / `lse` of a disjoint key
@@ -295,7 +298,7 @@ def triton_mha_prefill(
             lse.fill_(float("-inf"))
         return out, lse
     plan = plan_attention(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, out, lse, max_q_len=max_q_len,
-                          causal=causal, merge=merge, tuning=tuning)
+                          causal=causal, merge=merge, tuning=tuning, max_k_len=max_k_len)
     plan(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, out, lse, softmax_scale * LOG2E)
     return out, lse
 
@@ -323,11 +326,16 @@ class PortableLaunch:
 
 def plan_attention(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor,
                    cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, *,
-                   max_q_len: int, causal: bool, merge: bool, tuning: PrefillTuning | None = None) -> AttentionLaunch:
+                   max_q_len: int, causal: bool, merge: bool, tuning: PrefillTuning | None = None,
+                   max_k_len: int | None = None) -> AttentionLaunch:
     """The launch of one `triton_mha_prefill` pass for operands of these ones' layout (shapes, strides,
     dtypes, pointer alignment; the addresses may change between calls): the Hopper kernel's where
-    it takes them, else the portable one's (`_tuning_for`)."""
-    tuning = _tuning_for(tuning, q, k_nope, k_pe, v, short=causal and max_q_len <= SHORT_PROMPT_TOKENS)
+    it takes them, else the portable one's (`_tuning_for`). A causal pass whose segments have at most
+    SHORT_PROMPT_TOKENS keys takes the short tiles; without `max_k_len` the longest key segment is bounded by
+    `max_q_len` where there are no more key rows than query rows, else by the key rows."""
+    longest_keys = max_k_len if max_k_len is not None else max_q_len if k_nope.shape[0] <= q.shape[0] else k_nope.shape[0]
+    short = causal and max(max_q_len, longest_keys) <= SHORT_PROMPT_TOKENS
+    tuning = _tuning_for(tuning, q, k_nope, k_pe, v, short=short)
     if tuning.kernel in HOPPER_KERNELS:
         from mlakit.kernels.hopper_prefill import plan_launch
 

@@ -202,7 +202,8 @@ def _plan_pass(meta: PrefillMetadata, keys: KeyRows, causal: bool, merge: bool, 
     """One pass planned on unwritten tensors of its gather's result layout (nothing is computed)."""
     def attention(k_nope, k_pe, v):
         return plan_attention(q, k_nope, k_pe, v, meta.queries.cu_seqlens, keys.segments.cu_seqlens, out, lse,
-                              max_q_len=meta.queries.max_len, causal=causal, merge=merge)
+                              max_q_len=meta.queries.max_len, causal=causal, merge=merge,
+                              max_k_len=keys.segments.max_len)
 
     if isinstance(gather, TorchGather):
         sample = gather.sample(rows, keys.slots, kv_b_weight)
