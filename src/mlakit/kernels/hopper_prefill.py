@@ -371,6 +371,8 @@ def _store_rows(acc, m_i, l_i, q_nope_smem, kn_smem, q_free, OUT, LSE, q_start, 
         out, lse = merged_with_earlier(earlier_out, earlier_lse, out, lse)
     gl.store(lse_ptrs, lse, mask=row_ok)
     out_dtype: gl.constexpr = OUT.dtype.element_ty
+    gl.static_assert(STAGING != STAGE_IN_K or (V_DIM <= q_nope_smem.shape[2] and out_dtype == q_nope_smem.dtype),
+                     "STAGE_IN_K: the rows must fit the K stage, which only the staged path gives back")
     if STAGING != NO_STAGING and V_DIM <= q_nope_smem.shape[2] and out_dtype == q_nope_smem.dtype:
         pieces: gl.constexpr = row_piece_layout(V_DIM)
         if STAGING == STAGE_IN_Q:
