@@ -41,7 +41,7 @@ EDITS = (
      "        q_buffer = done % Q_BUFFERS\n        slot = " + SLOT.format(count="done") + "\n"
      "        _stamp(TL, slot, HALF)\n"),
     ("q_free.index(q_buffer), k_read,\n                                     HALF,", "q_free.index(q_buffer), k_read, TL, slot,\n                                     HALF,"),
-    ("                        STAGE_IN_Q, True)\n", "                        STAGE_IN_Q, True)\n        _stamp(TL, slot, 6 + HALF)\n"),
+    ("STAGE_IN_Q, not keeps_last_k)\n", "STAGE_IN_Q, not keeps_last_k)\n        _stamp(TL, slot, 6 + HALF)\n"),
     ("                         stride_v_head, NOPE_DIM: gl.constexpr,",
      "                         stride_v_head, TL, NOPE_DIM: gl.constexpr,"),
     ("            _publish_unit(unit_smem, unit_ready, unit_free, work, published)\n",

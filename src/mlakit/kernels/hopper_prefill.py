@@ -249,6 +249,7 @@ def _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_r
                                                        instr_shape=[16, V_DIM, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     my_turn: gl.constexpr = TURN_BARRIERS[HALF]
+    keeps_last_k: gl.constexpr = EARLY_Q_BACK and HALF == 1  # released by `_store_rows` (STAGE_IN_K)
     their_turn: gl.constexpr = TURN_BARRIERS[1 - HALF]
     row0 = m0 + HALF * WARPGROUP_ROWS
     rows = row0 + gl.arange(0, WARPGROUP_ROWS, layout=gl.SliceLayout(1, s_layout))
@@ -307,9 +308,7 @@ def _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_r
             acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc_mma])
         else:
             hand_over(their_turn)
-        if not (EARLY_Q_BACK and HALF == 1):
-            _release_stage(stage, K_RING)
-        elif t < num_tiles - 1:
+        if t < num_tiles - 1 or not keeps_last_k:
             _release_stage(stage, K_RING)
         if t > 0 and t <= my_tiles:
             _release_stage(previous, V_RING)
@@ -528,17 +527,12 @@ def _read_unit(unit_smem, unit_ready, unit_free, published):
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     slot = published % 2
     mbarrier.wait(unit_ready.index(slot), (published // 2) & 1)
-    base = slot * UNIT_FIELDS
-    unit = gl.max(unit_smem.index(base).load(layout), axis=0)
-    head = gl.max(unit_smem.index(base + 1).load(layout), axis=0)
-    q_start = gl.max(unit_smem.index(base + 2).load(layout), axis=0)
-    q_len = gl.max(unit_smem.index(base + 3).load(layout), axis=0)
-    k_len = gl.max(unit_smem.index(base + 4).load(layout), axis=0)
-    m0 = gl.max(unit_smem.index(base + 5).load(layout), axis=0)
-    num_tiles = gl.max(unit_smem.index(base + 6).load(layout), axis=0)
+    work = ()
+    for field in gl.static_range(UNIT_FIELDS):
+        work = work + (gl.max(unit_smem.index(slot * UNIT_FIELDS + field).load(layout), axis=0),)
     gl.thread_barrier()
     mbarrier.arrive(unit_free.index(slot), count=1)
-    return unit, head, q_start, q_len, k_len, m0, num_tiles
+    return work
 
 
 @gluon.jit
@@ -556,6 +550,7 @@ def _persistent_consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_re
     hand-over of a unit comes after the first one took its last of the unit before."""
     EARLY: gl.constexpr = (Q_BUFFERS == 1 and V_DIM <= q_nope_smem.shape[2] and BLOCK_N >= WARPGROUP_ROWS
                            and OUT.dtype.element_ty == q_nope_smem.dtype)
+    keeps_last_k: gl.constexpr = EARLY and HALF == 1  # as `_attend_rows`: this warpgroup's rows pass through K
     first_tile = 0
     done = 0
     unit, head, q_start, q_len, k_len, m0, num_tiles = _read_unit(unit_smem, unit_ready, unit_free, done)
@@ -566,20 +561,16 @@ def _persistent_consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_re
                                      (done // Q_BUFFERS) & 1, q_buffer, scale_log2, q_free.index(q_buffer), k_read,
                                      HALF, V_DIM, BLOCK_N, STAGES, CAUSAL, EARLY)
         last_stage = (first_tile + num_tiles - 1) % STAGES
-        if EARLY and HALF == 1:
+        if keeps_last_k:
             mbarrier.wait(k_read, done & 1)
-            if num_tiles > 0:
-                _store_rows(acc, m_i, l_i, q_nope_smem, kn_smem, q_free.index(q_buffer), OUT, LSE, q_start, q_len, m0,
-                            head, q_buffer, last_stage, stride_o_tok, stride_o_head, stride_lse_tok, HALF, V_DIM,
-                            MERGE, STAGE_IN_K, False)
-            else:
-                _store_rows(acc, m_i, l_i, q_nope_smem, kn_smem, q_free.index(q_buffer), OUT, LSE, q_start, q_len, m0,
-                            head, q_buffer, last_stage, stride_o_tok, stride_o_head, stride_lse_tok, HALF, V_DIM,
-                            MERGE, NO_STAGING, False)
-        else:
+        if keeps_last_k and num_tiles > 0:
             _store_rows(acc, m_i, l_i, q_nope_smem, kn_smem, q_free.index(q_buffer), OUT, LSE, q_start, q_len, m0,
                         head, q_buffer, last_stage, stride_o_tok, stride_o_head, stride_lse_tok, HALF, V_DIM, MERGE,
-                        STAGE_IN_Q, True)
+                        STAGE_IN_K, False)
+        else:  # a unit without tiles has no K stage to pass its rows through
+            _store_rows(acc, m_i, l_i, q_nope_smem, kn_smem, q_free.index(q_buffer), OUT, LSE, q_start, q_len, m0,
+                        head, q_buffer, last_stage, stride_o_tok, stride_o_head, stride_lse_tok, HALF, V_DIM, MERGE,
+                        NO_STAGING if keeps_last_k else STAGE_IN_Q, not keeps_last_k)
         if HALF == 0:
             hand_over(TURN_BARRIERS[1])
         else:

@@ -331,10 +331,13 @@ def plan_attention(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v:
     """The launch of one `triton_mha_prefill` pass for operands of these ones' layout (shapes, strides,
     dtypes, pointer alignment; the addresses may change between calls): the Hopper kernel's where
     it takes them, else the portable one's (`_tuning_for`). A causal pass whose segments have at most
-    SHORT_PROMPT_TOKENS keys takes the short tiles; without `max_k_len` the longest key segment is bounded by
-    `max_q_len` where there are no more key rows than query rows, else by the key rows."""
-    longest_keys = max_k_len if max_k_len is not None else max_q_len if k_nope.shape[0] <= q.shape[0] else k_nope.shape[0]
-    short = causal and max(max_q_len, longest_keys) <= SHORT_PROMPT_TOKENS
+    SHORT_PROMPT_TOKENS keys takes the short tiles. Without `max_k_len` the longest key segment is taken as
+    `max_q_len` where there are no more key rows than query rows (in `mla_prefill`'s causal passes every segment has at
+    least as many keys as queries, so then exactly as many), else as all the key rows; it picks tiles only, never
+    the result."""
+    if max_k_len is None:
+        max_k_len = max_q_len if k_nope.shape[0] <= q.shape[0] else k_nope.shape[0]
+    short = causal and max(max_q_len, max_k_len) <= SHORT_PROMPT_TOKENS
     tuning = _tuning_for(tuning, q, k_nope, k_pe, v, short=short)
     if tuning.kernel in HOPPER_KERNELS:
         from mlakit.kernels.hopper_prefill import plan_launch
