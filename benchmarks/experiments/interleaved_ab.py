@@ -6,11 +6,12 @@ Usage, from the repository root on a GPU machine:
 
 OLD_SRC is a directory holding an `mlakit` package (e.g. `git archive HEAD src | tar -x -C old` gives old/src). Its
 copy is imported as `mlakit_old` (its imports renamed), beside the `mlakit` on PYTHONPATH. Per case, each round times
-both trees' `triton_mha_prefill` (`bench prefill`'s attention call: causal, bottom-right, median of do_bench with the
-L2 flushed), the order swapped every round, so that neither tree always runs first (a tiling's place in a process can
-move its time by up to 15%, NOTES.md p20). `--full CASE:CHUNK` times `mla_prefill` end to end instead, as `bench
-prefill`'s full part does, with prefix chunks of CHUNK tokens (paged cache, metadata made outside the call). Prints each round's times and, per case, the medians and the geometric
-mean of the paired new / old ratios with their range.
+both trees' `triton_mha_prefill` (`bench prefill`'s attention call: causal, bottom-right; median of do_bench with the
+L2 flushed, or with `--sustained` back to back once the clock has settled), the order swapped every round, so that
+neither tree always runs first (a tiling's place in a process can move its time by up to 15%, NOTES.md p20).
+`--full CASE:CHUNK` times `mla_prefill` end to end instead, as `bench prefill`'s full part does, with prefix chunks
+of CHUNK tokens (paged cache, metadata made outside the call). Prints each round's times and, per case, the medians
+and the geometric mean of the paired new / old ratios with their range.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from pathlib import Path
 
 import click
 import torch
+
+from mlakit.bench.timing import median_ms, sustained_ms
 
 RENAMED = re.compile(r"\bmlakit(?=[.\s])")
 
@@ -44,7 +47,7 @@ def attention_call(package: str, case_spec: str):
     """The tree's `bench prefill` attention call (Triton kernel, default tuning) on the case's seeded inputs."""
     bench = importlib.import_module(f"{package}.bench.prefill")
     inputs = bench.make_attention_inputs(bench.PrefillCase.parse(case_spec), torch.device("cuda"))
-    return bench._triton_kernel(None)(inputs), bench.median_ms
+    return bench._triton_kernel(None)(inputs)
 
 
 def full_call(package: str, spec: str):
@@ -63,7 +66,7 @@ def full_call(package: str, spec: str):
                          device=device, dtype=torch.bfloat16) * bench.KV_LORA_RANK**-0.5
     meta = plan_prefill([case.new_tokens] * case.batch, [case.seq_keys] * case.batch, paged.block_table,
                         bench.PAGE_SIZE, prefix_chunk_tokens=int(chunk), heads=case.heads)
-    return bench._prefill_call(q, paged.kv_cache, weight, meta), bench.median_ms
+    return bench._prefill_call(q, paged.kv_cache, weight, meta)
 
 
 @click.command()
@@ -71,7 +74,9 @@ def full_call(package: str, spec: str):
 @click.option("--case", "cases", multiple=True, help="heads,batch,new_tokens,prefix")
 @click.option("--full", "full_cases", multiple=True, help="heads,batch,new_tokens,prefix:chunk_tokens")
 @click.option("--rounds", default=8, show_default=True)
-def main(old_src: Path, cases: tuple[str, ...], full_cases: tuple[str, ...], rounds: int) -> None:
+@click.option("--sustained", is_flag=True, help="time back to back once the clock has settled (`timing.sustained_ms`)")
+def main(old_src: Path, cases: tuple[str, ...], full_cases: tuple[str, ...], rounds: int, sustained: bool) -> None:
+    time_ms = sustained_ms if sustained else median_ms
     with tempfile.TemporaryDirectory() as scratch:
         import_old_tree(old_src, Path(scratch))
         print(f"{torch.cuda.get_device_name()}; old tree {old_src}, new tree: the mlakit on PYTHONPATH")
@@ -80,8 +85,7 @@ def main(old_src: Path, cases: tuple[str, ...], full_cases: tuple[str, ...], rou
             times: dict[str, list[float]] = {"old": [], "new": []}
             for r in range(rounds):
                 for name in ("old", "new") if r % 2 == 0 else ("new", "old"):
-                    call, median_ms = calls[name]
-                    times[name].append(median_ms(call))
+                    times[name].append(time_ms(calls[name]))
                 print(f"{spec} round {r}: old {times['old'][-1]:.4f} ms, new {times['new'][-1]:.4f} ms")
             ratios = [n / o for n, o in zip(times["new"], times["old"], strict=True)]
             geomean = math.exp(statistics.fmean(math.log(x) for x in ratios))

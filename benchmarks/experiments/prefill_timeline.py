@@ -87,7 +87,8 @@ def run(specs: list[str]) -> None:
     """The timeline of each case (module docstring)."""
     import torch
 
-    from mlakit.bench.prefill import PrefillCase, _triton_kernel, make_attention_inputs, median_ms
+    from mlakit.bench.prefill import PrefillCase, _triton_kernel, make_attention_inputs
+    from mlakit.bench.timing import median_ms
     from mlakit.kernels import hopper_prefill
 
     if not hasattr(hopper_prefill, "TIMELINE"):

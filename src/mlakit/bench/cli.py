@@ -12,6 +12,7 @@ from click.core import ParameterSource
 from mlakit.bench import overhead as overhead_bench
 from mlakit.bench import prefill as prefill_bench
 from mlakit.bench.ceilings import measure_ceilings
+from mlakit.bench.timing import median_ms, sustained_ms
 from mlakit.bench.decode import (
     ANCHORS,
     DecodeCase,
@@ -272,7 +273,11 @@ def _parse_case(spec: str) -> DecodeCase:
                                                          "hopper or hopper_persistent, e.g. h64=128,64,4,3,hopper).")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=Path("prefill_bench.json"), show_default=True)
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=Path("prefill_bench.png"), show_default=True)
-def prefill(quick: bool, case_specs: tuple[str, ...], tunings: tuple[str, ...], json_path: Path, plot_path: Path) -> None:
+@click.option("--sustained", is_flag=True, help="Time every call (and the ceilings) back to back once the clock has "
+                                                "settled under the power cap, instead of do_bench's median with the "
+                                                "L2 flushed before each call.")
+def prefill(quick: bool, case_specs: tuple[str, ...], tunings: tuple[str, ...], json_path: Path, plot_path: Path,
+            sustained: bool) -> None:
     """Times the MHA-form prefill: the Triton attention kernel vs SDPA (and FlashAttention), and mla_prefill end to end."""
     if not torch.cuda.is_available():
         raise click.ClickException("mlakit bench prefill needs a CUDA device")
@@ -282,13 +287,16 @@ def prefill(quick: bool, case_specs: tuple[str, ...], tunings: tuple[str, ...], 
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
     device = torch.device("cuda")
-    ceilings = measure_ceilings(device)
-    click.echo(f"ceilings: copy {ceilings.copy_gb_per_s:.0f} GB/s, bf16 matmul {ceilings.matmul_tflop_per_s:.0f} TFLOP/s")
+    time_ms = sustained_ms if sustained else median_ms
+    ceilings = measure_ceilings(device, time_ms=time_ms)
+    click.echo(f"ceilings: copy {ceilings.copy_gb_per_s:.0f} GB/s, bf16 matmul {ceilings.matmul_tflop_per_s:.0f} TFLOP/s"
+               f" ({'sustained' if sustained else 'flushed'} timing)")
     budget = 0.9 * torch.cuda.get_device_properties(device).total_memory
-    run = prefill_bench.run_cases(cases, variants, device, ceilings, budget, click.echo)
+    run = prefill_bench.run_cases(cases, variants, device, ceilings, budget, click.echo, time_ms)
     for line in prefill_bench.summary(run.results):
         click.echo(line)
-    prefill_bench.write_results(json_path, environment(device, ceilings), run, budget)
+    env = {**environment(device, ceilings), "timing": "sustained" if sustained else "flushed"}
+    prefill_bench.write_results(json_path, env, run, budget)
     prefill_bench.plot_results(plot_path, run.results)
     click.echo(f"wrote {json_path} and {plot_path}")
 

@@ -1,7 +1,8 @@
 """`mlakit bench prefill`: the MHA-form prefill timed against the bf16 matmul ceiling.
 
 Each case is timed in two parts, median of `triton.testing.do_bench` (L2 flushed before each
-call), random N(0, 1) bf16 data, every candidate first checked against an fp32 reference of
+call) or, with `--sustained`, back to back once the power-capped clock has settled (`timing.sustained_ms`),
+random N(0, 1) bf16 data, every candidate first checked against an fp32 reference of
 sequence 0's last `CHECK_ROWS` queries:
 
 - attention: `triton_mha_prefill` alone on pre-decompressed k_nope / k_pe / v, each sequence's
@@ -30,6 +31,7 @@ import torch
 from mlakit.attention.functional import mla_prefill
 from mlakit.bench.ceilings import Ceilings
 from mlakit.bench.decode import DecodeCase, make_inputs
+from mlakit.bench.timing import median_ms
 from mlakit.prefill.mha import attend_heads, decompress, gather_rows
 from mlakit.prefill.metadata import DEFAULT_PREFIX_CHUNK_TOKENS, PrefillMetadata, plan_prefill
 
@@ -333,6 +335,7 @@ class Run:
 
     ceilings: Ceilings
     log: Callable[[str], None]
+    time_ms: Callable[[Call], float] = median_ms  # or `timing.sustained_ms`
     results: list[PrefillResult] = dataclasses.field(default_factory=list)
     skipped: list[Skipped] = dataclasses.field(default_factory=list)
 
@@ -355,7 +358,7 @@ class Run:
         try:
             call = prepare()
             error = check(call())
-            time_ms = median_ms(call)
+            time_ms = self.time_ms(call)
         except Exception as exc:
             self.skip(case, kernel, f"failed: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}")
             torch.cuda.empty_cache()
@@ -367,13 +370,6 @@ class Run:
         self.results.append(result)
         self.log(result.line())
         return result
-
-
-def median_ms(call: Call) -> float:
-    """Median milliseconds of `call` over do_bench's repetitions (L2 flushed before each)."""
-    from triton.testing import do_bench
-
-    return do_bench(call, warmup=25, rep=100, return_mode="median")
 
 
 def _reference_rows(case: PrefillCase, q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -436,10 +432,11 @@ def _run_full(run: Run, case: PrefillCase, device: torch.device) -> None:
 
 def run_cases(
     cases: list[PrefillCase], tunings: dict[str, PrefillTuning], device: torch.device, ceilings: Ceilings, budget: float,
-    log: Callable[[str], None],
+    log: Callable[[str], None], time_ms: Callable[[Call], float] = median_ms,
 ) -> Run:
-    """Both parts of every case whose footprint fits `budget` bytes (the baselines only where their copies fit too)."""
-    run = Run(ceilings, log)
+    """Both parts of every case whose footprint fits `budget` bytes (the baselines only where their copies fit too),
+    each call timed by `time_ms`."""
+    run = Run(ceilings, log, time_ms)
     kernels = attention_kernels(tunings)
     for case in cases:
         footprint = Footprint.of(case)

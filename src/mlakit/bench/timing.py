@@ -1,7 +1,9 @@
-"""Timing a call outside a CUDA graph: the host time per call and the eager time."""
+"""Timing a call outside a CUDA graph: the host time per call, the eager time (L2 flushed before each call), and
+the sustained time (back to back, the clock settled)."""
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -12,6 +14,11 @@ import torch
 # thousand small launches, fewer with large arguments such as TMA descriptors: 400 prefill calls filled
 # it on the H100), so that the loop measures the host and not the GPU.
 CALLS = 100
+# `sustained_ms`: seconds a call runs back to back before it is timed (the H100's power controller settles within
+# them), seconds it is timed for, and the longest synchronized batch while settling.
+SETTLE_SECONDS = 0.5
+WINDOW_SECONDS = 1.0
+SETTLE_BATCH_SECONDS = 0.1
 
 
 def host_us_per_call(call: Callable[[], object], calls: int = CALLS, rounds: int = 9) -> float:
@@ -29,8 +36,55 @@ def host_us_per_call(call: Callable[[], object], calls: int = CALLS, rounds: int
     return statistics.median(means)
 
 
-def eager_us(call: Callable[[], object]) -> float:
-    """do_bench's median microseconds of the eager call."""
+def median_ms(call: Callable[[], object]) -> float:
+    """do_bench's median milliseconds of the eager call, the L2 flushed before each repetition (the GPU idles
+    briefly there, so a clock held down by the power cap partly recovers before each call)."""
     from triton.testing import do_bench
 
-    return do_bench(call, warmup=25, rep=100, return_mode="median") * 1e3
+    return do_bench(call, warmup=25, rep=100, return_mode="median")
+
+
+def eager_us(call: Callable[[], object]) -> float:
+    """`median_ms` in microseconds."""
+    return median_ms(call) * 1e3
+
+
+def sustained_ms(call: Callable[[], object], settle_s: float = SETTLE_SECONDS,
+                 window_s: float = WINDOW_SECONDS) -> float:
+    """Mean milliseconds of `call` run back to back without an L2 flush, after `settle_s` seconds of the same:
+    the GPU's steady state in a run of such calls, where a clock held down by the power cap has settled
+    (benchmarks/NOTES.md, "Prefill is power-bound"). CUDA events around about `window_s` seconds of calls (at
+    least three); a call whose host time exceeds its GPU time is timed by the host.
+
+    >>> import torch
+    >>> if torch.cuda.is_available():
+    ...     x = torch.randn(1024, 1024, device="cuda")
+    ...     assert 0 < sustained_ms(lambda: x @ x, 0.05, 0.05) < 100
+    """
+    per_call_s = _settle(call, settle_s)
+    count = max(3, math.ceil(window_s / per_call_s))
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(count):
+        call()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / count
+
+
+def _settle(call: Callable[[], object], seconds: float) -> float:
+    """`call` back to back for about `seconds`, in synchronized batches that double up to SETTLE_BATCH_SECONDS:
+    the seconds per call of the last batch."""
+    began = time.perf_counter()
+    batch = 1
+    while True:
+        batch_began = time.perf_counter()
+        for _ in range(batch):
+            call()
+        torch.cuda.synchronize()
+        now = time.perf_counter()
+        per_call = (now - batch_began) / batch
+        if now - began >= seconds:
+            return per_call
+        if per_call * batch * 2 <= SETTLE_BATCH_SECONDS:
+            batch *= 2
