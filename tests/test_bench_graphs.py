@@ -160,6 +160,7 @@ def test_cli_graphs_passes_the_settings_and_defaults_its_own_json_file(monkeypat
     [
         (["--graphs", "--quick"], "--graphs replaces the kernel grid; drop --quick"),
         (["--graphs", "--heads", "16"], "--graphs replaces the kernel grid; drop --heads"),
+        (["--graphs", "--sustained"], "--graphs replaces the kernel grid; drop --sustained"),
         (["--graphs", "--case", "128,1,4096,1,bf16,64", "--no-baseline"], "drop --case, --no-baseline"),
         (["--graph-heads", "16"], "--graph-heads only apply with --graphs"),
         (["--graphs", "--graph-batches", "1,x"], "invalid literal"),
@@ -233,8 +234,9 @@ def test_cli_grid_heads_keeps_only_those_head_counts(monkeypatch, tmp_path):
     timed = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(DeviceInfo, "detect", classmethod(lambda cls, device="auto": DeviceInfo.from_arch("sm90")))
-    monkeypatch.setattr(bench_cli, "measure_ceilings", lambda device: Ceilings(100.0, 10.0))
-    monkeypatch.setattr(bench_cli, "run_cases", lambda cases, kernels, device, ceilings, log: timed.extend(cases) or [])
+    monkeypatch.setattr(bench_cli, "measure_ceilings", lambda device, time_ms: Ceilings(100.0, 10.0))
+    monkeypatch.setattr(bench_cli, "run_cases",
+                        lambda cases, kernels, device, ceilings, log, sustained: timed.extend(cases) or [])
     monkeypatch.setattr(bench_cli, "write_results", lambda path, env, rows: None)
     monkeypatch.setattr(bench_cli, "plot_results", lambda path, rows: None)
     monkeypatch.setattr(bench_cli, "environment", lambda device, ceilings: {})
@@ -244,6 +246,30 @@ def test_cli_grid_heads_keeps_only_those_head_counts(monkeypatch, tmp_path):
     assert timed and {case.heads for case in timed} == {64, 16}
     full = [case for case in bench_cli.default_cases(False) if case.heads in (64, 16)]
     assert timed == full
+
+
+@pytest.mark.parametrize("flag, timing", [([], "flushed"), (["--sustained"], "sustained")])
+def test_cli_sustained_times_the_ceilings_and_the_replays_back_to_back(monkeypatch, tmp_path, flag, timing):
+    from mlakit.bench import cli as bench_cli
+    from mlakit.bench import timing as timers
+    from mlakit.device import DeviceInfo
+
+    seen = {}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(DeviceInfo, "detect", classmethod(lambda cls, device="auto": DeviceInfo.from_arch("sm90")))
+    monkeypatch.setattr(bench_cli, "measure_ceilings",
+                        lambda device, time_ms: seen.update(ceilings=time_ms) or Ceilings(100.0, 10.0))
+    monkeypatch.setattr(bench_cli, "run_cases",
+                        lambda cases, kernels, device, ceilings, log, sustained: seen.update(sustained=sustained) or [])
+    monkeypatch.setattr(bench_cli, "write_results", lambda path, env, rows: seen.update(env=env))
+    monkeypatch.setattr(bench_cli, "plot_results", lambda path, rows: None)
+    monkeypatch.setattr(bench_cli, "environment", lambda device, ceilings: {})
+    result = CliRunner().invoke(bench, ["decode", "--case", "16,1,1024,1,bf16,64", "--no-baseline", *flag,
+                                        "--json", str(tmp_path / "x.json"), "--plot", str(tmp_path / "x.png")])
+    assert result.exit_code == 0, result.output
+    assert seen["sustained"] == (timing == "sustained")
+    assert seen["ceilings"] is (timers.sustained_ms if timing == "sustained" else timers.median_ms)
+    assert seen["env"] == {"timing": timing}
 
 
 def test_cli_grid_heads_that_match_no_case_are_a_usage_error(monkeypatch):

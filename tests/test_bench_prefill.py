@@ -73,3 +73,29 @@ def test_cli_needs_cuda():
     result = CliRunner().invoke(bench, ["prefill", "--quick"])
     assert result.exit_code != 0
     assert "mlakit bench prefill needs a CUDA device" in result.output
+
+
+@pytest.mark.parametrize("flag, timing", [([], "flushed"), (["--sustained"], "sustained")])
+def test_cli_sustained_times_the_ceilings_and_every_call_back_to_back(monkeypatch, tmp_path, flag, timing):
+    from mlakit.bench import cli as bench_cli
+    from mlakit.bench import timing as timers
+    from mlakit.bench.ceilings import Ceilings
+
+    seen = {}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: type("P", (), {"total_memory": 2**30}))
+    monkeypatch.setattr(bench_cli, "measure_ceilings",
+                        lambda device, time_ms: seen.update(ceilings=time_ms) or Ceilings(100.0, 10.0))
+    monkeypatch.setattr(bench_cli.prefill_bench, "run_cases",
+                        lambda cases, variants, device, ceilings, budget, log, time_ms: seen.update(calls=time_ms)
+                        or bench_cli.prefill_bench.Run(ceilings, log, time_ms))
+    monkeypatch.setattr(bench_cli.prefill_bench, "write_results", lambda path, env, run, budget: seen.update(env=env))
+    monkeypatch.setattr(bench_cli.prefill_bench, "plot_results", lambda path, results: None)
+    monkeypatch.setattr(bench_cli, "environment", lambda device, ceilings: {})
+    result = CliRunner().invoke(bench, ["prefill", "--case", "2,1,64,0", *flag, "--json", str(tmp_path / "x.json"),
+                                        "--plot", str(tmp_path / "x.png")])
+    assert result.exit_code == 0, result.output
+    expected = timers.sustained_ms if timing == "sustained" else timers.median_ms
+    assert seen["ceilings"] is expected and seen["calls"] is expected
+    assert seen["env"] == {"timing": timing}
+    assert f"({timing} timing)" in result.output

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from mlakit.bench.ceilings import Ceilings
-from mlakit.bench.timing import eager_us, host_us_per_call
+from mlakit.bench.timing import eager_us, host_us_per_call, sustained_ms
 from mlakit.cache.kv_quant import FP8_DTYPE, STORAGE_DTYPES
 from mlakit.graphs import capture_graph
 
@@ -103,11 +103,15 @@ DecodeCall = Callable[[], tuple[torch.Tensor, torch.Tensor | None]]
 KernelFactory = Callable[[DecodeInputs], DecodeCall]
 
 
-def time_graph_replay(call: DecodeCall) -> float:
-    """Median microseconds of a CUDA-graph replay of one call."""
+def time_graph_replay(call: DecodeCall, sustained: bool = False) -> float:
+    """Microseconds of a CUDA-graph replay of one call: do_bench's median, the L2 flushed before each replay, or
+    with `sustained` the mean of replays back to back once the clock has settled (`timing.sustained_ms`; a cache
+    that fits L2 then stays there between replays)."""
     from triton.testing import do_bench
 
     graph, _ = capture_graph(call, warmup=1)
+    if sustained:
+        return sustained_ms(graph.replay) * 1e3
     return do_bench(graph.replay, warmup=25, rep=200, return_mode="median") * 1e3
 
 
@@ -133,9 +137,11 @@ def run_cases(
     device: torch.device,
     ceilings: Ceilings,
     log: Callable[[str], None],
+    sustained: bool = False,
 ) -> list[dict[str, object]]:
-    """Checks then times every kernel on every case (CUDA-graph replay; and outside a graph, the host time per
-    call of a loop without sync and the eager do_bench time); one result row per (case, kernel), with `x_first`, the
+    """Checks then times every kernel on every case (CUDA-graph replay, `time_graph_replay` with `sustained`; and
+    outside a graph, the host time per call of a loop without sync and the eager do_bench time); one result row
+    per (case, kernel), with `x_first`, the
     time over the first kernel's on the same case. A kernel whose preparation raises CaseNotSupported
     is skipped for that case, with its reason in the log."""
     anchors, anchor_ragged_tokens = anchor_times()
@@ -149,7 +155,7 @@ def run_cases(
             try:
                 error = check_against_reference(factory, inputs)
                 call = factory(inputs)
-                time_us = time_graph_replay(call)
+                time_us = time_graph_replay(call, sustained)
                 host_us, eager = host_us_per_call(call), eager_us(call)
             except CaseNotSupported as exc:
                 log(f"{case.label:<28} {name:<10} skipped: {exc}")
