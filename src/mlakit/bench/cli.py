@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -12,7 +13,6 @@ from click.core import ParameterSource
 from mlakit.bench import overhead as overhead_bench
 from mlakit.bench import prefill as prefill_bench
 from mlakit.bench.ceilings import measure_ceilings
-from mlakit.bench.timing import median_ms, sustained_ms
 from mlakit.bench.decode import (
     ANCHORS,
     DecodeCase,
@@ -26,6 +26,7 @@ from mlakit.bench.decode import (
 )
 from mlakit.bench.peers import backend_kernel, parse_backends, usable_decode_backends
 from mlakit.bench.decode_targets import anchor_simple_triton_times, check_round3_targets, check_targets, result_rows
+from mlakit.bench.timing import median_ms, sustained_ms
 from mlakit.device import DeviceInfo
 from mlakit.errors import ConfigError
 
@@ -61,6 +62,11 @@ def _tuned_kernel(spec: str | None) -> KernelFactory:
         )
 
     return prepare
+
+
+def _timing(sustained: bool) -> tuple[Callable[[Callable[[], object]], float], str]:
+    """The `--sustained` flag's timer for calls and ceilings, and its name for the log and the results file."""
+    return (sustained_ms, "sustained") if sustained else (median_ms, "flushed")
 
 
 GRID_OPTIONS = ("quick", "grid_heads", "case_specs", "backends_spec", "tunings", "no_baseline", "plot_path", "sustained")
@@ -172,11 +178,12 @@ def decode(
     ]
     if not cases:
         raise click.UsageError(f"--heads: the grid has no case with {', '.join(map(str, grid_heads))} heads")
-    ceilings = measure_ceilings(device, time_ms=sustained_ms if sustained else median_ms)
+    time_ms, timing = _timing(sustained)
+    ceilings = measure_ceilings(device, time_ms=time_ms)
     click.echo(f"ceilings: copy {ceilings.copy_gb_per_s:.0f} GB/s, bf16 matmul {ceilings.matmul_tflop_per_s:.0f} TFLOP/s"
-               f" ({'sustained' if sustained else 'flushed'} timing)")
+               f" ({timing} timing)")
     rows = run_cases(cases, kernels, device, ceilings, click.echo, sustained)
-    write_results(json_path, {**environment(device, ceilings), "timing": "sustained" if sustained else "flushed"}, rows)
+    write_results(json_path, {**environment(device, ceilings), "timing": timing}, rows)
     plot_results(plot_path, rows)
     click.echo(f"wrote {json_path} and {plot_path}")
     _echo_targets(rows)
@@ -293,16 +300,15 @@ def prefill(quick: bool, case_specs: tuple[str, ...], tunings: tuple[str, ...], 
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
     device = torch.device("cuda")
-    time_ms = sustained_ms if sustained else median_ms
+    time_ms, timing = _timing(sustained)
     ceilings = measure_ceilings(device, time_ms=time_ms)
     click.echo(f"ceilings: copy {ceilings.copy_gb_per_s:.0f} GB/s, bf16 matmul {ceilings.matmul_tflop_per_s:.0f} TFLOP/s"
-               f" ({'sustained' if sustained else 'flushed'} timing)")
+               f" ({timing} timing)")
     budget = 0.9 * torch.cuda.get_device_properties(device).total_memory
     run = prefill_bench.run_cases(cases, variants, device, ceilings, budget, click.echo, time_ms)
     for line in prefill_bench.summary(run.results):
         click.echo(line)
-    env = {**environment(device, ceilings), "timing": "sustained" if sustained else "flushed"}
-    prefill_bench.write_results(json_path, env, run, budget)
+    prefill_bench.write_results(json_path, {**environment(device, ceilings), "timing": timing}, run, budget)
     prefill_bench.plot_results(plot_path, run.results)
     click.echo(f"wrote {json_path} and {plot_path}")
 

@@ -141,9 +141,8 @@ def run_cases(
 ) -> list[dict[str, object]]:
     """Checks then times every kernel on every case (CUDA-graph replay, `time_graph_replay` with `sustained`; and
     outside a graph, the host time per call of a loop without sync and the eager do_bench time); one result row
-    per (case, kernel), with `x_first`, the
-    time over the first kernel's on the same case. A kernel whose preparation raises CaseNotSupported
-    is skipped for that case, with its reason in the log."""
+    per (case, kernel), with `x_first`, the time over the first kernel's on the same case. A kernel whose
+    preparation raises CaseNotSupported is skipped for that case, with its reason in the log."""
     anchors, anchor_ragged_tokens = anchor_times()
     rows = []
     for case in cases:
