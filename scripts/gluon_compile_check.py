@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""Compiles the Hopper prefill kernel (`mlakit.kernels.hopper_prefill`) for sm_90a without a GPU and
-reports, per configuration, registers per thread, spills and shared memory (ptxas -v).
+"""Compiles the Gluon kernels for sm_90a without a GPU, specialized as a launch would specialize them (argument
+dtypes, 16-byte alignment and divisibility, constexprs), and reports per configuration shared memory, spills
+(ptxas -v) and the PTX's barrier, wgmma and wgmma-wait counts.
 
-    python scripts/gluon_compile_check.py                      # with the installed triton
-    python scripts/gluon_compile_check.py --kernel hopper_persistent   # the persistent form (or: both)
+    python scripts/gluon_compile_check.py                      # the prefill kernel, with the installed triton
+    python scripts/gluon_compile_check.py --kernel hopper_persistent   # its persistent form (or: both)
+    python scripts/gluon_compile_check.py --kernel seesaw      # the decode seesaw (`hopper_decode`)
     PYTHONPATH=/path/to/triton-3.6/site-packages python scripts/gluon_compile_check.py   # the device's version
 
 Gluon kernels do not run under the CPU interpreter; this catches what the compiler refuses (layouts,
@@ -12,11 +14,13 @@ shapes, shared memory over the limit) and register spills before device time is 
 
 from __future__ import annotations
 
+import collections
 import itertools
 import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -24,19 +28,73 @@ import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
+from triton.compiler import make_backend
 from triton.experimental.gluon._runtime import GluonASTSource
-from triton.runtime.jit import mangle_type
+from triton.runtime.jit import create_function_from_signature
 
+from mlakit.kernels import hopper_decode as hd
 from mlakit.kernels import hopper_prefill as hp
 from mlakit.kernels.hopper_common import matrix_descriptor
 
 SM90 = GPUTarget("cuda", 90, 32)
-CONSTEXPRS = ("NOPE_DIM", "ROPE_DIM", "V_DIM", "BLOCK_N", "STAGES", "CAUSAL", "MERGE", "Q_BUFFERS")
 
 
-def _arguments(nope: int, rope: int, v_dim: int, block_n: int, dtype: torch.dtype) -> list[object]:
-    """Stand-ins for the kernel's runtime arguments (a 16-head batch of CPU tensors: only dtypes and
-    the descriptors' boxes matter for the signature)."""
+def compile_like_launch(fn: object, args: list[object], constants: dict[str, object]) -> object:
+    """`fn` compiled for sm_90a as `fn[grid](*args, **constants)` would compile it on an H100: Triton's own binder
+    (for the sm_90 backend) specializes the arguments."""
+    backend = make_backend(SM90)
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    bound, specialization, options = binder(*args, **constants)
+    options, signature, constexprs, attrs = fn._pack_args(backend, constants, bound, specialization, options)
+    return triton.compile(GluonASTSource(fn, signature, constexprs, attrs), target=SM90, options=options.__dict__)
+
+
+def spill_lines(kernel: object) -> list[tuple[str, str, int]]:
+    """Where a compiled kernel's spill stores and loads (SASS STL / LDL) come from: (source file:line, STL or LDL,
+    count), most first, from nvdisasm's line information."""
+    nvdisasm = str(Path(get_ptxas(90).path).with_name("nvdisasm"))
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp, "k.cubin")
+        cubin.write_bytes(kernel.asm["cubin"])
+        sass = subprocess.run([nvdisasm, "-g", "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
+    where, counts = "?", collections.Counter()
+    for line in sass.splitlines():
+        source = re.search(r'//## File "([^"]+)", line (\d+)', line)
+        if source:
+            where = f"{Path(source.group(1)).name}:{source.group(2)}"
+        elif spill := re.search(r"\b(STL|LDL)\b", line):
+            counts[where, spill.group(1)] += 1
+    return [(where, op, n) for (where, op), n in counts.most_common()]
+
+
+def report(compile_kernel: Callable[[], object], where_spills: bool = False) -> str:
+    """A compiled kernel's shared memory, spills (ptxas -v) and PTX barrier / wgmma / wgmma-wait counts, or the
+    compiler's error (the innermost of its chain); with `where_spills`, the source lines of its spills."""
+    try:
+        kernel = compile_kernel()
+    except Exception as exc:
+        while exc.__cause__ is not None or exc.__context__ is not None:
+            exc = exc.__cause__ or exc.__context__
+        return f"FAILED: {type(exc).__name__}: {str(exc)[-1500:]}"
+    ptx = kernel.asm["ptx"]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp, "k.ptx")
+        path.write_text(ptx)
+        ptxas = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", str(path), "-o", str(Path(tmp, "k.cubin"))],
+                               capture_output=True, text=True).stderr
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", ptxas)
+    barriers = len(re.findall(r"^\s*(?:@%p\d+\s+)?(?:bar|barrier)\.", ptx, re.M))
+    mmas, waits = len(re.findall(r"wgmma\.mma_async", ptx)), len(re.findall(r"wgmma\.wait_group", ptx))
+    line = (f"ok: shared {kernel.metadata.shared} B, spills (stores, loads) {spills}, barriers {barriers}, "
+            f"wgmma {mmas}, wgmma waits {waits}")
+    if where_spills:
+        line += "".join(f"\n    {n:4d} {op} {where}" for where, op, n in spill_lines(kernel))
+    return line
+
+
+def _prefill_arguments(nope: int, rope: int, v_dim: int, block_n: int, dtype: torch.dtype) -> list[object]:
+    """Stand-ins for the prefill kernel's runtime arguments (a 16-head batch of CPU tensors: only dtypes, alignment
+    and the descriptors' boxes matter)."""
     heads, tokens = 16, 256
     q = torch.empty(tokens, heads, nope + rope, dtype=dtype)
     kv = torch.empty(tokens, heads, nope + v_dim, dtype=dtype)
@@ -56,49 +114,55 @@ def _arguments(nope: int, rope: int, v_dim: int, block_n: int, dtype: torch.dtyp
             out.stride(1), lse.stride(0)]
 
 
-# The kernels by `PrefillTuning.kernel` name, and the persistent one's schedule arguments (units, row blocks,
-# heads, head group: unspecialized, any values do) and its int32 unit counter.
+# The prefill kernels by `PrefillTuning.kernel` name, and the persistent one's schedule arguments (units, row
+# blocks, heads, head group: unspecialized, any values do) and its int32 unit counter.
 KERNELS = {"hopper": hp.mha_prefill_hopper_kernel, "hopper_persistent": hp.mha_prefill_hopper_persistent_kernel}
 SCHEDULE = [1000, 10, 100, 7, torch.zeros(1, dtype=torch.int32)]
 
 
 def compile_one(nope: int, rope: int, v_dim: int, block_n: int, stages: int, causal: bool, merge: bool,
-                dtype: torch.dtype, kernel: str = "hopper") -> str:
-    """One configuration compiled to a cubin; its ptxas resource line (or the compiler's error)."""
-    fn = KERNELS[kernel]
-    names = [p.name for p in fn.params]
-    runtime = [n for n in names if n not in CONSTEXPRS]
-    arguments = _arguments(nope, rope, v_dim, block_n, dtype) + (SCHEDULE if kernel == "hopper_persistent" else [])
-    values = dict(zip(runtime, arguments, strict=True))
-    constexprs = dict(NOPE_DIM=nope, ROPE_DIM=rope, V_DIM=v_dim, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal,
-                      MERGE=merge)
+                dtype: torch.dtype, kernel: str = "hopper", where_spills: bool = False) -> str:
+    """One prefill configuration compiled to a cubin: `report`'s line."""
+    arguments = _prefill_arguments(nope, rope, v_dim, block_n, dtype) + (SCHEDULE if kernel == "hopper_persistent"
+                                                                         else [])
+    constants = dict(NOPE_DIM=nope, ROPE_DIM=rope, V_DIM=v_dim, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal,
+                     MERGE=merge, num_warps=4)
     if kernel == "hopper_persistent":
-        constexprs["Q_BUFFERS"] = hp.q_buffers(nope, rope, v_dim, block_n, stages)
-    signature = {n: "constexpr" if n in constexprs else mangle_type(values[n]) for n in names}
-    source = GluonASTSource(fn, signature, {(names.index(n),): v for n, v in constexprs.items()})
-    try:
-        kernel = triton.compile(source, target=SM90, options={"num_warps": 4})
-    except Exception as exc:  # the compiler's own message is the report: the innermost of the chain
-        while exc.__cause__ is not None or exc.__context__ is not None:
-            exc = exc.__cause__ or exc.__context__
-        return f"FAILED: {type(exc).__name__}: {str(exc)[-1500:]}"
-    with tempfile.TemporaryDirectory() as tmp:
-        ptx = Path(tmp, "k.ptx")
-        ptx.write_text(kernel.asm["ptx"])
-        report = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", str(ptx), "-o", str(Path(tmp, "k.cubin"))],
-                                capture_output=True, text=True).stderr
-    used = re.findall(r"Used (\d+) registers", report)
-    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
-    return f"ok: shared {kernel.metadata.shared} B, registers {used}, spills (stores, loads) {spills}"
+        constants["Q_BUFFERS"] = hp.q_buffers(nope, rope, v_dim, block_n, stages)
+    return report(lambda: compile_like_launch(KERNELS[kernel], arguments, constants), where_spills)
 
 
-@click.command()
-@click.option("--dims", default="128,64,128;64,32,64", show_default=True, help="nope,rope,v sets, ';'-separated")
-@click.option("--block-n", "block_ns", default="64,128", show_default=True)
-@click.option("--stages", "stage_counts", default="2,3", show_default=True)
-@click.option("--kernel", "kernel_name", type=click.Choice([*KERNELS, "both"]), default="hopper", show_default=True)
-def main(dims: str, block_ns: str, stage_counts: str, kernel_name: str) -> None:
-    print(f"triton {triton.__version__}")
+def seesaw_arguments(heads: int, q_len: int, kv_dtype: torch.dtype, merge: bool, batch: int = 64, page_size: int = 64,
+                     kv_lora_rank: int = 512, rope_dim: int = 64) -> tuple[list[object], dict[str, object]]:
+    """Stand-ins for the decode seesaw's arguments and constants, laid out as `triton_decode`'s launch passes them
+    through `hopper_decode.prepare` (a decode lse `[batch, heads, q_len]`, partials padded to 16 rows)."""
+    tokens = batch * q_len
+    q = torch.empty(tokens, heads, kv_lora_rank + rope_dim, dtype=torch.bfloat16)
+    pages = torch.empty(256, page_size, kv_lora_rank + rope_dim, dtype=kv_dtype)
+    block_table = torch.zeros(batch, 64, dtype=torch.int32)
+    seqlens = torch.zeros(batch, dtype=torch.int32)
+    work = torch.zeros(1024, 5, dtype=torch.int32)
+    work_state = torch.zeros(3, dtype=torch.int32)
+    merge_state = torch.zeros(batch * 4, dtype=torch.int32)
+    out = torch.empty(tokens, heads, kv_lora_rank, dtype=torch.bfloat16)
+    lse = torch.empty(batch, heads, q_len, dtype=torch.float32)
+    part_out = torch.empty(batch, 4, -(-q_len * heads // 16) * 16, kv_lora_rank, dtype=torch.float32)
+    part_lse = torch.empty(part_out.shape[:3], dtype=torch.float32)
+    strides = ((q.stride(0), q.stride(1)), (pages.stride(0), pages.stride(1)), block_table.stride(0),
+               (out.stride(0), out.stride(1)), (0, lse.stride(0), lse.stride(2), lse.stride(1)),
+               (part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1)))
+    fp8 = kv_dtype == hd.FP8_DTYPE
+    scale_or_state = torch.ones(1, dtype=torch.float32) if fp8 else work_state
+    arguments = [q, *hd.chunk_descriptors(pages, kv_lora_rank), scale_or_state, block_table, seqlens, work, out, lse,
+                 part_out, part_lse, 0.1, *strides, work_state, 1000, -(-q_len * heads // hd.BLOCK_M.value),
+                 merge_state]
+    constants = dict(HEADS=heads, PAGE_SIZE=page_size, KV_LORA_RANK=kv_lora_rank, ROPE_DIM=rope_dim, MERGE=merge,
+                     num_warps=4)
+    return arguments, constants
+
+
+def _prefill_main(dims: str, block_ns: str, stage_counts: str, kernel_name: str, where_spills: bool) -> bool:
+    """Every prefill configuration of the grid; whether one failed."""
     failed = False
     for spec, block_n, stages in itertools.product(dims.split(";"), map(int, block_ns.split(",")),
                                                    map(int, stage_counts.split(","))):
@@ -109,9 +173,42 @@ def main(dims: str, block_ns: str, stage_counts: str, kernel_name: str) -> None:
             continue
         for kernel, causal, merge in itertools.product(list(KERNELS) if kernel_name == "both" else [kernel_name],
                                                        (True, False), (False, True)):
-            line = compile_one(nope, rope, v_dim, block_n, stages, causal, merge, torch.bfloat16, kernel)
+            line = compile_one(nope, rope, v_dim, block_n, stages, causal, merge, torch.bfloat16, kernel, where_spills)
             failed |= line.startswith("FAILED")
             print(f"{kernel} {shape} causal {causal} merge {merge}: {line}")
+    return failed
+
+
+def _seesaw_main(heads_list: str, q_lens: str, where_spills: bool) -> bool:
+    """The decode seesaw for each head count and q_len, 16-bit and fp8 pages, with and without the in-kernel merge;
+    whether one failed."""
+    failed = False
+    for heads, q_len, kv_dtype, merge in itertools.product(map(int, heads_list.split(",")), map(int, q_lens.split(",")),
+                                                           (torch.bfloat16, hd.FP8_DTYPE), (True, False)):
+        arguments, constants = seesaw_arguments(heads, q_len, kv_dtype, merge)
+        line = report(lambda: compile_like_launch(hd.mla_decode_hopper_seesaw_kernel, arguments, constants),
+                      where_spills)
+        failed |= line.startswith("FAILED")
+        print(f"seesaw heads {heads} q_len {q_len} {str(kv_dtype).removeprefix('torch.')} merge {merge}: {line}")
+    return failed
+
+
+@click.command()
+@click.option("--dims", default="128,64,128;64,32,64", show_default=True, help="prefill: nope,rope,v sets, ';'-separated")
+@click.option("--block-n", "block_ns", default="64,128", show_default=True, help="prefill: key tile widths")
+@click.option("--stages", "stage_counts", default="2,3", show_default=True, help="prefill: ring depths")
+@click.option("--heads", "heads_list", default="128,16", show_default=True, help="seesaw: head counts")
+@click.option("--q-lens", "q_lens", default="1", show_default=True, help="seesaw: query tokens per sequence")
+@click.option("--kernel", "kernel_name", type=click.Choice([*KERNELS, "both", "seesaw"]), default="hopper",
+              show_default=True)
+@click.option("--where-spills", is_flag=True, help="List the source lines of each configuration's spills (nvdisasm).")
+def main(dims: str, block_ns: str, stage_counts: str, heads_list: str, q_lens: str, kernel_name: str,
+         where_spills: bool) -> None:
+    print(f"triton {triton.__version__}")
+    if kernel_name == "seesaw":
+        failed = _seesaw_main(heads_list, q_lens, where_spills)
+    else:
+        failed = _prefill_main(dims, block_ns, stage_counts, kernel_name, where_spills)
     sys.exit(1 if failed else 0)
 
 
