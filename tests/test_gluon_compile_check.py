@@ -1,0 +1,47 @@
+"""`scripts/gluon_compile_check.py` builds each kernel's arguments by hand: they must keep matching the kernels'
+parameters (checked without compiling; the compile itself needs Triton 3.6 and runs by hand)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from mlakit.kernels import hopper_decode, hopper_prefill
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gluon_compile_check.py"
+
+
+@pytest.fixture(scope="module")
+def script():
+    spec = importlib.util.spec_from_file_location("gluon_compile_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _runtime_parameters(kernel, constants) -> list[str]:
+    return [p.name for p in kernel.params if p.name not in constants]
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, hopper_decode.FP8_DTYPE])
+def test_seesaw_arguments_fill_every_parameter(script, kv_dtype):
+    arguments, constants = script.seesaw_arguments(16, 4, kv_dtype, merge=True)
+    kernel = hopper_decode.mla_decode_hopper_seesaw_kernel
+    assert len(arguments) == len(_runtime_parameters(kernel, constants))
+    assert {"HEADS", "PAGE_SIZE", "KV_LORA_RANK", "ROPE_DIM", "MERGE"} <= set(constants)
+    assert arguments[3].dtype == (torch.float32 if kv_dtype == hopper_decode.FP8_DTYPE else torch.int32)
+
+
+@pytest.mark.parametrize("kernel_name", ["hopper", "hopper_persistent"])
+def test_prefill_arguments_fill_every_parameter(script, kernel_name):
+    arguments = script._prefill_arguments(128, 64, 128, 128, torch.bfloat16)
+    if kernel_name == "hopper_persistent":
+        arguments += script.SCHEDULE
+    constexprs = {"NOPE_DIM", "ROPE_DIM", "V_DIM", "BLOCK_N", "STAGES", "CAUSAL", "MERGE", "Q_BUFFERS"}
+    kernel = {"hopper": hopper_prefill.mha_prefill_hopper_kernel,
+              "hopper_persistent": hopper_prefill.mha_prefill_hopper_persistent_kernel}[kernel_name]
+    assert script.KERNELS[kernel_name] is kernel
+    assert len(arguments) == len(_runtime_parameters(kernel, constexprs))
