@@ -28,6 +28,7 @@ from pathlib import Path
 import click
 import torch
 
+from mlakit.bench.prefill import FullInputs, PrefillCase
 from mlakit.bench.timing import median_ms, sustained_ms
 
 RENAMED = re.compile(r"\bmlakit(?=[.\s])")
@@ -51,22 +52,16 @@ def attention_call(package: str, case_spec: str):
 
 
 def full_call(package: str, spec: str):
-    """The tree's `mla_prefill` over `spec` = CASE:CHUNK, as `bench prefill`'s full part calls it."""
+    """The tree's `mla_prefill` over `spec` = CASE:CHUNK, as `bench prefill`'s full part calls it: the inputs from
+    `FullInputs` (the same seeded data for both trees), the metadata from the tree's own `plan_prefill`."""
     case_spec, chunk = spec.split(":")
     bench = importlib.import_module(f"{package}.bench.prefill")
-    decode_bench = importlib.import_module(f"{package}.bench.decode")
     plan_prefill = importlib.import_module(f"{package}.prefill.metadata").plan_prefill
-    case = bench.PrefillCase.parse(case_spec)
-    device = torch.device("cuda")
-    paged = decode_bench.make_inputs(decode_bench.DecodeCase(case.heads, case.batch, case.seq_keys,
-                                                             page_size=bench.PAGE_SIZE), device)
-    gen = torch.Generator(device=device).manual_seed(1)
-    q = torch.randn(case.query_rows, case.heads, bench.QK_DIM, generator=gen, device=device, dtype=torch.bfloat16)
-    weight = torch.randn(case.heads * (bench.NOPE_DIM + bench.V_DIM), bench.KV_LORA_RANK, generator=gen,
-                         device=device, dtype=torch.bfloat16) * bench.KV_LORA_RANK**-0.5
-    meta = plan_prefill([case.new_tokens] * case.batch, [case.seq_keys] * case.batch, paged.block_table,
+    case = PrefillCase.parse(case_spec)
+    inputs = FullInputs.make(case, torch.device("cuda"))
+    meta = plan_prefill([case.new_tokens] * case.batch, [case.seq_keys] * case.batch, inputs.paged.block_table,
                         bench.PAGE_SIZE, prefix_chunk_tokens=int(chunk), heads=case.heads)
-    return bench._prefill_call(q, paged.kv_cache, weight, meta)
+    return bench._prefill_call(inputs.q, inputs.paged.kv_cache, inputs.weight, meta)
 
 
 @click.command()

@@ -7,21 +7,21 @@ Usage, from the repository root on a GPU machine (FlashMLA on PYTHONPATH for its
 For the cuBLAS matmul of `bench`'s ceiling; per prefill case (heads,batch,new,prefix) our attention and SDPA on
 `bench prefill`'s inputs; per decode case (`decode_case.parse_case`'s spec) our decode and FlashMLA's, each
 captured GRAPH_CALLS times in one CUDA graph (their host cost would otherwise set the pace): runs the call back to
-back for SECONDS while `nvidia-smi` samples the SM clock, power draw and active clock throttle reasons every 100 ms,
-and prints the medians of the samples taken in the second half of the run (after the clock has settled) with the
-call's mean time.
+back for SECONDS (`timing.sustained_ms`) while `nvidia-smi` samples the SM clock, power draw and active clock
+throttle reasons every 100 ms, and prints the medians of the samples taken in the second half of the run (after the
+clock has settled) with the call's mean time.
 """
 
 from __future__ import annotations
 
 import statistics
 import subprocess
-import time
 
 import click
 import torch
 
 from mlakit.bench.prefill import PrefillCase, _sdpa, _triton_kernel, make_attention_inputs
+from mlakit.bench.timing import sustained_ms
 
 SECONDS = 4.0
 GRAPH_CALLS = 20
@@ -29,27 +29,18 @@ QUERY = "clocks.sm,power.draw,clocks_throttle_reasons.active"
 
 
 def sustained(name: str, call, calls_per_call: int = 1) -> None:
-    """`call` back to back for SECONDS under nvidia-smi's sampling; the settled medians and the time per call
-    (`calls_per_call` of the timed calls in each, for a graph's replay)."""
-    call()
-    torch.cuda.synchronize()
+    """`timing.sustained_ms` of `call` (settling for half of SECONDS, timed over the other half) under nvidia-smi's
+    sampling: the medians of the second half's samples and the time per call (`calls_per_call` of the timed calls
+    in each, for a graph's replay)."""
     sampler = subprocess.Popen(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits", "-lms", "100"],
                                stdout=subprocess.PIPE, text=True)
-    start = time.perf_counter()
-    calls = 0
-    while time.perf_counter() - start < SECONDS:
-        for _ in range(10):
-            call()
-        torch.cuda.synchronize()
-        calls += 10
-    elapsed = time.perf_counter() - start
+    per_call_us = sustained_ms(call, SECONDS / 2, SECONDS / 2) / calls_per_call * 1e3
     sampler.terminate()
     rows = [line.split(", ") for line in sampler.stdout.read().strip().splitlines()]
     settled = rows[len(rows) // 2:]
     clock = statistics.median(float(r[0]) for r in settled)
     power = statistics.median(float(r[1]) for r in settled)
     reasons = sorted({r[2] for r in settled})
-    per_call_us = elapsed / (calls * calls_per_call) * 1e6
     print(f"{name:28s} {per_call_us:9.1f} us a call, SM clock {clock:6.0f} MHz, power {power:5.0f} W, "
           f"throttle reasons {reasons}")
 

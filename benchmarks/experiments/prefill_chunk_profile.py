@@ -15,27 +15,19 @@ import sys
 import torch
 from cuda_profile import kernel_times
 
-from mlakit.bench.decode import DecodeCase, make_inputs
-from mlakit.bench.prefill import KV_LORA_RANK, NOPE_DIM, PAGE_SIZE, QK_DIM, V_DIM, PrefillCase, _prefill_call
-from mlakit.prefill.metadata import plan_prefill
+from mlakit.bench.prefill import FullInputs, PrefillCase, _prefill_call
 
 CALLS = 3
 
 
 def main(spec: str, chunks: list[int]) -> None:
     case = PrefillCase.parse(spec)
-    device = torch.device("cuda")
-    paged = make_inputs(DecodeCase(case.heads, case.batch, case.seq_keys, page_size=PAGE_SIZE), device)
-    gen = torch.Generator(device=device).manual_seed(1)
-    q = torch.randn(case.query_rows, case.heads, QK_DIM, generator=gen, device=device, dtype=torch.bfloat16)
-    weight = torch.randn(case.heads * (NOPE_DIM + V_DIM), KV_LORA_RANK, generator=gen, device=device,
-                         dtype=torch.bfloat16) * KV_LORA_RANK**-0.5
+    inputs = FullInputs.make(case, torch.device("cuda"))
     plans = {"one_piece": max(1, case.batch * case.prefix), **{f"chunk_{n}": n for n in chunks}}
     profiles = {}
     for name, chunk in plans.items():
-        meta = plan_prefill([case.new_tokens] * case.batch, [case.seq_keys] * case.batch, paged.block_table,
-                            PAGE_SIZE, prefix_chunk_tokens=chunk, heads=case.heads)
-        profiles[name] = kernel_times(_prefill_call(q, paged.kv_cache, weight, meta), CALLS)
+        meta = inputs.plan(chunk)
+        profiles[name] = kernel_times(_prefill_call(inputs.q, inputs.paged.kv_cache, inputs.weight, meta), CALLS)
         total = sum(us for us, _ in profiles[name].values())
         print(f"{case.label} {name}: {total:.0f} us of kernels a call, {len(meta.prefix_chunks)} prefix chunks")
         for kernel, (us, n) in sorted(profiles[name].items(), key=lambda kv: -kv[1][0]):

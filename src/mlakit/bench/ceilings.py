@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
 import torch
 
-from mlakit.bench.timing import median_ms
+from mlakit.bench.timing import median_ms, sustained_ms
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,15 +18,17 @@ class Ceilings:
 
 
 def measure_ceilings(device: torch.device, copy_bytes: int = 1 << 30, matmul_n: int = 8192,
-                     time_ms: Callable[[Callable[[], object]], float] = median_ms) -> Ceilings:
-    """Times a large copy and an `n^3` bf16 matmul on random data with `time_ms` (`timing.median_ms` or
-    `timing.sustained_ms`: the ceilings timed as the calls they are compared with)."""
+                     sustained: bool = False) -> Ceilings:
+    """Times a large copy and an `n^3` bf16 matmul on random data: do_bench's median (`timing.median_ms`), or with
+    `sustained` back to back once the clock has settled (`timing.sustained_ms`), as the calls compared with them."""
     src = torch.randn(copy_bytes // 2, dtype=torch.bfloat16, device=device)
     dst = torch.empty_like(src)
-    copy_ms = time_ms(lambda: dst.copy_(src))
     a = torch.randn(matmul_n, matmul_n, dtype=torch.bfloat16, device=device)
     b = torch.randn(matmul_n, matmul_n, dtype=torch.bfloat16, device=device)
-    matmul_ms = time_ms(lambda: a @ b)
+    if sustained:
+        copy_ms, matmul_ms = sustained_ms(lambda: dst.copy_(src)), sustained_ms(lambda: a @ b)
+    else:
+        copy_ms, matmul_ms = median_ms(lambda: dst.copy_(src), rep_ms=200), median_ms(lambda: a @ b, rep_ms=300)
     return Ceilings(
         copy_gb_per_s=2 * copy_bytes / copy_ms / 1e6,
         matmul_tflop_per_s=2 * matmul_n**3 / matmul_ms / 1e9,

@@ -178,8 +178,8 @@ def decode(
     ]
     if not cases:
         raise click.UsageError(f"--heads: the grid has no case with {', '.join(map(str, grid_heads))} heads")
-    time_ms, timing = _timing(sustained)
-    ceilings = measure_ceilings(device, time_ms=time_ms)
+    _, timing = _timing(sustained)
+    ceilings = measure_ceilings(device, sustained=sustained)
     click.echo(f"ceilings: copy {ceilings.copy_gb_per_s:.0f} GB/s, bf16 matmul {ceilings.matmul_tflop_per_s:.0f} TFLOP/s"
                f" ({timing} timing)")
     rows = run_cases(cases, kernels, device, ceilings, click.echo, sustained)
@@ -301,7 +301,7 @@ def prefill(quick: bool, case_specs: tuple[str, ...], tunings: tuple[str, ...], 
         raise click.BadParameter(str(exc)) from exc
     device = torch.device("cuda")
     time_ms, timing = _timing(sustained)
-    ceilings = measure_ceilings(device, time_ms=time_ms)
+    ceilings = measure_ceilings(device, sustained=sustained)
     click.echo(f"ceilings: copy {ceilings.copy_gb_per_s:.0f} GB/s, bf16 matmul {ceilings.matmul_tflop_per_s:.0f} TFLOP/s"
                f" ({timing} timing)")
     budget = 0.9 * torch.cuda.get_device_properties(device).total_memory

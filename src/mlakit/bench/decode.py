@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from mlakit.bench.ceilings import Ceilings
-from mlakit.bench.timing import eager_us, host_us_per_call, sustained_ms
+from mlakit.bench.timing import eager_us, host_us_per_call, median_ms, sustained_ms
 from mlakit.cache.kv_quant import FP8_DTYPE, STORAGE_DTYPES
 from mlakit.graphs import capture_graph
 
@@ -107,12 +107,8 @@ def time_graph_replay(call: DecodeCall, sustained: bool = False) -> float:
     """Microseconds of a CUDA-graph replay of one call: do_bench's median, the L2 flushed before each replay, or
     with `sustained` the mean of replays back to back once the clock has settled (`timing.sustained_ms`; a cache
     that fits L2 then stays there between replays)."""
-    from triton.testing import do_bench
-
     graph, _ = capture_graph(call, warmup=1)
-    if sustained:
-        return sustained_ms(graph.replay) * 1e3
-    return do_bench(graph.replay, warmup=25, rep=200, return_mode="median") * 1e3
+    return (sustained_ms(graph.replay) if sustained else median_ms(graph.replay, rep_ms=200)) * 1e3
 
 
 def check_against_reference(factory: KernelFactory, inputs: DecodeInputs, max_tokens: int = 1 << 19) -> float:

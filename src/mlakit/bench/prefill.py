@@ -30,7 +30,7 @@ import torch
 
 from mlakit.attention.functional import mla_prefill
 from mlakit.bench.ceilings import Ceilings
-from mlakit.bench.decode import DecodeCase, make_inputs
+from mlakit.bench.decode import DecodeCase, DecodeInputs, make_inputs
 from mlakit.bench.timing import median_ms
 from mlakit.prefill.mha import attend_heads, decompress, gather_rows
 from mlakit.prefill.metadata import DEFAULT_PREFIX_CHUNK_TOKENS, PrefillMetadata, plan_prefill
@@ -400,17 +400,40 @@ def _run_attention(run: Run, case: PrefillCase, kernels: dict[str, AttentionFact
             run.measure(case, "attention", name, functools.partial(prepare, x), check, case.attention_flops)
 
 
+@dataclasses.dataclass(frozen=True)
+class FullInputs:
+    """`mla_prefill`'s inputs for a case, as the full part times it: a cache of shuffled pages with its block table
+    (`bench.decode.make_inputs`), seeded random queries and `kv_b_proj` weight."""
+
+    case: PrefillCase
+    paged: DecodeInputs
+    q: torch.Tensor
+    weight: torch.Tensor
+
+    @classmethod
+    def make(cls, case: PrefillCase, device: torch.device) -> FullInputs:
+        paged = make_inputs(DecodeCase(case.heads, case.batch, case.seq_keys, page_size=PAGE_SIZE), device)
+        gen = torch.Generator(device=device).manual_seed(1)
+        q = torch.randn(case.query_rows, case.heads, QK_DIM, generator=gen, device=device, dtype=torch.bfloat16)
+        weight = torch.randn(case.heads * (NOPE_DIM + V_DIM), KV_LORA_RANK, generator=gen, device=device,
+                             dtype=torch.bfloat16)
+        return cls(case, paged, q, weight * KV_LORA_RANK**-0.5)
+
+    def plan(self, prefix_chunk_tokens: int) -> PrefillMetadata:
+        """The metadata of the plan cutting the prefixes into chunks of `prefix_chunk_tokens`."""
+        case = self.case
+        return plan_prefill([case.new_tokens] * case.batch, [case.seq_keys] * case.batch, self.paged.block_table,
+                            PAGE_SIZE, prefix_chunk_tokens=prefix_chunk_tokens, heads=case.heads)
+
+
 def _prefill_call(q: torch.Tensor, cache: torch.Tensor, weight: torch.Tensor, meta: PrefillMetadata) -> Call:
     return lambda: mla_prefill(q, cache, weight, meta, softmax_scale=SOFTMAX_SCALE, backend="triton", check_inputs=False)[0]
 
 
 def _run_full(run: Run, case: PrefillCase, device: torch.device) -> None:
     """`mla_prefill` on a cache of shuffled pages, checked against sequence 0 gathered and decompressed in fp32."""
-    paged = make_inputs(DecodeCase(case.heads, case.batch, case.seq_keys, page_size=PAGE_SIZE), device)  # shuffled pages
-    gen = torch.Generator(device=device).manual_seed(1)
-    q = torch.randn(case.query_rows, case.heads, QK_DIM, generator=gen, device=device, dtype=torch.bfloat16)
-    weight = torch.randn(case.heads * (NOPE_DIM + V_DIM), KV_LORA_RANK, generator=gen, device=device, dtype=torch.bfloat16)
-    weight *= KV_LORA_RANK**-0.5
+    inputs = FullInputs.make(case, device)
+    paged, q, weight = inputs.paged, inputs.q, inputs.weight
     positions = torch.arange(case.seq_keys, device=device)
     slots = paged.block_table[0, positions // PAGE_SIZE].long() * PAGE_SIZE + positions % PAGE_SIZE
     keys = decompress(gather_rows(paged.kv_cache, None, slots, torch.float32), weight.float(), case.heads, NOPE_DIM)
@@ -418,10 +441,7 @@ def _run_full(run: Run, case: PrefillCase, device: torch.device) -> None:
     del keys
     one_piece = None
     for name, chunk in full_plans(case).items():
-        meta = plan_prefill(
-            [case.new_tokens] * case.batch, [case.seq_keys] * case.batch, paged.block_table, PAGE_SIZE,
-            prefix_chunk_tokens=chunk, heads=case.heads,
-        )
+        meta = inputs.plan(chunk)
         if name != ONE_PIECE and not meta.prefix_chunks:
             continue  # the whole prefix fits one chunk: the one-piece plan again
         prepare = functools.partial(_prefill_call, q, paged.kv_cache, weight, meta)

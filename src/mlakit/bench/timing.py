@@ -36,12 +36,12 @@ def host_us_per_call(call: Callable[[], object], calls: int = CALLS, rounds: int
     return statistics.median(means)
 
 
-def median_ms(call: Callable[[], object]) -> float:
-    """do_bench's median milliseconds of the eager call, the L2 flushed before each repetition (the GPU idles
-    briefly there, so a clock held down by the power cap partly recovers before each call)."""
+def median_ms(call: Callable[[], object], rep_ms: int = 100) -> float:
+    """do_bench's median milliseconds of the call over about `rep_ms` of repetitions, the L2 flushed before each
+    (the GPU idles briefly there, so a clock held down by the power cap partly recovers before each call)."""
     from triton.testing import do_bench
 
-    return do_bench(call, warmup=25, rep=100, return_mode="median")
+    return do_bench(call, warmup=25, rep=rep_ms, return_mode="median")
 
 
 def eager_us(call: Callable[[], object]) -> float:
