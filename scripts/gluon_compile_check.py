@@ -96,22 +96,27 @@ def _prefill_arguments(nope: int, rope: int, v_dim: int, block_n: int, dtype: to
     """Stand-ins for the prefill kernel's runtime arguments (a 16-head batch of CPU tensors: only dtypes, alignment
     and the descriptors' boxes matter)."""
     heads, tokens = 16, 256
+    fp8 = dtype == hd.FP8_DTYPE
     q = torch.empty(tokens, heads, nope + rope, dtype=dtype)
     kv = torch.empty(tokens, heads, nope + v_dim, dtype=dtype)
     k_pe = torch.empty(tokens, rope, dtype=dtype)
     k_nope, v = kv[..., :nope], kv[..., nope:]
+    if fp8:  # e4m3 values come transposed
+        v = torch.empty(heads, v_dim, tokens, dtype=dtype)
+    columns = hp.TMA_BYTES // q.element_size()
     descriptors = [
-        matrix_descriptor(hp.head_rows(q), (64, min(hp.TMA_COLUMNS, nope))),
+        matrix_descriptor(hp.head_rows(q), (64, min(columns, nope))),
         matrix_descriptor(hp.head_rows(q), (64, rope)),
-        matrix_descriptor(hp.head_rows(k_nope), (block_n, min(hp.TMA_COLUMNS, nope))),
+        matrix_descriptor(hp.head_rows(k_nope), (block_n, min(columns, nope))),
         matrix_descriptor(hp.head_rows(k_pe), (block_n, rope)),
-        matrix_descriptor(hp.head_rows(v), (block_n, min(hp.TMA_COLUMNS, v_dim))),
+        matrix_descriptor(hp.value_matrix(v), (v_dim, block_n) if fp8 else (block_n, min(columns, v_dim))),
     ]
-    out = torch.empty(tokens, heads, v_dim, dtype=dtype)
+    out = torch.empty(tokens, heads, v_dim, dtype=torch.bfloat16 if fp8 else dtype)
     lse = torch.empty(tokens, heads)
     cu = torch.zeros(3, dtype=torch.int32)
-    return [*descriptors, out, lse, cu, cu, 0.5, q.stride(1), k_nope.stride(1), v.stride(1), out.stride(0),
-            out.stride(1), lse.stride(0)]
+    scales = torch.ones(2)
+    return [*descriptors, out, lse, cu, cu, scales, cu, 0.5, q.stride(1), k_nope.stride(1), v_dim if fp8 else v.stride(1),
+            out.stride(0), out.stride(1), lse.stride(0)]
 
 
 # The prefill kernels by `PrefillTuning.kernel` name, and the persistent one's schedule arguments (units, row
@@ -128,7 +133,7 @@ def compile_one(nope: int, rope: int, v_dim: int, block_n: int, stages: int, cau
     constants = dict(NOPE_DIM=nope, ROPE_DIM=rope, V_DIM=v_dim, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal,
                      MERGE=merge, num_warps=4)
     if kernel == "hopper_persistent":
-        constants["Q_BUFFERS"] = hp.q_buffers(nope, rope, v_dim, block_n, stages)
+        constants["Q_BUFFERS"] = hp.q_buffers(nope, rope, v_dim, block_n, stages, dtype.itemsize)
     return report(lambda: compile_like_launch(KERNELS[kernel], arguments, constants), where_spills)
 
 
@@ -161,19 +166,20 @@ def seesaw_arguments(heads: int, q_len: int, kv_dtype: torch.dtype, merge: bool,
     return arguments, constants
 
 
-def _prefill_main(dims: str, block_ns: str, stage_counts: str, kernel_name: str, where_spills: bool) -> bool:
-    """Every prefill configuration of the grid; whether one failed."""
+def _prefill_main(dims: str, block_ns: str, stage_counts: str, kernel_name: str, where_spills: bool,
+                  dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Every prefill configuration of the grid for `dtype` operands; whether one failed."""
     failed = False
     for spec, block_n, stages in itertools.product(dims.split(";"), map(int, block_ns.split(",")),
                                                    map(int, stage_counts.split(","))):
         nope, rope, v_dim = map(int, spec.split(","))
         shape = f"nope {nope} rope {rope} v {v_dim} block_n {block_n} stages {stages}"
-        if hp.shared_bytes(nope, rope, v_dim, block_n, stages) > hp.SHARED_MEMORY_LIMIT or stages < 2:
+        if hp.shared_bytes(nope, rope, v_dim, block_n, stages, dtype.itemsize) > hp.SHARED_MEMORY_LIMIT or stages < 2:
             print(f"{shape}: refused by plan_launch (stages < 2 or shared memory over {hp.SHARED_MEMORY_LIMIT} B)")
             continue
         for kernel, causal, merge in itertools.product(list(KERNELS) if kernel_name == "both" else [kernel_name],
                                                        (True, False), (False, True)):
-            line = compile_one(nope, rope, v_dim, block_n, stages, causal, merge, torch.bfloat16, kernel, where_spills)
+            line = compile_one(nope, rope, v_dim, block_n, stages, causal, merge, dtype, kernel, where_spills)
             failed |= line.startswith("FAILED")
             print(f"{kernel} {shape} causal {causal} merge {merge}: {line}")
     return failed
@@ -201,14 +207,16 @@ def _seesaw_main(heads_list: str, q_lens: str, where_spills: bool) -> bool:
 @click.option("--q-lens", "q_lens", default="1", show_default=True, help="seesaw: query tokens per sequence")
 @click.option("--kernel", "kernel_name", type=click.Choice([*KERNELS, "both", "seesaw"]), default="hopper",
               show_default=True)
+@click.option("--fp8", is_flag=True, help="prefill: e4m3 operands (v transposed) instead of bf16")
 @click.option("--where-spills", is_flag=True, help="List the source lines of each configuration's spills (nvdisasm).")
-def main(dims: str, block_ns: str, stage_counts: str, heads_list: str, q_lens: str, kernel_name: str,
+def main(dims: str, block_ns: str, stage_counts: str, heads_list: str, q_lens: str, kernel_name: str, fp8: bool,
          where_spills: bool) -> None:
     print(f"triton {triton.__version__}")
     if kernel_name == "seesaw":
         failed = _seesaw_main(heads_list, q_lens, where_spills)
     else:
-        failed = _prefill_main(dims, block_ns, stage_counts, kernel_name, where_spills)
+        failed = _prefill_main(dims, block_ns, stage_counts, kernel_name, where_spills,
+                               hd.FP8_DTYPE if fp8 else torch.bfloat16)
     sys.exit(1 if failed else 0)
 
 

@@ -75,8 +75,8 @@ def test_cli_needs_cuda():
     assert "mlakit bench prefill needs a CUDA device" in result.output
 
 
-@pytest.mark.parametrize("flag, timing", [([], "flushed"), (["--sustained"], "sustained")])
-def test_cli_sustained_times_the_ceilings_and_every_call_back_to_back(monkeypatch, tmp_path, flag, timing):
+@pytest.mark.parametrize("flag, timing", [([], "flushed"), (["--sustained"], "sustained"), (["--sustained", "--fp8"], "sustained")])
+def test_cli_times_sustained_or_flushed_and_adds_fp8_on_request(monkeypatch, tmp_path, flag, timing):
     from mlakit.bench import cli as bench_cli
     from mlakit.bench import timing as timers
     from mlakit.bench.ceilings import Ceilings
@@ -87,8 +87,8 @@ def test_cli_sustained_times_the_ceilings_and_every_call_back_to_back(monkeypatc
     monkeypatch.setattr(bench_cli, "measure_ceilings",
                         lambda device, sustained: seen.update(ceilings=sustained) or Ceilings(100.0, 10.0))
     monkeypatch.setattr(bench_cli.prefill_bench, "run_cases",
-                        lambda cases, variants, device, ceilings, budget, log, time_ms: seen.update(calls=time_ms)
-                        or bench_cli.prefill_bench.Run(ceilings, log, time_ms))
+                        lambda cases, variants, device, ceilings, budget, log, time_ms, fp8: seen.update(
+                            calls=time_ms, fp8=fp8) or bench_cli.prefill_bench.Run(ceilings, log, time_ms))
     monkeypatch.setattr(bench_cli.prefill_bench, "write_results", lambda path, env, run, budget: seen.update(env=env))
     monkeypatch.setattr(bench_cli.prefill_bench, "plot_results", lambda path, results: None)
     monkeypatch.setattr(bench_cli, "environment", lambda device, ceilings: {})
@@ -99,3 +99,4 @@ def test_cli_sustained_times_the_ceilings_and_every_call_back_to_back(monkeypatc
     assert seen["ceilings"] == (timing == "sustained") and seen["calls"] is expected
     assert seen["env"] == {"timing": timing}
     assert f"({timing} timing)" in result.output
+    assert seen["fp8"] == ("--fp8" in flag)

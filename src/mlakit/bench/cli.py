@@ -289,8 +289,10 @@ def _parse_case(spec: str) -> DecodeCase:
 @click.option("--sustained", is_flag=True, help="Time every call (and the ceilings) back to back once the clock has "
                                                 "settled under the power cap, instead of do_bench's median with the "
                                                 "L2 flushed before each call.")
+@click.option("--fp8", is_flag=True, help="Also time the e4m3 attention kernel (SM90): alone on rounded operands "
+                                          "(triton_fp8) and with the rounding in the call (triton_fp8_e2e).")
 def prefill(quick: bool, case_specs: tuple[str, ...], tunings: tuple[str, ...], json_path: Path, plot_path: Path,
-            sustained: bool) -> None:
+            sustained: bool, fp8: bool) -> None:
     """Times the MHA-form prefill: the Triton attention kernel vs SDPA (and FlashAttention), and mla_prefill end to end."""
     if not torch.cuda.is_available():
         raise click.ClickException("mlakit bench prefill needs a CUDA device")
@@ -305,7 +307,7 @@ def prefill(quick: bool, case_specs: tuple[str, ...], tunings: tuple[str, ...], 
     click.echo(f"ceilings: copy {ceilings.copy_gb_per_s:.0f} GB/s, bf16 matmul {ceilings.matmul_tflop_per_s:.0f} TFLOP/s"
                f" ({timing} timing)")
     budget = 0.9 * torch.cuda.get_device_properties(device).total_memory
-    run = prefill_bench.run_cases(cases, variants, device, ceilings, budget, click.echo, time_ms)
+    run = prefill_bench.run_cases(cases, variants, device, ceilings, budget, click.echo, time_ms, fp8=fp8)
     for line in prefill_bench.summary(run.results):
         click.echo(line)
     prefill_bench.write_results(json_path, {**environment(device, ceilings), "timing": timing}, run, budget)

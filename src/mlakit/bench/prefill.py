@@ -210,6 +210,25 @@ def _triton_kernel(tuning: PrefillTuning | None) -> AttentionFactory:
     return prepare
 
 
+def _fp8_kernel(quantize_in_call: bool) -> AttentionFactory:
+    """`fp8_mha_prefill` on the inputs rounded to e4m3 (`quantize_prefill_operands`): outside the timed call (the
+    kernel alone), or inside it (what a bf16 caller pays end to end)."""
+
+    def prepare(x: AttentionInputs) -> Call:
+        from mlakit.prefill.fp8 import fp8_mha_prefill, quantize_prefill_operands
+
+        def attend(operands) -> torch.Tensor:
+            return fp8_mha_prefill(operands, x.cu_seqlens_q, max_q_len=x.case.new_tokens, max_k_len=x.case.seq_keys,
+                                   causal=True, softmax_scale=SOFTMAX_SCALE)[0]
+
+        if quantize_in_call:
+            return lambda: attend(quantize_prefill_operands(x.q, x.k_nope, x.k_pe, x.v, x.cu_seqlens_k))
+        operands = quantize_prefill_operands(x.q, x.k_nope, x.k_pe, x.v, x.cu_seqlens_k)
+        return lambda: attend(operands)
+
+    return prepare
+
+
 def _sdpa(x: AttentionInputs) -> Call:
     """SDPA on contiguous [B, H, S, D] copies, k = cat(k_nope, k_pe broadcast over heads)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -246,15 +265,18 @@ def _flash_attn(x: AttentionInputs) -> Call:
     )[..., :V_DIM]
 
 
-def attention_kernels(tunings: dict[str, PrefillTuning]) -> dict[str, AttentionFactory]:
-    """Our kernel (default tiles, then each named tuning), SDPA, and FlashAttention when installed.
+def attention_kernels(tunings: dict[str, PrefillTuning], fp8: bool = False) -> dict[str, AttentionFactory]:
+    """Our kernel (default tiles, then each named tuning), SDPA, FlashAttention when installed, and with `fp8` our
+    e4m3 kernel (SM90): "triton_fp8" on operands rounded beforehand, "triton_fp8_e2e" rounding them in the call.
 
-    >>> list(attention_kernels({}))[:2]
-    ['triton', 'sdpa']
+    >>> list(attention_kernels({}))[:2], list(attention_kernels({}, fp8=True))[-2:]
+    (['triton', 'sdpa'], ['triton_fp8', 'triton_fp8_e2e'])
     """
     kernels = {"triton": _triton_kernel(None), **{name: _triton_kernel(t) for name, t in tunings.items()}, "sdpa": _sdpa}
     if importlib.util.find_spec("flash_attn") is not None:
         kernels["flash_attn"] = _flash_attn
+    if fp8:
+        kernels |= {"triton_fp8": _fp8_kernel(quantize_in_call=False), "triton_fp8_e2e": _fp8_kernel(quantize_in_call=True)}
     return kernels
 
 
@@ -452,12 +474,12 @@ def _run_full(run: Run, case: PrefillCase, device: torch.device) -> None:
 
 def run_cases(
     cases: list[PrefillCase], tunings: dict[str, PrefillTuning], device: torch.device, ceilings: Ceilings, budget: float,
-    log: Callable[[str], None], time_ms: Callable[[Call], float] = median_ms,
+    log: Callable[[str], None], time_ms: Callable[[Call], float] = median_ms, fp8: bool = False,
 ) -> Run:
     """Both parts of every case whose footprint fits `budget` bytes (the baselines only where their copies fit too),
-    each call timed by `time_ms`."""
+    each call timed by `time_ms`; with `fp8` the e4m3 attention kernel too (`attention_kernels`)."""
     run = Run(ceilings, log, time_ms)
-    kernels = attention_kernels(tunings)
+    kernels = attention_kernels(tunings, fp8)
     for case in cases:
         footprint = Footprint.of(case)
         if not footprint.fits(budget):

@@ -195,6 +195,17 @@ def zero_rows_from(smem, first_bad, CHUNK: gl.constexpr, LAYOUT: gl.constexpr):
         part.store(gl.where((rows < first_bad)[:, None], values, gl.zeros_like(values)))
 
 
+@gluon.jit
+def zero_columns_from(smem, first_bad, CHUNK: gl.constexpr, LAYOUT: gl.constexpr):
+    """Columns first_bad .. of `smem` set to zero, CHUNK rows at a time (`zero_rows_from` for a transposed tile:
+    keys along the columns)."""
+    columns = gl.arange(0, smem.shape[1], layout=gl.SliceLayout(0, LAYOUT))
+    for c in gl.static_range(smem.shape[0] // CHUNK):
+        part = smem.slice(c * CHUNK, CHUNK, dim=0)
+        values = part.load(LAYOUT)
+        part.store(gl.where((columns < first_bad)[None, :], values, gl.zeros_like(values)))
+
+
 # Query rows of fp16 MMAs are scaled so that their largest magnitude lies in [2^QUERY_EXPONENT,
 # 2^(QUERY_EXPONENT + 1)) (fp16 holds < 2^16).
 QUERY_EXPONENT = gl.constexpr(14)

@@ -50,7 +50,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from mlakit.kernels.hopper_common import (GLUON_DTYPES, Matrix, capability, finish_rows, matrix_descriptor, no_keys_yet,
                                           hand_over, named_barrier_at, online_softmax, row_piece_layout, sm_count,
                                           staged_in_row_pieces,
-                                          take_over, take_unit, zero_rows_from)
+                                          take_over, take_unit, zero_columns_from, zero_rows_from)
+from mlakit.cache.kv_quant import FP8_DTYPE
 from mlakit.errors import MLAInputError
 from mlakit.kernels.launch import CachedLaunch
 from mlakit.kernels.triton_prefill import HOPPER_MAX_STAGES, merged_with_earlier, program_segment
@@ -58,8 +59,8 @@ from mlakit.kernels.triton_prefill import HOPPER_MAX_STAGES, merged_with_earlier
 # Query rows of one program and of one consumer warpgroup.
 BLOCK_M = 128
 WARPGROUP_ROWS = gl.constexpr(64)
-# Widest TMA box (128 bytes of 16-bit values: the 128-byte swizzle's span).
-TMA_COLUMNS = 64
+# Widest TMA box row (the 128-byte swizzle's span: 64 16-bit values, 128 e4m3 ones).
+TMA_BYTES = 128
 NOPE_DIMS = frozenset({64, 128})
 ROPE_DIMS = frozenset({32, 64})
 V_DIMS = frozenset({64, 128})
@@ -69,6 +70,8 @@ TURN_BARRIERS = gl.constexpr((8, 9))
 # One warpgroup zeroing V rows past a segment's end, 64 columns at a time, 16 bytes per thread and row.
 ZERO_CHUNK = gl.constexpr(64)
 ZERO_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
+# The same for fp8 V, transposed (`_load_values`): 64 of its value rows at a time, 16 bytes per thread and row.
+ZERO_T_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0]))
 # Named barriers that give a stage back to the producer, both consumer warpgroups arriving and the producer warp
 # waiting: K ring stage s on FIRST_RELEASE_BARRIER + s, V ring stage s on FIRST_RELEASE_BARRIER + HOPPER_MAX_STAGES + s
 # (ids up to 15).
@@ -91,19 +94,35 @@ NO_STAGING = gl.constexpr(2)
 
 
 def supports(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether the Hopper kernel takes these operands: an SM90 GPU, one 16-bit dtype, supported
-    widths, and addresses and row / head strides TMA can use (16-byte multiples)."""
+    """Whether the Hopper kernel takes these operands: an SM90 GPU, one 16-bit dtype (or e4m3 with v given
+    transposed: `value_matrix`), supported widths, and addresses and row / head strides TMA can use (16-byte
+    multiples)."""
     tensors = (q, k_nope, k_pe, v)
-    if q.device.type != "cuda" or capability(q.device)[0] != 9 or q.dtype not in GLUON_DTYPES:
+    if q.device.type != "cuda" or capability(q.device)[0] != 9 or q.dtype not in (*GLUON_DTYPES, FP8_DTYPE):
         return False
     if any(t.dtype != q.dtype or t.device != q.device or t.stride(-1) != 1 for t in tensors):
         return False
-    widths_ok = (k_nope.shape[-1] in NOPE_DIMS and k_pe.shape[-1] in ROPE_DIMS and v.shape[-1] in V_DIMS
+    if q.dtype == FP8_DTYPE and (v.dim() != 3 or v.stride(0) != v.shape[1] * v.stride(1)):
+        return False
+    widths_ok = (k_nope.shape[-1] in NOPE_DIMS and k_pe.shape[-1] in ROPE_DIMS and value_width(v) in V_DIMS
                  and q.shape[-1] == k_nope.shape[-1] + k_pe.shape[-1])
     strides = [s for t in tensors for s in t.stride()[:-1]]
-    columns_ok = all(head_rows(t)[2][1] < 2**31 for t in tensors)  # TMA's int32 column coordinates
-    return (widths_ok and columns_ok and all(t.data_ptr() % 16 == 0 for t in tensors)
+    columns_ok = all(head_rows(t)[2][1] < 2**31 for t in (q, k_nope, k_pe))  # TMA's int32 column coordinates
+    return (widths_ok and columns_ok and value_matrix(v)[2][0] < 2**31 and all(t.data_ptr() % 16 == 0 for t in tensors)
             and all(s * q.element_size() % 16 == 0 for s in strides))
+
+
+def value_width(v: torch.Tensor) -> int:
+    """d_v of the values: `v [Tk, H, d_v]`, or for e4m3 `v [H, d_v, Tk]` (transposed)."""
+    return v.shape[1] if v.dtype == FP8_DTYPE else v.shape[-1]
+
+
+def value_matrix(v: torch.Tensor) -> Matrix:
+    """The values as the matrix the kernel reads: `head_rows(v)` for 16-bit `v [Tk, H, d_v]`; for e4m3 `v [H, d_v, Tk]`
+    (keys contiguous, heads one after another) its H * d_v rows of Tk keys."""
+    if v.dtype != FP8_DTYPE:
+        return head_rows(v)
+    return v.data_ptr(), v.dtype, (v.shape[0] * v.shape[1], v.shape[2]), (v.stride(1), 1)
 
 
 @gluon.jit
@@ -119,6 +138,39 @@ def _load_q(q_nope_smem, q_pe_smem, q_ready, Q_DESC, QPE_DESC, q_row, q_col, buf
             tma.async_copy_global_to_shared(Q_DESC, [row, q_col + c * nope_chunk], q_ready,
                                             q_nope.slice(c * nope_chunk, nope_chunk, dim=1))
         tma.async_copy_global_to_shared(QPE_DESC, [row, q_col + NOPE_DIM], q_ready, q_pe_smem.index(buffer * 2 + half))
+
+
+@gluon.constexpr_function
+def _is_fp8(dtype):
+    """Whether the kernel runs on e4m3 operands (V transposed: `_load_values`, `_values`)."""
+    return dtype == gl.float8e4nv
+
+
+@gluon.constexpr_function
+def _accumulator_layout(width, dtype):
+    """Register layout of a warpgroup's `[64, width]` wgmma accumulator over `dtype` operands (K 32 for 8-bit)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                     instr_shape=[16, width, 32 if _is_fp8(dtype) else 16])
+
+
+@gluon.jit
+def _values(v_smem, stage):
+    """V stage `stage` as P V's `[keys, V_DIM]` operand (fp8 V is held transposed, keys along its rows: wgmma
+    reads 8-bit operands K-major only)."""
+    if _is_fp8(v_smem.dtype):
+        return v_smem.index(stage).permute((1, 0))
+    else:
+        return v_smem.index(stage)
+
+
+@gluon.jit
+def _operand_scales(SCALES, scale_log2, FP8: gl.constexpr):
+    """The score factor (base 2) and the output factor: with FP8, `scale_log2` times q's and k's scales
+    (SCALES[0], their product) and v's (SCALES[1]), read on the device; else `scale_log2` and 1."""
+    if FP8:
+        return scale_log2 * gl.load(SCALES), gl.load(SCALES + 1)
+    else:
+        return scale_log2, 1.0
 
 
 @gluon.jit
@@ -188,16 +240,21 @@ def _load_keys(kn_smem, kpe_smem, k_ready, KN_DESC, KPE_DESC, row, kn_col, count
 
 @gluon.jit
 def _load_values(v_smem, v_ready, V_DESC, row, v_col, count, V_DIM: gl.constexpr, STAGES: gl.constexpr):
-    """The ring's `count`-th V tile (key rows row ..) into its V stage, completing on v_ready."""
-    v_chunk: gl.constexpr = V_DESC.block_type.shape[1]
+    """The ring's `count`-th V tile (key rows row ..) into its V stage, completing on v_ready. fp8 values come
+    transposed (`V_DESC` over V^T: a head's V_DIM rows from v_col, key columns from row), in one box."""
     stage = count % STAGES
     if count >= STAGES:
         _wait_for_stage(stage, V_RING)
     bar = v_ready.index(stage)
-    mbarrier.expect(bar, (V_DIM // v_chunk) * V_DESC.block_type.nbytes)
-    for c in gl.static_range(V_DIM // v_chunk):
-        tma.async_copy_global_to_shared(V_DESC, [row, v_col + c * v_chunk], bar,
-                                        v_smem.index(stage).slice(c * v_chunk, v_chunk, dim=1))
+    if _is_fp8(V_DESC.block_type.element_ty):
+        mbarrier.expect(bar, V_DESC.block_type.nbytes)
+        tma.async_copy_global_to_shared(V_DESC, [v_col, row], bar, v_smem.index(stage))
+    else:
+        v_chunk: gl.constexpr = V_DESC.block_type.shape[1]
+        mbarrier.expect(bar, (V_DIM // v_chunk) * V_DESC.block_type.nbytes)
+        for c in gl.static_range(V_DIM // v_chunk):
+            tma.async_copy_global_to_shared(V_DESC, [row, v_col + c * v_chunk], bar,
+                                            v_smem.index(stage).slice(c * v_chunk, v_chunk, dim=1))
 
 
 @gluon.jit
@@ -214,16 +271,17 @@ def _producer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_read
 
 @gluon.jit
 def _consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_ready, v_ready,
-              OUT, LSE, q_start, q_len, k_len, m0, head, num_tiles, scale_log2,
+              OUT, LSE, SCALES, q_start, q_len, k_len, m0, head, num_tiles, scale_log2,
               stride_o_tok, stride_o_head, stride_lse_tok,
               HALF: gl.constexpr, V_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
               CAUSAL: gl.constexpr, MERGE: gl.constexpr):
     """Rows m0 + HALF * 64 .. + 64 of the program: attention over the tiles they see, then the
     store (merged into the earlier result with MERGE)."""
+    scale_log2, v_scale = _operand_scales(SCALES, scale_log2, _is_fp8(q_nope_smem.dtype))
     acc, m_i, l_i = _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready.index(0), k_ready,
                                  v_ready, q_len, k_len, m0, num_tiles, 0, 0, 0, scale_log2, q_ready.index(0),
                                  q_ready.index(0), HALF, V_DIM, BLOCK_N, STAGES, CAUSAL, False)
-    _store_rows(acc, m_i, l_i, q_nope_smem, kn_smem, q_ready.index(0), OUT, LSE, q_start, q_len, m0, head, 0, 0,
+    _store_rows(acc, m_i, l_i, v_scale, q_nope_smem, kn_smem, q_ready.index(0), OUT, LSE, q_start, q_len, m0, head, 0, 0,
                 stride_o_tok, stride_o_head, stride_lse_tok, HALF, V_DIM, MERGE, STAGE_IN_Q, False)
 
 
@@ -243,11 +301,10 @@ def _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_r
     barriers (one turn per tile of the program, computed or not, so both take the same number).
     K_t goes back to the producer once S_t is done, V_t once P_t V_t is; a tile the warpgroup does not
     compute goes back once it has landed (a stage is reloaded only after its load completed)."""
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, V_DIM, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    fp8: gl.constexpr = _is_fp8(q_nope_smem.dtype)
+    s_layout: gl.constexpr = _accumulator_layout(BLOCK_N, q_nope_smem.dtype)
+    o_layout: gl.constexpr = _accumulator_layout(V_DIM, q_nope_smem.dtype)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4 if fp8 else 2)
     my_turn: gl.constexpr = TURN_BARRIERS[HALF]
     keeps_last_k: gl.constexpr = EARLY_Q_BACK and HALF == 1  # released by `_store_rows` (STAGE_IN_K)
     their_turn: gl.constexpr = TURN_BARRIERS[1 - HALF]
@@ -285,7 +342,9 @@ def _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_r
         zeroes_tail = HALF == 1 and (t + 1) * BLOCK_N > k_len
         if zeroes_tail or not computes:
             mbarrier.wait(v_ready.index(stage), phase)
-        if zeroes_tail:
+        if zeroes_tail and fp8:
+            zero_columns_from(v_smem.index(stage), k_len - t * BLOCK_N, ZERO_CHUNK, ZERO_T_LAYOUT)
+        elif zeroes_tail:
             zero_rows_from(v_smem.index(stage), k_len - t * BLOCK_N, ZERO_CHUNK, ZERO_LAYOUT)
             fence_async_shared()
             gl.thread_barrier()
@@ -296,14 +355,14 @@ def _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_r
             s_mma = warpgroup_mma(q_nope, kn_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             s_mma = warpgroup_mma(q_pe, kpe_smem.index(stage).permute((1, 0)), s_mma, is_async=True)
             if t > 0:
-                acc_mma = warpgroup_mma(p, v_smem.index(previous), acc, is_async=True)
+                acc_mma = warpgroup_mma(p, _values(v_smem, previous), acc, is_async=True)
                 hand_over(their_turn)
                 s, acc = warpgroup_mma_wait(num_outstanding=0, deps=[s_mma, acc_mma])
             else:
                 hand_over(their_turn)
                 s = warpgroup_mma_wait(num_outstanding=0, deps=[s_mma])
         elif t > 0 and t == my_tiles:
-            acc_mma = warpgroup_mma(p, v_smem.index(previous), acc, is_async=True)
+            acc_mma = warpgroup_mma(p, _values(v_smem, previous), acc, is_async=True)
             hand_over(their_turn)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc_mma])
         else:
@@ -336,26 +395,27 @@ def _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_r
         last_count = first_tile + num_tiles - 1
         last = last_count % STAGES
         mbarrier.wait(v_ready.index(last), (last_count // STAGES) & 1)
-        acc_mma = warpgroup_mma(p, v_smem.index(last), acc, is_async=True)
+        acc_mma = warpgroup_mma(p, _values(v_smem, last), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc_mma])
         _release_stage(last, V_RING)
     return acc, m_i, l_i
 
 
 @gluon.jit
-def _store_rows(acc, m_i, l_i, q_nope_smem, kn_smem, q_free, OUT, LSE, q_start, q_len, m0, head, q_buffer, k_stage,
+def _store_rows(acc, m_i, l_i, v_scale, q_nope_smem, kn_smem, q_free, OUT, LSE, q_start, q_len, m0, head, q_buffer, k_stage,
                 stride_o_tok, stride_o_head, stride_lse_tok, HALF: gl.constexpr, V_DIM: gl.constexpr,
                 MERGE: gl.constexpr, STAGING: gl.constexpr, GIVE_Q_BACK: gl.constexpr):
-    """The warpgroup's rows normalized and stored with their lse (merged into the earlier result with MERGE).
+    """The warpgroup's rows normalized (and scaled by `v_scale`) and stored with their lse (merged into the
+    earlier result with MERGE).
     Where Q is wide enough for them the rows go out as 16-byte row pieces (the accumulator's layout would write
     4-byte ones, half a sector at a time) through STAGING: the warpgroup's half of Q buffer `q_buffer`, which
     only its own MMAs read, or (STAGE_IN_K) the first rows of K stage `k_stage`, which the other warpgroup no
     longer reads (`_attend_rows`) and which goes back to the producer once they are read from it. With
     GIVE_Q_BACK, Q goes back (`q_free`) once the rows no longer need it."""
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, V_DIM, 16])
+    o_layout: gl.constexpr = _accumulator_layout(V_DIM, q_nope_smem.dtype)
     row0 = m0 + HALF * WARPGROUP_ROWS
     lse, inv_l = finish_rows(m_i, l_i)
+    inv_l = inv_l * v_scale
     out_rows = row0 + gl.arange(0, WARPGROUP_ROWS, layout=gl.SliceLayout(1, o_layout))
     cols = gl.arange(0, V_DIM, layout=gl.SliceLayout(0, o_layout))
     row_ok = out_rows < q_len
@@ -431,8 +491,12 @@ def _shared_buffers(dtype: gl.constexpr, NOPE_DIM: gl.constexpr, ROPE_DIM: gl.co
                                         gl.NVMMASharedLayout.get_default_for([BLOCK_N, NOPE_DIM], dtype))
     kpe_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, ROPE_DIM],
                                          gl.NVMMASharedLayout.get_default_for([BLOCK_N, ROPE_DIM], dtype))
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, V_DIM],
-                                       gl.NVMMASharedLayout.get_default_for([BLOCK_N, V_DIM], dtype))
+    if _is_fp8(dtype):
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, V_DIM, BLOCK_N],
+                                           gl.NVMMASharedLayout.get_default_for([V_DIM, BLOCK_N], dtype))
+    else:
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, V_DIM],
+                                           gl.NVMMASharedLayout.get_default_for([BLOCK_N, V_DIM], dtype))
     q_ready = gl.allocate_shared_memory(gl.int64, [Q_BUFFERS, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -446,7 +510,7 @@ def _shared_buffers(dtype: gl.constexpr, NOPE_DIM: gl.constexpr, ROPE_DIM: gl.co
 
 @gluon.jit
 def mha_prefill_hopper_kernel(
-    Q_DESC, QPE_DESC, KN_DESC, KPE_DESC, V_DESC, OUT, LSE, CU_SEQLENS_Q, CU_SEQLENS_K,
+    Q_DESC, QPE_DESC, KN_DESC, KPE_DESC, V_DESC, OUT, LSE, CU_SEQLENS_Q, CU_SEQLENS_K, SCALES, KEY_STARTS,
     scale_log2, stride_q_head, stride_kn_head, stride_v_head, stride_o_tok, stride_o_head, stride_lse_tok,
     NOPE_DIM: gl.constexpr, ROPE_DIM: gl.constexpr, V_DIM: gl.constexpr,
     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, MERGE: gl.constexpr,
@@ -454,6 +518,8 @@ def mha_prefill_hopper_kernel(
     """Grid (row blocks of the longest segment, heads, segments), heaviest row blocks first; launched
     with 4 warps (the first consumer) plus a 4-warp consumer and a 1-warp producer."""
     block, head, q_start, q_len, k_start, k_len = program_segment(CU_SEQLENS_Q, CU_SEQLENS_K)
+    if _is_fp8(Q_DESC.block_type.element_ty):
+        k_start = gl.load(KEY_STARTS + gl.program_id(2))
     m0 = block * 2 * WARPGROUP_ROWS
     if m0 >= q_len or (MERGE and k_len == 0):
         return
@@ -465,10 +531,10 @@ def mha_prefill_hopper_kernel(
 
     gl.warp_specialize([
         (_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_ready, v_ready,
-                     OUT, LSE, q_start, q_len, k_len, m0, head, num_tiles, scale_log2,
+                     OUT, LSE, SCALES, q_start, q_len, k_len, m0, head, num_tiles, scale_log2,
                      stride_o_tok, stride_o_head, stride_lse_tok, 0, V_DIM, BLOCK_N, STAGES, CAUSAL, MERGE)),
         (_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_ready, v_ready,
-                     OUT, LSE, q_start, q_len, k_len, m0, head, num_tiles, scale_log2,
+                     OUT, LSE, SCALES, q_start, q_len, k_len, m0, head, num_tiles, scale_log2,
                      stride_o_tok, stride_o_head, stride_lse_tok, 1, V_DIM, BLOCK_N, STAGES, CAUSAL, MERGE)),
         (_producer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_ready, v_ready,
                      Q_DESC, QPE_DESC, KN_DESC, KPE_DESC, V_DESC, q_start + m0, head * stride_q_head,
@@ -478,7 +544,7 @@ def mha_prefill_hopper_kernel(
 
 
 @gluon.jit
-def _unit(unit, CU_SEQLENS_Q, CU_SEQLENS_K, row_blocks, heads, head_group, BLOCK_N: gl.constexpr,
+def _unit(unit, CU_SEQLENS_Q, CU_SEQLENS_K, KEY_STARTS, row_blocks, heads, head_group, BLOCK_N: gl.constexpr,
           CAUSAL: gl.constexpr, MERGE: gl.constexpr):
     """Work unit `unit` (below the unit count) and whether it runs: row block, head, the segment's query and
     key ranges, its first row and key tile count. Units run segment by segment, within a segment group by
@@ -493,9 +559,10 @@ def _unit(unit, CU_SEQLENS_Q, CU_SEQLENS_K, row_blocks, heads, head_group, BLOCK
     block = row_blocks - 1 - within // group_heads
     head = group * head_group + within % group_heads
     q_start = gl.load(CU_SEQLENS_Q + seq)
-    k_start = gl.load(CU_SEQLENS_K + seq)
+    k_first = gl.load(CU_SEQLENS_K + seq)
     q_len = gl.load(CU_SEQLENS_Q + seq + 1) - q_start
-    k_len = gl.load(CU_SEQLENS_K + seq + 1) - k_start
+    k_len = gl.load(CU_SEQLENS_K + seq + 1) - k_first
+    k_start = k_first if KEY_STARTS is None else gl.load(KEY_STARTS + seq)
     m0 = block * 2 * WARPGROUP_ROWS
     runs = m0 < q_len
     if MERGE:
@@ -537,8 +604,8 @@ def _read_unit(unit_smem, unit_ready, unit_free, published):
 
 @gluon.jit
 def _persistent_consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_read,
-                         unit_smem, unit_ready, unit_free, OUT, LSE, num_units, scale_log2, stride_o_tok, stride_o_head,
-                         stride_lse_tok,
+                         unit_smem, unit_ready, unit_free, OUT, LSE, SCALES, num_units, scale_log2, stride_o_tok,
+                         stride_o_head, stride_lse_tok,
                          HALF: gl.constexpr, V_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                          CAUSAL: gl.constexpr, MERGE: gl.constexpr, Q_BUFFERS: gl.constexpr):
     """`_consumer` over the units the producer publishes (every one runs) until it publishes the unit count:
@@ -551,6 +618,7 @@ def _persistent_consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_re
     EARLY: gl.constexpr = (Q_BUFFERS == 1 and V_DIM <= q_nope_smem.shape[2] and BLOCK_N >= WARPGROUP_ROWS
                            and OUT.dtype.element_ty == q_nope_smem.dtype)
     keeps_last_k: gl.constexpr = EARLY and HALF == 1  # as `_attend_rows`: this warpgroup's rows pass through K
+    scale_log2, v_scale = _operand_scales(SCALES, scale_log2, _is_fp8(q_nope_smem.dtype))
     first_tile = 0
     done = 0
     unit, head, q_start, q_len, k_len, m0, num_tiles = _read_unit(unit_smem, unit_ready, unit_free, done)
@@ -564,11 +632,11 @@ def _persistent_consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_re
         if keeps_last_k:
             mbarrier.wait(k_read, done & 1)
         if keeps_last_k and num_tiles > 0:
-            _store_rows(acc, m_i, l_i, q_nope_smem, kn_smem, q_free.index(q_buffer), OUT, LSE, q_start, q_len, m0,
+            _store_rows(acc, m_i, l_i, v_scale, q_nope_smem, kn_smem, q_free.index(q_buffer), OUT, LSE, q_start, q_len, m0,
                         head, q_buffer, last_stage, stride_o_tok, stride_o_head, stride_lse_tok, HALF, V_DIM, MERGE,
                         STAGE_IN_K, False)
         else:  # a unit without tiles has no K stage to pass its rows through
-            _store_rows(acc, m_i, l_i, q_nope_smem, kn_smem, q_free.index(q_buffer), OUT, LSE, q_start, q_len, m0,
+            _store_rows(acc, m_i, l_i, v_scale, q_nope_smem, kn_smem, q_free.index(q_buffer), OUT, LSE, q_start, q_len, m0,
                         head, q_buffer, last_stage, stride_o_tok, stride_o_head, stride_lse_tok, HALF, V_DIM, MERGE,
                         NO_STAGING if keeps_last_k else STAGE_IN_Q, not keeps_last_k)
         if HALF == 0:
@@ -583,7 +651,7 @@ def _persistent_consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_re
 @gluon.jit
 def _persistent_producer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, k_ready, v_ready,
                          unit_smem, unit_ready, unit_free, Q_DESC, QPE_DESC, KN_DESC, KPE_DESC, V_DESC, CU_SEQLENS_Q,
-                         CU_SEQLENS_K, TAKEN, num_units, row_blocks, heads, head_group, stride_q_head, stride_kn_head,
+                         CU_SEQLENS_K, KEY_STARTS, TAKEN, num_units, row_blocks, heads, head_group, stride_q_head, stride_kn_head,
                          stride_v_head, NOPE_DIM: gl.constexpr, V_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                          STAGES: gl.constexpr, CAUSAL: gl.constexpr, MERGE: gl.constexpr, Q_BUFFERS: gl.constexpr):
     """`_producer` over the units the program takes (`take_unit`, the next one once a unit's last tile is
@@ -596,7 +664,8 @@ def _persistent_producer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_re
     unit = gl.program_id(0)
     while unit < num_units:
         runs, head, q_start, q_len, k_start, k_len, m0, num_tiles = _unit(
-            unit, CU_SEQLENS_Q, CU_SEQLENS_K, row_blocks, heads, head_group, BLOCK_N, CAUSAL, MERGE)
+            unit, CU_SEQLENS_Q, CU_SEQLENS_K, KEY_STARTS if _is_fp8(Q_DESC.block_type.element_ty) else None, row_blocks,
+            heads, head_group, BLOCK_N, CAUSAL, MERGE)
         if runs:
             work = (unit, head, q_start, q_len, k_len, m0, num_tiles)
             _publish_unit(unit_smem, unit_ready, unit_free, work, published)
@@ -617,7 +686,7 @@ def _persistent_producer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_re
 
 @gluon.jit(do_not_specialize=("num_units", "row_blocks", "heads", "head_group"))
 def mha_prefill_hopper_persistent_kernel(
-    Q_DESC, QPE_DESC, KN_DESC, KPE_DESC, V_DESC, OUT, LSE, CU_SEQLENS_Q, CU_SEQLENS_K,
+    Q_DESC, QPE_DESC, KN_DESC, KPE_DESC, V_DESC, OUT, LSE, CU_SEQLENS_Q, CU_SEQLENS_K, SCALES, KEY_STARTS,
     scale_log2, stride_q_head, stride_kn_head, stride_v_head, stride_o_tok, stride_o_head, stride_lse_tok,
     num_units, row_blocks, heads, head_group, TAKEN,
     NOPE_DIM: gl.constexpr, ROPE_DIM: gl.constexpr, V_DIM: gl.constexpr,
@@ -649,16 +718,16 @@ def mha_prefill_hopper_persistent_kernel(
 
     gl.warp_specialize([
         (_persistent_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, k_ready, v_ready,
-                                k_read, unit_smem, unit_ready, unit_free, OUT, LSE, num_units, scale_log2, stride_o_tok,
-                                stride_o_head, stride_lse_tok,
+                                k_read, unit_smem, unit_ready, unit_free, OUT, LSE, SCALES, num_units, scale_log2,
+                                stride_o_tok, stride_o_head, stride_lse_tok,
                                 0, V_DIM, BLOCK_N, STAGES, CAUSAL, MERGE, Q_BUFFERS)),
         (_persistent_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, k_ready, v_ready,
-                                k_read, unit_smem, unit_ready, unit_free, OUT, LSE, num_units, scale_log2, stride_o_tok,
-                                stride_o_head, stride_lse_tok,
+                                k_read, unit_smem, unit_ready, unit_free, OUT, LSE, SCALES, num_units, scale_log2,
+                                stride_o_tok, stride_o_head, stride_lse_tok,
                                 1, V_DIM, BLOCK_N, STAGES, CAUSAL, MERGE, Q_BUFFERS)),
         (_persistent_producer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, k_ready, v_ready,
                                 unit_smem, unit_ready, unit_free, Q_DESC, QPE_DESC, KN_DESC, KPE_DESC, V_DESC,
-                                CU_SEQLENS_Q, CU_SEQLENS_K, TAKEN, num_units, row_blocks, heads, head_group,
+                                CU_SEQLENS_Q, CU_SEQLENS_K, KEY_STARTS, TAKEN, num_units, row_blocks, heads, head_group,
                                 stride_q_head, stride_kn_head, stride_v_head, NOPE_DIM, V_DIM, BLOCK_N, STAGES, CAUSAL,
                                 MERGE, Q_BUFFERS)),
     ], [4, 1], [232, 40])
@@ -690,10 +759,13 @@ class HopperPrefillLaunch:
 
     def __call__(self, q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor,
                  cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                 scale_log2: float) -> None:
-        """Runs the pass on tensors of the planned layout with at least one key row (TMA descriptors need rows)."""
-        self.launch_descriptors(q, *self.key_descriptors(head_rows(k_nope), head_rows(k_pe), head_rows(v)),
-                                cu_seqlens_q, cu_seqlens_k, out, lse, scale_log2)
+                 scale_log2: float, scales: torch.Tensor | None = None, key_starts: torch.Tensor | None = None) -> None:
+        """Runs the pass on tensors of the planned layout with at least one key row (TMA descriptors need rows);
+        e4m3 operands take their float32 `scales` (q's times k's, v's) on the device and their segments' first key
+        rows `key_starts` (int32, multiples of 16: TMA reads the transposed values from there; the lengths still
+        come from `cu_seqlens_k`)."""
+        self.launch_descriptors(q, *self.key_descriptors(head_rows(k_nope), head_rows(k_pe), value_matrix(v)),
+                                cu_seqlens_q, cu_seqlens_k, out, lse, scale_log2, scales, key_starts)
 
     def key_descriptors(self, k_nope: Matrix, k_pe: Matrix,
                         v: Matrix) -> tuple[TensorDescriptor, TensorDescriptor, TensorDescriptor]:
@@ -704,12 +776,19 @@ class HopperPrefillLaunch:
 
     def launch_descriptors(self, q: torch.Tensor, k_nope: TensorDescriptor, k_pe: TensorDescriptor,
                            v: TensorDescriptor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
-                           out: torch.Tensor, lse: torch.Tensor, scale_log2: float) -> None:
+                           out: torch.Tensor, lse: torch.Tensor, scale_log2: float,
+                           scales: torch.Tensor | None = None, key_starts: torch.Tensor | None = None) -> None:
         """The call with k_nope, k_pe and v given as their `key_descriptors`."""
+        fp8 = q.dtype == FP8_DTYPE
+        if (scales is None) == fp8 or (key_starts is None) == fp8:
+            raise MLAInputError(f"scales, key_starts: expected both exactly for e4m3 operands, got {q.dtype} with "
+                                f"scales {scales is not None}, key_starts {key_starts is not None}")
         q_rows = head_rows(q)
         q_nope_box, q_pe_box = self.boxes[:2]
+        # 16-bit operands read neither scales nor key starts: lse and cu_seqlens_k stand in for the pointers.
         arguments = (matrix_descriptor(q_rows, q_nope_box), matrix_descriptor(q_rows, q_pe_box), k_nope, k_pe, v, out,
-                     lse, cu_seqlens_q, cu_seqlens_k, scale_log2, *self.strides)
+                     lse, cu_seqlens_q, cu_seqlens_k, scales if fp8 else lse, key_starts if fp8 else cu_seqlens_k,
+                     scale_log2, *self.strides)
         if self.persistent:
             _PERSISTENT(self.key, self.grid, (*arguments, *self.schedule, self.taken), self.constants)
         else:
@@ -724,39 +803,43 @@ def plan_launch(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: to
     (`supports` must hold); refuses a key tile or ring that does not fit. `persistent`: the persistent
     kernel's, one program per SM at most (`persistent_schedule`), with its own zeroed unit counter (a launch
     object must not run concurrently with itself: see `HopperPrefillLaunch`)."""
-    nope_dim, rope_dim, v_dim = k_nope.shape[-1], k_pe.shape[-1], v.shape[-1]
-    need = shared_bytes(nope_dim, rope_dim, v_dim, block_n, stages)
+    nope_dim, rope_dim, v_dim = k_nope.shape[-1], k_pe.shape[-1], value_width(v)
+    need = shared_bytes(nope_dim, rope_dim, v_dim, block_n, stages, q.element_size())
     if block_n not in (64, 128) or not 2 <= stages <= HOPPER_MAX_STAGES or need > SHARED_MEMORY_LIMIT:
         raise MLAInputError(f"block_n, stages: expected block_n 64 or 128 and 2 <= stages <= {HOPPER_MAX_STAGES} (a warpgroup "
                             f"releases a tile once it holds the next; a named barrier a stage) within "
                             f"{SHARED_MEMORY_LIMIT} bytes of shared memory, got block_n "
                             f"{block_n}, stages {stages}: {need} bytes")
-    nope_chunk, v_chunk = min(TMA_COLUMNS, nope_dim), min(TMA_COLUMNS, v_dim)
-    strides = (q.stride(1), k_nope.stride(1), v.stride(1), out.stride(0), out.stride(1), lse.stride(0))
+    box_columns = TMA_BYTES // q.element_size()
+    nope_chunk, v_chunk = min(box_columns, nope_dim), min(box_columns, v_dim)
+    fp8 = q.dtype == FP8_DTYPE
+    v_head = v_dim if fp8 else v.stride(1)  # where a head's values start: a row of V^T, or a column
+    strides = (q.stride(1), k_nope.stride(1), v_head, out.stride(0), out.stride(1), lse.stride(0))
     key = (q.dtype, tuple((t.dtype, t.data_ptr() % 16) for t in (out, lse, cu_seqlens_q, cu_seqlens_k)), strides,
            nope_dim, rope_dim, v_dim, block_n, stages, causal, merge)
     constants = dict(NOPE_DIM=nope_dim, ROPE_DIM=rope_dim, V_DIM=v_dim, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal,
                      MERGE=merge, num_warps=4)
     boxes = ((int(WARPGROUP_ROWS), nope_chunk), (int(WARPGROUP_ROWS), rope_dim), (block_n, nope_chunk),
-             (block_n, rope_dim), (block_n, v_chunk))
+             (block_n, rope_dim), (v_dim, block_n) if fp8 else (block_n, v_chunk))
     grid = (-(-max_q_len // BLOCK_M), q.shape[1], cu_seqlens_q.shape[0] - 1)
     if not persistent:
         return HopperPrefillLaunch(key, grid, strides, MappingProxyType(constants), boxes)
     programs, schedule = persistent_schedule(*grid, k_nope.shape[0] * (nope_dim + v_dim) * k_nope.element_size(),
                                              sm_count(q.device))
     taken = torch.zeros(1, dtype=torch.int32, device=q.device)
-    constants["Q_BUFFERS"] = q_buffers(nope_dim, rope_dim, v_dim, block_n, stages)
+    constants["Q_BUFFERS"] = q_buffers(nope_dim, rope_dim, v_dim, block_n, stages, q.element_size())
     return HopperPrefillLaunch(key, (programs, 1, 1), strides, MappingProxyType(constants), boxes, schedule, taken)
 
 
-def q_buffers(nope_dim: int, rope_dim: int, v_dim: int, block_n: int, stages: int) -> int:
+def q_buffers(nope_dim: int, rope_dim: int, v_dim: int, block_n: int, stages: int, element_size: int = 2) -> int:
     """The persistent kernel's Q buffers: two where a second one fits the shared memory, else one.
 
-    >>> q_buffers(128, 64, 128, 64, 3), q_buffers(128, 64, 128, 128, 2)
-    (2, 1)
+    >>> q_buffers(128, 64, 128, 64, 3), q_buffers(128, 64, 128, 128, 2), q_buffers(128, 64, 128, 128, 2, 1)
+    (2, 1, 2)
     """
-    second = 2 * BLOCK_M * (nope_dim + rope_dim)
-    return 2 if shared_bytes(nope_dim, rope_dim, v_dim, block_n, stages) + second <= SHARED_MEMORY_LIMIT else 1
+    second = element_size * BLOCK_M * (nope_dim + rope_dim)
+    fits = shared_bytes(nope_dim, rope_dim, v_dim, block_n, stages, element_size) + second <= SHARED_MEMORY_LIMIT
+    return 2 if fits else 1
 
 
 def persistent_schedule(row_blocks: int, heads: int, segments: int, head_key_bytes: int,
@@ -775,13 +858,14 @@ def persistent_schedule(row_blocks: int, heads: int, segments: int, head_key_byt
     return max(1, min(sms, units)), (units, row_blocks, heads, head_group)
 
 
-def shared_bytes(nope_dim: int, rope_dim: int, v_dim: int, block_n: int, stages: int) -> int:
-    """Shared memory of one program: Q, the ring of key tiles, and 1 KiB for barriers and the compiler's scratch.
+def shared_bytes(nope_dim: int, rope_dim: int, v_dim: int, block_n: int, stages: int, element_size: int = 2) -> int:
+    """Shared memory of one program: Q, the ring of key tiles, and 1 KiB for barriers and the compiler's scratch
+    (operands of `element_size` bytes: 2, or 1 for e4m3).
 
     >>> shared_bytes(128, 64, 128, 128, 2), shared_bytes(128, 64, 128, 128, 3) > SHARED_MEMORY_LIMIT
     (214016, True)
     """
-    return 2 * (BLOCK_M * (nope_dim + rope_dim) + stages * block_n * (nope_dim + rope_dim + v_dim)) + 1024
+    return element_size * (BLOCK_M * (nope_dim + rope_dim) + stages * block_n * (nope_dim + rope_dim + v_dim)) + 1024
 
 
 def head_rows(x: torch.Tensor) -> Matrix:

@@ -284,23 +284,40 @@ def triton_mha_prefill(
     for name, tensor in (("q", q), ("k_nope", k_nope), ("k_pe", k_pe), ("v", v)):
         if tensor.stride(-1) != 1:
             raise MLAInputError(f"{name}: expected a contiguous last dim, got strides {tensor.stride()}")
-    if merge and (out is None or lse is None):
-        raise MLAInputError("out and lse: merge=True needs the earlier result to merge into")
-    if out is not None and (out.shape != (tokens, heads, v_dim) or out.stride(-1) != 1):
-        raise MLAInputError(f"out: expected shape {(tokens, heads, v_dim)} with a contiguous last dim, got {tuple(out.shape)}")
-    if lse is not None and (lse.shape != (tokens, heads) or lse.dtype != torch.float32 or lse.stride(1) != 1):
-        raise MLAInputError(f"lse: expected float32 {(tokens, heads)} with contiguous heads, got {lse.dtype} {tuple(lse.shape)}")
-    out = q.new_empty(tokens, heads, v_dim) if out is None else out
-    lse = torch.empty(tokens, heads, dtype=torch.float32, device=q.device) if lse is None else lse
-    if tokens == 0 or cu_seqlens_q.shape[0] == 1 or max_q_len == 0 or k_nope.shape[0] == 0:  # no query sees a key
-        if not merge:
-            out.zero_()
-            lse.fill_(float("-inf"))
+    out, lse, no_keys = attention_outputs(out, lse, (tokens, heads, v_dim), q.dtype, q.device, merge,
+                                          cu_seqlens_q.shape[0] == 1 or max_q_len == 0 or k_nope.shape[0] == 0)
+    if no_keys:
         return out, lse
     plan = plan_attention(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, out, lse, max_q_len=max_q_len,
                           causal=causal, merge=merge, tuning=tuning, max_k_len=max_k_len)
     plan(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, out, lse, softmax_scale * LOG2E)
     return out, lse
+
+
+def attention_outputs(out: torch.Tensor | None, lse: torch.Tensor | None, shape: tuple[int, int, int],
+                      dtype: torch.dtype, device: torch.device, merge: bool,
+                      no_keys: bool) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """An attention pass's out `shape` (made in `dtype` where not given) and lse, checked, and whether no query
+    sees a key (`no_keys`, or no query rows): then out holds zeros and lse -inf, unless the pass merges.
+
+    >>> out, lse, empty = attention_outputs(None, None, (0, 2, 4), torch.float32, torch.device("cpu"), False, False)
+    >>> out.shape, lse.shape, empty
+    (torch.Size([0, 2, 4]), torch.Size([0, 2]), True)
+    """
+    tokens, heads, _ = shape
+    if merge and (out is None or lse is None):
+        raise MLAInputError("out and lse: merge=True needs the earlier result to merge into")
+    if out is not None and (out.shape != shape or out.stride(-1) != 1):
+        raise MLAInputError(f"out: expected shape {shape} with a contiguous last dim, got {tuple(out.shape)}")
+    if lse is not None and (lse.shape != (tokens, heads) or lse.dtype != torch.float32 or lse.stride(1) != 1):
+        raise MLAInputError(f"lse: expected float32 {(tokens, heads)} with contiguous heads, got {lse.dtype} {tuple(lse.shape)}")
+    out = torch.empty(shape, dtype=dtype, device=device) if out is None else out
+    lse = torch.empty(tokens, heads, dtype=torch.float32, device=device) if lse is None else lse
+    no_keys = no_keys or tokens == 0
+    if no_keys and not merge:
+        out.zero_()
+        lse.fill_(float("-inf"))
+    return out, lse, no_keys
 
 
 AttentionLaunch = Callable[..., None]

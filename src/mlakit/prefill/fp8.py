@@ -1,0 +1,192 @@
+"""FP8 MHA-form prefill on Hopper: q, k and v rounded to e4m3 with one scale a tensor, Q K^T and P V on 8-bit
+tensor cores with float32 accumulation (P rounded to e4m3 too), the output in 16-bit.
+
+`quantize_prefill_operands` makes the operands (per-tensor scales from each tensor's largest magnitude, computed
+on the device: no host sync; each key segment moved to start at a multiple of KEY_ALIGNMENT keys, since TMA reads
+the transposed values from there), `fp8_mha_prefill` runs a pass with `triton_mha_prefill`'s contract (varlen
+segments, bottom-right causal alignment, lse out, the merge into an earlier out / lse). Its accuracy is e4m3's (about 5e-2
+of the output's scale on random data against about 3e-3 in bf16: benchmarks/NOTES.md, "FP8 prefill").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from mlakit.cache.kv_quant import FP8_DTYPE
+from mlakit.errors import MLAInputError
+from mlakit.kernels.triton_prefill import (HOPPER_TUNING, LOG2E, SHORT_HOPPER_TUNING, SHORT_PROMPT_TOKENS, PrefillTuning,
+                                           attention_outputs)
+
+E4M3_MAX = 448.0
+# v_t's rows start this many keys (bytes) apart: TMA's 16-byte stride rule.
+KEY_ALIGNMENT = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8PrefillOperands:
+    """e4m3 operands of `fp8_mha_prefill`, made by `quantize_prefill_operands`: `q [T, H, d_nope + d_rope]`,
+    `k_nope [Tk, H, d_nope]`, `k_pe [Tk, d_rope]` and the values transposed, `v_t [H, d_v, Tk]` (keys contiguous:
+    8-bit tensor cores read P V's operand only that way; rows KEY_ALIGNMENT keys apart), with `scales` float32
+    `[2]`: q's scale times k's (shared by k_nope and k_pe), and v's. A value is its e4m3 number times its tensor's
+    scale. Key segment b holds `cu_seqlens_k[b + 1] - cu_seqlens_k[b]` keys (int32 offsets of the caller's rows) and
+    starts at row `key_starts[b]` (int32, a multiple of KEY_ALIGNMENT; zeros between segments); `key_rows` (int64)
+    holds where each of the caller's key rows went."""
+
+    q: torch.Tensor
+    k_nope: torch.Tensor
+    k_pe: torch.Tensor
+    v_t: torch.Tensor
+    scales: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    key_starts: torch.Tensor
+    key_rows: torch.Tensor
+
+    def __post_init__(self) -> None:
+        for name in ("q", "k_nope", "k_pe", "v_t"):
+            tensor = getattr(self, name)
+            if tensor.dtype != FP8_DTYPE:
+                raise MLAInputError(f"{name}: expected {FP8_DTYPE}, got {tensor.dtype}")
+            if tensor.device != self.q.device:
+                raise MLAInputError(f"{name}: expected q's device {self.q.device}, got {tensor.device}")
+        tokens, heads, qk_dim = self.q.shape
+        keys = self.k_nope.shape[0]
+        if self.k_nope.dim() != 3 or self.k_nope.shape[1] != heads:
+            raise MLAInputError(f"k_nope: expected [keys, {heads}, d_nope], got {tuple(self.k_nope.shape)}")
+        if self.k_pe.shape != (keys, qk_dim - self.k_nope.shape[2]):
+            raise MLAInputError(f"k_pe: expected {(keys, qk_dim - self.k_nope.shape[2])}, got {tuple(self.k_pe.shape)}")
+        if self.v_t.dim() != 3 or self.v_t.shape[0] != heads or self.v_t.shape[2] != keys:
+            raise MLAInputError(f"v_t: expected [{heads}, d_v, {keys}], got {tuple(self.v_t.shape)}")
+        strides = self.v_t.stride()
+        if strides[2] != 1 or strides[1] % KEY_ALIGNMENT or strides[0] != self.v_t.shape[1] * strides[1]:
+            raise MLAInputError(f"v_t: expected contiguous keys, rows {KEY_ALIGNMENT}-byte aligned (a multiple of "
+                                f"{KEY_ALIGNMENT} keys apart: TMA) and heads back to back, got strides {strides}")
+        for name in ("cu_seqlens_k", "key_starts"):
+            offsets = getattr(self, name)
+            if offsets.dtype != torch.int32 or offsets.shape != self.cu_seqlens_k.shape or offsets.dim() != 1:
+                raise MLAInputError(f"{name}: expected int32 [segments + 1], got {offsets.dtype} {tuple(offsets.shape)}")
+        if self.scales.shape != (2,) or self.scales.dtype != torch.float32 or self.scales.device != self.q.device:
+            raise MLAInputError(f"scales: expected float32 [2] on {self.q.device}, got {self.scales.dtype} "
+                                f"{tuple(self.scales.shape)} on {self.scales.device}")
+
+    def dequantized(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k_nope, k_pe and v (`[Tk, H, d_v]`) in float32 as the kernel sees them, the keys back in the caller's
+        rows, for references: k at scale 1 and q at the product of both scales (the scores come out the same)."""
+        qk_scale, v_scale = self.scales
+        rows = self.key_rows
+        return (self.q.float() * qk_scale, self.k_nope[rows].float(), self.k_pe[rows].float(),
+                self.v_t[..., rows].float().permute(2, 0, 1) * v_scale)
+
+
+def quantize_prefill_operands(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor,
+                              cu_seqlens_k: torch.Tensor) -> Fp8PrefillOperands:
+    """16-bit prefill operands (`triton_mha_prefill`'s shapes; views allowed) with their key segments (int32
+    offsets) rounded to e4m3, each tensor scaled so that its largest magnitude maps to e4m3's largest (k_nope and
+    k_pe share k's scale), the keys moved so that every segment starts at a multiple of KEY_ALIGNMENT keys.
+
+    >>> q, kn, kp, v = (torch.randn(s) for s in ((5, 2, 24), (5, 2, 16), (5, 8), (5, 2, 16)))
+    >>> ops = quantize_prefill_operands(q, kn, kp, v, torch.tensor([0, 3, 5], dtype=torch.int32))
+    >>> ops.key_starts.tolist(), ops.key_rows.tolist(), ops.v_t.shape
+    ([0, 16, 32], [0, 1, 2, 16, 17], torch.Size([2, 16, 48]))
+    """
+    q_scale, v_scale = _scale(_largest(q)), _scale(_largest(v))
+    k_scale = _scale(torch.maximum(_largest(k_nope), _largest(k_pe)))
+    keys, heads, v_dim = v.shape
+    key_starts, key_rows = _aligned_segments(cu_seqlens_k, keys)
+    rows = -(-(keys + (KEY_ALIGNMENT - 1) * (cu_seqlens_k.shape[0] - 1)) // KEY_ALIGNMENT) * KEY_ALIGNMENT
+    k_nope_8 = _placed(_e4m3(k_nope, k_scale), key_rows, 0, (rows, heads, k_nope.shape[-1]))
+    k_pe_8 = _placed(_e4m3(k_pe, k_scale), key_rows, 0, (rows, k_pe.shape[-1]))
+    v_t = _placed(_e4m3(v, v_scale).permute(1, 2, 0), key_rows, 2, (heads, v_dim, rows))
+    return Fp8PrefillOperands(q=_e4m3(q, q_scale), k_nope=k_nope_8, k_pe=k_pe_8, v_t=v_t,
+                              scales=torch.stack([q_scale * k_scale, v_scale]), cu_seqlens_k=cu_seqlens_k,
+                              key_starts=key_starts, key_rows=key_rows)
+
+
+def _aligned_segments(cu_seqlens_k: torch.Tensor, keys: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each segment's first row when every one starts at a multiple of KEY_ALIGNMENT (int32 [segments + 1]: the
+    last, where rows past the last segment go), and where each of the `keys` rows goes, computed on the device."""
+    offsets = cu_seqlens_k.long()
+    padded = (offsets.diff() + KEY_ALIGNMENT - 1) // KEY_ALIGNMENT * KEY_ALIGNMENT
+    aligned = torch.cat([offsets[:1] * 0, padded.cumsum(0)])
+    key = torch.arange(keys, device=offsets.device)
+    segment = torch.searchsorted(offsets, key, right=True) - 1
+    return aligned.to(torch.int32), aligned[segment] + key - offsets[segment]
+
+
+def _placed(values: torch.Tensor, rows: torch.Tensor, dim: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """A zero e4m3 tensor of `shape` with `values` copied to `rows` along `dim`."""
+    placed = torch.zeros(shape, dtype=FP8_DTYPE, device=values.device)
+    placed.view(torch.uint8).index_copy_(dim, rows, values.view(torch.uint8))
+    return placed
+
+
+def fp8_mha_prefill(
+    operands: Fp8PrefillOperands,
+    cu_seqlens_q: torch.Tensor,
+    *,
+    max_q_len: int,
+    causal: bool,
+    softmax_scale: float,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+    merge: bool = False,
+    max_k_len: int | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`triton_mha_prefill` on e4m3 operands (Hopper GPUs only) over their key segments (`operands.cu_seqlens_k`):
+    out `[T, H, d_v]` in `out_dtype` (or written into `out`, whose dtype then rules) and lse `[T, H]` float32, or
+    with `merge=True` merged into the earlier `out` / `lse` of a disjoint key set.
+
+    >>> cu = torch.tensor([0, 5], dtype=torch.int32)
+    >>> ops = quantize_prefill_operands(*(torch.randn(s) for s in ((5, 2, 192), (5, 2, 128), (5, 64), (5, 2, 128))), cu)
+    >>> fp8_mha_prefill(ops, cu, max_q_len=5, causal=True, softmax_scale=0.1)
+    Traceback (most recent call last):
+    mlakit.errors.MLAInputError: operands: the fp8 prefill runs on SM90 GPUs with d_nope 64 or 128, d_rope 32 or 64, \
+d_v 64 or 128 and 16-byte aligned rows; got cpu, widths 128, 64, 128
+    """
+    from mlakit.kernels import hopper_prefill
+
+    q, k_nope, k_pe, v_t = operands.q, operands.k_nope, operands.k_pe, operands.v_t
+    cu_seqlens_k = operands.cu_seqlens_k
+    tokens, heads, _ = q.shape
+    v_dim = v_t.shape[1]
+    if not hopper_prefill.supports(q, k_nope, k_pe, v_t):
+        raise MLAInputError(f"operands: the fp8 prefill runs on SM90 GPUs with d_nope 64 or 128, d_rope 32 or 64, "
+                            f"d_v 64 or 128 and 16-byte aligned rows; got {q.device}, widths {k_nope.shape[-1]}, "
+                            f"{k_pe.shape[-1]}, {v_dim}")
+    if out is not None and out.dtype == FP8_DTYPE:
+        raise MLAInputError(f"out: expected a 16-bit or float32 tensor, got {out.dtype}")
+    out, lse, no_keys = attention_outputs(out, lse, (tokens, heads, v_dim), out_dtype, q.device, merge,
+                                          cu_seqlens_q.shape[0] == 1 or max_q_len == 0 or k_nope.shape[0] == 0)
+    if no_keys:
+        return out, lse
+    tuning = _tuning(causal, max_q_len, max_k_len)
+    launch = hopper_prefill.plan_launch(q, k_nope, k_pe, v_t, cu_seqlens_q, cu_seqlens_k, out, lse,
+                                        max_q_len=max_q_len, causal=causal, merge=merge, block_n=tuning.block_n,
+                                        stages=tuning.num_stages, persistent=True)
+    launch(q, k_nope, k_pe, v_t, cu_seqlens_q, cu_seqlens_k, out, lse, softmax_scale * LOG2E, operands.scales,
+           operands.key_starts)
+    return out, lse
+
+
+def _tuning(causal: bool, max_q_len: int, max_k_len: int | None) -> PrefillTuning:
+    """The 16-bit kernel's choice of tiles (`triton_prefill.plan_attention`), which the e4m3 operands also fit."""
+    longest = max(max_q_len, max_k_len or max_q_len)
+    return SHORT_HOPPER_TUNING if causal and longest <= SHORT_PROMPT_TOKENS else HOPPER_TUNING
+
+
+def _largest(x: torch.Tensor) -> torch.Tensor:
+    """max |x| in one pass (no |x| temporary)."""
+    return torch.linalg.vector_norm(x, float("inf"))
+
+
+def _scale(amax: torch.Tensor) -> torch.Tensor:
+    """The float32 scale that maps `amax` to e4m3's largest value (1 for an all-zero tensor)."""
+    amax = amax.float()
+    return torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+
+
+def _e4m3(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """`x / scale` rounded to e4m3 (clamped first: the conversion turns values past the range into NaN)."""
+    return (x / scale).clamp_(-E4M3_MAX, E4M3_MAX).to(FP8_DTYPE)
