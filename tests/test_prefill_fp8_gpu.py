@@ -11,7 +11,6 @@ import torch
 
 from mlakit.kernels import hopper_prefill
 from mlakit.kernels.triton_prefill import HOPPER_TUNING, SHORT_HOPPER_TUNING
-from mlakit.prefill import fp8
 from mlakit.prefill.fp8 import fp8_mha_prefill, quantize_prefill_operands
 from mlakit.prefill.mha import reference_attention_pass
 from paged_inputs import relative_error
@@ -56,12 +55,12 @@ def _quantized(q_lens, k_lens, heads, widths, seed, q=None):
     return ops, unrounded
 
 
-def _check(q_lens, k_lens, heads, widths, causal, seed, out_dtype=torch.bfloat16):
+def _check(q_lens, k_lens, heads, widths, causal, seed, out_dtype=torch.bfloat16, tuning=None):
     ops, unrounded = _quantized(q_lens, k_lens, heads, widths, seed)
     queries, keys = _segments(q_lens, DEVICE), _segments(k_lens, DEVICE)
     scale = (widths[0] + widths[1]) ** -0.5
     out, lse = fp8_mha_prefill(ops, queries.cu_seqlens, max_q_len=queries.max_len, causal=causal, softmax_scale=scale,
-                               out_dtype=out_dtype)
+                               out_dtype=out_dtype, tuning=tuning)
     rows = sum(q_lens)
     q, k_nope, k_pe, v = ops.dequantized()
     expected_out, expected_lse = _oracle_pass(q, k_nope, k_pe, v, queries, keys, causal=causal, softmax_scale=scale)
@@ -80,10 +79,10 @@ def _check(q_lens, k_lens, heads, widths, causal, seed, out_dtype=torch.bfloat16
 @pytest.mark.parametrize("widths", WIDTHS, ids=lambda w: "x".join(map(str, w)))
 @pytest.mark.parametrize("q_lens, k_lens, heads, causal", CASES)
 def test_fp8_prefill_matches_float32_oracle(q_lens, k_lens, heads, causal, widths, programs, tuning, monkeypatch):
-    monkeypatch.setattr(fp8, "_tuning", lambda *args: tuning)
     if programs is not None:
         monkeypatch.setattr(hopper_prefill, "sm_count", lambda device: programs)
-    _check(q_lens, k_lens, heads, widths, causal, seed=sum(q_lens) + 7 * heads + widths[0] + tuning.block_n)
+    _check(q_lens, k_lens, heads, widths, causal, seed=sum(q_lens) + 7 * heads + widths[0] + tuning.block_n,
+           tuning=tuning)
 
 
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16])

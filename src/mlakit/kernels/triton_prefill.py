@@ -386,7 +386,8 @@ def _tuning_for(tuning: PrefillTuning | None, q: torch.Tensor, k_nope: torch.Ten
             return tuning or (SHORT_HOPPER_TUNING if short else HOPPER_TUNING)
         if tuning is not None:
             raise MLAInputError(
-                "tuning: the hopper kernel needs an SM90 GPU, bf16 or fp16 q, k and v of one dtype, d_nope 64 or 128, "
+                "tuning: the hopper kernel needs an SM90 GPU, bf16 or fp16 q, k and v of one dtype (or e4m3, v transposed: "
+                "`mlakit.prefill.fp8`), d_nope 64 or 128, "
                 "d_rope 32 or 64, d_v 64 or 128 and 16-byte aligned addresses and strides; got "
                 f"{q.dtype} on {q.device}, widths {k_nope.shape[-1]}, {k_pe.shape[-1]}, {v.shape[-1]}"
             )

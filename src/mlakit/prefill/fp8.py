@@ -16,8 +16,7 @@ import torch
 
 from mlakit.cache.kv_quant import FP8_DTYPE
 from mlakit.errors import MLAInputError
-from mlakit.kernels.triton_prefill import (HOPPER_TUNING, LOG2E, SHORT_HOPPER_TUNING, SHORT_PROMPT_TOKENS, PrefillTuning,
-                                           attention_outputs)
+from mlakit.kernels.triton_prefill import HOPPER_KERNELS, LOG2E, PrefillTuning, attention_outputs, plan_attention
 
 E4M3_MAX = 448.0
 # v_t's rows start this many keys (bytes) apart: TMA's 16-byte stride rule.
@@ -133,10 +132,12 @@ def fp8_mha_prefill(
     merge: bool = False,
     max_k_len: int | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
+    tuning: PrefillTuning | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`triton_mha_prefill` on e4m3 operands (Hopper GPUs only) over their key segments (`operands.cu_seqlens_k`):
     out `[T, H, d_v]` in `out_dtype` (or written into `out`, whose dtype then rules) and lse `[T, H]` float32, or
-    with `merge=True` merged into the earlier `out` / `lse` of a disjoint key set.
+    with `merge=True` merged into the earlier `out` / `lse` of a disjoint key set. Tiles as `triton_mha_prefill`
+    picks them, or `tuning` (a hopper or hopper_persistent one).
 
     >>> cu = torch.tensor([0, 5], dtype=torch.int32)
     >>> ops = quantize_prefill_operands(*(torch.randn(s) for s in ((5, 2, 192), (5, 2, 128), (5, 64), (5, 2, 128))), cu)
@@ -155,25 +156,19 @@ d_v 64 or 128 and 16-byte aligned rows; got cpu, widths 128, 64, 128
         raise MLAInputError(f"operands: the fp8 prefill runs on SM90 GPUs with d_nope 64 or 128, d_rope 32 or 64, "
                             f"d_v 64 or 128 and 16-byte aligned rows; got {q.device}, widths {k_nope.shape[-1]}, "
                             f"{k_pe.shape[-1]}, {v_dim}")
+    if tuning is not None and tuning.kernel not in HOPPER_KERNELS:
+        raise MLAInputError(f"tuning: the fp8 prefill runs the {HOPPER_KERNELS} kernels only, got {tuning.kernel!r}")
     if out is not None and out.dtype == FP8_DTYPE:
         raise MLAInputError(f"out: expected a 16-bit or float32 tensor, got {out.dtype}")
     out, lse, no_keys = attention_outputs(out, lse, (tokens, heads, v_dim), out_dtype, q.device, merge,
                                           cu_seqlens_q.shape[0] == 1 or max_q_len == 0 or k_nope.shape[0] == 0)
     if no_keys:
         return out, lse
-    tuning = _tuning(causal, max_q_len, max_k_len)
-    launch = hopper_prefill.plan_launch(q, k_nope, k_pe, v_t, cu_seqlens_q, cu_seqlens_k, out, lse,
-                                        max_q_len=max_q_len, causal=causal, merge=merge, block_n=tuning.block_n,
-                                        stages=tuning.num_stages, persistent=True)
+    launch = plan_attention(q, k_nope, k_pe, v_t, cu_seqlens_q, cu_seqlens_k, out, lse, max_q_len=max_q_len,
+                            causal=causal, merge=merge, tuning=tuning, max_k_len=max_k_len)
     launch(q, k_nope, k_pe, v_t, cu_seqlens_q, cu_seqlens_k, out, lse, softmax_scale * LOG2E, operands.scales,
            operands.key_starts)
     return out, lse
-
-
-def _tuning(causal: bool, max_q_len: int, max_k_len: int | None) -> PrefillTuning:
-    """The 16-bit kernel's choice of tiles (`triton_prefill.plan_attention`), which the e4m3 operands also fit."""
-    longest = max(max_q_len, max_k_len or max_q_len)
-    return SHORT_HOPPER_TUNING if causal and longest <= SHORT_PROMPT_TOKENS else HOPPER_TUNING
 
 
 def _largest(x: torch.Tensor) -> torch.Tensor:
