@@ -12,7 +12,7 @@ import torch
 
 from mlakit.cache.kv_quant import FP8_DTYPE
 from mlakit.errors import MLAInputError
-from mlakit.prefill.fp8 import E4M3_MAX, Fp8PrefillOperands, fp8_mha_prefill, quantize_prefill_operands
+from mlakit.prefill.fp8 import E4M3_MAX, Fp8PrefillOperands, fp8_mha_prefill, quantize_prefill_operands, value_columns
 
 
 CU_SEQLENS_K = torch.tensor([0, 5, 9], dtype=torch.int32)
@@ -36,14 +36,17 @@ def test_quantized_operands_round_trip_within_e4m3_precision():
     torch.testing.assert_close(ops.scales, torch.stack([q_scale * k_scale, v_scale]))
     # segments of 5 and 4 keys start at rows 0 and 16 (TMA reads v_t from 16-byte aligned columns), zeros between
     assert ops.key_starts.tolist() == [0, 16, 32] and ops.key_rows.tolist() == [0, 1, 2, 3, 4, 16, 17, 18, 19]
+    # v_t's columns hold each group of 16 keys in the kernel's P operand order (`value_columns`)
+    assert ops.value_columns.tolist() == [0, 1, 4, 5, 8, 16, 17, 20, 21]
     assert ops.v_t.shape == (3, 128, 48) and ops.k_nope.shape == (48, 3, 128) and ops.k_pe.shape == (48, 64)
     assert torch.equal(ops.cu_seqlens_k, CU_SEQLENS_K)
-    unused = torch.ones(48, dtype=torch.bool)
-    unused[ops.key_rows] = False
-    assert not ops.k_nope[unused].float().any() and not ops.v_t[..., unused].float().any()
+    unused_rows, unused_columns = torch.ones(48, dtype=torch.bool), torch.ones(48, dtype=torch.bool)
+    unused_rows[ops.key_rows], unused_columns[ops.value_columns] = False, False
+    assert not ops.k_nope[unused_rows].float().any() and not ops.v_t[..., unused_columns].float().any()
     rows = ops.key_rows
     back = {"q": ops.q.float() * q_scale, "k_nope": ops.k_nope[rows].float() * k_scale,
-            "k_pe": ops.k_pe[rows].float() * k_scale, "v": ops.v_t[..., rows].float().permute(2, 0, 1) * v_scale}
+            "k_pe": ops.k_pe[rows].float() * k_scale,
+            "v": ops.v_t[..., ops.value_columns].float().permute(2, 0, 1) * v_scale}
     for name, original in (("q", q), ("k_nope", k_nope), ("k_pe", k_pe), ("v", v)):
         original = original.float()
         # e4m3 keeps 3 mantissa bits: half a step is 1/16 of a normal value, below 2^-6 steps are 2^-9 apart.
@@ -63,6 +66,15 @@ def test_quantized_operands_round_trip_within_e4m3_precision():
     torch.testing.assert_close(v_deq, back["v"])
 
 
+def test_value_columns_permute_each_aligned_group_of_16_keys():
+    keys = torch.arange(4 * 16)
+    columns = value_columns(keys)
+    assert torch.equal(columns // 16, keys // 16) and torch.equal(columns.sort().values, keys)
+    # the order of the P operand: column 4a + 2b + c holds key 8b + 2a + c
+    a, b, c = torch.meshgrid(torch.arange(4), torch.arange(2), torch.arange(2), indexing="ij")
+    assert torch.equal(value_columns((8 * b + 2 * a + c).flatten()), (4 * a + 2 * b + c).flatten())
+
+
 def test_an_all_zero_tensor_gets_scale_one():
     q, k_nope, k_pe, v = _operands()
     ops = quantize_prefill_operands(q, k_nope, k_pe, torch.zeros_like(v), CU_SEQLENS_K)
@@ -78,6 +90,7 @@ def test_an_all_zero_tensor_gets_scale_one():
     ("key_starts", lambda ops: ops.key_starts.long(), "key_starts: expected int32 [segments + 1]"),
     ("v_t", lambda ops: torch.empty(3, 128, 49, dtype=FP8_DTYPE)[..., :48], "v_t: expected contiguous keys, rows 16-byte"),
     ("scales", lambda ops: ops.scales.double(), "scales: expected float32 [2]"),
+    ("value_columns", lambda ops: ops.value_columns[:4], "value_columns: expected int64 [9] (like key_rows)"),
 ])
 def test_operands_refuse_wrong_dtype_or_shape(field, bad, message):
     ops = quantize_prefill_operands(*_operands(), CU_SEQLENS_K)

@@ -47,11 +47,12 @@ def _quantized(q_lens, k_lens, heads, widths, seed, q=None):
     ops = quantize_prefill_operands(*(torch.cat([t, torch.zeros_like(t[:PAD_ROWS])]) for t in unrounded),
                                     keys.cu_seqlens)
     ops.q[valid_q:].view(torch.uint8).fill_(NAN_E4M3)
-    unused = torch.ones(ops.k_nope.shape[0], dtype=torch.bool, device=DEVICE)
-    unused[ops.key_rows[:valid_k]] = False
+    unused_rows = torch.ones(ops.k_nope.shape[0], dtype=torch.bool, device=DEVICE)
+    unused_columns = unused_rows.clone()
+    unused_rows[ops.key_rows[:valid_k]], unused_columns[ops.value_columns[:valid_k]] = False, False
     for tensor in (ops.k_nope, ops.k_pe):
-        tensor.view(torch.uint8)[unused] = NAN_E4M3
-    ops.v_t.view(torch.uint8)[..., unused] = NAN_E4M3
+        tensor.view(torch.uint8)[unused_rows] = NAN_E4M3
+    ops.v_t.view(torch.uint8)[..., unused_columns] = NAN_E4M3
     return ops, unrounded
 
 

@@ -122,12 +122,13 @@ def no_keys_yet(ROWS: gl.constexpr, LAYOUT: gl.constexpr):
 
 
 @gluon.jit
-def online_softmax(s, m_i, AXIS: gl.constexpr = 1):
+def online_softmax(s, m_i, AXIS: gl.constexpr = 1, scale=1.0):
     """P of one tile, the factor rescaling what came before, and the new running row max (rows'
-    scores along AXIS of `s`: 1 for S, 0 for S^T)."""
-    m_new = gl.maximum(m_i, gl.max(s, AXIS))
+    scores along AXIS of `s`: 1 for S, 0 for S^T). The scores are `s * scale` (scale > 0: the max
+    is taken before scaling), the scaling folded into the exponent's argument (one FMA a score)."""
+    m_new = gl.maximum(m_i, gl.max(s, AXIS) * scale)
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-    return gl.exp2(s - gl.expand_dims(m_safe, AXIS)), gl.exp2(m_i - m_safe), m_new
+    return gl.exp2(s * scale - gl.expand_dims(m_safe, AXIS)), gl.exp2(m_i - m_safe), m_new
 
 
 @gluon.jit
@@ -193,17 +194,6 @@ def zero_rows_from(smem, first_bad, CHUNK: gl.constexpr, LAYOUT: gl.constexpr):
         part = smem.slice(c * CHUNK, CHUNK, dim=1)
         values = part.load(LAYOUT)
         part.store(gl.where((rows < first_bad)[:, None], values, gl.zeros_like(values)))
-
-
-@gluon.jit
-def zero_columns_from(smem, first_bad, CHUNK: gl.constexpr, LAYOUT: gl.constexpr):
-    """Columns first_bad .. of `smem` set to zero, CHUNK rows at a time (`zero_rows_from` for a transposed tile:
-    keys along the columns)."""
-    columns = gl.arange(0, smem.shape[1], layout=gl.SliceLayout(0, LAYOUT))
-    for c in gl.static_range(smem.shape[0] // CHUNK):
-        part = smem.slice(c * CHUNK, CHUNK, dim=0)
-        values = part.load(LAYOUT)
-        part.store(gl.where((columns < first_bad)[None, :], values, gl.zeros_like(values)))
 
 
 # Query rows of fp16 MMAs are scaled so that their largest magnitude lies in [2^QUERY_EXPONENT,

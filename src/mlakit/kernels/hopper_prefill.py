@@ -50,7 +50,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from mlakit.kernels.hopper_common import (GLUON_DTYPES, Matrix, capability, finish_rows, matrix_descriptor, no_keys_yet,
                                           hand_over, named_barrier_at, online_softmax, row_piece_layout, sm_count,
                                           staged_in_row_pieces,
-                                          take_over, take_unit, zero_columns_from, zero_rows_from)
+                                          take_over, take_unit, zero_rows_from)
 from mlakit.cache.kv_quant import FP8_DTYPE
 from mlakit.errors import MLAInputError
 from mlakit.kernels.launch import CachedLaunch
@@ -161,6 +161,53 @@ def _values(v_smem, stage):
         return v_smem.index(stage).permute((1, 0))
     else:
         return v_smem.index(stage)
+
+
+@gluon.jit
+def _value_key(column):
+    """The key in column `column` of an e4m3 V^T tile: within each group of 16, column 4a + 2b + c holds key
+    8b + 2a + c (VALUE_KEY_ORDER, `_p_operand`)."""
+    return column - column % 16 + 8 * ((column >> 1) & 1) + 2 * ((column >> 2) & 3) + (column & 1)
+
+
+@gluon.jit
+def _zero_values_from(v_t, first_bad, CHUNK: gl.constexpr, LAYOUT: gl.constexpr):
+    """The columns of e4m3 V^T tile `v_t` that hold keys first_bad .. set to zero, CHUNK value rows at a time
+    (`zero_rows_from` for the transposed tile, its keys in VALUE_KEY_ORDER)."""
+    keys = _value_key(gl.arange(0, v_t.shape[1], layout=gl.SliceLayout(0, LAYOUT)))
+    for c in gl.static_range(v_t.shape[0] // CHUNK):
+        part = v_t.slice(c * CHUNK, CHUNK, dim=0)
+        values = part.load(LAYOUT)
+        part.store(gl.where((keys < first_bad)[None, :], values, gl.zeros_like(values)))
+
+
+@gluon.jit
+def _p_carried(p, dtype: gl.constexpr, p_layout: gl.constexpr):
+    """A tile's probabilities (float32, the scores' layout) as the loop carries them to the next tile's P V:
+    16-bit P already as the MMA's register operand; e4m3 P still in float32, rounded by `_p_operand` where the MMA
+    is issued (carried as bytes, the compiler unpacks and repacks them one by one)."""
+    if _is_fp8(dtype):
+        return p
+    else:
+        return gl.convert_layout(p.to(dtype), p_layout)
+
+
+@gluon.jit
+def _p_operand(p, dtype: gl.constexpr, p_layout: gl.constexpr):
+    """P V's register operand from `_p_carried`'s P. e4m3 P goes in `VALUE_KEY_ORDER`: within each group of 16
+    keys, operand column 4a + 2b + c holds key 8b + 2a + c, a score its thread already holds, so no value moves
+    between threads (the values' keys are stored in that order: `fp8.quantize_prefill_operands`), and each four
+    of a thread's scores round into one register."""
+    if _is_fp8(dtype):
+        rows: gl.constexpr = p.shape[0]
+        cols: gl.constexpr = p.shape[1]
+        grouped = gl.permute(gl.reshape(p, [rows, cols // 16, 2, 4, 2]), (0, 1, 3, 2, 4))
+        operand = gl.convert_layout(gl.reshape(grouped, [rows, cols]), p_layout, assert_trivial=True)
+        return gl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi;\n cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1;\n cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3;\n"
+            " mov.b32 $0, {lo, hi}; }", "=r,r,r,r,r", [operand], dtype=gl.float8e4nv, is_pure=True, pack=4)
+    else:
+        return p
 
 
 @gluon.jit
@@ -322,7 +369,7 @@ def _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_r
     m_i, l_i = no_keys_yet(WARPGROUP_ROWS, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([WARPGROUP_ROWS, V_DIM], gl.float32, layout=o_layout)
     s_zero = gl.zeros([WARPGROUP_ROWS, BLOCK_N], gl.float32, layout=s_layout)
-    p = gl.zeros([WARPGROUP_ROWS, BLOCK_N], q_nope_smem.dtype, layout=p_layout)
+    p = _p_carried(s_zero, q_nope_smem.dtype, p_layout)
     q_nope = q_nope_smem.index(q_buffer * 2 + HALF)
     q_pe = q_pe_smem.index(q_buffer * 2 + HALF)
     if HALF == 1:
@@ -343,7 +390,7 @@ def _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_r
         if zeroes_tail or not computes:
             mbarrier.wait(v_ready.index(stage), phase)
         if zeroes_tail and fp8:
-            zero_columns_from(v_smem.index(stage), k_len - t * BLOCK_N, ZERO_CHUNK, ZERO_T_LAYOUT)
+            _zero_values_from(v_smem.index(stage), k_len - t * BLOCK_N, ZERO_CHUNK, ZERO_T_LAYOUT)
         elif zeroes_tail:
             zero_rows_from(v_smem.index(stage), k_len - t * BLOCK_N, ZERO_CHUNK, ZERO_LAYOUT)
             fence_async_shared()
@@ -355,14 +402,16 @@ def _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_r
             s_mma = warpgroup_mma(q_nope, kn_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             s_mma = warpgroup_mma(q_pe, kpe_smem.index(stage).permute((1, 0)), s_mma, is_async=True)
             if t > 0:
-                acc_mma = warpgroup_mma(p, _values(v_smem, previous), acc, is_async=True)
+                acc_mma = warpgroup_mma(_p_operand(p, q_nope_smem.dtype, p_layout), _values(v_smem, previous),
+                                        acc, is_async=True)
                 hand_over(their_turn)
                 s, acc = warpgroup_mma_wait(num_outstanding=0, deps=[s_mma, acc_mma])
             else:
                 hand_over(their_turn)
                 s = warpgroup_mma_wait(num_outstanding=0, deps=[s_mma])
         elif t > 0 and t == my_tiles:
-            acc_mma = warpgroup_mma(p, _values(v_smem, previous), acc, is_async=True)
+            acc_mma = warpgroup_mma(_p_operand(p, q_nope_smem.dtype, p_layout), _values(v_smem, previous), acc,
+                                    is_async=True)
             hand_over(their_turn)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc_mma])
         else:
@@ -374,17 +423,16 @@ def _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_r
         if not computes:
             _release_stage(stage, V_RING)
         else:
-            s = s * scale_log2
             if t * BLOCK_N + BLOCK_N > unmasked_hi:
                 keys = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
                 seen = keys[None, :] < k_len
                 if CAUSAL:
                     seen = seen & (keys[None, :] <= (rows + offset)[:, None])
                 s = gl.where(seen, s, float("-inf"))
-            p_tile, alpha, m_i = online_softmax(s, m_i)
+            p_tile, alpha, m_i = online_softmax(s, m_i, 1, scale_log2)
             l_i = l_i * alpha + gl.sum(p_tile, 1)
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-            p = gl.convert_layout(p_tile.to(q_nope_smem.dtype), p_layout)
+            p = _p_carried(p_tile, q_nope_smem.dtype, p_layout)
     if EARLY_Q_BACK and HALF == 1:
         _give_q_back(q_free)
     if HALF == 0:
@@ -395,7 +443,8 @@ def _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_r
         last_count = first_tile + num_tiles - 1
         last = last_count % STAGES
         mbarrier.wait(v_ready.index(last), (last_count // STAGES) & 1)
-        acc_mma = warpgroup_mma(p, _values(v_smem, last), acc, is_async=True)
+        acc_mma = warpgroup_mma(_p_operand(p, q_nope_smem.dtype, p_layout), _values(v_smem, last), acc,
+                                is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc_mma])
         _release_stage(last, V_RING)
     return acc, m_i, l_i

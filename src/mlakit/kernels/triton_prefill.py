@@ -267,8 +267,9 @@ def triton_mha_prefill(
     `merge=True` the result is merged by lse into the earlier `out` / `lse` of a disjoint key
     set (a segment without keys leaves its rows untouched): that is how prefix chunks add up
     without a separate merge pass. Inputs may be strided views (last dim contiguous), e.g.
-    k_nope and v as the two halves of one decompressed `[Tk, H, d_nope + d_v]` tensor. Shapes
-    and dtypes are the caller's contract (`mlakit.mla_prefill` checks them).
+    k_nope and v as the two halves of one decompressed `[Tk, H, d_nope + d_v]` tensor. Shapes,
+    dtypes and a softmax_scale > 0 (the Hopper kernels take the row max before scaling) are the
+    caller's contract (`mlakit.mla_prefill` checks them).
 
     >>> dev = "cuda" if torch.cuda.is_available() else "cpu"
     >>> q, kn, kp, v = (torch.randn(s, device=dev) for s in ((5, 2, 24), (5, 2, 16), (5, 8), (5, 2, 16)))

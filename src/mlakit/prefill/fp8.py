@@ -14,12 +14,13 @@ import dataclasses
 
 import torch
 
+from mlakit.attention.checks import checked_softmax_scale
 from mlakit.cache.kv_quant import FP8_DTYPE
 from mlakit.errors import MLAInputError
 from mlakit.kernels.triton_prefill import HOPPER_KERNELS, LOG2E, PrefillTuning, attention_outputs, plan_attention
 
 E4M3_MAX = 448.0
-# v_t's rows start this many keys (bytes) apart: TMA's 16-byte stride rule.
+# v_t's rows start this many keys (bytes) apart: TMA's 16-byte stride rule; also the span of `value_columns`' order.
 KEY_ALIGNMENT = 16
 
 
@@ -27,11 +28,13 @@ KEY_ALIGNMENT = 16
 class Fp8PrefillOperands:
     """e4m3 operands of `fp8_mha_prefill`, made by `quantize_prefill_operands`: `q [T, H, d_nope + d_rope]`,
     `k_nope [Tk, H, d_nope]`, `k_pe [Tk, d_rope]` and the values transposed, `v_t [H, d_v, Tk]` (keys contiguous:
-    8-bit tensor cores read P V's operand only that way; rows KEY_ALIGNMENT keys apart), with `scales` float32
+    8-bit tensor cores read P V's operand only that way; rows KEY_ALIGNMENT keys apart; within each aligned group
+    of 16 keys in `value_columns`' order), with `scales` float32
     `[2]`: q's scale times k's (shared by k_nope and k_pe), and v's. A value is its e4m3 number times its tensor's
     scale. Key segment b holds `cu_seqlens_k[b + 1] - cu_seqlens_k[b]` keys (int32 offsets of the caller's rows) and
     starts at row `key_starts[b]` (int32, a multiple of KEY_ALIGNMENT; zeros between segments); `key_rows` (int64)
-    holds where each of the caller's key rows went."""
+    holds where each of the caller's key rows went in k_nope and k_pe, `value_columns` (int64) in v_t's last
+    dimension (`value_columns(key_rows)`)."""
 
     q: torch.Tensor
     k_nope: torch.Tensor
@@ -41,6 +44,7 @@ class Fp8PrefillOperands:
     cu_seqlens_k: torch.Tensor
     key_starts: torch.Tensor
     key_rows: torch.Tensor
+    value_columns: torch.Tensor
 
     def __post_init__(self) -> None:
         for name in ("q", "k_nope", "k_pe", "v_t"):
@@ -65,6 +69,9 @@ class Fp8PrefillOperands:
             offsets = getattr(self, name)
             if offsets.dtype != torch.int32 or offsets.shape != self.cu_seqlens_k.shape or offsets.dim() != 1:
                 raise MLAInputError(f"{name}: expected int32 [segments + 1], got {offsets.dtype} {tuple(offsets.shape)}")
+        if self.value_columns.dtype != torch.int64 or self.value_columns.shape != self.key_rows.shape:
+            raise MLAInputError(f"value_columns: expected int64 {list(self.key_rows.shape)} (like key_rows), got "
+                                f"{self.value_columns.dtype} {list(self.value_columns.shape)}")
         if self.scales.shape != (2,) or self.scales.dtype != torch.float32 or self.scales.device != self.q.device:
             raise MLAInputError(f"scales: expected float32 [2] on {self.q.device}, got {self.scales.dtype} "
                                 f"{tuple(self.scales.shape)} on {self.scales.device}")
@@ -75,7 +82,7 @@ class Fp8PrefillOperands:
         qk_scale, v_scale = self.scales
         rows = self.key_rows
         return (self.q.float() * qk_scale, self.k_nope[rows].float(), self.k_pe[rows].float(),
-                self.v_t[..., rows].float().permute(2, 0, 1) * v_scale)
+                self.v_t[..., self.value_columns].float().permute(2, 0, 1) * v_scale)
 
 
 def quantize_prefill_operands(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor,
@@ -86,8 +93,8 @@ def quantize_prefill_operands(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch
 
     >>> q, kn, kp, v = (torch.randn(s) for s in ((5, 2, 24), (5, 2, 16), (5, 8), (5, 2, 16)))
     >>> ops = quantize_prefill_operands(q, kn, kp, v, torch.tensor([0, 3, 5], dtype=torch.int32))
-    >>> ops.key_starts.tolist(), ops.key_rows.tolist(), ops.v_t.shape
-    ([0, 16, 32], [0, 1, 2, 16, 17], torch.Size([2, 16, 48]))
+    >>> ops.key_starts.tolist(), ops.key_rows.tolist(), ops.value_columns.tolist(), ops.v_t.shape
+    ([0, 16, 32], [0, 1, 2, 16, 17], [0, 1, 4, 16, 17], torch.Size([2, 16, 48]))
     """
     q_scale, v_scale = _scale(_largest(q)), _scale(_largest(v))
     k_scale = _scale(torch.maximum(_largest(k_nope), _largest(k_pe)))
@@ -96,10 +103,22 @@ def quantize_prefill_operands(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch
     rows = -(-(keys + (KEY_ALIGNMENT - 1) * (cu_seqlens_k.shape[0] - 1)) // KEY_ALIGNMENT) * KEY_ALIGNMENT
     k_nope_8 = _placed(_e4m3(k_nope, k_scale), key_rows, 0, (rows, heads, k_nope.shape[-1]))
     k_pe_8 = _placed(_e4m3(k_pe, k_scale), key_rows, 0, (rows, k_pe.shape[-1]))
-    v_t = _placed(_e4m3(v, v_scale).permute(1, 2, 0), key_rows, 2, (heads, v_dim, rows))
+    v_columns = value_columns(key_rows)
+    v_t = _placed(_e4m3(v, v_scale).permute(1, 2, 0), v_columns, 2, (heads, v_dim, rows))
     return Fp8PrefillOperands(q=_e4m3(q, q_scale), k_nope=k_nope_8, k_pe=k_pe_8, v_t=v_t,
                               scales=torch.stack([q_scale * k_scale, v_scale]), cu_seqlens_k=cu_seqlens_k,
-                              key_starts=key_starts, key_rows=key_rows)
+                              key_starts=key_starts, key_rows=key_rows, value_columns=v_columns)
+
+
+def value_columns(key_rows: torch.Tensor) -> torch.Tensor:
+    """v_t's column of each key row: within each group of 16 keys, key 8b + 2a + c goes to column 4a + 2b + c,
+    where the Hopper kernel's e4m3 P reaches P V's operand without moving between threads.
+
+    >>> value_columns(torch.arange(16)).tolist()
+    [0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15]
+    """
+    low = key_rows % KEY_ALIGNMENT
+    return key_rows - low + 4 * ((low >> 1) & 3) + 2 * (low >> 3) + (low & 1)
 
 
 def _aligned_segments(cu_seqlens_k: torch.Tensor, keys: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,6 +169,7 @@ d_v 64 or 128 and 16-byte aligned rows; got cpu, widths 128, 64, 128
 
     q, k_nope, k_pe, v_t = operands.q, operands.k_nope, operands.k_pe, operands.v_t
     cu_seqlens_k = operands.cu_seqlens_k
+    softmax_scale = checked_softmax_scale(softmax_scale)
     tokens, heads, _ = q.shape
     v_dim = v_t.shape[1]
     if not hopper_prefill.supports(q, k_nope, k_pe, v_t):
