@@ -75,6 +75,14 @@ def test_gpu_demo_passes_with_each_installed_decode_backend(demo_dir, backend, k
     assert f"decode {backend}" in text and f"KV cache {kv_cache_dtype}" in text and "weights bfloat16" in text
 
 
+@pytest.mark.gpu
+def test_gpu_demo_with_the_fp8_prefill_passes_within_the_e4m3_bound(demo_dir):
+    code, text = _demo(demo_dir, "cuda", prefill_backend="triton_fp8")
+    print(text)
+    assert code == 0, text
+    assert "prefill triton_fp8" in text.replace("\n", " ")
+
+
 def test_a_damaged_cached_checkpoint_is_rebuilt_with_one_line_saying_so(tmp_path):
     """Issue 27: the demo reused a damaged cached checkpoint forever."""
     directory = ensure_demo_checkpoint(tmp_path / "checkpoint", say=pytest.fail)

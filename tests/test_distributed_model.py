@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dcp_worker import run_world
-from mlakit.demo.checkpoint import ensure_demo_checkpoint
+from mlakit.demo.checkpoint import demo_hf_config, ensure_demo_checkpoint
 from mlakit.demo.verdict import gap_bound, teacher_forced_verdict
 from mlakit.model.loader import load_model
 from tp_worker import LAYOUTS, PROMPTS, generate, run_rank
@@ -69,7 +69,8 @@ def test_each_rank_holds_its_heads(reports, world: int, case: str) -> None:
     tp = int(case.split()[0].removeprefix("tp"))
     for report in reports[world]:
         assert report[case]["heads_per_rank"] == 16 // tp
-        assert report[case]["kv_b_rows"] == 16 // tp * (32 + 32)
+        config = demo_hf_config()
+        assert report[case]["kv_b_rows"] == 16 // tp * (config["qk_nope_head_dim"] + config["v_head_dim"])
 
 
 def test_zero_length_shards_are_covered(reports) -> None:

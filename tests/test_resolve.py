@@ -23,6 +23,7 @@ from mlakit.registry.records import KV_DTYPES
 ARCHS = ("cpu", "xpu", "sm80", "sm90", "sm100")
 RECORDS = all_records()
 BY_NAME = {r.name: r for r in RECORDS}
+DECODE_RECORDS = [r for r in RECORDS if "decode" in r.phases]  # every backend but the prefill-only triton_fp8
 V3 = MLAShape.preset("deepseek-v3")
 
 
@@ -169,7 +170,8 @@ def _test_backends_do_not_outlive_their_test():
 def test_registry_holds_the_documented_backends_in_auto_order():
     names = backend_names()
     assert set(names) >= {"reference", "flashmla", "flashinfer_mla", "trtllm_mla", "cutedsl_mla", "tokenspeed_mla", "intel_xpu"}
-    assert names[-1] == "reference"
+    # reference fits every configuration, so auto never reaches what ranks past it: the opt-in triton_fp8
+    assert names[names.index("reference"):] == ["reference", "triton_fp8"]
     ranks = [BY_NAME[n].auto_rank for n in names]
     assert ranks == sorted(ranks)
 
@@ -221,7 +223,7 @@ def test_unset_cuda_graphs_stay_off_for_a_backend_that_cannot_be_captured(monkey
     "arch, prefill, reason, alternatives",
     [
         ("xpu", "triton", "runs on cuda, not on xpu", ["reference"]),
-        ("sm90", "trtllm_mla", "needs SM10x, the device is sm90", ["triton", "reference"]),
+        ("sm90", "trtllm_mla", "needs SM10x, the device is sm90", ["triton", "reference", "triton_fp8"]),
     ],
 )
 def test_explicit_prefill_backend_on_wrong_hardware_is_refused(adapted, arch, prefill, reason, alternatives):
@@ -248,11 +250,30 @@ def test_explicit_pair_sharing_no_page_size_is_refused(adapted):
     assert listed_alternatives(message, "prefill") == ["triton", "reference"]
 
 
+def test_fp8_prefill_is_opt_in_and_fits_the_hopper_kernels_widths():
+    from mlakit.kernels import hopper_prefill
+
+    record = BY_NAME["triton_fp8"]
+    assert (record.qk_nope_dims, record.rope_dims, record.v_dims) == (
+        hopper_prefill.NOPE_DIMS, hopper_prefill.ROPE_DIMS, hopper_prefill.V_DIMS)
+    assert record.attention_dtype == "fp8_e4m3" and record.describe_capabilities()["attention_dtype"] == "fp8_e4m3"
+    assert plan_for("sm90").prefill_backend == "triton"  # auto keeps the bf16 kernel
+    plan = plan_for("sm90", prefill_backend="triton_fp8", kv_cache_dtype="fp8_e4m3")
+    assert (plan.prefill_backend, plan.decode_backend, plan.kv_cache_dtype) == ("triton_fp8", "triton", "fp8_e4m3")
+    assert plan_for("sm90", MLAShape.preset("minicpm3"), prefill_backend="triton_fp8").prefill_backend == "triton_fp8"
+    narrow = dataclasses.replace(V3, qk_nope_head_dim=32, v_head_dim=48)
+    message = refusal("sm90", narrow, prefill_backend="triton_fp8")
+    assert "prefill_backend 'triton_fp8' cannot serve this configuration on sm90" in message
+    assert "qk_nope_head_dim 32 is not supported; allowed: [64, 128]" in message
+    assert "v_head_dim 48 is not supported; allowed: [64, 128]" in message
+    assert "needs SM9x, the device is sm80" in refusal("sm80", prefill_backend="triton_fp8")
+
+
 NO_PREFILL_ADAPTER = [r for r in RECORDS if missing_adapter(r.name, "prefill")]
 
 
-def test_only_triton_and_reference_have_prefill_kernels():
-    assert {r.name for r in RECORDS if get_backend(r.name).prefill is not None} == {"triton", "reference"}
+def test_only_mlakits_own_backends_have_prefill_kernels():
+    assert {r.name for r in RECORDS if get_backend(r.name).prefill is not None} == {"triton", "triton_fp8", "reference"}
     assert {"flashinfer_mla", "trtllm_mla", "tokenspeed_mla"} <= {r.name for r in NO_PREFILL_ADAPTER}
     assert all("prefill" in r.phases for r in NO_PREFILL_ADAPTER)
 
@@ -335,7 +356,7 @@ def test_every_fixed_page_size_backend_refuses_other_sizes_and_keeps_its_own(rec
         assert not any(n.startswith("page_size:") for n in plan.notes)
 
 
-@pytest.mark.parametrize("record", RECORDS, ids=ids(RECORDS))
+@pytest.mark.parametrize("record", DECODE_RECORDS, ids=ids(DECODE_RECORDS))
 def test_unset_page_size_fits_both_backends_and_is_noted(record):
     plan = plan_for(home_arch(record), attention_backend=record.name)
     assert plan.decode_backend == record.name
@@ -486,7 +507,7 @@ def test_tokenspeed_takes_seven_draft_tokens():
 
 
 LIMITED_Q = [r for r in RECORDS if r.max_decode_q_len is not None]
-UNLIMITED_Q = [r for r in RECORDS if r.max_decode_q_len is None]
+UNLIMITED_Q = [r for r in DECODE_RECORDS if r.max_decode_q_len is None]
 
 
 @pytest.mark.parametrize("record", LIMITED_Q, ids=ids(LIMITED_Q))
@@ -527,7 +548,7 @@ def test_tree_drafts_with_explicit_triton_are_refused_and_nothing_fits():
     assert message == f"decode_backend 'triton' cannot serve this configuration on sm90:\n  - {TREE}\n{NONE_FITS}"
 
 
-@pytest.mark.parametrize("record", RECORDS, ids=ids(RECORDS))
+@pytest.mark.parametrize("record", DECODE_RECORDS, ids=ids(DECODE_RECORDS))
 def test_every_backend_refuses_tree_drafts_by_name(record):
     arch = home_arch(record)
     message = refusal(arch, attention_backend=record.name, speculative_num_draft_tokens=1, speculative_eagle_topk=2)
@@ -558,7 +579,7 @@ def test_uneven_drafts_with_flashmla_are_refused_with_triton_among_the_alternati
         assert fits_alone(name, "sm90", speculative_num_draft_tokens=3, speculative_uneven_drafts=True)
 
 
-NO_EXTEND_SPECULATIVE = [r for r in RECORDS if not r.latent_extend and r.max_decode_q_len != 1]
+NO_EXTEND_SPECULATIVE = [r for r in DECODE_RECORDS if not r.latent_extend and r.max_decode_q_len != 1]
 
 
 @pytest.mark.parametrize("record", NO_EXTEND_SPECULATIVE, ids=ids(NO_EXTEND_SPECULATIVE))
@@ -632,7 +653,7 @@ def test_every_backend_refuses_kv_dtypes_it_lacks_and_keeps_those_it_has(record)
             assert f"kv_cache_dtype {kv!r} is not supported; allowed: {allowed}" in message
 
 
-@pytest.mark.parametrize("record", RECORDS, ids=ids(RECORDS))
+@pytest.mark.parametrize("record", DECODE_RECORDS, ids=ids(DECODE_RECORDS))
 def test_auto_kv_dtype_is_first_both_backends_take_and_is_noted(record):
     plan = plan_for(home_arch(record), attention_backend=record.name)
     both = [d for d in KV_DTYPES if d in BY_NAME[plan.decode_backend].kv_dtypes and d in BY_NAME[plan.prefill_backend].kv_dtypes]
@@ -805,7 +826,7 @@ def test_cuda_graphs_with_intel_xpu_is_an_error():
     assert "cuda_graphs=True needs a CUDA device; the device is xpu" in message
 
 
-CUDA_RECORDS = [r for r in RECORDS if "cuda" in r.device_kinds]
+CUDA_RECORDS = [r for r in DECODE_RECORDS if "cuda" in r.device_kinds]
 
 
 @pytest.mark.parametrize("record", CUDA_RECORDS, ids=ids(CUDA_RECORDS))

@@ -165,12 +165,14 @@ def check(
 @main.command()
 @click.option("--device", default=AUTO, show_default=True, help="auto, cpu, cuda[:N] or xpu[:N].")
 @click.option("--decode-backend", default=None, help="Decode backend (default: the plan's choice).")
+@click.option("--prefill-backend", default=None, help="Prefill backend (default: the plan's choice), e.g. triton_fp8.")
 @click.option("--kv-cache-dtype", type=click.Choice(KV_CACHE_DTYPES), default=AUTO, show_default=True, help="Default: the plan's on a GPU, float32 on a CPU.")
-def demo(device: str, decode_backend: str | None, kv_cache_dtype: str) -> None:
+def demo(device: str, decode_backend: str | None, prefill_backend: str | None, kv_cache_dtype: str) -> None:
     """Generate with a small random DeepSeek-V3 model and check every token against transformers."""
     from mlakit.demo.run import run_model_demo
 
-    sys.exit(run_model_demo(device, Console(), decode_backend=decode_backend, kv_cache_dtype=kv_cache_dtype))
+    sys.exit(run_model_demo(device, Console(), decode_backend=decode_backend, prefill_backend=prefill_backend,
+                            kv_cache_dtype=kv_cache_dtype))
 
 
 @main.command()

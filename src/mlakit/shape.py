@@ -85,14 +85,14 @@ class MLAShape:
         return dataclasses.replace(self, num_heads=self.num_heads // tp_size)
 
     @classmethod
-    def of_latent(cls, num_heads: int, kv_lora_rank: int, rope_dim: int) -> MLAShape:
-        """The shape as far as one attention call's tensors tell it: heads and latent widths
-        (d_nope and d_v are not visible there and are set to 1).
+    def of_latent(cls, num_heads: int, kv_lora_rank: int, rope_dim: int, nope_dim: int = 1, v_dim: int = 1) -> MLAShape:
+        """The shape as far as one attention call's tensors tell it: heads and latent widths, and
+        d_nope and d_v where the call shows them (a prefill's q and kv_b_weight; else 1).
 
-        >>> MLAShape.of_latent(16, 512, 64).kv_cache_dim
-        576
+        >>> MLAShape.of_latent(16, 512, 64).kv_cache_dim, MLAShape.of_latent(16, 512, 64, 128, 128).v_head_dim
+        (576, 128)
         """
-        return cls(num_heads, kv_lora_rank, 1, rope_dim, 1)
+        return cls(num_heads, kv_lora_rank, nope_dim, rope_dim, v_dim)
 
     @classmethod
     def preset(cls, name: str) -> MLAShape:

@@ -22,6 +22,7 @@ from mlakit.device import DeviceInfo
 from mlakit.errors import ConfigError, MLAInputError
 from mlakit.cache.kv_quant import STORAGE_DTYPES, storage_name
 from mlakit.prefill.metadata import PrefillMetadata
+from mlakit.prefill.mha import head_dims
 from mlakit.reference import pages_view
 from mlakit.registry.catalog import all_records, get_backend, runnable_problems
 from mlakit.registry.records import BackendRecord
@@ -359,13 +360,14 @@ def _resolve_extend(q, kv_cache, block_table, cache_seqlens, cu_seqlens_q, max_q
 
 
 def _resolved_call(call: Literal["decode", "extend", "prefill"], backend: object, q: torch.Tensor,
-                   kv_cache: torch.Tensor, q_len: int, kv_lora_rank: int, needs_lse: bool) -> _ResolvedCall:
+                   kv_cache: torch.Tensor, q_len: int, kv_lora_rank: int, needs_lse: bool,
+                   head_widths: tuple[int, int] = (1, 1)) -> _ResolvedCall:
     """The backend serving a checked call (q `[..., heads, width]`), with the latent split, cache dtype and
-    default scale it runs with."""
+    default scale it runs with; `head_widths` (d_nope, d_v) where the call shows them (a prefill)."""
     pages = pages_view(kv_cache)
     cache_dtype = storage_name(pages.dtype)
     name = _backend_for(call, _checked_backend(backend), str(q.device), cache_dtype, pages.shape[1], q_len, q.shape[-2],
-                        kv_lora_rank, pages.shape[-1] - kv_lora_rank, needs_lse)
+                        kv_lora_rank, pages.shape[-1] - kv_lora_rank, needs_lse, *head_widths)
     return _ResolvedCall(name, kv_lora_rank, cache_dtype, q.shape[-1] ** -0.5)
 
 
@@ -484,7 +486,8 @@ def mla_prefill(
     call = _resolved(layout)
     if call is None:
         check_prefill_inputs(q, kv_cache, kv_b_weight, meta, kv_scale, out=out, lse=lse, check_values=check_inputs)
-        call = _resolved_call("prefill", backend, q, kv_cache, 1, kv_b_weight.shape[1], True)
+        call = _resolved_call("prefill", backend, q, kv_cache, 1, kv_b_weight.shape[1], True,
+                              head_dims(q, pages_view(kv_cache).shape[-1], kv_b_weight))
         _remember(layout, call)
     entry = get_backend(call.backend)
     assert entry.prefill is not None  # _backend_for only returns backends with a prefill kernel
@@ -533,11 +536,13 @@ def _backend_for(
     kv_lora_rank: int,
     rope_dim: int,
     needs_lse: bool,
+    nope_dim: int = 1,
+    v_dim: int = 1,
 ) -> str:
     """The backend that serves one kind of call (cached: the answer depends only on these)."""
     req = Requirements(
         device=DeviceInfo.detect(device),
-        shape=MLAShape.of_latent(heads, kv_lora_rank, rope_dim),
+        shape=MLAShape.of_latent(heads, kv_lora_rank, rope_dim, nope_dim, v_dim),
         page_size=page_size,
         kv_dtype=kv_dtype,
         decode_q_len=q_len,

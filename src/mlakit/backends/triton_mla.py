@@ -131,7 +131,8 @@ def _attention_pass(
     )
 
 
-def _decompress_rows(*args: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def decompress_rows(*args: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`prefill.prepared.decompress_rows` (the fused gather-decompress where it serves the cache), imported on use."""
     from mlakit.prefill.prepared import decompress_rows
 
     return decompress_rows(*args)
@@ -144,7 +145,7 @@ def prepare_prefill(*args: object) -> Callable[..., tuple[torch.Tensor, torch.Te
     return prepare(*args)
 
 
-prefill = mha_prefill_kernel(_attention_pass, _decompress_rows)
+prefill = mha_prefill_kernel(_attention_pass, decompress_rows)
 
 register(RECORD, decode, extend, prefill, decode_metadata, extend_metadata, writes_outputs=True,
          prepare_call=prepare_call, prepare_prefill=prepare_prefill)

@@ -23,8 +23,8 @@ def demo_hf_config() -> dict:
     """
     return dict(
         vocab_size=512, hidden_size=256, intermediate_size=384, moe_intermediate_size=96, num_hidden_layers=4,
-        num_attention_heads=16, num_key_value_heads=16, q_lora_rank=64, kv_lora_rank=512, qk_nope_head_dim=32,
-        qk_rope_head_dim=64, v_head_dim=32, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=2,
+        num_attention_heads=16, num_key_value_heads=16, q_lora_rank=64, kv_lora_rank=512, qk_nope_head_dim=128,
+        qk_rope_head_dim=64, v_head_dim=128, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=2,
         topk_group=1, first_k_dense_replace=1, num_mtp_layers=0, max_position_embeddings=1024,
         rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256, "rope_theta": 10000.0,
                          "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1},

@@ -14,6 +14,7 @@ from mlakit.demo.checkpoint import DEMO_DIR, ensure_demo_checkpoint
 from mlakit.demo.verdict import Verdict, gap_bound, teacher_forced_verdict
 from mlakit.model.generate import build_runner
 from mlakit.model.runner import Request, Runner
+from mlakit.registry.catalog import get_backend
 
 DEMO_PROMPTS = ([11, 402, 7, 99, 250], list(range(30, 71)), [5], [300, 301, 302, 303, 304, 305, 306, 307, 308, 309, 310, 311])
 DEMO_NEW_TOKENS = 16
@@ -25,6 +26,7 @@ def run_model_demo(
     console: Console,
     *,
     decode_backend: str | None = None,
+    prefill_backend: str | None = None,
     kv_cache_dtype: str = AUTO,
     directory: Path = DEMO_DIR,
 ) -> int:
@@ -32,10 +34,12 @@ def run_model_demo(
 
     On a CPU the weights and cache are float32 and the tokens must be transformers' own; on a
     GPU the weights are bf16 and the cache takes the plan's dtype (or `kv_cache_dtype`), and a
-    token may differ only where transformers' logits nearly tie (`mlakit.demo.verdict`).
+    token may differ only where transformers' logits nearly tie (`mlakit.demo.verdict`), within the
+    bound of the coarsest dtype on the path: the cache's, or a backend's attention (`triton_fp8`: e4m3).
     """
     ensure_demo_checkpoint(directory, say=lambda line: console.print(line, highlight=False))
-    config = ServingConfig(device=device, decode_backend=decode_backend, kv_cache_dtype=kv_cache_dtype,
+    config = ServingConfig(device=device, decode_backend=decode_backend, prefill_backend=prefill_backend,
+                           kv_cache_dtype=kv_cache_dtype,
                            max_batch_size=len(DEMO_PROMPTS), max_context_len=256)
     runner = build_runner(directory, config, CACHE_BUDGET_BYTES, console, mixed_steps=True)
     requests = [Request(list(p), DEMO_NEW_TOKENS, arrival_step=2 * i) for i, p in enumerate(DEMO_PROMPTS)]
@@ -75,7 +79,8 @@ def _verdict(directory: Path, runner: Runner, outputs: list[list[int]]) -> Verdi
 
     disable_progress_bar()
     hf = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).to(runner.cache.device).eval()
-    return teacher_forced_verdict(hf, DEMO_PROMPTS, outputs, gap_bound(runner.cache.stores[0].dtype))
+    attention = (get_backend(name).record.attention_dtype for name in (runner.decode_backend, runner.prefill_backend))
+    return teacher_forced_verdict(hf, DEMO_PROMPTS, outputs, gap_bound(runner.cache.stores[0].dtype, *attention))
 
 
 def _covered(runner: Runner) -> str:

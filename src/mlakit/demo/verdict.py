@@ -75,15 +75,18 @@ class Verdict:
         return line
 
 
-def gap_bound(kv_cache_dtype: str) -> float:
-    """The gap a flipped token may have for a run with this KV cache dtype.
+def gap_bound(kv_cache_dtype: str, *attention_dtypes: str | None) -> float:
+    """The gap a flipped token may have for a run with this KV cache dtype, and attention computed in
+    `attention_dtypes` where a backend's is coarser (None: the cache's): the coarsest one's.
 
-    >>> gap_bound("bf16")
-    0.02
+    >>> gap_bound("bf16"), gap_bound("bf16", None, "fp8_e4m3")
+    (0.02, 0.06)
     """
-    if kv_cache_dtype not in GAP_BOUNDS:
-        raise ConfigError(f"kv_cache_dtype: expected one of {sorted(GAP_BOUNDS)}, got {kv_cache_dtype!r}")
-    return GAP_BOUNDS[kv_cache_dtype]
+    dtypes = [kv_cache_dtype, *(d for d in attention_dtypes if d is not None)]
+    unknown = [d for d in dtypes if d not in GAP_BOUNDS]
+    if unknown:
+        raise ConfigError(f"kv_cache_dtype: expected one of {sorted(GAP_BOUNDS)}, got {unknown[0]!r}")
+    return max(GAP_BOUNDS[d] for d in dtypes)
 
 
 @torch.no_grad()

@@ -96,7 +96,7 @@ def backend_problems(record: BackendRecord, phase: Phase, req: Requirements, par
             f"does not return the log-sum-exp, which dcp_size={req.dcp_size} needs to merge the ranks' partial results; "
             "pick a decode backend that returns lse or set dcp_size=1"
         )
-    problems += _shape_problems(record, req.shape, req.dcp_size if phase == "decode" else 1)
+    problems += _shape_problems(record, req.shape, req.dcp_size if phase == "decode" else 1, phase == "prefill")
     if phase == "decode" and req.cuda_graphs and not record.cuda_graphs:
         problems.append("cannot be captured in a CUDA graph; set cuda_graphs off or pick a backend that can")
     if req.needs_lse and not record.returns_lse:
@@ -111,7 +111,7 @@ def backend_problems(record: BackendRecord, phase: Phase, req: Requirements, par
     return problems
 
 
-def _shape_problems(record: BackendRecord, shape: MLAShape, dcp_size: int) -> list[str]:
+def _shape_problems(record: BackendRecord, shape: MLAShape, dcp_size: int, prefill: bool) -> list[str]:
     problems = []
     if record.max_heads is not None and shape.num_heads * dcp_size > record.max_heads:
         if dcp_size == 1:
@@ -125,6 +125,10 @@ def _shape_problems(record: BackendRecord, shape: MLAShape, dcp_size: int) -> li
             )
     if record.kv_lora_ranks is not None and shape.kv_lora_rank not in record.kv_lora_ranks:
         problems.append(f"kv_lora_rank {shape.kv_lora_rank} is not supported; allowed: {sorted(record.kv_lora_ranks)}")
-    if record.rope_dims is not None and shape.qk_rope_head_dim not in record.rope_dims:
-        problems.append(f"qk_rope_head_dim {shape.qk_rope_head_dim} is not supported; allowed: {sorted(record.rope_dims)}")
+    widths = [("qk_rope_head_dim", record.rope_dims)]
+    if prefill:  # the MHA form's per-head widths; decode reads the latent rows
+        widths += [("qk_nope_head_dim", record.qk_nope_dims), ("v_head_dim", record.v_dims)]
+    for name, allowed in widths:
+        if allowed is not None and getattr(shape, name) not in allowed:
+            problems.append(f"{name} {getattr(shape, name)} is not supported; allowed: {sorted(allowed)}")
     return problems

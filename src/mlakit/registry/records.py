@@ -92,6 +92,9 @@ class BackendRecord:
     verify with uneven draft lengths needs it); `tree_drafts` says its decode takes a
     per-sequence tree mask (EAGLE tree drafts, topk > 1);
     `prefill_fallback` names the backend that serves prefill for a decode-only backend;
+    `qk_nope_dims` and `v_dims` list the per-head widths its prefill takes (None = any), like
+    `rope_dims` the rope width; `attention_dtype` names the dtype its attention computes in where
+    that is coarser than the cache's (None: the cache's or finer);
     `cpu_interpreter` says Triton's CPU interpreter runs its kernels, so a caller that names it
     may run it on the CPU when TRITON_INTERPRET=1 was set before mlakit was imported (auto
     never picks it there).
@@ -111,6 +114,9 @@ class BackendRecord:
     max_heads: int | None = None
     kv_lora_ranks: frozenset[int] | None = None
     rope_dims: frozenset[int] | None = None
+    qk_nope_dims: frozenset[int] | None = None
+    v_dims: frozenset[int] | None = None
+    attention_dtype: str | None = None
     packages: tuple[str, ...] = ()
     install_hint: str = ""
     cuda_graphs: bool = False
@@ -129,6 +135,8 @@ class BackendRecord:
             raise ConfigError(f"backend {self.name!r}: kv_dtypes must be a non-empty subset of {KV_DTYPES}")
         if not self.page_sizes.accepts(self.preferred_page_size):
             raise ConfigError(f"backend {self.name!r}: preferred_page_size {self.preferred_page_size} is not in its page sizes")
+        if self.attention_dtype is not None and self.attention_dtype not in KV_DTYPES:
+            raise ConfigError(f"backend {self.name!r}: attention_dtype must be one of {KV_DTYPES}, got {self.attention_dtype!r}")
         if self.prefill_fallback is not None and "prefill" in self.phases:
             raise ConfigError(f"backend {self.name!r} does prefill itself; it cannot name a prefill_fallback")
 
@@ -167,6 +175,9 @@ class BackendRecord:
             "max_heads": self.max_heads,
             "kv_lora_ranks": None if self.kv_lora_ranks is None else sorted(self.kv_lora_ranks),
             "rope_dims": None if self.rope_dims is None else sorted(self.rope_dims),
+            "qk_nope_dims": None if self.qk_nope_dims is None else sorted(self.qk_nope_dims),
+            "v_dims": None if self.v_dims is None else sorted(self.v_dims),
+            "attention_dtype": self.attention_dtype,
             "packages": list(self.packages),
             "cuda_graphs": self.cuda_graphs,
             "returns_lse": self.returns_lse,

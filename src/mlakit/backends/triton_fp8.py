@@ -1,0 +1,63 @@
+"""The `triton_fp8` backend: the MHA-form prefill with its attention in e4m3 on Hopper (opt-in).
+
+Each pass's queries and decompressed keys and values are rounded to e4m3 with one scale a tensor
+(`mlakit.prefill.fp8.quantize_prefill_operands`) and attended on 8-bit tensor cores with float32
+accumulation (`fp8_mha_prefill`); the passes merge as the `triton` backend's do. Its error is about
+5e-2 of the output's scale against bf16's 2e-3 (benchmarks/NOTES.md, "FP8 prefill"), so `auto` never
+picks it: name it (`prefill_backend="triton_fp8"`) where that accuracy is acceptable.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mlakit.backends.triton_mla import decompress_rows
+from mlakit.prefill.metadata import Segments
+from mlakit.prefill.mha import mha_prefill_kernel
+from mlakit.registry.catalog import register
+from mlakit.registry.records import BackendRecord, PageSizeRule
+
+RECORD = BackendRecord(
+    name="triton_fp8",
+    summary="mlakit's Hopper MHA prefill with e4m3 attention (q, k, v and P rounded, one scale a tensor; opt-in)",
+    phases=frozenset({"prefill"}),
+    device_kinds=frozenset({"cuda"}),
+    capability_majors=frozenset({9}),
+    page_sizes=PageSizeRule(),
+    kv_dtypes=frozenset({"bf16", "fp16", "fp8_e4m3"}),
+    rope_dims=frozenset({32, 64}),
+    qk_nope_dims=frozenset({64, 128}),
+    v_dims=frozenset({64, 128}),
+    attention_dtype="fp8_e4m3",
+    packages=("triton",),
+    install_hint="pip install triton",
+    auto_rank=2000,  # past the reference backend, which fits everything: auto never reaches it
+    preferred_page_size=64,
+    verified="H100 (GPU tests, the demo's greedy tokens)",
+)
+
+
+def _attention_pass(
+    q: torch.Tensor,
+    k_nope: torch.Tensor,
+    k_pe: torch.Tensor,
+    v: torch.Tensor,
+    queries: Segments,
+    keys: Segments,
+    *,
+    causal: bool,
+    softmax_scale: float,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    merge: bool,
+) -> None:
+    from mlakit.prefill.fp8 import fp8_mha_prefill, quantize_prefill_operands
+
+    operands = quantize_prefill_operands(q, k_nope, k_pe, v, keys.cu_seqlens)
+    fp8_mha_prefill(operands, queries.cu_seqlens, max_q_len=queries.max_len, causal=causal, softmax_scale=softmax_scale,
+                    out=out, lse=lse, merge=merge, max_k_len=keys.max_len)
+
+
+prefill = mha_prefill_kernel(_attention_pass, decompress_rows)
+
+register(RECORD, prefill=prefill)
