@@ -2,7 +2,7 @@
 (what is left is P's rounding to e4m3) and on the unrounded ones (e4m3's whole error): ragged and empty segments,
 q_len > k_len, odd head counts, both causal modes, DeepSeek's and MiniCPM3's widths, both tile settings, two
 programs carrying the rings across units, NaN bytes in the rows past the last segment, the merge into an earlier
-result, float32 output."""
+result, float32 output; and the operands' rounding kernels against their torch oracle, byte for byte."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from mlakit.prefill.fp8 import fp8_mha_prefill, quantize_prefill_operands
 from mlakit.prefill.mha import reference_attention_pass
 from paged_inputs import relative_error
 from test_prefill import _assert_matches, _kernel_inputs, _oracle_pass, _segments
+from test_prefill_fp8 import _torch_operands, _wide_operands, assert_same_operands
 from test_prefill_hopper_gpu import CASES, WIDTHS
 
 pytestmark = [
@@ -112,3 +113,13 @@ def test_fp8_prefill_merges_a_second_key_set_into_the_first(causal_first):
                              out=expected_out, lse=expected_lse, merge=True)
     _assert_matches(out[:rows], lse[:rows], expected_out[:rows], expected_lse[:rows], out_tol=SAME_VALUES_TOL,
                     lse_tol=LSE_TOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_rounding_kernels_equal_their_oracle_byte_for_byte_at_a_realistic_size(dtype):
+    """`quantize_prefill_operands`' kernels on the GPU against test_prefill_fp8's torch oracle (float32 on the CPU):
+    3000 keys in two segments around an empty one and 3 past the last, 16 heads, DeepSeek's widths, k_nope and v
+    halves of one tensor, k_pe and q column slices."""
+    inputs = _wide_operands(1000, 3003, 16, (128, 64, 128), dtype, DEVICE, seed=11)
+    cu_seqlens_k = _segments([1500, 0, 1500], DEVICE).cu_seqlens
+    assert_same_operands(quantize_prefill_operands(*inputs, cu_seqlens_k), _torch_operands(*inputs, cu_seqlens_k))

@@ -17,6 +17,7 @@ import torch
 from mlakit.attention.checks import checked_softmax_scale
 from mlakit.cache.kv_quant import FP8_DTYPE
 from mlakit.errors import MLAInputError
+from mlakit.kernels import fp8_operands
 from mlakit.kernels.triton_prefill import HOPPER_KERNELS, LOG2E, PrefillTuning, attention_outputs, plan_attention
 
 E4M3_MAX = 448.0
@@ -89,25 +90,18 @@ def quantize_prefill_operands(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch
                               cu_seqlens_k: torch.Tensor) -> Fp8PrefillOperands:
     """16-bit prefill operands (`triton_mha_prefill`'s shapes; views allowed) with their key segments (int32
     offsets) rounded to e4m3, each tensor scaled so that its largest magnitude maps to e4m3's largest (k_nope and
-    k_pe share k's scale), the keys moved so that every segment starts at a multiple of KEY_ALIGNMENT keys.
+    k_pe share k's scale), the keys moved so that every segment starts at a multiple of KEY_ALIGNMENT keys. Three
+    Triton launches (`mlakit.kernels.fp8_operands`), no host sync.
 
-    >>> q, kn, kp, v = (torch.randn(s) for s in ((5, 2, 24), (5, 2, 16), (5, 8), (5, 2, 16)))
-    >>> ops = quantize_prefill_operands(q, kn, kp, v, torch.tensor([0, 3, 5], dtype=torch.int32))
+    >>> device = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU runs them under Triton's interpreter
+    >>> q, kn, kp, v = (torch.randn(s, device=device) for s in ((5, 2, 24), (5, 2, 16), (5, 8), (5, 2, 16)))
+    >>> ops = quantize_prefill_operands(q, kn, kp, v, torch.tensor([0, 3, 5], dtype=torch.int32, device=device))
     >>> ops.key_starts.tolist(), ops.key_rows.tolist(), ops.value_columns.tolist(), ops.v_t.shape
     ([0, 16, 32], [0, 1, 2, 16, 17], [0, 1, 4, 16, 17], torch.Size([2, 16, 48]))
     """
-    q_scale, v_scale = _scale(_largest(q)), _scale(_largest(v))
-    k_scale = _scale(torch.maximum(_largest(k_nope), _largest(k_pe)))
-    keys, heads, v_dim = v.shape
-    key_starts, key_rows = _aligned_segments(cu_seqlens_k, keys)
-    rows = -(-(keys + (KEY_ALIGNMENT - 1) * (cu_seqlens_k.shape[0] - 1)) // KEY_ALIGNMENT) * KEY_ALIGNMENT
-    k_nope_8 = _placed(_e4m3(k_nope, k_scale), key_rows, 0, (rows, heads, k_nope.shape[-1]))
-    k_pe_8 = _placed(_e4m3(k_pe, k_scale), key_rows, 0, (rows, k_pe.shape[-1]))
-    v_columns = value_columns(key_rows)
-    v_t = _placed(_e4m3(v, v_scale).permute(1, 2, 0), v_columns, 2, (heads, v_dim, rows))
-    return Fp8PrefillOperands(q=_e4m3(q, q_scale), k_nope=k_nope_8, k_pe=k_pe_8, v_t=v_t,
-                              scales=torch.stack([q_scale * k_scale, v_scale]), cu_seqlens_k=cu_seqlens_k,
-                              key_starts=key_starts, key_rows=key_rows, value_columns=v_columns)
+    rows = -(-(v.shape[0] + (KEY_ALIGNMENT - 1) * (cu_seqlens_k.shape[0] - 1)) // KEY_ALIGNMENT) * KEY_ALIGNMENT
+    rounded = fp8_operands.round_operands(q, k_nope, k_pe, v, cu_seqlens_k, rows=rows, alignment=KEY_ALIGNMENT)
+    return Fp8PrefillOperands(**rounded._asdict(), cu_seqlens_k=cu_seqlens_k)
 
 
 def value_columns(key_rows: torch.Tensor) -> torch.Tensor:
@@ -119,24 +113,6 @@ def value_columns(key_rows: torch.Tensor) -> torch.Tensor:
     """
     low = key_rows % KEY_ALIGNMENT
     return key_rows - low + 4 * ((low >> 1) & 3) + 2 * (low >> 3) + (low & 1)
-
-
-def _aligned_segments(cu_seqlens_k: torch.Tensor, keys: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each segment's first row when every one starts at a multiple of KEY_ALIGNMENT (int32 [segments + 1]: the
-    last, where rows past the last segment go), and where each of the `keys` rows goes, computed on the device."""
-    offsets = cu_seqlens_k.long()
-    padded = (offsets.diff() + KEY_ALIGNMENT - 1) // KEY_ALIGNMENT * KEY_ALIGNMENT
-    aligned = torch.cat([offsets[:1] * 0, padded.cumsum(0)])
-    key = torch.arange(keys, device=offsets.device)
-    segment = torch.searchsorted(offsets, key, right=True) - 1
-    return aligned.to(torch.int32), aligned[segment] + key - offsets[segment]
-
-
-def _placed(values: torch.Tensor, rows: torch.Tensor, dim: int, shape: tuple[int, ...]) -> torch.Tensor:
-    """A zero e4m3 tensor of `shape` with `values` copied to `rows` along `dim`."""
-    placed = torch.zeros(shape, dtype=FP8_DTYPE, device=values.device)
-    placed.view(torch.uint8).index_copy_(dim, rows, values.view(torch.uint8))
-    return placed
 
 
 def fp8_mha_prefill(
@@ -158,8 +134,10 @@ def fp8_mha_prefill(
     with `merge=True` merged into the earlier `out` / `lse` of a disjoint key set. Tiles as `triton_mha_prefill`
     picks them, or `tuning` (a hopper or hopper_persistent one).
 
-    >>> cu = torch.tensor([0, 5], dtype=torch.int32)
-    >>> ops = quantize_prefill_operands(*(torch.randn(s) for s in ((5, 2, 192), (5, 2, 128), (5, 64), (5, 2, 128))), cu)
+    >>> cu, e4m3 = torch.tensor([0, 5], dtype=torch.int32), dict(dtype=FP8_DTYPE)
+    >>> ops = Fp8PrefillOperands(q=torch.zeros(5, 2, 192, **e4m3), k_nope=torch.zeros(16, 2, 128, **e4m3),
+    ...     k_pe=torch.zeros(16, 64, **e4m3), v_t=torch.zeros(2, 128, 16, **e4m3), scales=torch.ones(2), cu_seqlens_k=cu,
+    ...     key_starts=torch.tensor([0, 16], dtype=torch.int32), key_rows=torch.arange(5), value_columns=torch.arange(5))
     >>> fp8_mha_prefill(ops, cu, max_q_len=5, causal=True, softmax_scale=0.1)
     Traceback (most recent call last):
     mlakit.errors.MLAInputError: operands: the fp8 prefill runs on SM90 GPUs with d_nope 64 or 128, d_rope 32 or 64, \
@@ -190,18 +168,3 @@ d_v 64 or 128 and 16-byte aligned rows; got cpu, widths 128, 64, 128
            operands.key_starts)
     return out, lse
 
-
-def _largest(x: torch.Tensor) -> torch.Tensor:
-    """max |x| in one pass (no |x| temporary)."""
-    return torch.linalg.vector_norm(x, float("inf"))
-
-
-def _scale(amax: torch.Tensor) -> torch.Tensor:
-    """The float32 scale that maps `amax` to e4m3's largest value (1 for an all-zero tensor)."""
-    amax = amax.float()
-    return torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
-
-
-def _e4m3(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """`x / scale` rounded to e4m3 (clamped first: the conversion turns values past the range into NaN)."""
-    return (x / scale).clamp_(-E4M3_MAX, E4M3_MAX).to(FP8_DTYPE)
