@@ -630,3 +630,12 @@ def test_hopper_tuning_is_refused_off_hopper(kernel):
     with pytest.raises(MLAInputError, match="tuning: the hopper kernel needs an SM90 GPU"):
         triton_mha_prefill(q, k_nope, k_pe, v, cu, cu, max_q_len=4, causal=True, softmax_scale=0.1,
                            tuning=PrefillTuning(128, 128, 4, 2, kernel=kernel))
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.1, float("nan")])
+def test_the_kernel_entry_refuses_a_scale_that_is_not_positive(scale):
+    """The Hopper kernels take a row's max before scaling its scores, which holds for scales > 0 only."""
+    q, k_nope, k_pe, v = (torch.randn(s) for s in ((5, 2, 24), (5, 2, 16), (5, 8), (5, 2, 16)))
+    cu = torch.tensor([0, 5], dtype=torch.int32)
+    with pytest.raises(MLAInputError, match="softmax_scale: expected a finite number > 0"):
+        triton_mha_prefill(q, k_nope, k_pe, v, cu, cu, max_q_len=5, causal=True, softmax_scale=scale)

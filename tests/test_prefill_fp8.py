@@ -12,9 +12,9 @@ import re
 import pytest
 import torch
 
-from mlakit.cache.kv_quant import FP8_DTYPE
+from mlakit.cache.kv_quant import FP8_DTYPE, FP8_MAX
 from mlakit.errors import MLAInputError
-from mlakit.prefill.fp8 import E4M3_MAX, Fp8PrefillOperands, fp8_mha_prefill, quantize_prefill_operands, value_columns
+from mlakit.prefill.fp8 import Fp8PrefillOperands, fp8_mha_prefill, quantize_prefill_operands, value_columns
 
 
 CU_SEQLENS_K = torch.tensor([0, 5, 9], dtype=torch.int32)
@@ -48,7 +48,7 @@ def _wide_operands(tokens, keys, heads, widths, dtype, device, seed):
 def _torch_scale(*tensors):
     """The float32 scale mapping the tensors' largest magnitude to e4m3's largest (1 if all are zero)."""
     amax = torch.stack([t.float().abs().amax() if t.numel() else torch.zeros(()) for t in tensors]).amax()
-    return torch.where(amax > 0, amax / torch.tensor(E4M3_MAX), torch.ones_like(amax))
+    return torch.where(amax > 0, amax / torch.tensor(FP8_MAX), torch.ones_like(amax))
 
 
 def _torch_e4m3(x, scale):
@@ -56,7 +56,7 @@ def _torch_e4m3(x, scale):
     below float32's smallest normal), clamped, rounded to the nearest e4m3, ties to even (torch's CPU cast)."""
     x = x.float()
     quotient = x * (1 / scale) if scale >= torch.finfo(torch.float32).tiny else x / scale
-    return quotient.clamp_(-E4M3_MAX, E4M3_MAX).to(FP8_DTYPE)
+    return quotient.clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
 
 
 def _torch_placed(values, rows, dim, shape):
@@ -104,9 +104,9 @@ def test_quantized_operands_round_trip_within_e4m3_precision(kernel_device):
     inputs = _operands(device=kernel_device)
     ops = _on_cpu(quantize_prefill_operands(*inputs, CU_SEQLENS_K.to(kernel_device)))
     q, k_nope, k_pe, v = (t.cpu() for t in inputs)
-    q_scale = q.float().abs().amax() / E4M3_MAX
-    k_scale = torch.maximum(k_nope.float().abs().amax(), k_pe.float().abs().amax()) / E4M3_MAX
-    v_scale = v.float().abs().amax() / E4M3_MAX
+    q_scale = q.float().abs().amax() / FP8_MAX
+    k_scale = torch.maximum(k_nope.float().abs().amax(), k_pe.float().abs().amax()) / FP8_MAX
+    v_scale = v.float().abs().amax() / FP8_MAX
     torch.testing.assert_close(ops.scales, torch.stack([q_scale * k_scale, v_scale]))
     # segments of 5 and 4 keys start at rows 0 and 16 (TMA reads v_t from 16-byte aligned columns), zeros between
     assert ops.key_starts.tolist() == [0, 16, 32] and ops.key_rows.tolist() == [0, 1, 2, 3, 4, 16, 17, 18, 19]
@@ -124,7 +124,7 @@ def test_quantized_operands_round_trip_within_e4m3_precision(kernel_device):
     for name, original in (("q", q), ("k_nope", k_nope), ("k_pe", k_pe), ("v", v)):
         original = original.float()
         # e4m3 keeps 3 mantissa bits: half a step is 1/16 of a normal value, below 2^-6 steps are 2^-9 apart.
-        scale = original.abs().amax() / E4M3_MAX
+        scale = original.abs().amax() / FP8_MAX
         bound = torch.maximum(original.abs() / 16, torch.full_like(original, 2.0 ** -10) * scale * 1.01)
         assert (back[name] - original).abs().le(bound * 1.001 + 1e-12).all(), name
     for name, originals in (("q", [q]), ("k", [k_nope, k_pe]), ("v", [v])):  # each scale's largest value is exact
@@ -172,6 +172,19 @@ def test_kernels_round_as_the_oracle_byte_for_byte(tokens, k_lens, past, heads, 
     assert_same_operands(quantize_prefill_operands(*inputs, cu_seqlens_k), _torch_operands(*inputs, cu_seqlens_k))
 
 
+def test_a_nan_input_stays_nan_and_leaves_the_scales_to_the_other_values(kernel_device):
+    q, k_nope, k_pe, v = _operands(device=kernel_device)
+    q, v = q.clone(), v.clone()
+    q[2, 1, 5] = v[3, 0, 7] = float("nan")
+    cu_seqlens_k = CU_SEQLENS_K.to(kernel_device)
+    ops = quantize_prefill_operands(q, k_nope, k_pe, v, cu_seqlens_k)
+    assert ops.q.float().isnan().nonzero().tolist() == [[2, 1, 5]]
+    assert ops.v_t.float().isnan().nonzero().tolist() == [[0, 7, ops.value_columns[3].item()]]
+    finite = [torch.nan_to_num(t, nan=0.0) for t in (q, k_nope, k_pe, v)]
+    want = _torch_operands(*finite, cu_seqlens_k)
+    assert torch.equal(ops.scales.cpu(), want.scales)
+
+
 def test_kernels_give_all_zero_tensors_scale_one(kernel_device):
     q, k_nope, k_pe, v = _wide_operands(5, 21, 3, (16, 8, 16), torch.bfloat16, kernel_device, seed=1)
     inputs = (q.zero_(), k_nope.zero_(), k_pe.zero_(), v)  # q and k (k_nope and k_pe together) all zero
@@ -193,7 +206,7 @@ def test_kernels_round_ties_to_even_as_the_oracle(dtype, factor, kernel_device):
     bits = midpoints.view(torch.int32 if dtype == torch.float32 else torch.int16)
     values = torch.cat([(codes * factor).to(dtype), midpoints, (bits + 1).view(dtype), (bits - 1).view(dtype)])
     values = values[torch.randperm(values.numel(), generator=torch.Generator().manual_seed(0))]
-    values = torch.cat([torch.tensor([E4M3_MAX * factor], dtype=dtype), values])
+    values = torch.cat([torch.tensor([FP8_MAX * factor], dtype=dtype), values])
     values = torch.cat([values, -values]).to(kernel_device)
 
     def cycled(*shape):

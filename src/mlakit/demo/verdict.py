@@ -85,7 +85,8 @@ def gap_bound(kv_cache_dtype: str, *attention_dtypes: str | None) -> float:
     dtypes = [kv_cache_dtype, *(d for d in attention_dtypes if d is not None)]
     unknown = [d for d in dtypes if d not in GAP_BOUNDS]
     if unknown:
-        raise ConfigError(f"kv_cache_dtype: expected one of {sorted(GAP_BOUNDS)}, got {unknown[0]!r}")
+        raise ConfigError(f"dtype: expected one of {sorted(GAP_BOUNDS)} (the cache's or an attention's), got "
+                          f"{unknown[0]!r}")
     return max(GAP_BOUNDS[d] for d in dtypes)
 
 

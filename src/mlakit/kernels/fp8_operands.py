@@ -9,7 +9,7 @@ Three launches; each input is read twice:
 - `_largest_kernel`: every program takes every num_programs-th tile of (token, head) rows of q, of k_nope, of
   k_pe and of v, and writes its largest magnitudes of q, k (k_nope and k_pe) and v to `partial [3, programs]`.
 - `_plan_kernel`, one program: the three scales from those, and each key segment's first output row once every
-  segment starts at a multiple of `alignment` rows (the gaps between segments hold zeros).
+  segment starts at a multiple of KEY_ALIGNMENT rows (the gaps between segments hold zeros).
 - `_round_kernel`: the first programs each fill a block of output key rows for one head: a binary search of the
   segments' first rows finds each row's key (none in a gap), whose k_nope, v and (head 0) k_pe it rounds; the k
   rows go in place, the v block goes transposed into v_t (keys contiguous, each aligned group of keys in
@@ -33,6 +33,9 @@ from mlakit.kernels.interpreter import INTERPRET
 from mlakit.kernels.launch import CachedLaunch
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# Key segments start this many rows apart in the outputs (v_t's keys are its inner dimension: TMA's 16-byte rule),
+# and v_t holds each aligned group of this many keys in the order of `_value_row`'s inverse.
+KEY_ALIGNMENT = 16
 E4M3_LIMIT = tl.constexpr(FP8_MAX)
 SMALLEST_NORMAL = tl.constexpr(torch.finfo(torch.float32).tiny)
 
@@ -87,13 +90,14 @@ def _float32(x):
 
 @triton.jit
 def _e4m3_bits(x):
-    """The e4m3 code of float32 x (|x| <= 448) to nearest, ties to even, as c10's fp8e4m3fn_from_fp32_value."""
+    """The e4m3 code of float32 x (|x| <= 448, or NaN) to nearest, ties to even, as c10's fp8e4m3fn_from_fp32_value."""
     bits = x.to(tl.int32, bitcast=True)
     magnitude = bits & 0x7FFFFFFF
     # Below e4m3's smallest normal, 2^-6: adding 2^14, whose float32 ulp is e4m3's 2^-9, rounds.
     subnormal = (tl.abs(x) + 16384.0).to(tl.int32, bitcast=True) - 0x46800000
     normal = (magnitude - 0x3C000000 + 0x7FFFF + ((magnitude >> 20) & 1)) >> 20
     code = tl.where(magnitude < 0x3C800000, subnormal, normal)
+    code = tl.where(x != x, 0x7F, code)  # NaN stays NaN
     return (code | ((bits >> 24) & 0x80)).to(tl.uint8)
 
 
@@ -110,7 +114,9 @@ def _quotient(x, scale):
 @triton.jit
 def _e4m3(x, scale):
     """x / scale in e4m3 (module docstring)."""
-    clamped = tl.minimum(tl.maximum(_quotient(_float32(x), scale), -E4M3_LIMIT), E4M3_LIMIT)
+    quotient = _quotient(_float32(x), scale)
+    clamped = tl.minimum(tl.maximum(quotient, -E4M3_LIMIT, propagate_nan=tl.PropagateNan.ALL), E4M3_LIMIT,
+                         propagate_nan=tl.PropagateNan.ALL)
     if INTERPRET:  # the interpreter's fp8 cast rounds ties away from zero and can drop a carry
         return _e4m3_bits(clamped).to(tl.float8e4nv, bitcast=True)
     return clamped.to(tl.float8e4nv)
@@ -297,18 +303,16 @@ def _round_kernel(
 
 
 def round_operands(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor,
-                   cu_seqlens_k: torch.Tensor, *, rows: int, alignment: int,
-                   tiles: RoundingTiles | None = None) -> E4m3Operands:
+                   cu_seqlens_k: torch.Tensor, *, tiles: RoundingTiles | None = None) -> E4m3Operands:
     """q `[T, H, d_qk]`, k_nope `[Tk, H, d_nope]`, k_pe `[Tk, d_rope]` and v `[Tk, H, d_v]` (bf16, fp16 or float32,
     views with contiguous last dims) in e4m3, each scaled so that its largest magnitude maps to e4m3's largest
     (k_nope and k_pe share k's scale; `scales`: q's times k's, and v's), the keys of each segment of
-    `cu_seqlens_k` (int32 offsets) moved to start at a multiple of `alignment` rows of `rows`, v transposed
-    (`Fp8PrefillOperands` describes the layout). No host sync: `rows` comes from the shapes.
+    `cu_seqlens_k` (int32 offsets) moved to start at a multiple of KEY_ALIGNMENT rows (`output_rows` of them), v
+    transposed (`Fp8PrefillOperands` describes the layout). No host sync: the row count comes from the shapes.
 
     >>> device = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU runs it under Triton's interpreter
     >>> x = torch.tensor([[[1.0, -0.5]], [[0.0, 2.0]]], device=device)
-    >>> ops = round_operands(x, x, x[:, 0], x, torch.tensor([0, 1, 2], dtype=torch.int32, device=device), rows=48,
-    ...                      alignment=16)
+    >>> ops = round_operands(x, x, x[:, 0], x, torch.tensor([0, 1, 2], dtype=torch.int32, device=device))
     >>> ops.q.float().flatten().tolist(), ops.v_t[0, :, 16].float().tolist()  # v's key 1 went to row 16
     ([224.0, -112.0, 0.0, 448.0], [0.0, 448.0])
     >>> torch.allclose(ops.scales.cpu(), torch.tensor([(2 / 448) ** 2, 2 / 448]))
@@ -322,7 +326,8 @@ def round_operands(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v:
     strides = (q.stride(0), q.stride(1), k_nope.stride(0), k_nope.stride(1), k_pe.stride(0), v.stride(0), v.stride(1))
     widths = _widths(*inputs)
     partial = _largest_partials(inputs, strides, widths, tiles)
-    tensor_scales, scales, key_starts = _plan(partial, cu_seqlens_k, alignment, tiles)
+    tensor_scales, scales, key_starts = _plan(partial, cu_seqlens_k, tiles)
+    rows = output_rows(k_nope.shape[0], cu_seqlens_k.shape[0] - 1)
     out = _empty_operands(q, k_nope, k_pe, v, rows, scales, key_starts)
     tokens, heads, _ = q.shape
     segments = cu_seqlens_k.shape[0] - 1
@@ -331,7 +336,7 @@ def round_operands(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v:
         _launch(_ROUND, grid, (*inputs, tensor_scales, cu_seqlens_k, key_starts, *out[:4], out.key_rows,
                                out.value_columns, tokens, k_nope.shape[0], rows, segments, segments.bit_length(),
                                *strides),
-                dict(widths, ALIGNMENT=alignment, BLOCK_KEYS=tiles.key_rows,
+                dict(widths, ALIGNMENT=KEY_ALIGNMENT, BLOCK_KEYS=tiles.key_rows,
                      BLOCK_QUERIES=tiles.query_rows, num_warps=tiles.num_warps))
     return out
 
@@ -351,7 +356,17 @@ def _largest_partials(inputs: tuple[torch.Tensor, ...], strides: tuple[int, ...]
     return partial
 
 
-def _plan(partial: torch.Tensor, cu_seqlens_k: torch.Tensor, alignment: int, tiles: RoundingTiles) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def output_rows(keys: int, segments: int) -> int:
+    """The rows of k_nope, k_pe and v_t's keys once each of `segments` segments starts at a multiple of
+    KEY_ALIGNMENT (the most padding they can need), a multiple of KEY_ALIGNMENT.
+
+    >>> output_rows(9, 2), output_rows(0, 0)
+    (48, 0)
+    """
+    return -(-(keys + (KEY_ALIGNMENT - 1) * segments) // KEY_ALIGNMENT) * KEY_ALIGNMENT
+
+
+def _plan(partial: torch.Tensor, cu_seqlens_k: torch.Tensor, tiles: RoundingTiles) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q's, k's and v's scales (float32 `[3]`), `scales` (`[2]`) and `key_starts` (int32 `[segments + 1]`)."""
     device, programs = partial.device, partial.shape[1]
     segments = cu_seqlens_k.shape[0] - 1
@@ -359,7 +374,7 @@ def _plan(partial: torch.Tensor, cu_seqlens_k: torch.Tensor, alignment: int, til
     scales = torch.empty(2, dtype=torch.float32, device=device)
     key_starts = torch.empty(segments + 1, dtype=torch.int32, device=device)
     _launch(_PLAN, (1, 1, 1), (partial, cu_seqlens_k, tensor_scales, scales, key_starts, programs, segments),
-            dict(PROGRAMS_P2=triton.next_power_of_2(programs), ALIGNMENT=alignment,
+            dict(PROGRAMS_P2=triton.next_power_of_2(programs), ALIGNMENT=KEY_ALIGNMENT,
                  BLOCK_SEGMENTS=tiles.segments, num_warps=tiles.num_warps))
     return tensor_scales, scales, key_starts
 

@@ -15,6 +15,8 @@ from mlakit.kernels.decode_split_plan import WORK_FIELDS
 from mlakit.cache.kv_quant import FP8_DTYPE
 
 BLOCK_N = gl.constexpr(64)
+# float32's smallest normal value (`online_softmax`'s floor for a score scale).
+SMALLEST_NORMAL = gl.constexpr(1.1754943508222875e-38)
 KV_LORA_RANKS = frozenset({64, 128, 256, 512})
 ROPE_DIMS = frozenset({16, 32, 64})
 LN2 = gl.constexpr(0.6931471805599453)
@@ -125,7 +127,9 @@ def no_keys_yet(ROWS: gl.constexpr, LAYOUT: gl.constexpr):
 def online_softmax(s, m_i, AXIS: gl.constexpr = 1, scale=1.0):
     """P of one tile, the factor rescaling what came before, and the new running row max (rows'
     scores along AXIS of `s`: 1 for S, 0 for S^T). The scores are `s * scale` (scale > 0: the max
-    is taken before scaling), the scaling folded into the exponent's argument (one FMA a score)."""
+    is taken before scaling), the scaling folded into the exponent's argument (one FMA a score). A scale
+    that underflowed to 0 is taken as float32's smallest normal (-inf * 0 would be NaN)."""
+    scale = gl.maximum(scale, SMALLEST_NORMAL)
     m_new = gl.maximum(m_i, gl.max(s, AXIS) * scale)
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
     return gl.exp2(s * scale - gl.expand_dims(m_safe, AXIS)), gl.exp2(m_i - m_safe), m_new

@@ -225,19 +225,20 @@ def _allocate_tiles(dtype: gl.constexpr, KV_LORA_RANK: gl.constexpr, ROPE_DIM: g
 
 
 @gluon.jit
-def _masked(s, tok0, end, visible, scale_log2):
-    """Scores in base-2 units, -inf where a token is past the split's end or not yet visible to the row."""
+def _masked(s, tok0, end, visible):
+    """Scores, -inf where a token is past the split's end or not yet visible to the row (their scale goes into
+    `online_softmax`'s exponent)."""
     toks = tok0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s.type.layout))
-    return gl.where((toks[None, :] < end) & (toks[None, :] < visible[:, None]), s * scale_log2, float("-inf"))
+    return gl.where((toks[None, :] < end) & (toks[None, :] < visible[:, None]), s, float("-inf"))
 
 
 @gluon.jit
-def _masked_scores(q_lat_smem, q_rope_smem, k_lat, k_rope, s_zero, tok0, end, visible, scale_log2):
-    """S = Q . K^T of one tile (layout of `s_zero`), in base-2 units, -inf where a token is past the
-    split's end or not yet visible to the row's query token."""
+def _masked_scores(q_lat_smem, q_rope_smem, k_lat, k_rope, s_zero, tok0, end, visible):
+    """S = Q . K^T of one tile (layout of `s_zero`), unscaled, -inf where a token is past the split's end or
+    not yet visible to the row's query token."""
     s = warpgroup_mma(q_lat_smem, k_lat.permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma(q_rope_smem, k_rope.permute((1, 0)), s, is_async=True)
-    return _masked(warpgroup_mma_wait(num_outstanding=0, deps=[s]), tok0, end, visible, scale_log2)
+    return _masked(warpgroup_mma_wait(num_outstanding=0, deps=[s]), tok0, end, visible)
 
 
 @gluon.jit
@@ -396,9 +397,8 @@ def mla_decode_hopper_split_kernel(
         async_copy.commit_group()
 
         k_lat = k_lat_smem.index(stage)
-        s = _masked_scores(q_lat_smem, q_rope_smem, k_lat, k_rope_smem.index(stage), s_zero, tok0, end, visible,
-                           scale_log2)
-        p, alpha, m_i = online_softmax(s, m_i)
+        s = _masked_scores(q_lat_smem, q_rope_smem, k_lat, k_rope_smem.index(stage), s_zero, tok0, end, visible)
+        p, alpha, m_i = online_softmax(s, m_i, 1, scale_log2)
         # Row sums stay per element until the end: no second cross-warpgroup reduction per tile.
         l_parts = l_parts * alpha[:, None] + p
         p_smem.store(p.to(p_smem.dtype))
@@ -441,9 +441,8 @@ def _fp8_softmax_partition(
         stage = t % STAGES
         mbarrier.wait(kv_ready.index(stage), (t // STAGES) & 1)
         k_lat = k_lat_smem.index(stage)
-        s = _masked_scores(q_lat_smem, q_rope_smem, k_lat, k_rope_smem.index(stage), s_zero, tok0, end, visible,
-                           scale_log2 * kv_scale)
-        p, alpha, m_i = online_softmax(s, m_i)
+        s = _masked_scores(q_lat_smem, q_rope_smem, k_lat, k_rope_smem.index(stage), s_zero, tok0, end, visible)
+        p, alpha, m_i = online_softmax(s, m_i, 1, scale_log2 * kv_scale)
         l_i = l_i * alpha + gl.sum(p, 1)
         if t > 0:
             mbarrier.wait(p_free, (t - 1) & 1)
@@ -800,7 +799,7 @@ def _seesaw_even_partition(
                             False, FP8)
         if FP8:
             s = s * row_unscale[:, None]
-        p0, scale0, m_i = online_softmax(_masked(s, tok0, end, visible, scale_log2), m_i)
+        p0, scale0, m_i = online_softmax(_masked(s, tok0, end, visible), m_i, 1, scale_log2)
         m_even.store(m_i)
         scale_even.store(scale0)
         hand_over(EVEN_MAX_READY)
@@ -883,14 +882,14 @@ def _seesaw_odd_partition(
                                 end - tok1, True, FP8)
             if FP8:
                 s = s * row_unscale[:, None]
-            s = _masked(s, tok1, end, visible, scale_log2)
+            s = _masked(s, tok1, end, visible)
         else:
             s = s_zero
         take_over(EVEN_MAX_READY)
         m0 = m_even.load(gl.SliceLayout(1, s_layout))
         scale0 = scale_even.load(gl.SliceLayout(1, s_layout))
         if has_odd:
-            p1, scale1, m1 = online_softmax(s, m0)
+            p1, scale1, m1 = online_softmax(s, m0, 1, scale_log2)
             slots.index(1).store(p1.to(dtype))
             m_odd.store(m1)
             scale_odd.store(scale1)

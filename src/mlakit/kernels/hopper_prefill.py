@@ -389,10 +389,11 @@ def _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_r
         zeroes_tail = HALF == 1 and (t + 1) * BLOCK_N > k_len
         if zeroes_tail or not computes:
             mbarrier.wait(v_ready.index(stage), phase)
-        if zeroes_tail and fp8:
-            _zero_values_from(v_smem.index(stage), k_len - t * BLOCK_N, ZERO_CHUNK, ZERO_T_LAYOUT)
-        elif zeroes_tail:
-            zero_rows_from(v_smem.index(stage), k_len - t * BLOCK_N, ZERO_CHUNK, ZERO_LAYOUT)
+        if zeroes_tail:
+            if fp8:
+                _zero_values_from(v_smem.index(stage), k_len - t * BLOCK_N, ZERO_CHUNK, ZERO_T_LAYOUT)
+            else:
+                zero_rows_from(v_smem.index(stage), k_len - t * BLOCK_N, ZERO_CHUNK, ZERO_LAYOUT)
             fence_async_shared()
             gl.thread_barrier()
         # The turn covers issuing this tile's MMAs; they run on while the other warpgroup issues its own.

@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from mlakit.attention.checks import checked_softmax_scale
 from mlakit.errors import MLAInputError
 from mlakit.kernels.interpreter import INTERPRET
 from mlakit.kernels.launch import CachedLaunch
@@ -267,9 +268,9 @@ def triton_mha_prefill(
     `merge=True` the result is merged by lse into the earlier `out` / `lse` of a disjoint key
     set (a segment without keys leaves its rows untouched): that is how prefix chunks add up
     without a separate merge pass. Inputs may be strided views (last dim contiguous), e.g.
-    k_nope and v as the two halves of one decompressed `[Tk, H, d_nope + d_v]` tensor. Shapes,
-    dtypes and a softmax_scale > 0 (the Hopper kernels take the row max before scaling) are the
-    caller's contract (`mlakit.mla_prefill` checks them).
+    k_nope and v as the two halves of one decompressed `[Tk, H, d_nope + d_v]` tensor. Shapes
+    and dtypes are the caller's contract (`mlakit.mla_prefill` checks them); softmax_scale must be a
+    finite number > 0 (checked: the Hopper kernels take the row max before scaling).
 
     >>> dev = "cuda" if torch.cuda.is_available() else "cpu"
     >>> q, kn, kp, v = (torch.randn(s, device=dev) for s in ((5, 2, 24), (5, 2, 16), (5, 8), (5, 2, 16)))
@@ -278,6 +279,7 @@ def triton_mha_prefill(
     >>> out.shape, lse.shape
     (torch.Size([5, 2, 16]), torch.Size([5, 2]))
     """
+    softmax_scale = checked_softmax_scale(softmax_scale)
     tokens, heads, qk_dim = q.shape
     nope_dim, rope_dim, v_dim = k_nope.shape[-1], k_pe.shape[-1], v.shape[-1]
     if qk_dim != nope_dim + rope_dim:

@@ -18,11 +18,9 @@ from mlakit.attention.checks import checked_softmax_scale
 from mlakit.cache.kv_quant import FP8_DTYPE
 from mlakit.errors import MLAInputError
 from mlakit.kernels import fp8_operands
+from mlakit.kernels.fp8_operands import KEY_ALIGNMENT
 from mlakit.kernels.triton_prefill import HOPPER_KERNELS, LOG2E, PrefillTuning, attention_outputs, plan_attention
 
-E4M3_MAX = 448.0
-# v_t's rows start this many keys (bytes) apart: TMA's 16-byte stride rule; also the span of `value_columns`' order.
-KEY_ALIGNMENT = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,8 +97,7 @@ def quantize_prefill_operands(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch
     >>> ops.key_starts.tolist(), ops.key_rows.tolist(), ops.value_columns.tolist(), ops.v_t.shape
     ([0, 16, 32], [0, 1, 2, 16, 17], [0, 1, 4, 16, 17], torch.Size([2, 16, 48]))
     """
-    rows = -(-(v.shape[0] + (KEY_ALIGNMENT - 1) * (cu_seqlens_k.shape[0] - 1)) // KEY_ALIGNMENT) * KEY_ALIGNMENT
-    rounded = fp8_operands.round_operands(q, k_nope, k_pe, v, cu_seqlens_k, rows=rows, alignment=KEY_ALIGNMENT)
+    rounded = fp8_operands.round_operands(q, k_nope, k_pe, v, cu_seqlens_k)
     return Fp8PrefillOperands(**rounded._asdict(), cu_seqlens_k=cu_seqlens_k)
 
 
