@@ -156,9 +156,11 @@ def test_prepared_prefill_runs_the_persistent_kernel_pass_after_pass(monkeypatch
 @pytest.mark.parametrize("programs", [None, 2], ids=["every-sm", "two-programs"])
 @pytest.mark.parametrize("tuning", HOPPER_TUNINGS, ids=lambda t: t.kernel)
 @pytest.mark.parametrize("causal_first", [True, False])
-def test_hopper_kernel_merges_a_second_key_set_into_the_first(causal_first, tuning, programs, monkeypatch):
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=["fp32-out", "bf16-out"])
+def test_hopper_kernel_merges_a_second_key_set_into_the_first(out_dtype, causal_first, tuning, programs, monkeypatch):
     """Keys A, then keys B merged in (no mask), equals the portable kernel doing the same; rows of a
-    segment without B keys stay exactly as they were."""
+    segment without B keys stay exactly as they were. A 16-bit running output takes the staged row-piece
+    store in the merging epilogue too."""
     q_lens, a_lens, b_lens = [190, 4, 70], [190, 300, 70], [260, 0, 3]
     heads, d_nope, d_rope, d_v = 3, 128, 64, 128
     q, a_nope, a_pe, a_v = _kernel_inputs(q_lens, a_lens, heads, d_nope, d_rope, d_v, torch.bfloat16, seed=5,
@@ -170,7 +172,7 @@ def test_hopper_kernel_merges_a_second_key_set_into_the_first(causal_first, tuni
         monkeypatch.setattr(hopper_prefill, "sm_count", lambda device: programs)
     results = []
     for tuning in (tuning, TUNINGS[-1]):
-        out = torch.empty(q.shape[0], heads, d_v, dtype=torch.float32, device=DEVICE)
+        out = torch.empty(q.shape[0], heads, d_v, dtype=out_dtype, device=DEVICE)
         lse = torch.empty(out.shape[:2], dtype=torch.float32, device=DEVICE)
         kwargs = dict(max_q_len=queries.max_len, softmax_scale=0.1, out=out, lse=lse, tuning=tuning)
         triton_mha_prefill(q, a_nope, a_pe, a_v, queries.cu_seqlens, a_keys.cu_seqlens, causal=causal_first, **kwargs)
