@@ -260,6 +260,7 @@ def test_fp8_prefill_is_opt_in_and_fits_the_hopper_kernels_widths():
     assert plan_for("sm90").prefill_backend == "triton"  # auto keeps the bf16 kernel
     plan = plan_for("sm90", prefill_backend="triton_fp8", kv_cache_dtype="fp8_e4m3")
     assert (plan.prefill_backend, plan.decode_backend, plan.kv_cache_dtype) == ("triton_fp8", "triton", "fp8_e4m3")
+    assert "prefill backend: triton_fp8 (as configured; its attention computes in fp8_e4m3)" in plan.notes
     assert plan_for("sm90", MLAShape.preset("minicpm3"), prefill_backend="triton_fp8").prefill_backend == "triton_fp8"
     narrow = dataclasses.replace(V3, qk_nope_head_dim=32, v_head_dim=48)
     message = refusal("sm90", narrow, prefill_backend="triton_fp8")

@@ -111,7 +111,8 @@ def _choose(phase: Phase, requested: str, req: Requirements, partner: BackendRec
                 + "\n"
                 + _alternatives(phase, req, partner)
             )
-        notes.append(f"{phase} backend: {record.name} (as configured)")
+        coarser = f"; its attention computes in {record.attention_dtype}" if record.attention_dtype else ""
+        notes.append(f"{phase} backend: {record.name} (as configured{coarser})")
         return record
     return _choose_auto(phase, req, partner, notes, reason="auto")
 
