@@ -87,7 +87,7 @@ class Fp8PrefillOperands:
 def quantize_prefill_operands(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor,
                               cu_seqlens_k: torch.Tensor) -> Fp8PrefillOperands:
     """16-bit prefill operands (`triton_mha_prefill`'s shapes; views allowed) with their key segments (int32
-    offsets) rounded to e4m3, each tensor scaled so that its largest magnitude maps to e4m3's largest (k_nope and
+    offsets from 0, as `plan_prefill` makes them: keys before the first offset get no place) rounded to e4m3, each tensor scaled so that its largest magnitude maps to e4m3's largest (k_nope and
     k_pe share k's scale), the keys moved so that every segment starts at a multiple of KEY_ALIGNMENT keys. Three
     Triton launches (`mlakit.kernels.fp8_operands`), no host sync.
 
