@@ -149,6 +149,21 @@ def test_value_columns_permute_each_aligned_group_of_16_keys():
     assert torch.equal(value_columns((8 * b + 2 * a + c).flatten()), (4 * a + 2 * b + c).flatten())
 
 
+def test_the_kernels_read_v_t_in_the_order_value_columns_writes():
+    """The Hopper kernel's key of each V^T column (`_value_key`, its tail zeroing), the order its reshape / permute
+    gives P (`_p_operand`: operand column 4a + 2b + c takes score column 8b + 2a + c) and the rounding kernel's
+    (`_value_row`) all invert `value_columns`, on the CPU (the jit functions' Python bodies on integer tensors)."""
+    from mlakit.kernels import fp8_operands, hopper_prefill
+
+    columns = torch.arange(128)
+    keys = value_columns(columns)  # key k sits in column keys[k]
+    scores = torch.arange(128).view(1, 128)
+    operand = scores.reshape(1, 8, 2, 4, 2).permute(0, 1, 3, 2, 4).reshape(1, 128)[0]  # _p_operand's relabelling
+    for name, key_of_column in (("_value_key", hopper_prefill._value_key.fn(columns)),
+                                ("_value_row", fp8_operands._value_row.fn(columns, 16)), ("_p_operand", operand)):
+        assert torch.equal(keys[key_of_column], columns), name
+
+
 def test_an_all_zero_tensor_gets_scale_one(kernel_device):
     q, k_nope, k_pe, v = _operands(device=kernel_device)
     ops = _on_cpu(quantize_prefill_operands(q, k_nope, k_pe, torch.zeros_like(v), CU_SEQLENS_K.to(kernel_device)))
