@@ -149,18 +149,17 @@ def test_value_columns_permute_each_aligned_group_of_16_keys():
     assert torch.equal(value_columns((8 * b + 2 * a + c).flatten()), (4 * a + 2 * b + c).flatten())
 
 
-def test_the_kernels_read_v_t_in_the_order_value_columns_writes():
-    """The Hopper kernel's key of each V^T column (`_value_key`, its tail zeroing), the order its reshape / permute
-    gives P (`_p_operand`: operand column 4a + 2b + c takes score column 8b + 2a + c) and the rounding kernel's
-    (`_value_row`) all invert `value_columns`, on the CPU (the jit functions' Python bodies on integer tensors)."""
-    from mlakit.kernels import fp8_operands, hopper_prefill
+def test_the_hopper_kernel_reads_v_t_in_the_order_value_columns_writes():
+    """The Hopper kernel's key of each V^T column (`_value_key`, its tail zeroing) and the order its reshape /
+    permute gives P (`_p_operand`: operand column 4a + 2b + c takes score column 8b + 2a + c) both invert
+    `value_columns`, on the CPU (the jit function's Python body on an integer tensor). The rounding kernel's
+    order is checked by the byte-exact tests: they compare the `value_columns` it writes with this function's."""
+    from mlakit.kernels import hopper_prefill
 
     columns = torch.arange(128)
     keys = value_columns(columns)  # key k sits in column keys[k]
-    scores = torch.arange(128).view(1, 128)
-    operand = scores.reshape(1, 8, 2, 4, 2).permute(0, 1, 3, 2, 4).reshape(1, 128)[0]  # _p_operand's relabelling
-    for name, key_of_column in (("_value_key", hopper_prefill._value_key.fn(columns)),
-                                ("_value_row", fp8_operands._value_row.fn(columns, 16)), ("_p_operand", operand)):
+    operand = columns.view(1, 128).reshape(1, 8, 2, 4, 2).permute(0, 1, 3, 2, 4).reshape(128)  # _p_operand's relabelling
+    for name, key_of_column in (("_value_key", hopper_prefill._value_key.fn(columns)), ("_p_operand", operand)):
         assert torch.equal(keys[key_of_column], columns), name
 
 

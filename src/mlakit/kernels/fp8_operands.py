@@ -36,6 +36,7 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # Key segments start this many rows apart in the outputs (v_t's keys are its inner dimension: TMA's 16-byte rule),
 # and v_t holds each aligned group of this many keys in the order of `_value_row`'s inverse.
 KEY_ALIGNMENT = 16
+ALIGNMENT = tl.constexpr(KEY_ALIGNMENT)
 E4M3_LIMIT = tl.constexpr(FP8_MAX)
 SMALLEST_NORMAL = tl.constexpr(torch.finfo(torch.float32).tiny)
 
@@ -43,8 +44,8 @@ SMALLEST_NORMAL = tl.constexpr(torch.finfo(torch.float32).tiny)
 @dataclasses.dataclass(frozen=True)
 class RoundingTiles:
     """Tile sizes (powers of two) and launch settings of the rounding kernels: elements of one tile of the
-    largest-magnitude pass and its most programs, the output key rows and q's
-    (token, head) rows a rounding program takes, the segments the plan takes at a time."""
+    largest-magnitude pass and its most programs, the output key rows and q's (token, head) rows a rounding
+    program takes, the segments the plan takes at a time."""
 
     largest_elements: int = 8192
     largest_programs: int = 2048
@@ -172,8 +173,8 @@ def _scale(PARTIAL, programs, PROGRAMS_P2: tl.constexpr):
 
 
 @triton.jit
-def _write_key_starts(CU_SEQLENS, KEY_STARTS, segments, ALIGNMENT: tl.constexpr, BLOCK: tl.constexpr):
-    """KEY_STARTS[b]: segment b's first row when every segment starts at a multiple of ALIGNMENT rows (b =
+def _write_key_starts(CU_SEQLENS, KEY_STARTS, segments, BLOCK: tl.constexpr):
+    """KEY_STARTS[b]: segment b's first row when every segment starts at a multiple of KEY_ALIGNMENT rows (b =
     segments: where the keys past the last segment go)."""
     tl.store(KEY_STARTS, 0)
     end = tl.zeros([], tl.int32)
@@ -189,7 +190,7 @@ def _write_key_starts(CU_SEQLENS, KEY_STARTS, segments, ALIGNMENT: tl.constexpr,
 @triton.jit(do_not_specialize=["programs", "segments"])
 def _plan_kernel(
     PARTIAL, CU_SEQLENS, TENSOR_SCALES, SCALES, KEY_STARTS, programs, segments,
-    PROGRAMS_P2: tl.constexpr, ALIGNMENT: tl.constexpr, BLOCK_SEGMENTS: tl.constexpr,
+    PROGRAMS_P2: tl.constexpr, BLOCK_SEGMENTS: tl.constexpr,
 ):
     q_scale = _scale(PARTIAL, programs, PROGRAMS_P2)
     k_scale = _scale(PARTIAL + programs, programs, PROGRAMS_P2)
@@ -199,7 +200,7 @@ def _plan_kernel(
     tl.store(TENSOR_SCALES + 2, v_scale)
     tl.store(SCALES, q_scale * k_scale)
     tl.store(SCALES + 1, v_scale)
-    _write_key_starts(CU_SEQLENS, KEY_STARTS, segments, ALIGNMENT, BLOCK_SEGMENTS)
+    _write_key_starts(CU_SEQLENS, KEY_STARTS, segments, BLOCK_SEGMENTS)
 
 
 @triton.jit
@@ -219,7 +220,7 @@ def _row_keys(row, CU_SEQLENS, KEY_STARTS, keys, segments, search_steps):
 
 
 @triton.jit
-def _value_row(column, ALIGNMENT: tl.constexpr):
+def _value_row(column):
     """The key row whose values v_t's `column` holds: within each group, column 4a + 2b + c holds key 8b + 2a + c
     (`value_columns` inverted)."""
     low = column % ALIGNMENT
@@ -249,12 +250,12 @@ def _round_keys(
     KEY_ROWS, VALUE_COLUMNS,
     keys, rows, segments, search_steps, stride_kn_token, stride_kn_head, stride_kp_token, stride_v_token, stride_v_head,
     HEADS: tl.constexpr, NOPE: tl.constexpr, NOPE_P2: tl.constexpr, ROPE: tl.constexpr, ROPE_P2: tl.constexpr,
-    V_DIM: tl.constexpr, V_DIM_P2: tl.constexpr, ALIGNMENT: tl.constexpr, BLOCK: tl.constexpr,
+    V_DIM: tl.constexpr, V_DIM_P2: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """Output key rows (v_t columns) `program // HEADS * BLOCK` on, of head `program % HEADS` (module docstring)."""
     head = program % HEADS
     column = program // HEADS * BLOCK + tl.arange(0, BLOCK)
-    row = _value_row(column, ALIGNMENT)
+    row = _value_row(column)
     key, valid = _row_keys(row, CU_SEQLENS, KEY_STARTS, keys, segments, search_steps)
     in_rows = column < rows
     k_nope = _rounded_rows(K_NOPE + head * stride_kn_head, key, valid, stride_kn_token, k_scale, NOPE, NOPE_P2)
@@ -287,16 +288,16 @@ def _round_kernel(
     queries, keys, rows, segments, search_steps,
     stride_q_token, stride_q_head, stride_kn_token, stride_kn_head, stride_kp_token, stride_v_token, stride_v_head,
     HEADS: tl.constexpr, QK: tl.constexpr, QK_P2: tl.constexpr, NOPE: tl.constexpr, NOPE_P2: tl.constexpr,
-    ROPE: tl.constexpr, ROPE_P2: tl.constexpr, V_DIM: tl.constexpr, V_DIM_P2: tl.constexpr, ALIGNMENT: tl.constexpr,
+    ROPE: tl.constexpr, ROPE_P2: tl.constexpr, V_DIM: tl.constexpr, V_DIM_P2: tl.constexpr,
     BLOCK_KEYS: tl.constexpr, BLOCK_QUERIES: tl.constexpr,
 ):
     program = tl.program_id(0)
     key_programs = tl.cdiv(rows, BLOCK_KEYS) * HEADS
     if program < key_programs:
         _round_keys(program, K_NOPE, K_PE, V, tl.load(TENSOR_SCALES + 1), tl.load(TENSOR_SCALES + 2), CU_SEQLENS,
-                    KEY_STARTS, K_NOPE8, K_PE8, V_T, KEY_ROWS, VALUE_COLUMNS, keys, rows, segments, search_steps, stride_kn_token,
-                    stride_kn_head, stride_kp_token, stride_v_token, stride_v_head, HEADS, NOPE, NOPE_P2, ROPE, ROPE_P2,
-                    V_DIM, V_DIM_P2, ALIGNMENT, BLOCK_KEYS)
+                    KEY_STARTS, K_NOPE8, K_PE8, V_T, KEY_ROWS, VALUE_COLUMNS, keys, rows, segments, search_steps,
+                    stride_kn_token, stride_kn_head, stride_kp_token, stride_v_token, stride_v_head, HEADS, NOPE, NOPE_P2,
+                    ROPE, ROPE_P2, V_DIM, V_DIM_P2, BLOCK_KEYS)
     else:
         _round_queries(program - key_programs, Q, Q8, tl.load(TENSOR_SCALES), queries * HEADS, stride_q_token, stride_q_head, HEADS,
                        QK, QK_P2, BLOCK_QUERIES)
@@ -336,7 +337,7 @@ def round_operands(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v:
         _launch(_ROUND, grid, (*inputs, tensor_scales, cu_seqlens_k, key_starts, *out[:4], out.key_rows,
                                out.value_columns, tokens, k_nope.shape[0], rows, segments, segments.bit_length(),
                                *strides),
-                dict(widths, ALIGNMENT=KEY_ALIGNMENT, BLOCK_KEYS=tiles.key_rows,
+                dict(widths, BLOCK_KEYS=tiles.key_rows,
                      BLOCK_QUERIES=tiles.query_rows, num_warps=tiles.num_warps))
     return out
 
@@ -366,7 +367,8 @@ def output_rows(keys: int, segments: int) -> int:
     return -(-(keys + (KEY_ALIGNMENT - 1) * segments) // KEY_ALIGNMENT) * KEY_ALIGNMENT
 
 
-def _plan(partial: torch.Tensor, cu_seqlens_k: torch.Tensor, tiles: RoundingTiles) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _plan(partial: torch.Tensor, cu_seqlens_k: torch.Tensor,
+          tiles: RoundingTiles) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q's, k's and v's scales (float32 `[3]`), `scales` (`[2]`) and `key_starts` (int32 `[segments + 1]`)."""
     device, programs = partial.device, partial.shape[1]
     segments = cu_seqlens_k.shape[0] - 1
@@ -374,8 +376,8 @@ def _plan(partial: torch.Tensor, cu_seqlens_k: torch.Tensor, tiles: RoundingTile
     scales = torch.empty(2, dtype=torch.float32, device=device)
     key_starts = torch.empty(segments + 1, dtype=torch.int32, device=device)
     _launch(_PLAN, (1, 1, 1), (partial, cu_seqlens_k, tensor_scales, scales, key_starts, programs, segments),
-            dict(PROGRAMS_P2=triton.next_power_of_2(programs), ALIGNMENT=KEY_ALIGNMENT,
-                 BLOCK_SEGMENTS=tiles.segments, num_warps=tiles.num_warps))
+            dict(PROGRAMS_P2=triton.next_power_of_2(programs), BLOCK_SEGMENTS=tiles.segments,
+                 num_warps=tiles.num_warps))
     return tensor_scales, scales, key_starts
 
 

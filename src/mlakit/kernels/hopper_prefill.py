@@ -166,14 +166,14 @@ def _values(v_smem, stage):
 @gluon.jit
 def _value_key(column):
     """The key in column `column` of an e4m3 V^T tile: within each group of 16, column 4a + 2b + c holds key
-    8b + 2a + c (VALUE_KEY_ORDER, `_p_operand`)."""
+    8b + 2a + c (`fp8.value_columns`' order, `_p_operand`)."""
     return column - column % 16 + 8 * ((column >> 1) & 1) + 2 * ((column >> 2) & 3) + (column & 1)
 
 
 @gluon.jit
 def _zero_values_from(v_t, first_bad, CHUNK: gl.constexpr, LAYOUT: gl.constexpr):
     """The columns of e4m3 V^T tile `v_t` that hold keys first_bad .. set to zero, CHUNK value rows at a time
-    (`zero_rows_from` for the transposed tile, its keys in VALUE_KEY_ORDER)."""
+    (`zero_rows_from` for the transposed tile, its keys in `_value_key`'s order)."""
     keys = _value_key(gl.arange(0, v_t.shape[1], layout=gl.SliceLayout(0, LAYOUT)))
     for c in gl.static_range(v_t.shape[0] // CHUNK):
         part = v_t.slice(c * CHUNK, CHUNK, dim=0)
@@ -194,10 +194,10 @@ def _p_carried(p, dtype: gl.constexpr, p_layout: gl.constexpr):
 
 @gluon.jit
 def _p_operand(p, dtype: gl.constexpr, p_layout: gl.constexpr):
-    """P V's register operand from `_p_carried`'s P. e4m3 P goes in `VALUE_KEY_ORDER`: within each group of 16
-    keys, operand column 4a + 2b + c holds key 8b + 2a + c, a score its thread already holds, so no value moves
-    between threads (the values' keys are stored in that order: `fp8.quantize_prefill_operands`), and each four
-    of a thread's scores round into one register."""
+    """P V's register operand from `_p_carried`'s P. e4m3 P goes in `_value_key`'s order: within each group of
+    16 keys, operand column 4a + 2b + c holds key 8b + 2a + c, a score its thread already holds, so no value moves
+    between threads (v_t stores its keys in that order: `fp8.value_columns`), and each four of a thread's scores
+    round into one register."""
     if _is_fp8(dtype):
         rows: gl.constexpr = p.shape[0]
         cols: gl.constexpr = p.shape[1]

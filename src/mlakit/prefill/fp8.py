@@ -22,7 +22,6 @@ from mlakit.kernels.fp8_operands import KEY_ALIGNMENT
 from mlakit.kernels.triton_prefill import HOPPER_KERNELS, LOG2E, PrefillTuning, attention_outputs, plan_attention
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Fp8PrefillOperands:
     """e4m3 operands of `fp8_mha_prefill`, made by `quantize_prefill_operands`: `q [T, H, d_nope + d_rope]`,
@@ -87,9 +86,10 @@ class Fp8PrefillOperands:
 def quantize_prefill_operands(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor,
                               cu_seqlens_k: torch.Tensor) -> Fp8PrefillOperands:
     """16-bit prefill operands (`triton_mha_prefill`'s shapes; views allowed) with their key segments (int32
-    offsets from 0, as `plan_prefill` makes them: keys before the first offset get no place) rounded to e4m3, each tensor scaled so that its largest magnitude maps to e4m3's largest (k_nope and
-    k_pe share k's scale), the keys moved so that every segment starts at a multiple of KEY_ALIGNMENT keys. Three
-    Triton launches (`mlakit.kernels.fp8_operands`), no host sync.
+    offsets from 0, as `plan_prefill` makes them: keys before the first offset get no place) rounded to e4m3,
+    each tensor scaled so that its largest magnitude maps to e4m3's largest (k_nope and k_pe share k's scale),
+    the keys moved so that every segment starts at a multiple of KEY_ALIGNMENT keys. Three Triton launches
+    (`mlakit.kernels.fp8_operands`), no host sync.
 
     >>> device = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU runs them under Triton's interpreter
     >>> q, kn, kp, v = (torch.randn(s, device=device) for s in ((5, 2, 24), (5, 2, 16), (5, 8), (5, 2, 16)))
