@@ -358,7 +358,7 @@ def test_mla_prefill_accepts_a_cache_with_a_head_axis(kernel_device):
     _assert_matches(out, lse, *problem.latent_form())
 
 
-@pytest.mark.parametrize("chunk, heads", [(1, None), (7, None), (64, None), (7, 3)])
+@pytest.mark.parametrize("chunk, heads", [(1, None), (7, None), (16, None), (64, None), (7, 3)])
 def test_chunked_prefix_equals_unchunked(chunk, heads, kernel_device):
     problem = Problem([41, 0, 9, 30], [5, 3, 0, 11], heads=3, page_size=4, seed=chunk, device=kernel_device)
     whole, whole_lse = problem.run("triton", problem.plan(10**9))

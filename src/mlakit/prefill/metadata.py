@@ -88,6 +88,17 @@ class PrefillMetadata:
         default_factory=dict, init=False, compare=False, repr=False)
 
     @property
+    def merges_per_row(self) -> int:
+        """The most prefix chunks one sequence's query rows are merged with (0 when one pass serves the step).
+
+        >>> table = torch.tensor([[2, 0], [1, 3]], dtype=torch.int32)
+        >>> plan_prefill([2, 3], [6, 3], table, page_size=4, prefix_chunk_tokens=2).merges_per_row
+        2
+        """
+        return max((sum(1 for chunk in self.prefix_chunks if chunk.segments.lens[b]) for b in range(len(self.queries.lens))),
+                   default=0)
+
+    @property
     def passes(self) -> tuple[tuple[KeyRows, bool], ...]:
         """Each attention pass's key rows and whether it is causal: the new tokens' pass, then the prefix chunks."""
         return ((self.causal_keys, True), *((chunk, False) for chunk in self.prefix_chunks))

@@ -23,7 +23,7 @@ import torch
 from mlakit.kernels import gather_decompress
 from mlakit.kernels.triton_prefill import LOG2E, AttentionLaunch, plan_attention
 from mlakit.prefill.metadata import KeyRows, PrefillMetadata
-from mlakit.prefill.mha import decompress, gather_and_decompress, head_dims, split_heads
+from mlakit.prefill.mha import decompress, gather_and_decompress, head_dims, running_dtype, split_heads
 from mlakit.reference import pages_view
 
 if TYPE_CHECKING:
@@ -133,8 +133,8 @@ class _HeldPass:
 class PreparedPrefill:
     """`mla_prefill` for inputs of one layout over one step's metadata:
     `call(q, kv_cache, kv_b_weight, kv_scale, softmax_scale, out=None, lse=None) -> (out, lse)`, writing the
-    caller's `out` and `lse` (of the layout it was prepared for) where given. Chunked prefixes merge their
-    passes in a float32 result (`out_dtype`), then copied into `out`."""
+    caller's `out` and `lse` (of the layout it was prepared for) where given. Prefixes cut in many chunks merge
+    their passes in a float32 result (`out_dtype`, `running_dtype`), then copied into `out`."""
 
     out_shape: tuple[int, int, int]
     out_dtype: torch.dtype
@@ -183,10 +183,10 @@ def prepare_prefill(meta: PrefillMetadata, q: torch.Tensor, kv_cache: torch.Tens
         return None
     heads = q.shape[1]
     nope_dim, v_dim = head_dims(q, rows.shape[1], kv_b_weight)
-    chunked = bool(meta.prefix_chunks)
     out_shape = (q.shape[0], heads, v_dim)
-    if out is None or chunked:
-        out = torch.empty(out_shape, dtype=torch.float32 if chunked else q.dtype, device=q.device)
+    running = running_dtype(meta, q.dtype)
+    if out is None or running != q.dtype:
+        out = torch.empty(out_shape, dtype=running, device=q.device)
     if lse is None:
         lse = torch.empty(out_shape[:2], dtype=torch.float32, device=q.device)
     gathers = tuple(plan_gather(rows, keys.slots, kv_b_weight, heads, nope_dim) for keys, _ in meta.passes)
