@@ -92,10 +92,12 @@ def test_fp8_prefill_writes_other_output_dtypes(out_dtype):
     _check([300, 130, 1], [300, 400, 700], 5, (128, 64, 128), True, seed=5, out_dtype=out_dtype)
 
 
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("causal_first", [True, False])
-def test_fp8_prefill_merges_a_second_key_set_into_the_first(causal_first):
-    """Keys A, then keys B merged in (float32 out, as `mla_prefill`'s chunked passes keep it), equals the oracle
-    doing the same on the same e4m3 values; segments without B keys keep A's result."""
+def test_fp8_prefill_merges_a_second_key_set_into_the_first(causal_first, out_dtype):
+    """Keys A, then keys B merged in (into a float32 or a 16-bit out, as `mla_prefill`'s chunked passes keep it:
+    `prefill.mha.running_dtype`), equals the oracle doing the same on the same e4m3 values (its result rounded to
+    `out_dtype` between the passes too); segments without B keys keep A's result."""
     q_lens, a_lens, b_lens, heads = [200, 7, 64], [260, 7, 64], [500, 0, 33], 3
     first, (q, *_) = _quantized(q_lens, a_lens, heads, (128, 64, 128), seed=1)
     second, _ = _quantized(q_lens, b_lens, heads, (128, 64, 128), seed=2, q=q)
@@ -103,15 +105,16 @@ def test_fp8_prefill_merges_a_second_key_set_into_the_first(causal_first):
     queries, a_keys, b_keys = (_segments(lens, DEVICE) for lens in (q_lens, a_lens, b_lens))
     scale = 192 ** -0.5
     out, lse = fp8_mha_prefill(first, queries.cu_seqlens, max_q_len=queries.max_len, causal=causal_first,
-                               softmax_scale=scale, out_dtype=torch.float32)
+                               softmax_scale=scale, out_dtype=out_dtype)
     fp8_mha_prefill(second, queries.cu_seqlens, max_q_len=queries.max_len, causal=False, softmax_scale=scale, out=out,
                     lse=lse, merge=True)
     rows = sum(q_lens)
     expected_out, expected_lse = _oracle_pass(*first.dequantized(), queries, a_keys, causal=causal_first,
                                               softmax_scale=scale)
+    expected_out = expected_out.to(out_dtype)
     reference_attention_pass(*second.dequantized(), queries, b_keys, causal=False, softmax_scale=scale,
                              out=expected_out, lse=expected_lse, merge=True)
-    _assert_matches(out[:rows], lse[:rows], expected_out[:rows], expected_lse[:rows], out_tol=SAME_VALUES_TOL,
+    _assert_matches(out[:rows], lse[:rows], expected_out[:rows].float(), expected_lse[:rows], out_tol=SAME_VALUES_TOL,
                     lse_tol=LSE_TOL)
 
 

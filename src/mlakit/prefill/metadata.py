@@ -28,6 +28,7 @@ from mlakit.errors import MLAInputError, is_int
 DEFAULT_PREFIX_CHUNK_TOKENS = 8192
 PREFILL_BLOCK_ROWS = 128  # query rows per program of the prefill kernel on GPUs
 DEFAULT_SMS = 132  # for plans made off a GPU (an H100's count)
+WAVE_FILL = 0.9  # `_chunk_sharing`: how full a pass's last wave of programs should be
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,18 +201,31 @@ def _cut_prefixes(prefixes: list[int], chunk: int, sharing: int) -> list[tuple[l
 def _chunk_sharing(new_tokens: tuple[int, ...], prefixes: list[int], heads: int | None, device: torch.device) -> int:
     """How many sequences share a chunk. A sequence's queries merge once per chunk they meet, so
     one sequence per chunk is cheapest; but a pass also needs enough query rows x heads to fill
-    the GPU, so when one sequence alone has too few, several share each chunk."""
+    the GPU, so when one sequence alone has too few, several share each chunk: the fewest whose pass
+    fills its last wave of programs to `WAVE_FILL` (a pass's programs all take about as long, so a
+    part-filled last wave costs a whole one), else the fewest that fill it best."""
     queries = [n for n, p in zip(new_tokens, prefixes) if p]
     if heads is None or not queries:
         return 1
-    rows_per_sequence = heads * sum(queries) / len(queries)
-    return min(len(queries), math.ceil(_full_pass_query_rows(device) / rows_per_sequence))
+    sms = _sm_count(device)
+    units_per_sequence = heads * math.ceil(sum(queries) / len(queries) / PREFILL_BLOCK_ROWS)
+    fewest = min(len(queries), math.ceil(sms / units_per_sequence))
+    choices = range(fewest, len(queries) + 1)
+    fills = {shared: wave_fill(shared * units_per_sequence, sms) for shared in choices}
+    return next((shared for shared in choices if fills[shared] >= WAVE_FILL), max(choices, key=fills.__getitem__))
 
 
-def _full_pass_query_rows(device: torch.device) -> int:
-    """Query rows x heads that keep a prefill pass's grid full: one 128-row program per SM."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else DEFAULT_SMS
-    return sms * PREFILL_BLOCK_ROWS
+def wave_fill(units: int, sms: int) -> float:
+    """The share of `sms` x waves busy when `units` programs of equal length run in waves of `sms`.
+
+    >>> wave_fill(192, 132), wave_fill(256, 132)
+    (0.7272727272727273, 0.9696969696969697)
+    """
+    return units / (math.ceil(units / sms) * sms)
+
+
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else DEFAULT_SMS
 
 
 def _segments(lens: Sequence[int], device: torch.device) -> Segments:
