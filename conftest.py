@@ -40,3 +40,11 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 def kernel_device() -> str:
     """Where Triton kernels run in tests: the GPU when there is one, else the CPU interpreter."""
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def fresh_prefill_plans() -> None:
+    """Each test plans `triton_mha_prefill`'s launches afresh: tests patch what planning reads (SM counts, tunings)."""
+    from mlakit.kernels import triton_prefill
+
+    triton_prefill._PLANS.clear()

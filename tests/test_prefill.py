@@ -17,6 +17,7 @@ import mlakit
 from mlakit.backends import triton_mla
 from mlakit.attention.checks import check_prefill_inputs
 from mlakit.errors import ConfigError, MLAInputError
+from mlakit.kernels import triton_prefill
 from mlakit.kernels.triton_prefill import PrefillTuning, triton_mha_prefill
 from mlakit.prefill.mha import attend_heads, reference_attention_pass
 from mlakit.prefill.metadata import PrefillMetadata, Segments, plan_prefill
@@ -114,6 +115,25 @@ def test_kernel_matches_float32_oracle(q_lens, k_lens, heads, d_nope, d_rope, d_
     if (causal and any(n > m for n, m in zip(q_lens, k_lens))) or any(n and not m for n, m in zip(q_lens, k_lens)):
         assert blind.any()
     assert torch.equal(out.cpu()[blind], torch.zeros_like(out.cpu()[blind]))
+
+
+def test_calls_of_one_layout_plan_once(kernel_device, monkeypatch):
+    """A layer's call after the first plans nothing (new tensors of the same layout, new values, right results); a new
+    layout (here a longer query segment) plans again."""
+    planned = []
+    plan = triton_prefill.plan_attention
+    monkeypatch.setattr(triton_prefill, "plan_attention", lambda *args, **kwargs: planned.append(1) or plan(*args, **kwargs))
+    keys = _segments([9, 7], kernel_device)
+    for q_lens, seed in (([5, 7], 1), ([5, 7], 2), ([6, 7], 3)):
+        q, k_nope, k_pe, v = _kernel_inputs(q_lens, [9, 7], 3, 16, 16, 16, torch.bfloat16, seed=seed, device=kernel_device)
+        queries = _segments(q_lens, kernel_device)
+        out, lse = triton_mha_prefill(q, k_nope, k_pe, v, queries.cu_seqlens, keys.cu_seqlens, max_q_len=queries.max_len,
+                                      causal=True, softmax_scale=0.2)
+        expected_out, expected_lse = _oracle_pass(q.float(), k_nope.float(), k_pe.float(), v.float(), queries, keys,
+                                                  causal=True, softmax_scale=0.2)
+        rows = sum(q_lens)
+        _assert_matches(out[:rows], lse[:rows], expected_out[:rows], expected_lse[:rows])
+    assert len(planned) == 2
 
 
 @pytest.mark.parametrize("block_m, block_n", [(32, 16), (16, 32)])

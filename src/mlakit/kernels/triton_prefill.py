@@ -291,10 +291,49 @@ def triton_mha_prefill(
                                           cu_seqlens_q.shape[0] == 1 or max_q_len == 0 or k_nope.shape[0] == 0)
     if no_keys:
         return out, lse
-    plan = plan_attention(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, out, lse, max_q_len=max_q_len,
-                          causal=causal, merge=merge, tuning=tuning, max_k_len=max_k_len)
-    plan(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, out, lse, softmax_scale * LOG2E)
+    operands = (q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, out, lse)
+    plan = _planned(operands, max_q_len=max_q_len, causal=causal, merge=merge, tuning=tuning, max_k_len=max_k_len)
+    plan(*operands, softmax_scale * LOG2E)
     return out, lse
+
+
+# `triton_mha_prefill`'s launches by what planning one reads of its operands (`_plan_key`), so that calls of one
+# layout (a model's layers in one step) plan once; at most MAX_PLANS kept (then forgotten all at once).
+MAX_PLANS = 256
+_PLANS: dict[tuple, AttentionLaunch] = {}
+
+
+def _planned(operands: tuple[torch.Tensor, ...], *, max_q_len: int, causal: bool, merge: bool,
+             tuning: PrefillTuning | None, max_k_len: int | None) -> AttentionLaunch:
+    """`plan_attention`'s launch for `operands` (q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, out, lse), kept by
+    layout and stream: a persistent launch's unit counter must never be shared by launches that may overlap, so one
+    kept launch serves one stream, and a launch captured into a CUDA graph (replayable on any stream) gets its own."""
+    q = operands[0]
+    capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
+    key = None if capturing else _plan_key(operands, max_q_len, causal, merge, tuning, max_k_len)
+    plan = _PLANS.get(key) if key is not None else None
+    if plan is None:
+        plan = plan_attention(*operands, max_q_len=max_q_len, causal=causal, merge=merge, tuning=tuning,
+                              max_k_len=max_k_len)
+        if key is not None:
+            if len(_PLANS) >= MAX_PLANS:
+                _PLANS.clear()
+            _PLANS[key] = plan
+    return plan
+
+
+def _plan_key(operands: tuple[torch.Tensor, ...], *settings: object) -> tuple:
+    """Everything `plan_attention` reads of its operands (dtypes, shapes, strides, 16-byte alignment, the device and,
+    on a GPU, the current stream) and its settings.
+
+    >>> x = torch.zeros(4, 2, 8)
+    >>> _plan_key((x, x[:, :, :4]), 4, True) == _plan_key((x.clone(), x[:, :, 4:]), 4, True)
+    True
+    """
+    q = operands[0]
+    stream = torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else None
+    layouts = tuple((t.dtype, t.shape, t.stride(), t.data_ptr() % 16) for t in operands)
+    return (q.device, stream, layouts, *settings)
 
 
 def attention_outputs(out: torch.Tensor | None, lse: torch.Tensor | None, shape: tuple[int, int, int],
