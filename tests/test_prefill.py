@@ -397,12 +397,12 @@ def _expected_slots(table: torch.Tensor, page_size: int, b: int, first: int, sto
     return [int(table[b, t // page_size]) * page_size + t % page_size for t in range(first, stop)]
 
 
-@pytest.mark.parametrize("heads, shared", [(16, 4), (8, 8), (128, 1)])
+@pytest.mark.parametrize("heads, shared", [(16, 2), (8, 4), (4, 8), (128, 1)])
 def test_prefix_chunks_are_shared_so_that_a_pass_fills_its_last_wave(heads, shared):
     """8 sequences of 512 new tokens (4 row blocks each) over 4096-token prefixes in 8192-token chunks, planned off a
-    GPU (132 SMs): at 16 heads three sequences a chunk would be the fewest filling one wave (192 programs: two waves,
-    73% busy), four fill 97%; at 8 heads the fewest is five (160: 61%), all eight fill 97%; at 128 heads one sequence
-    (3.9 waves; its chunk then takes the next whole prefix too)."""
+    GPU (132 SMs): the fewest sequences a chunk whose pass fills its last wave of programs to 90%: 16 heads, two (128
+    programs; one would fill 48%, three 73%); 8 heads, four (128); 4 heads, eight (128; seven would fill 85%);
+    128 heads, one (512 programs, 3.9 waves; its chunk then takes the next whole prefix too)."""
     table = torch.arange(8 * 72, dtype=torch.int32).view(8, 72)
     meta = plan_prefill([512] * 8, [4608] * 8, table, 64, heads=heads)
     per_sequence = 8192 // max(shared, 2)

@@ -22,7 +22,8 @@ CASES = [
     # prefixes, new tokens, heads, page_size, prefix_chunk_tokens
     ([0, 0], [5, 9], 3, 16, None),  # no prefix: one causal pass
     ([40, 25, 0], [12, 0, 3], 1, 16, None),  # prefixes joining the causal pass
-    ([60, 0, 13], [6, 4, 0], 5, 4, 16),  # prefix chunks merged into the running result (float32 out)
+    ([60, 0, 13], [6, 4, 0], 5, 4, 16),  # 4 prefix chunks merged into a 16-bit running result
+    ([60, 0, 13], [6, 4, 0], 5, 4, 8),  # 8 chunks: merged into a float32 result, then converted
 ]
 
 
@@ -41,6 +42,7 @@ def test_prepared_call_equals_the_checked_call_exactly(prefixes, new, heads, pag
                       device=kernel_device)
     meta = problem.plan(prefix_chunk_tokens=chunk)
     assert bool(meta.prefix_chunks) == (chunk is not None)
+    assert meta.merges_per_row == {None: 0, 16: 4, 8: 8}[chunk]
     checked = _prefill(problem, meta)
     assert not meta.calls  # checked calls never prepare
     first = _prefill(problem, meta, check_inputs=False)  # resolves, prepares, runs the prepared call
@@ -227,10 +229,10 @@ def test_the_fused_passes_share_one_held_buffer(kernel_device):
 
 
 @pytest.mark.parametrize("check_inputs", [True, False], ids=["checked", "prepared"])
-@pytest.mark.parametrize("chunk", [None, 16], ids=["one-pass", "chunked"])
+@pytest.mark.parametrize("chunk", [None, 16, 8], ids=["one-pass", "chunked-16-bit", "chunked-float32"])
 def test_out_and_lse_given_are_written_in_place(chunk, check_inputs, kernel_device):
-    """Engines pass preallocated outputs: they are filled (chunked prefixes through the float32 merge, then
-    copied) and returned, equal to the allocating call's results."""
+    """Engines pass preallocated outputs: they are filled (a prefix in 4 chunks merged in them, one in 8 in a
+    float32 result, then copied) and returned, equal to the allocating call's results."""
     problem = Problem([60, 0, 13], [6, 4, 0], heads=5, page_size=4, seed=16, device=kernel_device)
     meta = problem.plan(prefix_chunk_tokens=chunk)
     want_out, want_lse = _prefill(problem, meta)
@@ -275,7 +277,7 @@ def test_outputs_of_the_wrong_layout_are_refused_by_name(check_inputs, kernel_de
 
 
 @pytest.mark.parametrize("check_inputs", [True, False], ids=["checked", "prepared"])
-@pytest.mark.parametrize("chunk", [None, 16], ids=["one-pass", "chunked"])
+@pytest.mark.parametrize("chunk", [None, 16, 8], ids=["one-pass", "chunked-16-bit", "chunked-float32"])
 def test_lse_given_without_out(chunk, check_inputs, kernel_device):
     problem = Problem([60, 0, 13], [6, 4, 0], heads=5, page_size=4, seed=19, device=kernel_device)
     meta = problem.plan(prefix_chunk_tokens=chunk)
@@ -286,7 +288,7 @@ def test_lse_given_without_out(chunk, check_inputs, kernel_device):
         assert got_lse is lse and torch.equal(lse, want_lse) and torch.equal(got_out, want_out)
 
 
-@pytest.mark.parametrize("chunk", [None, 16], ids=["one-pass", "chunked"])
+@pytest.mark.parametrize("chunk", [None, 16, 8], ids=["one-pass", "chunked-16-bit", "chunked-float32"])
 @pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "misaligned"])
 def test_strided_outputs_are_written_where_they_are_and_nowhere_else(offset, chunk, kernel_device):
     """out rows at a stride (a wider buffer's columns), possibly one element off 16-byte alignment, and lse

@@ -8,7 +8,7 @@ the GPU, so building the metadata never waits for the device.
 A prefill runs one causal pass over each sequence's new tokens and, when the cached
 prefixes are longer in total than `prefix_chunk_tokens`, non-causal passes over prefix
 chunks of at most that many rows (all sequences' prefixes laid end to end and cut; shared
-by several sequences only when one alone has too few query rows to fill the GPU), merged
+by as many sequences as keep the GPU's last wave of programs full), merged
 into the running result by lse. When the prefixes fit in one chunk, they join the causal pass instead: one pass, no
 merge. Either way the rows decompressed at once stay bounded by the chunk size plus the new
 tokens.
@@ -17,6 +17,7 @@ tokens.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from collections.abc import Callable, Sequence
@@ -88,7 +89,7 @@ class PrefillMetadata:
     calls: dict[tuple, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = dataclasses.field(
         default_factory=dict, init=False, compare=False, repr=False)
 
-    @property
+    @functools.cached_property
     def merges_per_row(self) -> int:
         """The most prefix chunks one sequence's query rows are merged with (0 when one pass serves the step).
 
@@ -200,26 +201,25 @@ def _cut_prefixes(prefixes: list[int], chunk: int, sharing: int) -> list[tuple[l
 
 def _chunk_sharing(new_tokens: tuple[int, ...], prefixes: list[int], heads: int | None, device: torch.device) -> int:
     """How many sequences share a chunk. A sequence's queries merge once per chunk they meet, so
-    one sequence per chunk is cheapest; but a pass also needs enough query rows x heads to fill
-    the GPU, so when one sequence alone has too few, several share each chunk: the fewest whose pass
-    fills its last wave of programs to `WAVE_FILL` (a pass's programs all take about as long, so a
-    part-filled last wave costs a whole one), else the fewest that fill it best."""
+    one sequence per chunk is cheapest; but a pass's programs (query row blocks x heads of its
+    sequences, all about as long) run in waves of one per SM, and a part-filled last wave costs a
+    whole one: so the fewest sequences whose pass fills its last wave to `WAVE_FILL`, else the
+    fewest that fill it best."""
     queries = [n for n, p in zip(new_tokens, prefixes) if p]
     if heads is None or not queries:
         return 1
     sms = _sm_count(device)
     units_per_sequence = heads * math.ceil(sum(queries) / len(queries) / PREFILL_BLOCK_ROWS)
-    fewest = min(len(queries), math.ceil(sms / units_per_sequence))
-    choices = range(fewest, len(queries) + 1)
-    fills = {shared: wave_fill(shared * units_per_sequence, sms) for shared in choices}
+    choices = range(1, len(queries) + 1)
+    fills = {shared: _wave_fill(shared * units_per_sequence, sms) for shared in choices}
     return next((shared for shared in choices if fills[shared] >= WAVE_FILL), max(choices, key=fills.__getitem__))
 
 
-def wave_fill(units: int, sms: int) -> float:
-    """The share of `sms` x waves busy when `units` programs of equal length run in waves of `sms`.
+def _wave_fill(units: int, sms: int) -> float:
+    """The share of `sms` x waves busy when `units` (>= 1) programs of equal length run in waves of `sms`.
 
-    >>> wave_fill(192, 132), wave_fill(256, 132)
-    (0.7272727272727273, 0.9696969696969697)
+    >>> _wave_fill(64, 132), _wave_fill(128, 132), _wave_fill(192, 132)
+    (0.48484848484848486, 0.9696969696969697, 0.7272727272727273)
     """
     return units / (math.ceil(units / sms) * sms)
 

@@ -118,10 +118,9 @@ def running_dtype(meta: PrefillMetadata, dtype: torch.dtype) -> torch.dtype:
 
     >>> from mlakit.prefill.metadata import plan_prefill
     >>> table = torch.tensor([[0, 1, 2]], dtype=torch.int32)
-    >>> running_dtype(plan_prefill([1], [12], table, 4, prefix_chunk_tokens=2), torch.bfloat16)
-    torch.float32
-    >>> running_dtype(plan_prefill([1], [12], table, 4, prefix_chunk_tokens=4), torch.bfloat16)
-    torch.bfloat16
+    >>> four, five = (plan_prefill([1], [1 + 2 * n], table, 4, prefix_chunk_tokens=2) for n in (4, 5))
+    >>> (four.merges_per_row, running_dtype(four, torch.bfloat16)), (five.merges_per_row, running_dtype(five, torch.bfloat16))
+    ((4, torch.bfloat16), (5, torch.float32))
     """
     return dtype if meta.merges_per_row <= MAX_16BIT_MERGES else torch.float32
 

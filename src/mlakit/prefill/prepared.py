@@ -133,8 +133,9 @@ class _HeldPass:
 class PreparedPrefill:
     """`mla_prefill` for inputs of one layout over one step's metadata:
     `call(q, kv_cache, kv_b_weight, kv_scale, softmax_scale, out=None, lse=None) -> (out, lse)`, writing the
-    caller's `out` and `lse` (of the layout it was prepared for) where given. Prefixes cut in many chunks merge
-    their passes in a float32 result (`out_dtype`, `running_dtype`), then copied into `out`."""
+    caller's `out` and `lse` (of the layout it was prepared for) where given. A sequence's prefix met in more than
+    `MAX_16BIT_MERGES` chunks makes the passes merge in a float32 result (`out_dtype`: `running_dtype`), then
+    copied into `out`."""
 
     out_shape: tuple[int, int, int]
     out_dtype: torch.dtype
