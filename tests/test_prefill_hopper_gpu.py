@@ -201,10 +201,12 @@ def test_hopper_tuning_is_refused_where_the_kernel_cannot_run():
                          [(SHORT_PROMPT_TOKENS, 0, None, True, 64), (SHORT_PROMPT_TOKENS + 1, 0, None, True, 128),
                           (SHORT_PROMPT_TOKENS, 0, None, False, 128), (64, 512, None, True, 128),
                           (64, 512, 576, True, 128), (64, 64, 128, True, 64)])
-def test_short_causal_passes_take_64_key_tiles(max_q_len, prefix, max_k_len, causal, block_n):
+def test_short_causal_passes_take_64_key_tiles(max_q_len, prefix, max_k_len, causal, block_n, monkeypatch):
     """Without a tuning, a causal pass whose segments have at most SHORT_PROMPT_TOKENS keys runs the persistent
     kernel with 64-key tiles (SHORT_HOPPER_TUNING); longer ones (a short prompt over a long prefix included: by
-    `max_k_len`, or without it by the key rows) and non-causal passes the default's 128-key tiles."""
+    `max_k_len`, or without it by the key rows) and non-causal passes the default's 128-key tiles. (On one SM, so
+    that these few units stay on the persistent kernel.)"""
+    monkeypatch.setattr(hopper_prefill, "sm_count", lambda device: 1)
     q, k_nope, k_pe, v = _kernel_inputs([max_q_len], [max_q_len + prefix], 2, 128, 64, 128, torch.bfloat16, seed=4,
                                         device=DEVICE)
     out = torch.empty(max_q_len, 2, 128, dtype=torch.bfloat16, device=DEVICE)
@@ -214,6 +216,27 @@ def test_short_causal_passes_take_64_key_tiles(max_q_len, prefix, max_k_len, cau
                             causal=causal, merge=False, max_k_len=max_k_len)
     assert launch.persistent and launch.constants["BLOCK_N"] == block_n
     assert _tuning_for(None, q, k_nope, k_pe, v, short=True) == SHORT_HOPPER_TUNING
+
+
+@pytest.mark.parametrize("sms, persistent", [(20, False), (19, True)])
+def test_passes_of_at_most_half_as_many_units_as_sms_take_one_program_per_unit(sms, persistent, monkeypatch):
+    """Without a tuning, a pass of 2 heads x 5 row blocks (10 units) runs the one-program-per-row-block kernel with
+    the persistent default's tiles where the GPU has at least twice as many SMs, else the persistent kernel; both
+    equal the oracle."""
+    monkeypatch.setattr(hopper_prefill, "sm_count", lambda device: sms)
+    q_lens = k_lens = [600]
+    q, k_nope, k_pe, v = _kernel_inputs(q_lens, k_lens, 2, 128, 64, 128, torch.bfloat16, seed=9, device=DEVICE)
+    queries, keys = _segments(q_lens, DEVICE), _segments(k_lens, DEVICE)
+    out = torch.empty(q.shape[0], 2, 128, dtype=torch.bfloat16, device=DEVICE)
+    lse = torch.empty(out.shape[:2], dtype=torch.float32, device=DEVICE)
+    launch = plan_attention(q, k_nope, k_pe, v, queries.cu_seqlens, keys.cu_seqlens, out, lse, max_q_len=600,
+                            causal=True, merge=False)
+    assert launch.persistent == persistent and launch.constants["BLOCK_N"] == HOPPER_TUNING.block_n
+    got_out, got_lse = triton_mha_prefill(q, k_nope, k_pe, v, queries.cu_seqlens, keys.cu_seqlens, max_q_len=600,
+                                          causal=True, softmax_scale=0.1)
+    want_out, want_lse = _oracle_pass(q.float(), k_nope.float(), k_pe.float(), v.float(), queries, keys, causal=True,
+                                      softmax_scale=0.1)
+    _assert_matches(got_out[:600], got_lse[:600], want_out[:600], want_lse[:600])
 
 
 def test_calls_without_a_tuning_take_the_hopper_kernel_where_it_runs():

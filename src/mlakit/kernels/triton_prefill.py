@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
@@ -397,7 +398,11 @@ def plan_attention(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v:
     if max_k_len is None:
         max_k_len = max_q_len if k_nope.shape[0] <= q.shape[0] else k_nope.shape[0]
     short = causal and max(max_q_len, max_k_len) <= SHORT_PROMPT_TOKENS
+    chosen = tuning
     tuning = _tuning_for(tuning, q, k_nope, k_pe, v, short=short)
+    grid = (-(-max_q_len // tuning.block_m), q.shape[1], cu_seqlens_q.shape[0] - 1)
+    if chosen is None and tuning.kernel == "hopper_persistent":
+        tuning = _one_unit_per_program(tuning, math.prod(grid), q.device)
     if tuning.kernel in HOPPER_KERNELS:
         from mlakit.kernels.hopper_prefill import plan_launch
 
@@ -405,7 +410,6 @@ def plan_attention(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v:
                            merge=merge, block_n=tuning.block_n, stages=tuning.num_stages,
                            persistent=tuning.kernel == "hopper_persistent")
     nope_dim, rope_dim, v_dim = k_nope.shape[-1], k_pe.shape[-1], v.shape[-1]
-    grid = (-(-max_q_len // tuning.block_m), q.shape[1], cu_seqlens_q.shape[0] - 1)
     tensors = (q, k_nope, k_pe, v, out, lse, cu_seqlens_q, cu_seqlens_k)
     strides = (q.stride(0), q.stride(1), k_nope.stride(0), k_nope.stride(1), k_pe.stride(0), v.stride(0), v.stride(1),
                out.stride(0), out.stride(1), lse.stride(0))
@@ -413,6 +417,16 @@ def plan_attention(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v:
            merge)
     constants = _kernel_constants(nope_dim, rope_dim, v_dim, tuning, causal, merge)
     return PortableLaunch(key, grid, strides, MappingProxyType(constants))
+
+
+def _one_unit_per_program(tuning: PrefillTuning, units: int, device: torch.device) -> PrefillTuning:
+    """The persistent default's tiles in the one-program-per-row-block kernel where the pass has at most half as
+    many units (row blocks x heads x segments) as the GPU has SMs: no program would take a second unit, so the
+    persistent kernel's unit counter and hand-over only cost (16 heads x 512 tokens, 64 units: 13.5 against 15.2
+    us in a CUDA graph; level at 128 units: NOTES.md p31)."""
+    from mlakit.kernels.hopper_prefill import sm_count
+
+    return dataclasses.replace(tuning, kernel="hopper") if 2 * units <= sm_count(device) else tuning
 
 
 def _tuning_for(tuning: PrefillTuning | None, q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor,

@@ -107,9 +107,9 @@ class RowDecompressor(Protocol):
 
 
 # A chunked prefill merges each prefix chunk into a running output held in q's 16-bit dtype while no sequence's rows
-# meet more chunks than this (one rounding a merge, as one piece rounds once; benchmarks/NOTES.md "16-bit running
-# output"), else in float32, converted once at the end (what the conversion and the wider rows cost is ~5% of a
-# chunked 8 x 2048-token prefill).
+# meet more chunks than this (one rounding a merge, as one piece rounds once; at 4 merges 1.2x the one-piece error:
+# benchmarks/NOTES.md p27), else in float32, converted once at the end (the conversion and the wider rows cost ~5% of
+# a chunked 8 x 2048-token prefill).
 MAX_16BIT_MERGES = 4
 
 
