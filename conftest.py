@@ -4,6 +4,7 @@ choice of kernel (`mlakit.kernels.launch`), and pytest-xdist workers share the C
 
 import os
 import sys
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -43,8 +44,15 @@ def kernel_device() -> str:
 
 
 @pytest.fixture(autouse=True)
-def fresh_prefill_plans() -> None:
-    """Each test plans `triton_mha_prefill`'s launches afresh: tests patch what planning reads (SM counts, tunings)."""
-    from mlakit.kernels import triton_prefill
+def fresh_prefill_plans() -> Iterator[None]:
+    """Each test plans `triton_mha_prefill`'s launches afresh and leaves none behind: tests patch what planning reads
+    (SM counts, tunings). Nothing to clear where the kernel module was never imported."""
 
-    triton_prefill._PLANS.clear()
+    def forget() -> None:
+        prefill = sys.modules.get("mlakit.kernels.triton_prefill")
+        if prefill is not None:
+            prefill._PLANS.clear()
+
+    forget()
+    yield
+    forget()

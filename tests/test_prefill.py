@@ -118,22 +118,34 @@ def test_kernel_matches_float32_oracle(q_lens, k_lens, heads, d_nope, d_rope, d_
 
 
 def test_calls_of_one_layout_plan_once(kernel_device, monkeypatch):
-    """A layer's call after the first plans nothing (new tensors of the same layout, new values, right results); a new
-    layout (here a longer query segment) plans again."""
+    """A layer's call after the first plans nothing (new tensors of the same layout, new values, right results, an
+    `out` given at another 16-byte-aligned address); any operand's layout changed plans again: a longer query segment,
+    keys in separate tensors (other strides), an `out` one element off 16-byte alignment."""
     planned = []
     plan = triton_prefill.plan_attention
     monkeypatch.setattr(triton_prefill, "plan_attention", lambda *args, **kwargs: planned.append(1) or plan(*args, **kwargs))
     keys = _segments([9, 7], kernel_device)
-    for q_lens, seed in (([5, 7], 1), ([5, 7], 2), ([6, 7], 3)):
-        q, k_nope, k_pe, v = _kernel_inputs(q_lens, [9, 7], 3, 16, 16, 16, torch.bfloat16, seed=seed, device=kernel_device)
+
+    def call(q_lens, seed, layout="halves", out_offset=None):
+        q, k_nope, k_pe, v = _kernel_inputs(q_lens, [9, 7], 3, 16, 16, 16, torch.bfloat16, seed=seed,
+                                            device=kernel_device, layout=layout)
         queries = _segments(q_lens, kernel_device)
-        out, lse = triton_mha_prefill(q, k_nope, k_pe, v, queries.cu_seqlens, keys.cu_seqlens, max_q_len=queries.max_len,
-                                      causal=True, softmax_scale=0.2)
+        out = None
+        if out_offset is not None:
+            buffer = torch.empty(q.shape[0] * 3 * 16 + out_offset, dtype=torch.bfloat16, device=kernel_device)
+            out = buffer[out_offset:].view(q.shape[0], 3, 16)
+        got_out, got_lse = triton_mha_prefill(q, k_nope, k_pe, v, queries.cu_seqlens, keys.cu_seqlens,
+                                              max_q_len=queries.max_len, causal=True, softmax_scale=0.2, out=out)
         expected_out, expected_lse = _oracle_pass(q.float(), k_nope.float(), k_pe.float(), v.float(), queries, keys,
                                                   causal=True, softmax_scale=0.2)
         rows = sum(q_lens)
-        _assert_matches(out[:rows], lse[:rows], expected_out[:rows], expected_lse[:rows])
-    assert len(planned) == 2
+        _assert_matches(got_out[:rows], got_lse[:rows], expected_out[:rows], expected_lse[:rows])
+        return len(planned)
+
+    assert [call([5, 7], 1), call([5, 7], 2), call([5, 7], 3, out_offset=8)] == [1, 1, 1]
+    assert call([6, 7], 4) == 2
+    assert call([6, 7], 5, layout="contiguous") == 3
+    assert call([6, 7], 6, out_offset=1) == 4
 
 
 @pytest.mark.parametrize("block_m, block_n", [(32, 16), (16, 32)])

@@ -6,6 +6,8 @@ result, float32 output; and the operands' rounding kernels against their torch o
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -84,6 +86,17 @@ def test_fp8_prefill_matches_float32_oracle(q_lens, k_lens, heads, causal, width
     if programs is not None:
         monkeypatch.setattr(hopper_prefill, "sm_count", lambda device: programs)
     _check(q_lens, k_lens, heads, widths, causal, seed=sum(q_lens) + 7 * heads + widths[0] + tuning.block_n,
+           tuning=tuning)
+
+
+@pytest.mark.parametrize("tuning", [dataclasses.replace(t, kernel="hopper") for t in (HOPPER_TUNING, SHORT_HOPPER_TUNING)],
+                         ids=["n128s2", "n64s3"])
+@pytest.mark.parametrize("widths", WIDTHS, ids=lambda w: "x".join(map(str, w)))
+@pytest.mark.parametrize("q_lens, k_lens, heads, causal", CASES)
+def test_fp8_prefill_on_one_program_per_row_block_matches_float32_oracle(q_lens, k_lens, heads, causal, widths,
+                                                                         tuning):
+    """The kernel a pass of few units takes by default (`triton_prefill._one_unit_per_program`), on e4m3 operands."""
+    _check(q_lens, k_lens, heads, widths, causal, seed=sum(q_lens) + 5 * heads + widths[0] + tuning.block_n,
            tuning=tuning)
 
 

@@ -222,7 +222,7 @@ def test_short_causal_passes_take_64_key_tiles(max_q_len, prefix, max_k_len, cau
 def test_passes_of_at_most_half_as_many_units_as_sms_take_one_program_per_unit(sms, persistent, monkeypatch):
     """Without a tuning, a pass of 2 heads x 5 row blocks (10 units) runs the one-program-per-row-block kernel with
     the persistent default's tiles where the GPU has at least twice as many SMs, else the persistent kernel; both
-    equal the oracle."""
+    equal the oracle. A caller's persistent tuning stays persistent."""
     monkeypatch.setattr(hopper_prefill, "sm_count", lambda device: sms)
     q_lens = k_lens = [600]
     q, k_nope, k_pe, v = _kernel_inputs(q_lens, k_lens, 2, 128, 64, 128, torch.bfloat16, seed=9, device=DEVICE)
@@ -232,11 +232,45 @@ def test_passes_of_at_most_half_as_many_units_as_sms_take_one_program_per_unit(s
     launch = plan_attention(q, k_nope, k_pe, v, queries.cu_seqlens, keys.cu_seqlens, out, lse, max_q_len=600,
                             causal=True, merge=False)
     assert launch.persistent == persistent and launch.constants["BLOCK_N"] == HOPPER_TUNING.block_n
+    chosen = plan_attention(q, k_nope, k_pe, v, queries.cu_seqlens, keys.cu_seqlens, out, lse, max_q_len=600,
+                            causal=True, merge=False, tuning=HOPPER_TUNING)
+    assert chosen.persistent  # a caller's tuning is run as given
     got_out, got_lse = triton_mha_prefill(q, k_nope, k_pe, v, queries.cu_seqlens, keys.cu_seqlens, max_q_len=600,
                                           causal=True, softmax_scale=0.1)
     want_out, want_lse = _oracle_pass(q.float(), k_nope.float(), k_pe.float(), v.float(), queries, keys, causal=True,
                                       softmax_scale=0.1)
     _assert_matches(got_out[:600], got_lse[:600], want_out[:600], want_lse[:600])
+
+
+def test_kept_launches_are_one_a_stream_and_none_under_capture():
+    """`triton_mha_prefill` keeps one launch per layout and stream (16 heads x 8 row blocks: the persistent kernel):
+    another stream gets its own, with its own unit counter, and a call under CUDA-graph capture keeps nothing; the
+    captured call replays to the eager result exactly (a unit's result does not depend on the program taking it)."""
+    q_lens = k_lens = [900]
+    q, k_nope, k_pe, v = _kernel_inputs(q_lens, k_lens, 16, 128, 64, 128, torch.bfloat16, seed=12, device=DEVICE)
+    queries, keys = _segments(q_lens, DEVICE), _segments(k_lens, DEVICE)
+
+    def attend():
+        return triton_mha_prefill(q, k_nope, k_pe, v, queries.cu_seqlens, keys.cu_seqlens, max_q_len=900, causal=True,
+                                  softmax_scale=0.1)
+
+    want_out, want_lse = attend()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        attend()
+    torch.cuda.current_stream().wait_stream(side)
+    launches = list(triton_prefill._PLANS.values())
+    assert len(launches) == 2 and all(launch.persistent for launch in launches)
+    assert launches[0].taken.data_ptr() != launches[1].taken.data_ptr()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured_out, captured_lse = attend()
+    assert len(triton_prefill._PLANS) == 2
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured_out[:900], want_out[:900]) and torch.equal(captured_lse[:900], want_lse[:900])
+    assert all(launch.taken.item() == 0 for launch in launches)
 
 
 def test_calls_without_a_tuning_take_the_hopper_kernel_where_it_runs():

@@ -30,9 +30,11 @@ unit's loads (`take_unit`; the launch holds the counter), publishing it to the c
 memory, so it loads the next unit's Q and first tiles while the consumers store the last unit's rows.
 
 `triton_mha_prefill` runs the persistent form (128-key tiles, 2 stages a ring) by default wherever `supports`
-holds (benchmarks/NOTES.md, p5-p11: on an H100 the Hopper tier is 1.05-1.17x faster than the portable kernel,
+holds, except on passes of at most half as many units as SMs, which take one program per row block with the same
+tiles (benchmarks/NOTES.md, p5-p11: on an H100 the Hopper tier is 1.05-1.17x faster than the portable kernel,
 the persistent form 4-15% faster than one program per row block, and the split rings with 128-key tiles
-10-16% faster again on long prompts and prefixes).
+10-16% faster again on long prompts and prefixes; p31: with no second unit to take, the persistent form's
+hand-over only costs).
 """
 from __future__ import annotations
 

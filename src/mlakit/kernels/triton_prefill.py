@@ -391,7 +391,8 @@ def plan_attention(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v:
     """The launch of one `triton_mha_prefill` pass for operands of these ones' layout (shapes, strides,
     dtypes, pointer alignment; the addresses may change between calls): the Hopper kernel's where
     it takes them, else the portable one's (`_tuning_for`). A causal pass whose segments have at most
-    SHORT_PROMPT_TOKENS keys takes the short tiles. Without `max_k_len` the longest key segment is taken as
+    SHORT_PROMPT_TOKENS keys takes the short tiles; without a `tuning`, a pass of few units takes the
+    one-program-per-row-block Hopper kernel (`_one_unit_per_program`). Without `max_k_len` the longest key segment is taken as
     `max_q_len` where there are no more key rows than query rows (in `mla_prefill`'s causal passes every segment has at
     least as many keys as queries, so then exactly as many), else as all the key rows; it picks tiles only, never
     the result."""
