@@ -309,18 +309,16 @@ def _planned(operands: tuple[torch.Tensor, ...], *, max_q_len: int, causal: bool
     """`plan_attention`'s launch for `operands` (q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, out, lse), kept by
     layout and stream: a persistent launch's unit counter must never be shared by launches that may overlap, so one
     kept launch serves one stream, and a launch captured into a CUDA graph (replayable on any stream) gets its own."""
-    q = operands[0]
-    capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
-    key = None if capturing else _plan_key(operands, max_q_len, causal, merge, tuning, max_k_len)
-    plan = _PLANS.get(key) if key is not None else None
-    if plan is None:
-        plan = plan_attention(*operands, max_q_len=max_q_len, causal=causal, merge=merge, tuning=tuning,
-                              max_k_len=max_k_len)
-        if key is not None:
-            if len(_PLANS) >= MAX_PLANS:
-                _PLANS.clear()
-            _PLANS[key] = plan
-    return plan
+    settings = dict(max_q_len=max_q_len, causal=causal, merge=merge, tuning=tuning, max_k_len=max_k_len)
+    if operands[0].is_cuda and torch.cuda.is_current_stream_capturing():
+        return plan_attention(*operands, **settings)
+    key = _plan_key(operands, *settings.values())
+    launch = _PLANS.get(key)
+    if launch is None:
+        if len(_PLANS) >= MAX_PLANS:
+            _PLANS.clear()
+        launch = _PLANS[key] = plan_attention(*operands, **settings)
+    return launch
 
 
 def _plan_key(operands: tuple[torch.Tensor, ...], *settings: object) -> tuple:
