@@ -71,6 +71,7 @@ SCENARIOS = (
     Scenario("decode q_len 2, interleave 1, bf16 reference backend", (1, 6, 13), (2,) * 3, 1, 4, "bf16", True, 2e-2),
 )
 LAYOUTS = {2: ((2, 2), (2, 1)), 4: ((4, 4), (4, 2))}  # world size -> (tp_size, dcp_size) layouts
+PORT_ATTEMPTS = 3
 
 
 def run_world(world: int, out_dir: Path, *args: object, target: Callable[..., None] | None = None) -> list[dict]:
@@ -78,11 +79,23 @@ def run_world(world: int, out_dir: Path, *args: object, target: Callable[..., No
     `run_rank`), forked from a forkserver that has torch and mlakit imported (a fresh interpreter
     per rank costs seconds), and returns the report each wrote to `out_dir/rank{r}.json`."""
     multiprocessing.set_forkserver_preload(["torch", "torch.distributed", "mlakit", "mlakit.distributed", "dcp_worker"])
+    for attempt in range(PORT_ATTEMPTS):
+        try:
+            mp.start_processes(target or run_rank, args=(world, _unused_port(), str(out_dir), *args), nprocs=world,
+                               start_method="forkserver")
+            break
+        except mp.ProcessRaisedException as error:
+            if "EADDRINUSE" not in str(error) or attempt == PORT_ATTEMPTS - 1:
+                raise
+    return [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def _unused_port() -> int:
+    """A port free now; another process may take it before rank 0 listens on it (a run that
+    finds it taken, EADDRINUSE, is started again on a new one by `run_world`)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.start_processes(target or run_rank, args=(world, port, str(out_dir), *args), nprocs=world, start_method="forkserver")
-    return [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(world)]
+        return s.getsockname()[1]
 
 
 def run_readme_example(rank: int, world: int, port: int, out_dir: str, source: str) -> None:
