@@ -2,8 +2,11 @@
 K-major) written to shared memory from registers: D should hold A's row sums in every column. N 8 / 16 / 128; A
 loaded as e4m3 straight into the dot-operand layout, or loaded wider and packed by the prefill kernel's inline asm.
 On the H100 (2026-11-26) neither path gave the sums (results/2026-11-26-prefill-p32-fp8-row-sums-h100/probe.txt):
-the asm path about half of them at every N with K 128, as in the kernel, but the direct load printed the same
-values at every N (as if D were never written), so the probe itself is not yet to be trusted; unexplained so far.
+the asm path about half of them at every N with K 128, as in the kernel. The cause is the ones tile, which this
+probe still fills the way p32 did: ptxas packs the fp32 -> e4m3 pair of the broadcast 1.0 with an unrelated
+register, so every other pair of bytes is zero (NOTES p32b; the kernel's fix writes the bits 0x38). Values equal
+at every N are expected with ones for B (each column is a row sum); the direct e4m3 load's negative sums were not
+looked into. Kept as a reproducer of the ptxas fold.
 
     python benchmarks/experiments/fp8_register_operand_probe.py
 """
