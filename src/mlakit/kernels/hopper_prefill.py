@@ -71,6 +71,9 @@ V_DIMS = frozenset({64, 128})
 TURN_BARRIERS = gl.constexpr((8, 9))
 # One warpgroup zeroing V rows past a segment's end, 64 columns at a time, 16 bytes per thread and row.
 ZERO_CHUNK = gl.constexpr(64)
+# Rows of the e4m3 kernel's all-ones operand: P times it gives each row's sum of P (`_row_sums`), the least N of a wgmma.
+SUM_COLUMNS = gl.constexpr(8)
+E4M3_ONE = gl.constexpr(0x38)  # 1.0: sign 0, exponent 7 (the bias), mantissa 0
 ZERO_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
 # The same for fp8 V, transposed (`_load_values`): 64 of its value rows at a time, 16 bytes per thread and row.
 ZERO_T_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0]))
@@ -319,7 +322,7 @@ def _producer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_read
 
 
 @gluon.jit
-def _consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_ready, v_ready,
+def _consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, ones, q_ready, k_ready, v_ready,
               OUT, LSE, SCALES, q_start, q_len, k_len, m0, head, num_tiles, scale_log2,
               stride_o_tok, stride_o_head, stride_lse_tok,
               HALF: gl.constexpr, V_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
@@ -327,7 +330,7 @@ def _consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_read
     """Rows m0 + HALF * 64 .. + 64 of the program: attention over the tiles they see, then the
     store (merged into the earlier result with MERGE)."""
     scale_log2, v_scale = _operand_scales(SCALES, scale_log2, _is_fp8(q_nope_smem.dtype))
-    acc, m_i, l_i = _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready.index(0), k_ready,
+    acc, m_i, l_i = _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, ones, q_ready.index(0), k_ready,
                                  v_ready, q_len, k_len, m0, num_tiles, 0, 0, 0, scale_log2, q_ready.index(0),
                                  q_ready.index(0), HALF, V_DIM, BLOCK_N, STAGES, CAUSAL, False)
     _store_rows(acc, m_i, l_i, v_scale, q_nope_smem, kn_smem, q_ready.index(0), OUT, LSE, q_start, q_len, m0, head, 0, 0,
@@ -335,7 +338,7 @@ def _consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_read
 
 
 @gluon.jit
-def _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_ready, v_ready,
+def _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, ones, q_ready, k_ready, v_ready,
                  q_len, k_len, m0, num_tiles, first_tile, q_phase, q_buffer, scale_log2, q_free, k_read,
                  HALF: gl.constexpr, V_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                  CAUSAL: gl.constexpr, EARLY_Q_BACK: gl.constexpr):
@@ -357,8 +360,9 @@ def _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_r
     my_turn: gl.constexpr = TURN_BARRIERS[HALF]
     keeps_last_k: gl.constexpr = EARLY_Q_BACK and HALF == 1  # released by `_store_rows` (STAGE_IN_K)
     their_turn: gl.constexpr = TURN_BARRIERS[1 - HALF]
+    rows_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     row0 = m0 + HALF * WARPGROUP_ROWS
-    rows = row0 + gl.arange(0, WARPGROUP_ROWS, layout=gl.SliceLayout(1, s_layout))
+    rows = row0 + gl.arange(0, WARPGROUP_ROWS, layout=rows_layout)
     offset = k_len - q_len
     if CAUSAL:
         seen_hi = gl.minimum(k_len, row0 + WARPGROUP_ROWS + offset)
@@ -368,7 +372,7 @@ def _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_r
         unmasked_hi = k_len // BLOCK_N * BLOCK_N
     # The tiles this warpgroup computes: a prefix of the program's (rows past the segment compute none).
     my_tiles = gl.where(row0 < q_len, gl.cdiv(gl.maximum(seen_hi, 0), BLOCK_N), 0)
-    m_i, l_i = no_keys_yet(WARPGROUP_ROWS, gl.SliceLayout(1, s_layout))
+    m_i, l_i = no_keys_yet(WARPGROUP_ROWS, rows_layout)
     acc = gl.zeros([WARPGROUP_ROWS, V_DIM], gl.float32, layout=o_layout)
     s_zero = gl.zeros([WARPGROUP_ROWS, BLOCK_N], gl.float32, layout=s_layout)
     p = _p_carried(s_zero, q_nope_smem.dtype, p_layout)
@@ -405,18 +409,21 @@ def _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_r
             s_mma = warpgroup_mma(q_nope, kn_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             s_mma = warpgroup_mma(q_pe, kpe_smem.index(stage).permute((1, 0)), s_mma, is_async=True)
             if t > 0:
-                acc_mma = warpgroup_mma(_p_operand(p, q_nope_smem.dtype, p_layout), _values(v_smem, previous),
-                                        acc, is_async=True)
-                hand_over(their_turn)
-                s, acc = warpgroup_mma_wait(num_outstanding=0, deps=[s_mma, acc_mma])
+                p_op = _p_operand(p, q_nope_smem.dtype, p_layout)
+                acc_mma = warpgroup_mma(p_op, _values(v_smem, previous), acc, is_async=True)
+                if fp8:
+                    sums_mma = _row_sums(ones, p_op)
+                    hand_over(their_turn)
+                    s, acc, sums = warpgroup_mma_wait(num_outstanding=0, deps=[s_mma, acc_mma, sums_mma])
+                    l_i += _row_sums_done(sums, rows_layout)
+                else:
+                    hand_over(their_turn)
+                    s, acc = warpgroup_mma_wait(num_outstanding=0, deps=[s_mma, acc_mma])
             else:
                 hand_over(their_turn)
                 s = warpgroup_mma_wait(num_outstanding=0, deps=[s_mma])
         elif t > 0 and t == my_tiles:
-            acc_mma = warpgroup_mma(_p_operand(p, q_nope_smem.dtype, p_layout), _values(v_smem, previous), acc,
-                                    is_async=True)
-            hand_over(their_turn)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc_mma])
+            acc, l_i = _last_p_v(p, v_smem, previous, acc, l_i, ones, p_layout, rows_layout, their_turn, True)
         else:
             hand_over(their_turn)
         if t < num_tiles - 1 or not keeps_last_k:
@@ -433,7 +440,10 @@ def _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_r
                     seen = seen & (keys[None, :] <= (rows + offset)[:, None])
                 s = gl.where(seen, s, float("-inf"))
             p_tile, alpha, m_i = online_softmax(s, m_i, 1, scale_log2)
-            l_i = l_i * alpha + gl.sum(p_tile, 1)
+            if fp8:  # P's row sums come with its P V (`_row_sums`)
+                l_i = l_i * alpha
+            else:
+                l_i = l_i * alpha + gl.sum(p_tile, 1)
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
             p = _p_carried(p_tile, q_nope_smem.dtype, p_layout)
     if EARLY_Q_BACK and HALF == 1:
@@ -446,11 +456,29 @@ def _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_r
         last_count = first_tile + num_tiles - 1
         last = last_count % STAGES
         mbarrier.wait(v_ready.index(last), (last_count // STAGES) & 1)
-        acc_mma = warpgroup_mma(_p_operand(p, q_nope_smem.dtype, p_layout), _values(v_smem, last), acc,
-                                is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc_mma])
+        acc, l_i = _last_p_v(p, v_smem, last, acc, l_i, ones, p_layout, rows_layout, their_turn, False)
         _release_stage(last, V_RING)
     return acc, m_i, l_i
+
+
+@gluon.jit
+def _last_p_v(p, v_smem, stage, acc, l_i, ones, p_layout: gl.constexpr, rows_layout: gl.constexpr, their_turn,
+              HAND_OVER: gl.constexpr):
+    """A warpgroup's P V of its last tile (after it, with HAND_OVER, the turn goes to the other warpgroup), with
+    e4m3 P's row sums (`_row_sums`) added to `l_i`: the output and the running sum once it is done."""
+    p_op = _p_operand(p, v_smem.dtype, p_layout)
+    acc_mma = warpgroup_mma(p_op, _values(v_smem, stage), acc, is_async=True)
+    if _is_fp8(v_smem.dtype):
+        sums_mma = _row_sums(ones, p_op)
+        if HAND_OVER:
+            hand_over(their_turn)
+        acc, sums = warpgroup_mma_wait(num_outstanding=0, deps=[acc_mma, sums_mma])
+        l_i += _row_sums_done(sums, rows_layout)
+    else:
+        if HAND_OVER:
+            hand_over(their_turn)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc_mma])
+    return acc, l_i
 
 
 @gluon.jit
@@ -561,6 +589,39 @@ def _shared_buffers(dtype: gl.constexpr, NOPE_DIM: gl.constexpr, ROPE_DIM: gl.co
 
 
 @gluon.jit
+def _ones_operand(dtype: gl.constexpr, BLOCK_N: gl.constexpr, stand_in):
+    """For e4m3 operands, SUM_COLUMNS x BLOCK_N ones in shared memory (K-major, as wgmma reads 8-bit B), which both
+    consumer warpgroups only read: P times it sums each row of P on the tensor cores (`_row_sums`); 16-bit kernels
+    read none and get `stand_in` back."""
+    if _is_fp8(dtype):
+        ones = gl.allocate_shared_memory(dtype, [SUM_COLUMNS, BLOCK_N],
+                                         gl.NVMMASharedLayout.get_default_for([SUM_COLUMNS, BLOCK_N], dtype))
+        # e4m3 1.0 as its bit pattern: converted from float32 ptxas packs the broadcast pair into half of each word
+        # (F2FP ... MERGE_C with an unrelated register), leaving every other pair of bytes zero (NOTES.md, p32).
+        ones.store(gl.full([SUM_COLUMNS, BLOCK_N], E4M3_ONE, gl.int8, layout=ZERO_T_LAYOUT).to(dtype, bitcast=True))
+        return ones
+    else:
+        return stand_in
+
+
+@gluon.jit
+def _row_sums(ones, p_operand):
+    """Each row's sum of the e4m3 P in `p_operand` (the P V operand), as P times `ones` (`_ones_operand`), issued
+    async; `_row_sums_done` reads it once its wait is done."""
+    sums_layout: gl.constexpr = _accumulator_layout(SUM_COLUMNS, ones.dtype)
+    operand_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=sums_layout, k_width=4)
+    zero = gl.zeros([WARPGROUP_ROWS, SUM_COLUMNS], gl.float32, layout=sums_layout)
+    return warpgroup_mma(gl.convert_layout(p_operand, operand_layout, assert_trivial=True), ones.permute((1, 0)),
+                         zero, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _row_sums_done(sums, rows_layout: gl.constexpr):
+    """`_row_sums`' result (every column holds its row's sum) as one value a row in `rows_layout`."""
+    return gl.convert_layout(gl.max(sums, 1), rows_layout)
+
+
+@gluon.jit
 def mha_prefill_hopper_kernel(
     Q_DESC, QPE_DESC, KN_DESC, KPE_DESC, V_DESC, OUT, LSE, CU_SEQLENS_Q, CU_SEQLENS_K, SCALES, KEY_STARTS,
     scale_log2, stride_q_head, stride_kn_head, stride_v_head, stride_o_tok, stride_o_head, stride_lse_tok,
@@ -578,14 +639,15 @@ def mha_prefill_hopper_kernel(
     num_tiles = _program_tiles(m0, q_len, k_len, BLOCK_N, CAUSAL)
     q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_ready, v_ready = _shared_buffers(
         Q_DESC.block_type.element_ty, NOPE_DIM, ROPE_DIM, V_DIM, BLOCK_N, STAGES, 1)
+    ones = _ones_operand(Q_DESC.block_type.element_ty, BLOCK_N, v_smem)
     fence_async_shared()
     gl.thread_barrier()
 
     gl.warp_specialize([
-        (_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_ready, v_ready,
+        (_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, ones, q_ready, k_ready, v_ready,
                      OUT, LSE, SCALES, q_start, q_len, k_len, m0, head, num_tiles, scale_log2,
                      stride_o_tok, stride_o_head, stride_lse_tok, 0, V_DIM, BLOCK_N, STAGES, CAUSAL, MERGE)),
-        (_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_ready, v_ready,
+        (_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, ones, q_ready, k_ready, v_ready,
                      OUT, LSE, SCALES, q_start, q_len, k_len, m0, head, num_tiles, scale_log2,
                      stride_o_tok, stride_o_head, stride_lse_tok, 1, V_DIM, BLOCK_N, STAGES, CAUSAL, MERGE)),
         (_producer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_ready, v_ready,
@@ -655,7 +717,7 @@ def _read_unit(unit_smem, unit_ready, unit_free, published):
 
 
 @gluon.jit
-def _persistent_consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_read,
+def _persistent_consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, ones, q_ready, q_free, k_ready, v_ready, k_read,
                          unit_smem, unit_ready, unit_free, OUT, LSE, SCALES, num_units, scale_log2, stride_o_tok,
                          stride_o_head, stride_lse_tok,
                          HALF: gl.constexpr, V_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
@@ -676,7 +738,7 @@ def _persistent_consumer(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_re
     unit, head, q_start, q_len, k_len, m0, num_tiles = _read_unit(unit_smem, unit_ready, unit_free, done)
     while unit < num_units:
         q_buffer = done % Q_BUFFERS
-        acc, m_i, l_i = _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready.index(q_buffer),
+        acc, m_i, l_i = _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, ones, q_ready.index(q_buffer),
                                      k_ready, v_ready, q_len, k_len, m0, num_tiles, first_tile,
                                      (done // Q_BUFFERS) & 1, q_buffer, scale_log2, q_free.index(q_buffer), k_read,
                                      HALF, V_DIM, BLOCK_N, STAGES, CAUSAL, EARLY)
@@ -754,6 +816,7 @@ def mha_prefill_hopper_persistent_kernel(
     `q_free` barrier (two arrivals)."""
     q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, k_ready, v_ready = _shared_buffers(
         Q_DESC.block_type.element_ty, NOPE_DIM, ROPE_DIM, V_DIM, BLOCK_N, STAGES, Q_BUFFERS)
+    ones = _ones_operand(Q_DESC.block_type.element_ty, BLOCK_N, v_smem)
     q_free = gl.allocate_shared_memory(gl.int64, [Q_BUFFERS, 1], mbarrier.MBarrierLayout())
     unit_smem = gl.allocate_shared_memory(gl.int32, [2 * UNIT_FIELDS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     unit_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -769,11 +832,11 @@ def mha_prefill_hopper_persistent_kernel(
     gl.thread_barrier()
 
     gl.warp_specialize([
-        (_persistent_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, k_ready, v_ready,
+        (_persistent_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, ones, q_ready, q_free, k_ready, v_ready,
                                 k_read, unit_smem, unit_ready, unit_free, OUT, LSE, SCALES, num_units, scale_log2,
                                 stride_o_tok, stride_o_head, stride_lse_tok,
                                 0, V_DIM, BLOCK_N, STAGES, CAUSAL, MERGE, Q_BUFFERS)),
-        (_persistent_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, q_ready, q_free, k_ready, v_ready,
+        (_persistent_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, ones, q_ready, q_free, k_ready, v_ready,
                                 k_read, unit_smem, unit_ready, unit_free, OUT, LSE, SCALES, num_units, scale_log2,
                                 stride_o_tok, stride_o_head, stride_lse_tok,
                                 1, V_DIM, BLOCK_N, STAGES, CAUSAL, MERGE, Q_BUFFERS)),
@@ -917,7 +980,8 @@ def shared_bytes(nope_dim: int, rope_dim: int, v_dim: int, block_n: int, stages:
     >>> shared_bytes(128, 64, 128, 128, 2), shared_bytes(128, 64, 128, 128, 3) > SHARED_MEMORY_LIMIT
     (214016, True)
     """
-    return element_size * (BLOCK_M * (nope_dim + rope_dim) + stages * block_n * (nope_dim + rope_dim + v_dim)) + 1024
+    ones = int(SUM_COLUMNS) * block_n if element_size == 1 else 0  # `_ones_operand`
+    return element_size * (BLOCK_M * (nope_dim + rope_dim) + stages * block_n * (nope_dim + rope_dim + v_dim)) + ones + 1024
 
 
 def head_rows(x: torch.Tensor) -> Matrix:
