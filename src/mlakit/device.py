@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from typing import Literal
 
@@ -11,6 +12,21 @@ import torch
 from mlakit.errors import ConfigError
 
 DeviceKind = Literal["cpu", "cuda", "xpu"]
+
+
+@functools.cache
+def sm_count(device: torch.device, off_gpu: int | None = None) -> int:
+    """The streaming multiprocessors of CUDA device `device`; off a GPU, `off_gpu` (the count a plan made there
+    assumes), which such callers must give.
+
+    >>> sm_count(torch.device("cpu"), off_gpu=4)
+    4
+    """
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    if off_gpu is None:
+        raise ValueError(f"sm_count: {device} is not a CUDA device and no off_gpu count was given")
+    return off_gpu
 
 # SM counts assumed for a hypothetical device (used by workspace formulas).
 _TYPICAL_SMS = {8: 108, 9: 132, 10: 148, 12: 84}

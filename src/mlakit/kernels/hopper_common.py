@@ -33,12 +33,6 @@ def capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
 
-@functools.cache
-def sm_count(device: torch.device) -> int:
-    """The CUDA device's streaming multiprocessors."""
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 # A matrix as a TMA descriptor reads it: address, dtype, shape and strides.
 Matrix = tuple[int, torch.dtype, tuple[int, int], tuple[int, int]]
 

@@ -67,7 +67,6 @@ from mlakit.kernels.hopper_common import (
     row_piece_layout,
     staged_in_row_pieces,
     serves,
-    sm_count,
     split_range,
     store_lse,
     store_output,
@@ -76,6 +75,7 @@ from mlakit.kernels.hopper_common import (
     work_item,
     zero_rows_from,
 )
+from mlakit.device import sm_count
 from mlakit.cache.kv_quant import FP8_DTYPE, SCALE_PER_TENSOR
 from mlakit.kernels.launch import CachedLaunch
 

@@ -50,10 +50,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from mlakit.kernels.hopper_common import (GLUON_DTYPES, Matrix, capability, finish_rows, matrix_descriptor, no_keys_yet,
-                                          hand_over, named_barrier_at, online_softmax, row_piece_layout, sm_count,
+                                          hand_over, named_barrier_at, online_softmax, row_piece_layout,
                                           staged_in_row_pieces,
                                           take_over, take_unit, zero_rows_from)
 from mlakit.cache.kv_quant import FP8_DTYPE
+from mlakit.device import sm_count
 from mlakit.errors import MLAInputError
 from mlakit.kernels.launch import CachedLaunch
 from mlakit.kernels.triton_prefill import HOPPER_MAX_STAGES, merged_with_earlier, program_segment

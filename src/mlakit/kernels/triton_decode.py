@@ -25,6 +25,7 @@ from mlakit.kernels.interpreter import INTERPRET
 from mlakit.kernels.launch import CachedLaunch
 from mlakit.cache.kv_quant import FP8_DTYPE, SCALE_GROUP, SCALE_NONE, SCALE_PER_GROUP, SCALE_PER_TENSOR
 from mlakit.cache.kv_quant import scale_mode as kv_scale_mode
+from mlakit.device import sm_count
 from mlakit.reference import pages_view
 
 LOG2E = 1.4426950408889634
@@ -243,10 +244,6 @@ MAX_WORK_ROWS = 65535
 MIN_TILES_PER_SPLIT = 2
 
 
-def _num_sms(device: torch.device) -> int:
-    return hopper_common.sm_count(device) if device.type == "cuda" else INTERPRETER_SMS
-
-
 @dataclasses.dataclass(frozen=True)
 class DecodeTuning:
     """Launch shape of the portable kernel. `programs_per_sm` sizes the split plan (how many
@@ -377,7 +374,7 @@ def _plan(
     if tuning.fixed_splits is not None:
         geometry = SplitGeometry(row_tiles=row_tiles, max_splits=tuning.fixed_splits)
     else:
-        sms = num_sms or _num_sms(cache_seqlens.device)
+        sms = num_sms or sm_count(cache_seqlens.device, off_gpu=INTERPRETER_SMS)
         geometry = split_geometry(batch, rows, tuning.block_m, sms, tuning.programs_per_sm)
     if batch * geometry.max_splits > MAX_WORK_ROWS:
         raise ValueError(f"cache_seqlens: {batch} sequences x a split ceiling of {geometry.max_splits} is more work "

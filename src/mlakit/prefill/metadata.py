@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from mlakit.device import sm_count
 from mlakit.errors import MLAInputError, is_int
 
 DEFAULT_PREFIX_CHUNK_TOKENS = 8192
@@ -208,7 +209,7 @@ def _chunk_sharing(new_tokens: tuple[int, ...], prefixes: list[int], heads: int 
     queries = [n for n, p in zip(new_tokens, prefixes) if p]
     if heads is None or not queries:
         return 1
-    sms = _sm_count(device)
+    sms = sm_count(device, off_gpu=DEFAULT_SMS)
     units_per_sequence = heads * math.ceil(sum(queries) / len(queries) / PREFILL_BLOCK_ROWS)
     choices = range(1, len(queries) + 1)
     fills = {shared: _wave_fill(shared * units_per_sequence, sms) for shared in choices}
@@ -224,8 +225,6 @@ def _wave_fill(units: int, sms: int) -> float:
     return units / (math.ceil(units / sms) * sms)
 
 
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else DEFAULT_SMS
 
 
 def _segments(lens: Sequence[int], device: torch.device) -> Segments:
