@@ -11,7 +11,8 @@ EXPERIMENTS = ROOT / "benchmarks" / "experiments"
 
 
 @pytest.mark.parametrize("tool, kernel, stamps", [("seesaw_timeline", "hopper_decode.py", 8),
-                                                 ("prefill_timeline", "hopper_prefill.py", 8)])
+                                                 ("prefill_timeline", "hopper_prefill.py", 8),
+                                                 ("prefill_tile_phases", "hopper_prefill.py", 14)])
 def test_stamped_copy_applies_every_edit(tool, kernel, stamps, tmp_path, monkeypatch):
     """Each tool's `stamp` finds every anchor once in today's kernel source, and the stamped module still parses
     with the stamp calls in it (a moved anchor stops the tool; this catches it before device time is spent)."""
