@@ -28,6 +28,7 @@ def sm_count(device: torch.device, off_gpu: int | None = None) -> int:
         raise ValueError(f"sm_count: {device} is not a CUDA device and no off_gpu count was given")
     return off_gpu
 
+
 # SM counts assumed for a hypothetical device (used by workspace formulas).
 _TYPICAL_SMS = {8: 108, 9: 132, 10: 148, 12: 84}
 _ARCH_PATTERN = re.compile(r"^sm_?(\d+)(\d)a?$")
