@@ -225,8 +225,6 @@ def _wave_fill(units: int, sms: int) -> float:
     return units / (math.ceil(units / sms) * sms)
 
 
-
-
 def _segments(lens: Sequence[int], device: torch.device) -> Segments:
     return Segments(tuple(lens), upload_ints(offsets_of(lens), device, torch.int32))
 
