@@ -11,10 +11,8 @@ from mlakit.kernels.triton_decode import DecodePlan, plan_decode, triton_mla_dec
 
 
 def parse_case(spec: str) -> DecodeCase:
-    """"HEADS,BATCH,SEQLEN|ragged,Q_LEN[,KV_DTYPE]", e.g. "128,64,ragged,2" or "16,16,4096,1,fp8_e4m3"."""
-    fields = spec.split(",")
-    seqlen = None if fields[2] == "ragged" else int(fields[2])
-    return DecodeCase(int(fields[0]), int(fields[1]), seqlen, int(fields[3]), fields[4] if len(fields) > 4 else "bf16")
+    """`DecodeCase.parse`: "HEADS,BATCH,SEQLEN|ragged,Q_LEN[,KV_DTYPE[,PAGE_SIZE]]", e.g. "128,64,ragged,2"."""
+    return DecodeCase.parse(spec)
 
 
 def case_inputs(case: DecodeCase) -> tuple[DecodeInputs, DecodePlan]:

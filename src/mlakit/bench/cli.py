@@ -80,7 +80,7 @@ GRAPHS_JSON = Path("decode_graphs_bench.json")
 @click.option("--heads", "grid_heads", type=int, multiple=True,
               help="Only the grid's cases with these head counts (repeatable; splits a long run into parts; "
                    "--case entries are kept as given).")
-@click.option("--case", "case_specs", multiple=True, help="heads,batch,seqlen|ragged,q_len,kv_dtype,page_size (repeatable).")
+@click.option("--case", "case_specs", multiple=True, help="heads,batch,seqlen|ragged,q_len[,kv_dtype[,page_size]] (repeatable; bf16 and 64 when left out).")
 @click.option("--backends", "backends_spec", default=None,
               help="Comma-separated decode backends to time side by side, e.g. triton,flashmla,flashinfer_mla; ratios are to "
                    "the first. Default: triton, then every other decode backend usable here. Named ones not installed here "
@@ -149,6 +149,10 @@ def decode(
     if graphs:
         settings = _graph_settings(graph_heads, graph_context, graph_q_len, graph_backend, graph_layers, graph_batches, graph_steps,
                                    tp_size, dcp_size, dcp_interleave)
+    try:
+        parsed = [DecodeCase.parse(s) for s in case_specs]
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--case") from exc
     if not torch.cuda.is_available():
         raise click.ClickException("mlakit bench decode needs a CUDA device")
     if settings is not None:
@@ -173,7 +177,7 @@ def decode(
         kernels[name] = _tuned_kernel(fields)
     if not no_baseline:
         kernels["simple"] = _tuned_kernel(SIMPLE_TRITON)
-    cases = [_parse_case(s) for s in case_specs] or [
+    cases = parsed or [
         case for case in default_cases(quick) if not grid_heads or case.heads in grid_heads
     ]
     if not cases:
@@ -272,11 +276,6 @@ def _decode_graphs(settings: GraphBenchSettings, json_path: Path) -> None:
         raise click.ClickException(
             f"graph output differs from eager at batch {bad} (relative error > {graphs_bench.MAX_REL_ERROR}); see {json_path}"
         )
-
-
-def _parse_case(spec: str) -> DecodeCase:
-    heads, batch, seqlen, q_len, kv_dtype, page_size = spec.split(",")
-    return DecodeCase(int(heads), int(batch), None if seqlen == "ragged" else int(seqlen), int(q_len), kv_dtype, int(page_size))
 
 
 @bench.command()

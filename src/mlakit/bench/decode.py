@@ -39,6 +39,33 @@ class DecodeCase:
     kv_dtype: str = "bf16"
     page_size: int = 64
 
+    def __post_init__(self) -> None:
+        counts = {"heads": self.heads, "batch": self.batch, "q_len": self.q_len, "page_size": self.page_size}
+        if self.seqlen is not None:
+            counts["seqlen"] = self.seqlen
+        for name, value in counts.items():
+            if value < 1:
+                raise ValueError(f"case {name}: expected a positive integer, got {value}")
+        if self.kv_dtype not in STORAGE_DTYPES:
+            raise ValueError(f"case kv_dtype: expected one of {', '.join(STORAGE_DTYPES)}, got {self.kv_dtype!r}")
+
+    @classmethod
+    def parse(cls, spec: str) -> DecodeCase:
+        """A case from `heads,batch,seqlen|ragged,q_len[,kv_dtype[,page_size]]` (bf16 and 64 when left out).
+
+        >>> DecodeCase.parse("128,64,ragged,2,fp8_e4m3,64").label, DecodeCase.parse("16,16,4096,1").label
+        ('h128 ragged q2 fp8_e4m3 p64', 'h16 16x4096 q1 bf16 p64')
+        """
+        fields = [f.strip() for f in spec.split(",")]
+        if 4 <= len(fields) <= 6:
+            heads, batch, seqlen, q_len, kv_dtype, page_size = fields + [cls.kv_dtype, str(cls.page_size)][len(fields) - 4:]
+            integers = (heads, batch, q_len, page_size) + (() if seqlen == "ragged" else (seqlen,))
+        if not 4 <= len(fields) <= 6 or not all(f.isdigit() for f in integers):
+            raise ValueError(f"case {spec!r}: expected heads,batch,seqlen|ragged,q_len[,kv_dtype[,page_size]] (integers "
+                             f"but for seqlen 'ragged' and kv_dtype)")
+        return cls(int(heads), int(batch), None if seqlen == "ragged" else int(seqlen), int(q_len), kv_dtype,
+                   int(page_size))
+
     @property
     def label(self) -> str:
         shape = "ragged" if self.seqlen is None else f"{self.batch}x{self.seqlen}"

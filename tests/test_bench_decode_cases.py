@@ -1,0 +1,45 @@
+"""`bench decode --case` specs: parsed into validated `DecodeCase`s before any device work, so a bad spec is refused
+with its field named (also on a machine without a GPU) instead of failing mid-run."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from click.testing import CliRunner
+
+from mlakit.bench.cli import bench
+from mlakit.bench.decode import DecodeCase
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ("128,64,ragged,2,fp8_e4m3,64", DecodeCase(128, 64, None, 2, "fp8_e4m3", 64)),
+    (" 16, 16, 4096, 1, bf16, 16 ", DecodeCase(16, 16, 4096, 1, "bf16", 16)),
+    ("16,16,4096,2", DecodeCase(16, 16, 4096, 2, "bf16", 64)),
+    ("16,16,4096,1,fp8_e4m3", DecodeCase(16, 16, 4096, 1, "fp8_e4m3", 64)),
+])
+def test_a_spec_gives_its_case(spec, expected):
+    assert DecodeCase.parse(spec) == expected
+
+
+SHAPE = "expected heads,batch,seqlen|ragged,q_len[,kv_dtype[,page_size]]"
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("128,64,4096,1,fp8,64", "kv_dtype: expected one of bf16, fp16, fp8_e4m3, fp32, got 'fp8'"),
+    ("128,64,4096", SHAPE),
+    ("128,64,4096,1,bf16,64,7", SHAPE),
+    ("128,ragged,4096,1,bf16,64", SHAPE),
+    ("128,64,4096,1.5,bf16,64", SHAPE),
+    ("128,0,4096,1,bf16,64", "batch: expected a positive integer, got 0"),
+    ("128,4,0,1,bf16,64", "seqlen: expected a positive integer, got 0"),
+])
+def test_a_bad_spec_is_refused_naming_what_is_wrong(spec, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        DecodeCase.parse(spec)
+
+
+def test_the_cli_refuses_a_bad_case_before_any_device_work():
+    result = CliRunner().invoke(bench, ["decode", "--case", "128,64,4096,1,bf16,64", "--case", "128,64,4096,1,fp8,64"])
+    assert result.exit_code == 2, result.output
+    assert "--case" in result.output and "got 'fp8'" in result.output
