@@ -56,13 +56,15 @@ class DecodeCase:
         >>> DecodeCase.parse("128,64,ragged,2,fp8_e4m3,64").label, DecodeCase.parse("16,16,4096,1").label
         ('h128 ragged q2 fp8_e4m3 p64', 'h16 16x4096 q1 bf16 p64')
         """
+        shape = ValueError(f"case {spec!r}: expected heads,batch,seqlen|ragged,q_len[,kv_dtype[,page_size]] (integers "
+                           f"but for seqlen 'ragged' and kv_dtype)")
         fields = [f.strip() for f in spec.split(",")]
-        if 4 <= len(fields) <= 6:
-            heads, batch, seqlen, q_len, kv_dtype, page_size = fields + [cls.kv_dtype, str(cls.page_size)][len(fields) - 4:]
-            integers = (heads, batch, q_len, page_size) + (() if seqlen == "ragged" else (seqlen,))
-        if not 4 <= len(fields) <= 6 or not all(f.isdigit() for f in integers):
-            raise ValueError(f"case {spec!r}: expected heads,batch,seqlen|ragged,q_len[,kv_dtype[,page_size]] (integers "
-                             f"but for seqlen 'ragged' and kv_dtype)")
+        if not 4 <= len(fields) <= 6:
+            raise shape
+        defaults = [cls.kv_dtype, str(cls.page_size)]
+        heads, batch, seqlen, q_len, kv_dtype, page_size = fields + defaults[len(fields) - 4:]
+        if not all(f.isdigit() for f in (heads, batch, q_len, page_size, *([] if seqlen == "ragged" else [seqlen]))):
+            raise shape
         return cls(int(heads), int(batch), None if seqlen == "ragged" else int(seqlen), int(q_len), kv_dtype,
                    int(page_size))
 
