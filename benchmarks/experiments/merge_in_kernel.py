@@ -3,8 +3,10 @@ against the combine kernel, and fixed split counts merged in the kernel (NOTES.m
 benchmark's method, the variants interleaved over several rounds (the run-to-run noise of one case
 reaches 4%). The combine runs where `hopper_decode.MERGE_MAX_SPLITS` is below the plan's split
 ceiling, so setting it to 1 turns the in-kernel merge off; a fixed-split plan's ceiling is its count.
+Every variant gets a plan of its own: a plan keeps the launches it prepared (and with them the merge
+decision), so variants sharing one would all run the first one's.
 
-Usage: python benchmarks/experiments/merge_in_kernel.py HEADS,BATCH,SEQLEN|ragged,Q_LEN[,KV_DTYPE] [...]
+Usage: python benchmarks/experiments/merge_in_kernel.py [--variants=default,merged] HEADS,BATCH,SEQLEN|ragged,Q_LEN[,KV_DTYPE] [...]
 """
 
 import dataclasses
@@ -28,12 +30,11 @@ VARIANTS = {
 
 
 def plan_for(variant: str, spec: str):
-    inputs, default_plan = cases[spec]
+    inputs, _ = cases[spec]
     fixed = VARIANTS[variant][1]
-    if fixed is None:
-        return default_plan
     case = parse_case(spec)
-    tuning = dataclasses.replace(default_tuning(case.heads * case.q_len, hopper_tier=True), fixed_splits=fixed)
+    tuning = None if fixed is None else dataclasses.replace(default_tuning(case.heads * case.q_len, hopper_tier=True),
+                                                           fixed_splits=fixed)
     return plan_decode(inputs.cache_seqlens, q_len=case.q_len, heads=case.heads, kv_dtype=inputs.kv_cache.dtype,
                        tuning=tuning)
 
@@ -44,15 +45,18 @@ def call_for(variant: str, spec: str):
     return decode_call(cases[spec][0], plans[spec, variant])
 
 
-cases = {spec: case_inputs(parse_case(spec)) for spec in sys.argv[1:]}
+arguments = sys.argv[1:]
+if arguments and arguments[0].startswith("--variants="):
+    VARIANTS = {name: VARIANTS[name] for name in arguments.pop(0).split("=", 1)[1].split(",")}
+cases = {spec: case_inputs(parse_case(spec)) for spec in arguments}
 plans = {(spec, variant): plan_for(variant, spec) for spec in cases for variant in VARIANTS}
 for spec in cases:
-    reference_out, reference_lse = call_for("combine", spec)()
+    reference_out, reference_lse = call_for(next(iter(VARIANTS)), spec)()
     for variant in VARIANTS:
         plan = plans[spec, variant]
         out, lse = call_for(variant, spec)()
         print(f"{spec} {variant}: splits {int(plan.num_splits.min())}-{int(plan.num_splits.max())} "
-              f"(ceiling {plan.geometry.max_splits}), against the combine: outputs differ by "
+              f"(ceiling {plan.geometry.max_splits}), against the first variant: outputs differ by "
               f"{(out.float() - reference_out.float()).abs().max().item():.2e}, "
               f"lse by {(lse - reference_lse).abs().nan_to_num().max().item():.2e}")
 torch.cuda.synchronize()

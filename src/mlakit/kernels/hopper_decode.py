@@ -156,9 +156,13 @@ def prepare(key: Hashable, grid: tuple[int, int], q: torch.Tensor, pages: torch.
         constants.update(MERGE=merge, num_warps=4)
         plan_args = (work_state, work_rows, row_tiles, merge_state)
 
+        # The merge follows from the plan's ceiling and MERGE_MAX_SPLITS; named in the key, a kernel compiled under
+        # another MERGE_MAX_SPLITS (an experiment's) is never launched in its place.
+        seesaw_key = (key, merge)
+
         def seesaw(q, pages, kv_scale, shared_args) -> None:
             # 16-bit pages never read KV_SCALE: any tensor fills it.
-            SEESAW(key, programs, (q, *chunk_descriptors(pages, kv_lora_rank), kv_scale if fp8 else work_state,
+            SEESAW(seesaw_key, programs, (q, *chunk_descriptors(pages, kv_lora_rank), kv_scale if fp8 else work_state,
                                    *shared_args, *plan_args), constants)
 
         return seesaw, merge

@@ -1,0 +1,50 @@
+"""Device experiment (NOTES.md v55): the combine launched as a programmatic dependent of the SM90 split pass
+(`triton_decode.COMBINE_AFTER_SPLIT`) against a plain launch, under the benchmark's method (CUDA-graph replay,
+L2 flushed), the variants interleaved over rounds; each variant has its own plan (a plan keeps the launches it
+prepared). Outputs are compared first, and the combine's CUDA time is profiled per variant. Dropped (NOTES.md v56):
+run it on a tree with `patches/v56-combine-as-programmatic-dependent-launch.diff` applied (the flag it toggles).
+
+Usage: python benchmarks/experiments/combine_pdl_ab.py HEADS,BATCH,SEQLEN|ragged,Q_LEN[,KV_DTYPE] [...]
+"""
+
+import sys
+
+import torch
+from cuda_profile import kernel_times
+from decode_case import case_inputs, decode_call, interleaved_times, parse_case
+
+from mlakit.kernels import triton_decode
+from mlakit.kernels.triton_decode import plan_decode
+
+VARIANTS = {"plain": False, "pdl": True}
+
+
+def call_for(variant: str, spec: str):
+    """The case's call with the variant's plan (the flag is read when the plan's first call prepares its launch)."""
+    triton_decode.COMBINE_AFTER_SPLIT = VARIANTS[variant]
+    return decode_call(cases[spec][0], plans[spec, variant])
+
+
+cases = {spec: case_inputs(parse_case(spec)) for spec in sys.argv[1:]}
+plans = {(spec, variant): plan_decode(inputs.cache_seqlens, q_len=parse_case(spec).q_len,
+                                      heads=parse_case(spec).heads, kv_dtype=inputs.kv_cache.dtype)
+         for spec, (inputs, _) in cases.items() for variant in VARIANTS}
+flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+for spec in cases:
+    reference_out, reference_lse = call_for("plain", spec)()
+    for variant in VARIANTS:
+        call = call_for(variant, spec)
+        out, lse = call()
+        torch.cuda.synchronize()
+        plan = plans[spec, variant]
+        profiled = kernel_times(lambda: (flush.zero_(), call()), 10, name_width=40)
+        kernels = ", ".join(f"{name} {us:.2f}" for name, (us, _) in profiled.items() if "elementwise" not in name)
+        print(f"{spec} {variant}: splits {int(plan.num_splits.min())}-{int(plan.num_splits.max())} "
+              f"(ceiling {plan.geometry.max_splits}); against plain: outputs differ by "
+              f"{(out.float() - reference_out.float()).abs().max().item():.2e}, "
+              f"lse by {(lse - reference_lse).abs().nan_to_num().max().item():.2e}; kernels (us, flushed): {kernels}")
+times = interleaved_times(list(VARIANTS), list(cases), call_for)
+for spec in cases:
+    base = min(times[spec, "plain"])
+    print(f"{spec:<22} " + " | ".join(f"{name} {min(times[spec, name]):6.1f} us ({min(times[spec, name]) / base:.3f})"
+                                      for name in VARIANTS))
