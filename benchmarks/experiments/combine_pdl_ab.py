@@ -1,8 +1,7 @@
-"""Device experiment (NOTES.md v55): the combine launched as a programmatic dependent of the SM90 split pass
-(`triton_decode.COMBINE_AFTER_SPLIT`) against a plain launch, under the benchmark's method (CUDA-graph replay,
+"""Device experiment (NOTES.md v56, v56b): the combine launched as a programmatic dependent of the SM90 split pass
+(`triton_decode.COMBINE_AFTER_SPLIT`, where `combine_after_split` allows it) against a plain launch, under the benchmark's method (CUDA-graph replay,
 L2 flushed), the variants interleaved over rounds; each variant has its own plan (a plan keeps the launches it
-prepared). Outputs are compared first, and the combine's CUDA time is profiled per variant. Dropped (NOTES.md v56):
-run it on a tree with `patches/v56-combine-as-programmatic-dependent-launch.diff` applied (the flag it toggles).
+prepared). Outputs are compared first, and the combine's CUDA time is profiled per variant.
 
 Usage: python benchmarks/experiments/combine_pdl_ab.py HEADS,BATCH,SEQLEN|ragged,Q_LEN[,KV_DTYPE] [...]
 """

@@ -27,9 +27,9 @@ STAMP = ("TIMELINE = None  # seesaw_timeline.py: an int64 [programs * 2 * 8] ten
 # (anchor, replacement) pairs applied in order to hopper_decode.py; each anchor must occur exactly once.
 EDITS = (
     ("@gluon.jit\ndef _separate_barriers(", STAMP + "@gluon.jit\ndef _separate_barriers("),
-    ("    num_splits, scale_log2, kv_scale, OUT, LSE, PART_OUT, PART_LSE, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,\n"
+    ("    num_splits, scale_log2, kv_scale, OUT, LSE, PART_OUT, PART_LSE, OUT_STRIDES, LSE_STRIDES, PART_STRIDES, last,\n"
      "    HEADS: gl.constexpr,",
-     "    num_splits, scale_log2, kv_scale, OUT, LSE, PART_OUT, PART_LSE, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,\n"
+     "    num_splits, scale_log2, kv_scale, OUT, LSE, PART_OUT, PART_LSE, OUT_STRIDES, LSE_STRIDES, PART_STRIDES, last,\n"
      "    TL, slot, HEADS: gl.constexpr,"),
     ("    num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES,\n    HEADS: gl.constexpr,",
      "    num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES, TL, slot,\n    HEADS: gl.constexpr,"),
@@ -47,16 +47,18 @@ EDITS = (
     ("        tile = unit % row_tiles\n        if split < num_splits and tile * BLOCK_M < q_len * HEADS:\n",
      "        tile = unit % row_tiles\n        slot = gl.program_id(0) * 2 + gl.minimum(units_done - 1, 1)\n"
      "        _stamp(KV_SCALE, slot, 0)\n        if split < num_splits and tile * BLOCK_M < q_len * HEADS:\n"),
-    ("                LSE_STRIDES, PART_STRIDES, HEADS, PAGE_SIZE, KV_LORA_RANK)\n            if MERGE",
-     "                LSE_STRIDES, PART_STRIDES, KV_SCALE, slot, HEADS, PAGE_SIZE, KV_LORA_RANK)\n            if MERGE"),
+    ("                LSE_STRIDES, PART_STRIDES, (next_unit >= units) & (not ragged), HEADS, PAGE_SIZE, KV_LORA_RANK)\n"
+     "            if MERGE",
+     "                LSE_STRIDES, PART_STRIDES, (next_unit >= units) & (not ragged), KV_SCALE, slot, HEADS, PAGE_SIZE,"
+     " KV_LORA_RANK)\n            if MERGE"),
     ("    OUT, LSE, PART_OUT, PART_LSE, scale_log2, kv_scale, Q_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, "
-     "PART_STRIDES,\n    HEADS: gl.constexpr,",
+     "PART_STRIDES,\n    last, HEADS: gl.constexpr,",
      "    OUT, LSE, PART_OUT, PART_LSE, scale_log2, kv_scale, Q_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, "
-     "PART_STRIDES,\n    TL, slot, HEADS: gl.constexpr,"),
+     "PART_STRIDES,\n    last, TL, slot, HEADS: gl.constexpr,"),
     ("    fence_async_shared()\n    gl.thread_barrier()\n\n    m_even, scale_even",
      "    fence_async_shared()\n    gl.thread_barrier()\n    _stamp(TL, slot, 1)\n\n    m_even, scale_even"),
-    ("            PART_STRIDES, HEADS, PAGE_SIZE, KV_LORA_RANK)),",
-     "            PART_STRIDES, TL, slot, HEADS, PAGE_SIZE, KV_LORA_RANK)),"),
+    ("            PART_STRIDES, last, HEADS, PAGE_SIZE, KV_LORA_RANK)),",
+     "            PART_STRIDES, last, TL, slot, HEADS, PAGE_SIZE, KV_LORA_RANK)),"),
     ("            num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES,\n            HEADS, PAGE_SIZE, "
      "KV_LORA_RANK)),",
      "            num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES,\n            TL, slot, HEADS, "

@@ -228,6 +228,14 @@ def take_over(BARRIER: gl.constexpr):
 
 
 @gluon.jit
+def launch_dependents():
+    """`griddepcontrol.launch_dependents`: a programmatic dependent launch of this kernel may begin once every
+    program has executed it (or exited); the dependent still waits for this kernel's end to read its results."""
+    gl.inline_asm_elementwise("griddepcontrol.launch_dependents;\n mov.u32 $0, 0;", "=r,r", [gl.program_id(0)],
+                              dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def named_barrier_at(barrier, OP: gl.constexpr, THREADS: gl.constexpr):
     """`bar.OP` ("arrive" or "sync") on the named barrier whose id `barrier` is known at run time only, for
     THREADS threads in all (a multiple of 32)."""

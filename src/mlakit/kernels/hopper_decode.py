@@ -61,6 +61,7 @@ from mlakit.kernels.hopper_common import (
     finish_rows,
     hand_over,
     fp16_row_factor,
+    launch_dependents,
     no_keys_yet,
     online_softmax,
     row_descriptors,
@@ -766,7 +767,7 @@ def _seesaw_even_partition(
     q_lat_all, q_rope_smem, k_lat_smem, slots, chunk_ready,
     m_even, scale_even, m_odd, scale_odd, sum_odd, final_rows, query_unscale,
     CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, b, split,
-    num_splits, scale_log2, kv_scale, OUT, LSE, PART_OUT, PART_LSE, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
+    num_splits, scale_log2, kv_scale, OUT, LSE, PART_OUT, PART_LSE, OUT_STRIDES, LSE_STRIDES, PART_STRIDES, last,
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr,
 ):
     """Warpgroup 0: S and the softmax of the even tiles (stage 0), output columns of the left half.
@@ -836,6 +837,8 @@ def _seesaw_even_partition(
             _load_chunks(CHUNK_DESC, ROPE_DESC, next_odd, chunk_ready, 1, k1, slots.index(1), 0, lat_chunks // 2, True,
                          t0 + 3 < num_tiles)
 
+    if last:
+        launch_dependents()
     lse, inv_l = finish_rows(m_i, l_i)
     if FP8:
         inv_l = inv_l * kv_scale
@@ -963,7 +966,9 @@ def mla_decode_hopper_seesaw_kernel(
     fill in where programs finish first), otherwise in snake order (program p's second unit is the p-th
     from the end of the second round, ...), each unit's plan entry loaded while the one before runs
     (NOTES.md v30). With MERGE, a split's partial is counted in MERGE_STATE once written, and the program
-    that writes a sequence's last split merges the partials (`_merge_if_last`) instead of a combine kernel.
+    that writes a sequence's last split merges the partials (`_merge_if_last`) instead of a combine kernel;
+    otherwise a program past its last unit's tile loop lets the combine launch (`launch_dependents`, non-ragged
+    plans; ragged ones let it launch as the programs exit).
     Arguments as `mla_decode_hopper_split_kernel`'s, with the cache's chunk TMA descriptors and, for fp8 pages
     (each chunk loaded into the first half of its 16-bit place and converted there by the warpgroup whose
     S reads it first, NOTES.md v43), the one-element scale KV_SCALE.
@@ -1009,7 +1014,7 @@ def mla_decode_hopper_seesaw_kernel(
                 q_lat_all, q_rope_smem, k_lat_smem, slots, rows_smem, chunk_ready,
                 Q, CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, seqlen, b, split, num_splits, first_token,
                 q_len, tile, OUT, LSE, PART_OUT, PART_LSE, scale_log2, kv_scale, Q_STRIDES, stride_bt_b, OUT_STRIDES,
-                LSE_STRIDES, PART_STRIDES, HEADS, PAGE_SIZE, KV_LORA_RANK)
+                LSE_STRIDES, PART_STRIDES, (next_unit >= units) & (not ragged), HEADS, PAGE_SIZE, KV_LORA_RANK)
             if MERGE and num_splits > 1:
                 _merge_if_last(WORK, unit, row_tiles, MERGE_STATE, OUT, LSE, PART_OUT, PART_LSE,
                                OUT_STRIDES, LSE_STRIDES, PART_STRIDES, HEADS, KV_LORA_RANK)
@@ -1121,7 +1126,7 @@ def _seesaw_unit(
     q_lat_all, q_rope_smem, k_lat_smem, slots, rows_smem, chunk_ready,
     Q, CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, seqlen, b, split, num_splits, first_token, q_len, tile,
     OUT, LSE, PART_OUT, PART_LSE, scale_log2, kv_scale, Q_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
-    HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr,
+    last, HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr,
 ):
     """One unit of the seesaw kernel (a split's row tile), on chunk barriers initialized for it and
     invalidated after it: Q and the first two tiles loaded, then the two warpgroups' partitions."""
@@ -1157,7 +1162,7 @@ def _seesaw_unit(
             CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, b, split,
             num_splits, scale_log2, kv_scale, OUT, LSE, PART_OUT, PART_LSE,
             OUT_STRIDES, LSE_STRIDES,
-            PART_STRIDES, HEADS, PAGE_SIZE, KV_LORA_RANK)),
+            PART_STRIDES, last, HEADS, PAGE_SIZE, KV_LORA_RANK)),
         (_seesaw_odd_partition, (
             q_lat_all, q_rope_smem, k_lat_smem, slots, chunk_ready,
             m_even, scale_even, m_odd, scale_odd, sum_odd, final_rows, query_unscale,

@@ -18,6 +18,7 @@ from collections.abc import Callable
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 from mlakit.kernels import hopper_common, hopper_decode, hopper_narrow_decode
 from mlakit.kernels.decode_split_plan import WORK_FIELDS, SplitGeometry, decode_split_counts, split_geometry
@@ -157,17 +158,28 @@ def _lse_pointers(LSE, LSE_STRIDES, first_token, b, draft, head):
     return LSE + first_token * stride_cu + b * stride_b + draft * stride_draft + head * stride_head
 
 
+# Behind the SM90 split passes the combine is a programmatic dependent launch (`combine_after_split`): it loads the
+# plan's entries while the split pass ends and waits in `griddepcontrol.wait` for its partials (NOTES.md v56b).
+COMBINE_AFTER_SPLIT = True
+
+
 @triton.jit
 def _mla_decode_combine_kernel(
     PART_OUT, PART_LSE, NUM_SPLITS, CU_SEQLENS_Q, OUT, LSE, PART_STRIDES, OUT_STRIDES, LSE_STRIDES,
     HEADS: tl.constexpr, KV_LORA_RANK: tl.constexpr,
-    BLOCK_SPLITS: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_C: tl.constexpr,
+    BLOCK_SPLITS: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_C: tl.constexpr, AFTER_SPLIT: tl.constexpr = False,
 ):
+    """Merges the split sequences' partials by lse. With AFTER_SPLIT (launched as a programmatic dependent of the
+    split pass, SM90), the plan's entries load while the split pass ends, and the partials only once it has; every
+    program waits for it, those with nothing to merge too: this launch must not end before the split pass, whose
+    outputs the next kernel reads (in a CUDA graph it depends on this launch alone)."""
     b = tl.program_id(0)
     row_block = tl.program_id(1)
     num_splits = tl.load(NUM_SPLITS + b)
     first_token = tl.load(CU_SEQLENS_Q + b)
     q_len = tl.load(CU_SEQLENS_Q + b + 1) - first_token
+    if AFTER_SPLIT:
+        gdc_wait()
     if num_splits <= 1 or row_block * BLOCK_ROWS >= q_len * HEADS:
         return
     rows = row_block * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
@@ -235,6 +247,22 @@ def combine_tiling(max_splits: int, kv_lora_rank: int) -> CombineTiling:
         rows = max(1, COMBINE_VALUES // (COMBINE_BATCH_SPLITS_PER_STEP * columns))
         return CombineTiling(COMBINE_BATCH_SPLITS_PER_STEP, rows, columns)
     return CombineTiling(COMBINE_SPLITS_PER_STEP, 1, min(128, triton.next_power_of_2(kv_lora_rank)))
+
+
+def combine_after_split(kernel: str, max_rows: int, max_splits: int) -> bool:
+    """Whether the combine runs as a programmatic dependent launch of the split pass: behind the SM90 kernels
+    ("hopper", "narrow"; the seesaw lets it launch once each program's last tile loop is done, the others as they
+    exit), except where it walks more than 64 query rows one row at a time (split ceilings above
+    2 x COMBINE_SPLITS_PER_STEP: 128 heads at batch 1 measured 3-7% slower so; the other measured cases level to
+    5% faster; H100, NOTES.md v56b).
+
+    >>> combine_after_split("hopper", 16, 396), combine_after_split("hopper", 128, 25)
+    (True, True)
+    >>> combine_after_split("hopper", 128, 198), combine_after_split("portable", 16, 25)
+    (False, False)
+    """
+    whole_rows = max_splits <= 2 * COMBINE_SPLITS_PER_STEP
+    return COMBINE_AFTER_SPLIT and kernel in ("narrow", "hopper") and (whole_rows or max_rows <= 64)
 
 
 # The split kernels' grid holds one row per work item of the plan (sequences x split ceiling).
@@ -629,14 +657,17 @@ def _prepare_launch(
                                               geometry.max_splits)
     else:
         split = _portable_split(key, grid, q, pages, kv_lora_rank, tuning, scale_mode, scale_strides)
+    after_split = combine_after_split(kernel, max_rows, geometry.max_splits)
     combine_constants = dict(HEADS=heads, KV_LORA_RANK=kv_lora_rank, BLOCK_SPLITS=tiling.splits,
-                             BLOCK_ROWS=tiling.rows, BLOCK_C=tiling.columns, num_warps=4)
+                             BLOCK_ROWS=tiling.rows, BLOCK_C=tiling.columns, AFTER_SPLIT=after_split,
+                             launch_pdl=after_split, num_warps=4)
     combines = geometry.max_splits > 1 and not merged
+    combine_key = (key, after_split)
 
     def run(q, pages, block_table, cache_seqlens, kv_scale, scale_log2, out, lse) -> None:
         split(q, pages, kv_scale, (block_table, cache_seqlens, plan.work, out, lse, part_out, part_lse, scale_log2, *strides))
         if combines:
-            _COMBINE(key, combine_grid, (part_out, part_lse, plan.num_splits, plan.cu_seqlens_q, out, lse, part_strides,
+            _COMBINE(combine_key, combine_grid, (part_out, part_lse, plan.num_splits, plan.cu_seqlens_q, out, lse, part_strides,
                                          out_strides, lse_strides), combine_constants)
 
     return run

@@ -1,0 +1,26 @@
+"""Device experiment: our decode call and FlashMLA's, kernel by kernel, on the same inputs (CUDA time per kernel from
+torch.profiler, the L2 flushed before each call), beside each call's CUDA-graph replay time. Tells which part of a
+call (main kernel, combine, launches) makes a gap to FlashMLA.
+
+Usage, with FlashMLA built (`scripts/build_flashmla.py`) and on PYTHONPATH:
+    python benchmarks/experiments/peer_kernel_breakdown.py 16,16,4096,1 128,64,1024,1
+"""
+
+import sys
+
+import torch
+from cuda_profile import kernel_times
+from decode_case import case_inputs, decode_call, parse_case
+
+from mlakit.bench.decode import time_graph_replay
+from mlakit.bench.peers import _flashmla_call
+
+flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+for spec in sys.argv[1:]:
+    inputs, plan = case_inputs(parse_case(spec))
+    for name, call in (("mlakit", decode_call(inputs, plan)), ("flashmla", _flashmla_call(inputs))):
+        call()
+        graph_us = time_graph_replay(call)
+        kernels = kernel_times(lambda: (flush.zero_(), call()), 20, name_width=48)
+        parts = ", ".join(f"{kernel} {us:.2f}" for kernel, (us, _) in kernels.items() if "elementwise" not in kernel)
+        print(f"{spec:<16} {name:<9} graph {graph_us:6.1f} us; kernels (us): {parts}", flush=True)
