@@ -8,7 +8,9 @@ Units (a sequence's token range) go to programs either as the split plan has the
 one-round launches), or as finer units taken dynamically with the load pipeline running on across units.
 So the table answers, per case: what the load structure alone costs (DELAY 0), what it costs with the
 seesaw's compute per tile (~1.8 us of 64 padded rows at 16 heads) or the narrow kernel's (a quarter), and
-which structure would reach FlashMLA's time.
+which structure would reach FlashMLA's time. With `--evict-first`, every structure also runs with its TMA loads
+carrying an L2 evict-first cache hint, as FlashMLA's do (Gluon's TMA copy takes no hint: the compiled kernel's PTX is
+edited and assembled again before its first launch).
 
 Usage, from the repository root on an SM90 device:
     python benchmarks/experiments/load_structure_probe.py --out results.json 16,16,4096,1 16,64,1024,1
@@ -17,11 +19,15 @@ Usage, from the repository root on an SM90 device:
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import click
 import torch
+from triton.backends.nvidia.compiler import get_ptxas
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
@@ -34,9 +40,7 @@ from mlakit.bench.ceilings import measure_ceilings  # noqa: E402
 from mlakit.bench.decode import anchor_times, environment, time_graph_replay  # noqa: E402
 from mlakit.bench.timing import median_ms  # noqa: E402
 from mlakit.device import sm_count  # noqa: E402
-from mlakit.kernels import hopper_decode  # noqa: E402
 from mlakit.kernels.hopper_common import matrix_descriptor  # noqa: E402
-from mlakit.kernels.triton_decode import plan_decode  # noqa: E402
 
 CHUNK = gl.constexpr(64)
 WIDTH = gl.constexpr(576)
@@ -90,7 +94,8 @@ def _issue(DESC, BLOCK_TABLE, UNITS, TAKEN, ring, ready, stage, unit, b, tok, en
 @gluon.jit
 def load_probe_kernel(DESC, BLOCK_TABLE, UNITS, TAKEN, SINK, num_units, stride_bt,
                       TILE: gl.constexpr, STAGES: gl.constexpr, DELAY: gl.constexpr, PAGE_SIZE: gl.constexpr,
-                      DYNAMIC: gl.constexpr):
+                      DYNAMIC: gl.constexpr, EVICT_FIRST: gl.constexpr):
+    """EVICT_FIRST changes nothing here: it keys the compiled kernel whose PTX `with_evict_first` edits."""
     programs = gl.num_programs(0)
     chunks: gl.constexpr = WIDTH // CHUNK
     layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([TILE, CHUNK], gl.bfloat16)
@@ -126,6 +131,31 @@ def load_probe_kernel(DESC, BLOCK_TABLE, UNITS, TAKEN, SINK, num_units, stride_b
         consumed += 1
     gl.store(SINK + gl.program_id(0), gl.sum(gl.sum(total, 1), 0))
     gl.atomic_add(SINK + programs, consumed)
+
+
+POLICY = "%evict_first_policy"
+TMA_LOAD = re.compile(r"(cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global\.mbarrier::complete_tx::bytes)"
+                      r"( \[[^\]]+\], \[[^\]]+\], \[[^\]]+\]);")
+ENTRY_REGISTERS = re.compile(r"(\.entry [^{]*\{\n(?:\t\.reg [^\n]+\n)+)")
+
+
+def with_evict_first(ptx: str) -> str:
+    """The PTX with every TMA tile load carrying an L2 cache-hint operand: a policy made once at the entry by
+    `createpolicy.fractional.L2::evict_first` (fraction 1.0)."""
+    ptx, loads = TMA_LOAD.subn(rf"\1.L2::cache_hint\2, {POLICY};", ptx)
+    ptx, entries = ENTRY_REGISTERS.subn(
+        rf"\1\t.reg .b64 \t{POLICY};\n\tcreatepolicy.fractional.L2::evict_first.b64 \t{POLICY}, 1.0;\n", ptx, count=1)
+    assert loads and entries == 1, (loads, entries)
+    return ptx
+
+
+def assemble(ptx: str) -> bytes:
+    """sm_90a cubin of `ptx` by Triton's own ptxas."""
+    with tempfile.TemporaryDirectory() as tmp:
+        source, binary = Path(tmp, "k.ptx"), Path(tmp, "k.cubin")
+        source.write_text(ptx)
+        subprocess.run([get_ptxas(90).path, "--gpu-name=sm_90a", "-o", str(binary), str(source)], check=True)
+        return binary.read_bytes()
 
 
 def plan_units(seqlens: list[int], splits: list[int]) -> list[tuple[int, int, int]]:
@@ -172,9 +202,9 @@ STRUCTURES = {
 @click.argument("cases", nargs=-1, required=True)
 @click.option("--delays", default="0,900,3400", help="Spin cycles per 64 tokens.")
 @click.option("--structures", default=",".join(STRUCTURES))
-@click.option("--merge-all", is_flag=True, help="Also time our decode with every split plan merged in kernel.")
+@click.option("--evict-first", is_flag=True, help="Also run each structure with evict-first TMA loads.")
 @click.option("--out", type=click.Path(path_type=Path), default=None)
-def main(cases: tuple[str, ...], delays: str, structures: str, merge_all: bool, out: Path | None) -> None:
+def main(cases: tuple[str, ...], delays: str, structures: str, evict_first: bool, out: Path | None) -> None:
     device = torch.device("cuda")
     ceilings = measure_ceilings(device)
     anchors, _ = anchor_times()
@@ -195,16 +225,8 @@ def main(cases: tuple[str, ...], delays: str, structures: str, merge_all: bool, 
         kernels = flushed_kernel_times(decode_call(inputs, plan))
         rows.append(dict(case=spec, structure="mlakit decode (graph replay)", time_us=ours_us, kernels_us=kernels))
         print(f"{spec:<16} our decode {ours_us:7.1f} us (graph replay, flushed); kernels {kernels}", flush=True)
-        if merge_all:
-            default_ceiling, hopper_decode.MERGE_MAX_SPLITS = hopper_decode.MERGE_MAX_SPLITS, 1 << 10
-            merging = plan_decode(inputs.cache_seqlens, q_len=case.q_len, heads=case.heads, kv_dtype=pages.dtype)
-            merged_us = time_graph_replay(decode_call(inputs, merging))
-            kernels = flushed_kernel_times(decode_call(inputs, merging))
-            hopper_decode.MERGE_MAX_SPLITS = default_ceiling
-            rows.append(dict(case=spec, structure="mlakit decode, every split plan merged in kernel",
-                             time_us=merged_us, kernels_us=kernels))
-            print(f"{spec:<16} merged in kernel {merged_us:7.1f} us; kernels {kernels}", flush=True)
-        for name in structures.split(","):
+        variants = [(name, hint) for name in structures.split(",") for hint in ((False, True) if evict_first else (False,))]
+        for name, hint in variants:
             kind, tile, stages, dynamic = STRUCTURES[name]
             units = plan_units(seqlens, splits) if kind == "plan" else fine_units(seqlens, kind)
             unit_tensor = torch.tensor(units, dtype=torch.int32, device=device).reshape(-1)
@@ -214,27 +236,35 @@ def main(cases: tuple[str, ...], delays: str, structures: str, merge_all: bool, 
                 taken = torch.zeros(1 << 16, dtype=torch.int32, device=device)
                 sink = torch.zeros(programs + 1, dtype=torch.float32, device=device)
                 calls = [0]
+                constants = dict(TILE=tile, STAGES=stages, DELAY=delay, PAGE_SIZE=pages.shape[1], DYNAMIC=dynamic,
+                                 EVICT_FIRST=hint, num_warps=4)
 
                 def call():
-                    slot = taken[calls[0] % taken.numel():]
+                    # A fresh counter per call, 16-byte aligned (the kernel is specialized on that, and patched once).
+                    slot = taken[calls[0] * 4 % taken.numel():]
                     calls[0] += 1
                     load_probe_kernel[(programs,)](
                         desc, inputs.block_table, unit_tensor, slot, sink, len(units), inputs.block_table.stride(0),
-                        TILE=tile, STAGES=stages, DELAY=delay, PAGE_SIZE=pages.shape[1], DYNAMIC=dynamic,
-                        num_warps=4)
+                        **constants)
 
+                if hint:
+                    compiled = load_probe_kernel.warmup(
+                        desc, inputs.block_table, unit_tensor, taken, sink, len(units), inputs.block_table.stride(0),
+                        grid=(programs,), **constants)
+                    if compiled.module is None:
+                        compiled.kernel = assemble(with_evict_first(compiled.asm["ptx"]))
                 call()
                 torch.cuda.synchronize()
                 expected = sum(-(-(e - t) // tile) for _, t, e in units)
                 assert int(sink[programs].item()) == expected, (int(sink[programs].item()), expected)
                 us = median_ms(call, rep_ms=200) * 1e3
                 kernel_us = next(us for name, us in flushed_kernel_times(call).items() if "load_probe" in name)
-                row = dict(case=spec, structure=name, delay_cycles=delay, units=len(units), time_us=us,
+                row = dict(case=spec, structure=name, evict_first=hint, delay_cycles=delay, units=len(units), time_us=us,
                            kernel_us=kernel_us,
                            read_tb_per_s=cache_bytes / us / 1e6,
                            read_over_copy=cache_bytes / us / 1e3 / ceilings.copy_gb_per_s)
                 rows.append(row)
-                print(f"{spec:<16} {name:<15} delay {delay:5d}  units {len(units):5d}  {us:7.1f} us  "
+                print(f"{spec:<16} {name:<15} {'ef' if hint else '  '} delay {delay:5d}  units {len(units):5d}  {us:7.1f} us  "
                       f"kernel {kernel_us:6.1f} us  {row['read_tb_per_s']:.2f} TB/s  {row['read_over_copy']:.2f} of copy", flush=True)
         print(f"{spec}: anchors {anchor}", flush=True)
     if out:
