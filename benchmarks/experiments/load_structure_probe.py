@@ -19,15 +19,11 @@ Usage, from the repository root on an SM90 device:
 from __future__ import annotations
 
 import json
-import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import click
 import torch
-from triton.backends.nvidia.compiler import get_ptxas
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
@@ -35,6 +31,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 sys.path.insert(0, str(Path(__file__).parent))
 from cuda_profile import kernel_times  # noqa: E402
 from decode_case import case_inputs, decode_call, parse_case  # noqa: E402
+from evict_first import patch  # noqa: E402
 
 from mlakit.bench.ceilings import measure_ceilings  # noqa: E402
 from mlakit.bench.decode import anchor_times, environment, time_graph_replay  # noqa: E402
@@ -95,7 +92,7 @@ def _issue(DESC, BLOCK_TABLE, UNITS, TAKEN, ring, ready, stage, unit, b, tok, en
 def load_probe_kernel(DESC, BLOCK_TABLE, UNITS, TAKEN, SINK, num_units, stride_bt,
                       TILE: gl.constexpr, STAGES: gl.constexpr, DELAY: gl.constexpr, PAGE_SIZE: gl.constexpr,
                       DYNAMIC: gl.constexpr, EVICT_FIRST: gl.constexpr):
-    """EVICT_FIRST changes nothing here: it keys the compiled kernel whose PTX `with_evict_first` edits."""
+    """EVICT_FIRST changes nothing here: it keys the compiled kernel whose PTX `evict_first.patch` edits."""
     programs = gl.num_programs(0)
     chunks: gl.constexpr = WIDTH // CHUNK
     layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([TILE, CHUNK], gl.bfloat16)
@@ -131,31 +128,6 @@ def load_probe_kernel(DESC, BLOCK_TABLE, UNITS, TAKEN, SINK, num_units, stride_b
         consumed += 1
     gl.store(SINK + gl.program_id(0), gl.sum(gl.sum(total, 1), 0))
     gl.atomic_add(SINK + programs, consumed)
-
-
-POLICY = "%evict_first_policy"
-TMA_LOAD = re.compile(r"(cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global\.mbarrier::complete_tx::bytes)"
-                      r"( \[[^\]]+\], \[[^\]]+\], \[[^\]]+\]);")
-ENTRY_REGISTERS = re.compile(r"(\.entry [^{]*\{\n(?:\t\.reg [^\n]+\n)+)")
-
-
-def with_evict_first(ptx: str) -> str:
-    """The PTX with every TMA tile load carrying an L2 cache-hint operand: a policy made once at the entry by
-    `createpolicy.fractional.L2::evict_first` (fraction 1.0)."""
-    ptx, loads = TMA_LOAD.subn(rf"\1.L2::cache_hint\2, {POLICY};", ptx)
-    ptx, entries = ENTRY_REGISTERS.subn(
-        rf"\1\t.reg .b64 \t{POLICY};\n\tcreatepolicy.fractional.L2::evict_first.b64 \t{POLICY}, 1.0;\n", ptx, count=1)
-    assert loads and entries == 1, (loads, entries)
-    return ptx
-
-
-def assemble(ptx: str) -> bytes:
-    """sm_90a cubin of `ptx` by Triton's own ptxas."""
-    with tempfile.TemporaryDirectory() as tmp:
-        source, binary = Path(tmp, "k.ptx"), Path(tmp, "k.cubin")
-        source.write_text(ptx)
-        subprocess.run([get_ptxas(90).path, "--gpu-name=sm_90a", "-o", str(binary), str(source)], check=True)
-        return binary.read_bytes()
 
 
 def plan_units(seqlens: list[int], splits: list[int]) -> list[tuple[int, int, int]]:
@@ -252,7 +224,7 @@ def main(cases: tuple[str, ...], delays: str, structures: str, evict_first: bool
                         desc, inputs.block_table, unit_tensor, taken, sink, len(units), inputs.block_table.stride(0),
                         grid=(programs,), **constants)
                     if compiled.module is None:
-                        compiled.kernel = assemble(with_evict_first(compiled.asm["ptx"]))
+                        patch(compiled)
                 call()
                 torch.cuda.synchronize()
                 expected = sum(-(-(e - t) // tile) for _, t, e in units)
