@@ -230,7 +230,8 @@ def take_over(BARRIER: gl.constexpr):
 @gluon.jit
 def launch_dependents():
     """`griddepcontrol.launch_dependents`: a programmatic dependent launch of this kernel may begin once every
-    program has executed it (or exited); the dependent still waits for this kernel's end to read its results."""
+    program has executed it (or exited); the dependent must wait (`griddepcontrol.wait`) before reading its results."""
+    # Inline assembly needs an operand: the program id stands in.
     gl.inline_asm_elementwise("griddepcontrol.launch_dependents;\n mov.u32 $0, 0;", "=r,r", [gl.program_id(0)],
                               dtype=gl.int32, is_pure=False, pack=1)
 

@@ -966,9 +966,9 @@ def mla_decode_hopper_seesaw_kernel(
     fill in where programs finish first), otherwise in snake order (program p's second unit is the p-th
     from the end of the second round, ...), each unit's plan entry loaded while the one before runs
     (NOTES.md v30). With MERGE, a split's partial is counted in MERGE_STATE once written, and the program
-    that writes a sequence's last split merges the partials (`_merge_if_last`) instead of a combine kernel;
-    otherwise a program past its last unit's tile loop lets the combine launch (`launch_dependents`, non-ragged
-    plans; ragged ones let it launch as the programs exit).
+    that writes a sequence's last split merges the partials (`_merge_if_last`) instead of a combine kernel. In a
+    non-ragged plan a program past its last unit's tile loop executes `launch_dependents` (only a combine launched
+    behind this kernel reacts to it); in a ragged one the programs let it launch as they exit.
     Arguments as `mla_decode_hopper_split_kernel`'s, with the cache's chunk TMA descriptors and, for fp8 pages
     (each chunk loaded into the first half of its 16-bit place and converted there by the warpgroup whose
     S reads it first, NOTES.md v43), the one-element scale KV_SCALE.
@@ -1009,12 +1009,14 @@ def mla_decode_hopper_seesaw_kernel(
                          + gl.where(units_done % 2 == 0, gl.program_id(0), programs - 1 - gl.program_id(0)))
         next_work = _unit_work(WORK, SEQLENS, next_unit, row_tiles, work_rows)
         tile = unit % row_tiles
+        # A ragged plan's next unit is taken only after this one.
+        last = (next_unit >= units) & (not ragged)
         if split < num_splits and tile * BLOCK_M < q_len * HEADS:
             _seesaw_unit(
                 q_lat_all, q_rope_smem, k_lat_smem, slots, rows_smem, chunk_ready,
                 Q, CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, seqlen, b, split, num_splits, first_token,
                 q_len, tile, OUT, LSE, PART_OUT, PART_LSE, scale_log2, kv_scale, Q_STRIDES, stride_bt_b, OUT_STRIDES,
-                LSE_STRIDES, PART_STRIDES, (next_unit >= units) & (not ragged), HEADS, PAGE_SIZE, KV_LORA_RANK)
+                LSE_STRIDES, PART_STRIDES, last, HEADS, PAGE_SIZE, KV_LORA_RANK)
             if MERGE and num_splits > 1:
                 _merge_if_last(WORK, unit, row_tiles, MERGE_STATE, OUT, LSE, PART_OUT, PART_LSE,
                                OUT_STRIDES, LSE_STRIDES, PART_STRIDES, HEADS, KV_LORA_RANK)

@@ -158,8 +158,9 @@ def _lse_pointers(LSE, LSE_STRIDES, first_token, b, draft, head):
     return LSE + first_token * stride_cu + b * stride_b + draft * stride_draft + head * stride_head
 
 
-# Behind the SM90 split passes the combine is a programmatic dependent launch (`combine_after_split`): it loads the
-# plan's entries while the split pass ends and waits in `griddepcontrol.wait` for its partials (NOTES.md v56b).
+# Whether the combine may run as a programmatic dependent launch of the SM90 split passes (`combine_after_split` says
+# where): it loads the plan's entries while the split pass ends and waits in `griddepcontrol.wait` for its partials
+# (NOTES.md v56b). Experiments set it False for a plain launch (combine_pdl_ab.py).
 COMBINE_AFTER_SPLIT = True
 
 
@@ -242,27 +243,37 @@ def combine_tiling(max_splits: int, kv_lora_rank: int) -> CombineTiling:
     >>> combine_tiling(max_splits=9, kv_lora_rank=512)
     CombineTiling(splits=4, rows=2, columns=512)
     """
-    if max_splits <= 2 * COMBINE_SPLITS_PER_STEP:
+    if _whole_rows(max_splits):
         columns = triton.next_power_of_2(kv_lora_rank)
         rows = max(1, COMBINE_VALUES // (COMBINE_BATCH_SPLITS_PER_STEP * columns))
         return CombineTiling(COMBINE_BATCH_SPLITS_PER_STEP, rows, columns)
     return CombineTiling(COMBINE_SPLITS_PER_STEP, 1, min(128, triton.next_power_of_2(kv_lora_rank)))
 
 
+def _whole_rows(max_splits: int) -> bool:
+    """Whether the combine's programs take whole latent rows (`combine_tiling`), rather than one row's columns."""
+    return max_splits <= 2 * COMBINE_SPLITS_PER_STEP
+
+
+# The most query rows a sequence may have for a combine walking them one row at a time to be a programmatic
+# dependent launch (128 heads at batch 1 measured 3-7% slower so; NOTES.md v56b).
+PDL_MAX_ONE_ROW_COMBINE_ROWS = 64
+
+
 def combine_after_split(kernel: str, max_rows: int, max_splits: int) -> bool:
     """Whether the combine runs as a programmatic dependent launch of the split pass: behind the SM90 kernels
-    ("hopper", "narrow"; the seesaw lets it launch once each program's last tile loop is done, the others as they
-    exit), except where it walks more than 64 query rows one row at a time (split ceilings above
-    2 x COMBINE_SPLITS_PER_STEP: 128 heads at batch 1 measured 3-7% slower so; the other measured cases level to
-    5% faster; H100, NOTES.md v56b).
+    ("hopper", "narrow"; the seesaw lets it launch once each program of a non-ragged plan is past its last tile
+    loop, the others and ragged plans as their programs exit), except where it walks more than
+    PDL_MAX_ONE_ROW_COMBINE_ROWS query rows one row at a time. Measured on the H100: 0.7-6% faster where taken
+    (NOTES.md v56b).
 
     >>> combine_after_split("hopper", 16, 396), combine_after_split("hopper", 128, 25)
     (True, True)
     >>> combine_after_split("hopper", 128, 198), combine_after_split("portable", 16, 25)
     (False, False)
     """
-    whole_rows = max_splits <= 2 * COMBINE_SPLITS_PER_STEP
-    return COMBINE_AFTER_SPLIT and kernel in ("narrow", "hopper") and (whole_rows or max_rows <= 64)
+    few_rows = max_rows <= PDL_MAX_ONE_ROW_COMBINE_ROWS
+    return COMBINE_AFTER_SPLIT and kernel in ("narrow", "hopper") and (_whole_rows(max_splits) or few_rows)
 
 
 # The split kernels' grid holds one row per work item of the plan (sequences x split ceiling).
@@ -659,8 +670,9 @@ def _prepare_launch(
         split = _portable_split(key, grid, q, pages, kv_lora_rank, tuning, scale_mode, scale_strides)
     after_split = combine_after_split(kernel, max_rows, geometry.max_splits)
     combine_constants = dict(HEADS=heads, KV_LORA_RANK=kv_lora_rank, BLOCK_SPLITS=tiling.splits,
-                             BLOCK_ROWS=tiling.rows, BLOCK_C=tiling.columns, AFTER_SPLIT=after_split,
-                             launch_pdl=after_split, num_warps=4)
+                             BLOCK_ROWS=tiling.rows, BLOCK_C=tiling.columns, AFTER_SPLIT=after_split, num_warps=4)
+    if after_split:  # a launch option only the CUDA backend knows
+        combine_constants["launch_pdl"] = True
     combines = geometry.max_splits > 1 and not merged
     combine_key = (key, after_split)
 
