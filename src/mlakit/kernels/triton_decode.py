@@ -679,8 +679,8 @@ def _prepare_launch(
     def run(q, pages, block_table, cache_seqlens, kv_scale, scale_log2, out, lse) -> None:
         split(q, pages, kv_scale, (block_table, cache_seqlens, plan.work, out, lse, part_out, part_lse, scale_log2, *strides))
         if combines:
-            _COMBINE(combine_key, combine_grid, (part_out, part_lse, plan.num_splits, plan.cu_seqlens_q, out, lse, part_strides,
-                                         out_strides, lse_strides), combine_constants)
+            _COMBINE(combine_key, combine_grid, (part_out, part_lse, plan.num_splits, plan.cu_seqlens_q, out, lse,
+                                                 part_strides, out_strides, lse_strides), combine_constants)
 
     return run
 
