@@ -9,11 +9,10 @@ Usage: python benchmarks/experiments/combine_pdl_ab.py HEADS,BATCH,SEQLEN|ragged
 import sys
 
 import torch
-from cuda_profile import kernel_times
-from decode_case import case_inputs, decode_call, interleaved_times, parse_case
+from cuda_profile import flushed_kernel_times
+from decode_case import case_inputs, case_plan, decode_call, interleaved_times, parse_case
 
 from mlakit.kernels import triton_decode
-from mlakit.kernels.triton_decode import plan_decode
 
 VARIANTS = {"plain": False, "pdl": True}
 
@@ -25,10 +24,7 @@ def call_for(variant: str, spec: str):
 
 
 cases = {spec: case_inputs(parse_case(spec)) for spec in sys.argv[1:]}
-plans = {(spec, variant): plan_decode(inputs.cache_seqlens, q_len=parse_case(spec).q_len,
-                                      heads=parse_case(spec).heads, kv_dtype=inputs.kv_cache.dtype)
-         for spec, (inputs, _) in cases.items() for variant in VARIANTS}
-flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+plans = {(spec, variant): case_plan(parse_case(spec), inputs) for spec, (inputs, _) in cases.items() for variant in VARIANTS}
 for spec in cases:
     reference_out, reference_lse = call_for("plain", spec)()
     for variant in VARIANTS:
@@ -36,8 +32,7 @@ for spec in cases:
         out, lse = call()
         torch.cuda.synchronize()
         plan = plans[spec, variant]
-        profiled = kernel_times(lambda: (flush.zero_(), call()), 10, name_width=40)
-        kernels = ", ".join(f"{name} {us:.2f}" for name, (us, _) in profiled.items() if "elementwise" not in name)
+        kernels = ", ".join(f"{name} {us:.2f}" for name, us in flushed_kernel_times(call, 10).items())
         print(f"{spec} {variant}: splits {int(plan.num_splits.min())}-{int(plan.num_splits.max())} "
               f"(ceiling {plan.geometry.max_splits}); against plain: outputs differ by "
               f"{(out.float() - reference_out.float()).abs().max().item():.2e}, "

@@ -1,5 +1,5 @@
-"""Shared by the profiling experiments (`decode_kernel_breakdown.py`, `prefill_chunk_profile.py`): CUDA time a
-call by kernel name, from torch.profiler."""
+"""Shared by the profiling experiments (`decode_kernel_breakdown.py`, `prefill_chunk_profile.py`, the decode A/Bs and
+probes): CUDA time a call by kernel name, from torch.profiler, optionally with the L2 flushed before each call."""
 
 from __future__ import annotations
 
@@ -26,3 +26,19 @@ def kernel_times(call: Callable[[], object], calls: int, name_width: int = 70) -
             totals[event.name[:name_width]][0] += event.device_time / calls
             totals[event.name[:name_width]][1] += 1 / calls
     return {name: (us, round(n)) for name, (us, n) in totals.items()}
+
+
+# Written before each call of `flushed_kernel_times` (twice the H100's and H200's L2).
+L2_FLUSH_BYTES = 256 << 20
+
+
+def flushed_kernel_times(call: Callable[[], object], calls: int = 20, name_width: int = 40) -> dict[str, float]:
+    """`kernel_times`' microseconds a call per kernel with the L2 flushed (a 256 MB write) before each call, the
+    flush's own kernel left out."""
+    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device="cuda")
+
+    def flushed() -> None:
+        flush.zero_()
+        call()
+
+    return {name: us for name, (us, _) in kernel_times(flushed, calls, name_width).items() if "elementwise" not in name}

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 
 from mlakit.bench.decode import DecodeCase, DecodeInputs, make_inputs, time_graph_replay
-from mlakit.kernels.triton_decode import DecodePlan, plan_decode, triton_mla_decode
+from mlakit.kernels.triton_decode import DecodePlan, DecodeTuning, plan_decode, triton_mla_decode
 
 
 def parse_case(spec: str) -> DecodeCase:
@@ -18,7 +18,14 @@ def parse_case(spec: str) -> DecodeCase:
 def case_inputs(case: DecodeCase) -> tuple[DecodeInputs, DecodePlan]:
     """The case's inputs on the GPU and their default split plan."""
     inputs = make_inputs(case, torch.device("cuda"))
-    return inputs, plan_decode(inputs.cache_seqlens, q_len=case.q_len, heads=case.heads, kv_dtype=inputs.kv_cache.dtype)
+    return inputs, case_plan(case, inputs)
+
+
+def case_plan(case: DecodeCase, inputs: DecodeInputs, tuning: DecodeTuning | None = None) -> DecodePlan:
+    """A new split plan for the case's inputs (the default tuning unless one is given). A plan keeps the launches it
+    prepared, so variants that must launch differently each need their own."""
+    return plan_decode(inputs.cache_seqlens, q_len=case.q_len, heads=case.heads, kv_dtype=inputs.kv_cache.dtype,
+                       tuning=tuning)
 
 
 def decode_call(inputs: DecodeInputs, plan: DecodePlan) -> Callable:

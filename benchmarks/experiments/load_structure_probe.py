@@ -29,7 +29,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 sys.path.insert(0, str(Path(__file__).parent))
-from cuda_profile import kernel_times  # noqa: E402
+from cuda_profile import flushed_kernel_times  # noqa: E402
 from decode_case import case_inputs, decode_call, parse_case  # noqa: E402
 from evict_first import patch  # noqa: E402
 
@@ -63,12 +63,16 @@ def _next_unit(UNITS, TAKEN, unit, num_units, programs, DYNAMIC: gl.constexpr):
         unit = programs + gl.atomic_add(TAKEN, 1)
     else:
         unit = unit + programs
-    ok = unit < num_units
-    entry = UNITS + gl.minimum(unit, num_units - 1) * 3
-    b = gl.load(entry)
-    tok = gl.load(entry + 1)
-    end = gl.where(ok, gl.load(entry + 2), tok)
+    b, tok, end = _unit_entry(UNITS, unit, num_units)
     return unit, b, tok, end
+
+
+@gluon.jit
+def _unit_entry(UNITS, unit, num_units):
+    """Unit `unit`'s (sequence, first token, end); end == first token past the last unit."""
+    entry = UNITS + gl.minimum(unit, num_units - 1) * 3
+    tok = gl.load(entry + 1)
+    return gl.load(entry), tok, gl.where(unit < num_units, gl.load(entry + 2), tok)
 
 
 @gluon.jit
@@ -102,11 +106,7 @@ def load_probe_kernel(DESC, BLOCK_TABLE, UNITS, TAKEN, SINK, num_units, stride_b
         mbarrier.init(ready.index(st), count=1)
 
     unit = gl.program_id(0)
-    ok = unit < num_units
-    entry = UNITS + gl.minimum(unit, num_units - 1) * 3
-    b = gl.load(entry)
-    tok = gl.load(entry + 1)
-    end = gl.where(ok, gl.load(entry + 2), tok)
+    b, tok, end = _unit_entry(UNITS, unit, num_units)
     issued = 0
     for st in gl.static_range(STAGES):
         unit, b, tok, end, more = _issue(DESC, BLOCK_TABLE, UNITS, TAKEN, ring, ready, st, unit, b, tok, end,
@@ -143,18 +143,6 @@ def fine_units(seqlens: list[int], tokens: int) -> list[tuple[int, int, int]]:
     """Units of `tokens` tokens, longest sequences' first."""
     order = sorted(range(len(seqlens)), key=lambda b: -seqlens[b])
     return [(b, t, min(seqlens[b], t + tokens)) for b in order for t in range(0, seqlens[b], tokens)]
-
-
-def flushed_kernel_times(call) -> dict[str, float]:
-    """Mean CUDA microseconds a call of each kernel the call launches, the L2 flushed before each call."""
-    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
-
-    def flushed():
-        flush.zero_()
-        call()
-
-    return {name[:40]: round(us, 2) for name, (us, _) in kernel_times(flushed, 20).items()
-            if "elementwise" not in name and "fill" not in name.lower()}
 
 
 STRUCTURES = {
@@ -194,7 +182,7 @@ def main(cases: tuple[str, ...], delays: str, structures: str, evict_first: bool
         cache_bytes = sum(seqlens) * WIDTH.value * 2
         anchor = anchors.get((case.heads, case.batch, case.seqlen), {})
         ours_us = time_graph_replay(decode_call(inputs, plan))
-        kernels = flushed_kernel_times(decode_call(inputs, plan))
+        kernels = {name: round(us, 2) for name, us in flushed_kernel_times(decode_call(inputs, plan)).items()}
         rows.append(dict(case=spec, structure="mlakit decode (graph replay)", time_us=ours_us, kernels_us=kernels))
         print(f"{spec:<16} our decode {ours_us:7.1f} us (graph replay, flushed); kernels {kernels}", flush=True)
         variants = [(name, hint) for name in structures.split(",") for hint in ((False, True) if evict_first else (False,))]

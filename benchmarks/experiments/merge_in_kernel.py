@@ -13,10 +13,10 @@ import dataclasses
 import sys
 
 import torch
-from decode_case import case_inputs, decode_call, interleaved_times, parse_case
+from decode_case import case_inputs, case_plan, decode_call, interleaved_times, parse_case
 
 from mlakit.kernels import hopper_decode
-from mlakit.kernels.triton_decode import default_tuning, plan_decode
+from mlakit.kernels.triton_decode import default_tuning
 
 # name: (MERGE_MAX_SPLITS, fixed split count or None for the default plan)
 VARIANTS = {
@@ -35,8 +35,7 @@ def plan_for(variant: str, spec: str):
     case = parse_case(spec)
     tuning = None if fixed is None else dataclasses.replace(default_tuning(case.heads * case.q_len, hopper_tier=True),
                                                            fixed_splits=fixed)
-    return plan_decode(inputs.cache_seqlens, q_len=case.q_len, heads=case.heads, kv_dtype=inputs.kv_cache.dtype,
-                       tuning=tuning)
+    return case_plan(case, inputs, tuning)
 
 
 def call_for(variant: str, spec: str):

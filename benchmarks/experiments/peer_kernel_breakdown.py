@@ -8,19 +8,17 @@ Usage, with FlashMLA built (`scripts/build_flashmla.py`) and on PYTHONPATH:
 
 import sys
 
-import torch
-from cuda_profile import kernel_times
+from cuda_profile import flushed_kernel_times
 from decode_case import case_inputs, decode_call, parse_case
 
 from mlakit.bench.decode import time_graph_replay
 from mlakit.bench.peers import _flashmla_call
 
-flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
 for spec in sys.argv[1:]:
     inputs, plan = case_inputs(parse_case(spec))
     for name, call in (("mlakit", decode_call(inputs, plan)), ("flashmla", _flashmla_call(inputs))):
         call()
         graph_us = time_graph_replay(call)
-        kernels = kernel_times(lambda: (flush.zero_(), call()), 20, name_width=48)
-        parts = ", ".join(f"{kernel} {us:.2f}" for kernel, (us, _) in kernels.items() if "elementwise" not in kernel)
+        kernels = flushed_kernel_times(call, name_width=48)
+        parts = ", ".join(f"{kernel} {us:.2f}" for kernel, us in kernels.items())
         print(f"{spec:<16} {name:<9} graph {graph_us:6.1f} us; kernels (us): {parts}", flush=True)
