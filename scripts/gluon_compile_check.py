@@ -85,8 +85,9 @@ def report(compile_kernel: Callable[[], object], where_spills: bool = False) -> 
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", ptxas)
     barriers = len(re.findall(r"^\s*(?:@%p\d+\s+)?(?:bar|barrier)\.", ptx, re.M))
     mmas, waits = len(re.findall(r"wgmma\.mma_async", ptx)), len(re.findall(r"wgmma\.wait_group", ptx))
+    hinted = len(re.findall(r"cp\.async\.bulk\.tensor\S*\.L2::cache_hint", ptx))
     line = (f"ok: shared {kernel.metadata.shared} B, spills (stores, loads) {spills}, barriers {barriers}, "
-            f"wgmma {mmas}, wgmma waits {waits}")
+            f"wgmma {mmas}, wgmma waits {waits}, TMA loads with an L2 hint {hinted}")
     if where_spills:
         line += "".join(f"\n    {n:4d} {op} {where}" for where, op, n in spill_lines(kernel))
     return line
@@ -161,8 +162,9 @@ def seesaw_arguments(heads: int, q_len: int, kv_dtype: torch.dtype, merge: bool,
     arguments = [q, *hd.chunk_descriptors(pages, kv_lora_rank), scale_or_state, block_table, seqlens, work, out, lse,
                  part_out, part_lse, 0.1, *strides, work_state, 1000, -(-q_len * heads // hd.BLOCK_M.value),
                  merge_state]
+    row_tiles = arguments[-2]
     constants = dict(HEADS=heads, PAGE_SIZE=page_size, KV_LORA_RANK=kv_lora_rank, ROPE_DIM=rope_dim, MERGE=merge,
-                     num_warps=4)
+                     EVICT_FIRST=row_tiles <= hd.EVICT_FIRST_MAX_ROW_TILES, num_warps=4)
     return arguments, constants
 
 
@@ -192,10 +194,12 @@ def _seesaw_main(heads_list: str, q_lens: str, where_spills: bool) -> bool:
     for heads, q_len, kv_dtype, merge in itertools.product(map(int, heads_list.split(",")), map(int, q_lens.split(",")),
                                                            (torch.bfloat16, hd.FP8_DTYPE), (True, False)):
         arguments, constants = seesaw_arguments(heads, q_len, kv_dtype, merge)
-        line = report(lambda: compile_like_launch(hd.mla_decode_hopper_seesaw_kernel, arguments, constants),
-                      where_spills)
+        with hd.SEESAW.compiling():
+            line = report(lambda: compile_like_launch(hd.mla_decode_hopper_seesaw_kernel, arguments, constants),
+                          where_spills)
         failed |= line.startswith("FAILED")
-        print(f"seesaw heads {heads} q_len {q_len} {str(kv_dtype).removeprefix('torch.')} merge {merge}: {line}")
+        print(f"seesaw heads {heads} q_len {q_len} {str(kv_dtype).removeprefix('torch.')} merge {merge} "
+              f"evict-first {constants['EVICT_FIRST']}: {line}")
     return failed
 
 

@@ -78,6 +78,7 @@ from mlakit.kernels.hopper_common import (
 )
 from mlakit.device import sm_count
 from mlakit.cache.kv_quant import FP8_DTYPE, SCALE_PER_TENSOR
+from mlakit.kernels.l2_evict_first import evict_first_tma_loads, mark_evict_first
 from mlakit.kernels.launch import CachedLaunch
 
 BLOCK_M = gl.constexpr(64)
@@ -96,6 +97,9 @@ WARPGROUP_ROWS = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
 # splits per sequence: batches that fill the GPU, whose few split sequences are merged while the other
 # programs work. Beyond it the combine kernel, whose many programs merge faster (NOTES.md v39).
 MERGE_MAX_SPLITS = 4
+# Its TMA loads stream the cache under an L2 evict-first policy (`l2_evict_first`) when at most this many row
+# tiles read each cache tile: more readers find it in L2 less often (NOTES.md v58).
+EVICT_FIRST_MAX_ROW_TILES = 2
 # Its merges: latent columns per step and partials whose loads are in flight together.
 MERGE_COLUMNS = gl.constexpr(64)
 MERGE_SPLITS_PER_STEP = gl.constexpr(4)
@@ -154,12 +158,13 @@ def prepare(key: Hashable, grid: tuple[int, int], q: torch.Tensor, pages: torch.
         row_tiles, work_rows = grid
         programs = (min(sm_count(q.device), row_tiles * work_rows), 1, 1)
         merge = 1 < max_splits <= MERGE_MAX_SPLITS
-        constants.update(MERGE=merge, num_warps=4)
+        evict_first = row_tiles <= EVICT_FIRST_MAX_ROW_TILES
+        constants.update(MERGE=merge, EVICT_FIRST=evict_first, num_warps=4)
         plan_args = (work_state, work_rows, row_tiles, merge_state)
 
-        # The merge follows from the plan's ceiling and MERGE_MAX_SPLITS; named in the key, a kernel compiled under
-        # another MERGE_MAX_SPLITS (an experiment's) is never launched in its place.
-        seesaw_key = (key, merge)
+        # Both follow from the plan and a module setting; named in the key, a kernel compiled under another
+        # setting (an experiment's) is never launched in its place.
+        seesaw_key = (key, merge, evict_first)
 
         def seesaw(q, pages, kv_scale, shared_args) -> None:
             # 16-bit pages never read KV_SCALE: any tensor fills it.
@@ -235,6 +240,15 @@ def _masked(s, tok0, end, visible):
     `online_softmax`'s exponent)."""
     toks = tok0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s.type.layout))
     return gl.where((toks[None, :] < end) & (toks[None, :] < visible[:, None]), s, float("-inf"))
+
+
+@gluon.jit
+def _masked_near_end(s, tok0, end, visible, unmasked_end):
+    """`_masked` for the tiles that reach past `unmasked_end` (the split's end or the first row's visibility, so the
+    earlier tiles are whole for every row): the others pass unchanged, as FlashMLA masks only its last blocks."""
+    if tok0 + BLOCK_N > unmasked_end:
+        s = _masked(s, tok0, end, visible)
+    return s
 
 
 @gluon.jit
@@ -785,6 +799,7 @@ def _seesaw_even_partition(
     dtype: gl.constexpr = slots.dtype
     rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
     visible = seqlen - q_len + rows // HEADS + 1
+    unmasked_end = gl.minimum(end, seqlen - q_len + tile * BLOCK_M // HEADS + 1)
     m_i, l_i = no_keys_yet(BLOCK_M, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([BLOCK_M, half], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
@@ -804,7 +819,7 @@ def _seesaw_even_partition(
                             False, FP8)
         if FP8:
             s = s * row_unscale[:, None]
-        p0, scale0, m_i = online_softmax(_masked(s, tok0, end, visible), m_i, 1, scale_log2)
+        p0, scale0, m_i = online_softmax(_masked_near_end(s, tok0, end, visible, unmasked_end), m_i, 1, scale_log2)
         m_even.store(m_i)
         scale_even.store(scale0)
         hand_over(EVEN_MAX_READY)
@@ -870,6 +885,7 @@ def _seesaw_odd_partition(
     dtype: gl.constexpr = slots.dtype
     rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
     visible = seqlen - q_len + rows // HEADS + 1
+    unmasked_end = gl.minimum(end, seqlen - q_len + tile * BLOCK_M // HEADS + 1)
     acc = gl.zeros([BLOCK_M, half], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
     if FP8:
@@ -889,7 +905,7 @@ def _seesaw_odd_partition(
                                 end - tok1, True, FP8)
             if FP8:
                 s = s * row_unscale[:, None]
-            s = _masked(s, tok1, end, visible)
+            s = _masked_near_end(s, tok1, end, visible, unmasked_end)
         else:
             s = s_zero
         take_over(EVEN_MAX_READY)
@@ -953,7 +969,7 @@ def mla_decode_hopper_seesaw_kernel(
     Q_STRIDES, KV_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
     WORK_STATE, work_rows, row_tiles, MERGE_STATE,
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr,
-    KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr, MERGE: gl.constexpr,
+    KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr, MERGE: gl.constexpr, EVICT_FIRST: gl.constexpr,
 ):
     """Two warpgroups taking turns over tile pairs ("seesaw"), for 16-bit pages that hold whole tiles:
     even tiles in stage 0 (warpgroup 0's S and softmax), odd tiles in stage 1 (warpgroup 1's), each
@@ -968,12 +984,15 @@ def mla_decode_hopper_seesaw_kernel(
     (NOTES.md v30). With MERGE, a split's partial is counted in MERGE_STATE once written, and the program
     that writes a sequence's last split merges the partials (`_merge_if_last`) instead of a combine kernel. In a
     non-ragged plan a program past its last unit's tile loop executes `launch_dependents` (only a combine launched
-    behind this kernel reacts to it); in a ragged one the programs let it launch as they exit.
+    behind this kernel reacts to it); in a ragged one the programs let it launch as they exit. With EVICT_FIRST
+    the cache's TMA loads carry an L2 evict-first policy (`l2_evict_first`; the launch rewrites the PTX).
     Arguments as `mla_decode_hopper_split_kernel`'s, with the cache's chunk TMA descriptors and, for fp8 pages
     (each chunk loaded into the first half of its 16-bit place and converted there by the warpgroup whose
     S reads it first, NOTES.md v43), the one-element scale KV_SCALE.
     """
     FP8: gl.constexpr = CHUNK_DESC.block_type.element_ty.is_fp8()
+    if EVICT_FIRST:
+        mark_evict_first()
     # fp8 pages: the MMAs run in fp16 (e4m3 -> fp16 is one instruction per pair, to bf16 five).
     dtype: gl.constexpr = gl.float16 if FP8 else Q.dtype.element_ty
     lat_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, KV_LORA_RANK], dtype)
@@ -1176,6 +1195,6 @@ def _seesaw_unit(
         mbarrier.invalidate(chunk_ready[c])
 
 
-SEESAW = CachedLaunch(mla_decode_hopper_seesaw_kernel)
+SEESAW = CachedLaunch(mla_decode_hopper_seesaw_kernel, ptx_rewrite=evict_first_tma_loads)
 FP8_SPLIT = CachedLaunch(mla_decode_hopper_fp8_kernel)
 SPLIT = CachedLaunch(mla_decode_hopper_split_kernel)

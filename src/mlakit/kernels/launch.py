@@ -20,10 +20,12 @@ interpreter, or while a launch hook is set (profilers), every call goes through 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import hashlib
 import inspect
 import os
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 
 import triton
 from triton import knobs
@@ -57,6 +59,42 @@ class _RawLaunch:
     descriptors: tuple[tuple[int, object], ...]
     cooperative: bool
     pdl: bool
+
+
+@contextlib.contextmanager
+def ptx_rewritten(rewrite: Callable[[str], str] | None) -> Iterator[None]:
+    """A scope in which the kernels Triton compiles have `rewrite` run on their PTX before ptxas (a pipeline hook,
+    named in Triton's cache keys where Triton asks: 3.7); none without a rewrite.
+
+    >>> def unchanged(ptx: str) -> str:
+    ...     return ptx
+    >>> with ptx_rewritten(unchanged):
+    ...     pass  # kernel[grid](...) or kernel.warmup(...) here
+    """
+    if rewrite is None:
+        yield
+        return
+    with knobs.runtime.scope():
+        knobs.runtime.add_stages_inspection_hook = _ptx_rewrite_hook(rewrite)
+        yield
+
+
+def _ptx_rewrite_hook(rewrite: Callable[[str], str]) -> Callable[..., object]:
+    """A Triton pipeline hook that runs `rewrite` on the PTX stage's output. Triton 3.7 also calls it without
+    arguments for the key and hash it adds to its cache keys. Triton 3.6 does not, so a rewrite must change only
+    kernels that say so in their own source or constexprs (which its cache keys name), as `l2_evict_first`'s
+    marker does."""
+    name = f"{rewrite.__module__}.{rewrite.__qualname__}"
+
+    def hook(*args: object) -> object:
+        if not args:
+            return name, hashlib.sha256(name.encode()).hexdigest()
+        stages = args[1]
+        make_ptx = stages["ptx"]
+        stages["ptx"] = lambda src, metadata: rewrite(make_ptx(src, metadata))
+        return None
+
+    return hook
 
 
 def _raw_launch(compiled: object) -> _RawLaunch | None:
@@ -114,19 +152,22 @@ class CachedLaunch:
     [2.0, 2.0, 2.0]
     """
 
-    def __init__(self, kernel: object) -> None:
+    def __init__(self, kernel: object, ptx_rewrite: Callable[[str], str] | None = None) -> None:
         self.kernel = kernel
+        self.ptx_rewrite = ptx_rewrite
         self._parameters = list(inspect.signature(getattr(kernel, "fn", kernel)).parameters.values())
         self._compiled: dict[Hashable, tuple[object, tuple, _RawLaunch | None]] = {}
 
     def __call__(self, key: Hashable, grid: tuple[int, int, int], args: tuple, constants: Mapping[str, object]) -> None:
         if INTERPRET or _hook_set(knobs.runtime.launch_enter_hook) or _hook_set(knobs.runtime.launch_exit_hook):
-            self.kernel[grid](*args, **constants)
+            with self.compiling():
+                self.kernel[grid](*args, **constants)
             return
         device = driver.active.get_current_device()
         entry = self._compiled.get((device, key))
         if entry is None:
-            compiled = self.kernel[grid](*args, **constants)
+            with self.compiling():
+                compiled = self.kernel[grid](*args, **constants)
             if len(self._compiled) >= MAX_KEYS:
                 for old in list(self._compiled)[: MAX_KEYS // 2]:
                     del self._compiled[old]
@@ -137,7 +178,8 @@ class CachedLaunch:
             return
         compiled, trailing, raw = entry
         if VERIFY:
-            expected = self.kernel.warmup(*args, grid=grid, **constants)
+            with self.compiling():
+                expected = self.kernel.warmup(*args, grid=grid, **constants)
             if expected is not compiled:
                 raise StaleLaunchError(f"{self.kernel.__name__}: launch key {key!r} names a kernel compiled for other "
                                        f"arguments than this call's")
@@ -153,6 +195,10 @@ class CachedLaunch:
                 flat[position:position + 1] = _expanded(args[position], meta)
         raw.launch(grid[0], grid[1], grid[2], stream, compiled.function, raw.cooperative, raw.pdl, None, None,
                    compiled.packed_metadata, None, None, None, *flat, *trailing)
+
+    def compiling(self) -> contextlib.AbstractContextManager[None]:
+        """The scope in which Triton compiles (or looks up) this kernel: `ptx_rewritten(self.ptx_rewrite)`."""
+        return ptx_rewritten(self.ptx_rewrite)
 
     def _trailing_values(self, positional: int, constants: Mapping[str, object]) -> tuple:
         """The values of the parameters after the positional ones, in order (named or defaulted)."""

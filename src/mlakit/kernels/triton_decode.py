@@ -160,7 +160,7 @@ def _lse_pointers(LSE, LSE_STRIDES, first_token, b, draft, head):
 
 # Whether the combine may run as a programmatic dependent launch of the SM90 split passes (`combine_after_split` says
 # where): it loads the plan's entries while the split pass ends and waits in `griddepcontrol.wait` for its partials
-# (NOTES.md v56b). Experiments set it False for a plain launch (combine_pdl_ab.py).
+# (NOTES.md v56b). Experiments set it False for a plain launch (benchmarks/experiments/setting_ab.py).
 COMBINE_AFTER_SPLIT = True
 
 

@@ -1,0 +1,53 @@
+"""Device experiment: our decode under several values of one module setting (e.g. `triton_decode.COMBINE_AFTER_SPLIT`,
+NOTES.md v56b; `hopper_decode.EVICT_FIRST_MAX_ROW_TILES`, v58), under the benchmark's method (CUDA-graph replay, L2
+flushed), the variants interleaved over rounds; each variant has its own plan (a plan keeps the launches it prepared,
+and settings are read as it prepares them). Outputs are compared with the first variant's first, and each variant's
+kernels are profiled.
+
+Usage: python benchmarks/experiments/setting_ab.py MODULE.NAME LABEL=VALUE [LABEL=VALUE ...] -- CASE [CASE ...]
+    e.g. setting_ab.py hopper_decode.EVICT_FIRST_MAX_ROW_TILES never=0 always=64 -- 16,16,4096,1 128,64,1024,1
+(CASE as `DecodeCase.parse`: HEADS,BATCH,SEQLEN|ragged,Q_LEN[,KV_DTYPE[,PAGE_SIZE]]; VALUE a Python literal.)
+"""
+
+import ast
+import importlib
+import sys
+
+import torch
+from cuda_profile import flushed_kernel_times
+from decode_case import case_inputs, case_plan, decode_call, interleaved_times, parse_case
+
+setting, arguments = sys.argv[1], sys.argv[2:]
+module_name, name = setting.rsplit(".", 1)
+module = importlib.import_module(f"mlakit.kernels.{module_name}")
+split = arguments.index("--")
+variants = {label: ast.literal_eval(value) for label, value in (a.split("=", 1) for a in arguments[:split])}
+first = next(iter(variants))
+
+
+def call_for(variant: str, spec: str):
+    """The case's call with the variant's plan, the setting at the variant's value."""
+    setattr(module, name, variants[variant])
+    return decode_call(cases[spec][0], plans[spec, variant])
+
+
+cases = {spec: case_inputs(parse_case(spec)) for spec in arguments[split + 1:]}
+plans = {(spec, variant): case_plan(parse_case(spec), inputs) for spec, (inputs, _) in cases.items() for variant in variants}
+for spec in cases:
+    reference_out, reference_lse = call_for(first, spec)()
+    for variant in variants:
+        call = call_for(variant, spec)
+        out, lse = call()
+        torch.cuda.synchronize()
+        plan = plans[spec, variant]
+        kernels = ", ".join(f"{kernel} {us:.2f}" for kernel, us in flushed_kernel_times(call, 10).items())
+        print(f"{spec} {variant}: splits {int(plan.num_splits.min())}-{int(plan.num_splits.max())} "
+              f"(ceiling {plan.geometry.max_splits}); against {first}: outputs differ by "
+              f"{(out.float() - reference_out.float()).abs().max().item():.2e}, "
+              f"lse by {(lse - reference_lse).abs().nan_to_num().max().item():.2e}; kernels (us, flushed): {kernels}",
+              flush=True)
+times = interleaved_times(list(variants), list(cases), call_for)
+for spec in cases:
+    base = min(times[spec, first])
+    print(f"{spec:<22} " + " | ".join(f"{variant} {min(times[spec, variant]):6.1f} us ({min(times[spec, variant]) / base:.3f})"
+                                      for variant in variants), flush=True)

@@ -1,0 +1,61 @@
+r"""L2 evict-first hints on a Gluon kernel's TMA tile loads.
+
+A decode kernel reads each cache tile once, or a few times close together; loaded under the default L2 policy
+the stream competes for L2 with data that is reused. PTX can tag a bulk tensor load with an L2 cache policy
+(`.L2::cache_hint` and a policy from `createpolicy`), but Gluon's TMA copy (Triton 3.6 and 3.7) takes none. So a
+kernel that calls `mark_evict_first()` carries a marker in its PTX, and `evict_first_tma_loads`, run on the PTX
+as the kernel compiles (`CachedLaunch(kernel, ptx_rewrite=evict_first_tma_loads)`), gives each of its TMA tile
+loads an evict-first policy made once at the kernel's entry. Kernels without the marker compile unchanged, so
+a constexpr that decides the call decides the hint, and Triton's caches keep the two kernels apart.
+
+>>> load = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%r1], [%rd1, {%r2}], [%r2];"
+>>> ptx = evict_first_tma_loads(f".entry k()\n{{\n\t.reg .b32 \t%r<3>;\n{MARK}\n\t{load}\n}}")
+>>> hinted = load.replace("::bytes", "::bytes.L2::cache_hint").replace("];", "], %mlakit_evict_first;")
+>>> "createpolicy.fractional.L2::evict_first" in ptx, hinted in ptx
+(True, True)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+MARK = "// mlakit: L2 evict-first TMA loads"
+_POLICY = "%mlakit_evict_first"
+_TMA_LOAD = re.compile(r"(cp\.async\.bulk\.tensor\.\dd\.shared::(?:cluster|cta)\.global\.mbarrier::complete_tx::bytes)"
+                       r"( \[[^\]]+\], \[[^\]]+\], \[[^\]]+\]);")
+_ENTRY_REGISTERS = re.compile(r"(\.entry [^{]*\{\n(?:\t\.reg [^\n]+\n)+)")
+
+
+class PtxRewriteError(RuntimeError):
+    """The PTX of a marked kernel is not laid out as the rewrite expects (a Triton whose output changed)."""
+
+
+def evict_first_tma_loads(ptx: str) -> str:
+    """`ptx` with every TMA tile load under an L2 evict-first policy if the kernel is marked (`mark_evict_first`),
+    else unchanged. Raises `PtxRewriteError` for a marked kernel whose loads or entry it cannot find."""
+    if MARK not in ptx:
+        return ptx
+    ptx, loads = _TMA_LOAD.subn(rf"\1.L2::cache_hint\2, {_POLICY};", ptx)
+    ptx, entries = _ENTRY_REGISTERS.subn(
+        rf"\1\t.reg .b64 \t{_POLICY};\n\tcreatepolicy.fractional.L2::evict_first.b64 \t{_POLICY}, 1.0;\n", ptx, count=1)
+    if not loads or entries != 1:
+        raise PtxRewriteError(f"a kernel marked for evict-first TMA loads: found {loads} TMA tile loads and "
+                              f"{entries} entry register block(s) in its PTX, expected at least one of each")
+    return ptx
+
+
+# The marker names this module's source by digest, so that Triton's caches, which key a kernel by its source,
+# never hand out a kernel rewritten by an older form of the rewrite.
+_MARK_ASM = gl.constexpr(f"{MARK} {hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]}\n mov.u32 $0, 0;")
+
+
+@gluon.jit
+def mark_evict_first():
+    """Marks the kernel calling it for `evict_first_tma_loads` (a comment in its PTX; it executes one `mov`)."""
+    # Inline assembly needs an operand: the program id stands in.
+    gl.inline_asm_elementwise(_MARK_ASM, "=r,r", [gl.program_id(0)], dtype=gl.int32, is_pure=False, pack=1)
