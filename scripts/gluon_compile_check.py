@@ -35,6 +35,7 @@ from triton.runtime.jit import create_function_from_signature
 from mlakit.kernels import hopper_decode as hd
 from mlakit.kernels import hopper_prefill as hp
 from mlakit.kernels.hopper_common import matrix_descriptor
+from mlakit.kernels.l2_evict_first import streams_evict_first
 
 SM90 = GPUTarget("cuda", 90, 32)
 
@@ -164,7 +165,7 @@ def seesaw_arguments(heads: int, q_len: int, kv_dtype: torch.dtype, merge: bool,
                  merge_state]
     row_tiles = arguments[-2]
     constants = dict(HEADS=heads, PAGE_SIZE=page_size, KV_LORA_RANK=kv_lora_rank, ROPE_DIM=rope_dim, MERGE=merge,
-                     EVICT_FIRST=row_tiles <= hd.EVICT_FIRST_MAX_ROW_TILES, num_warps=4)
+                     EVICT_FIRST=streams_evict_first(row_tiles), num_warps=4)
     return arguments, constants
 
 

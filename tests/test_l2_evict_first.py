@@ -6,13 +6,16 @@ from pathlib import Path
 
 import pytest
 import torch
+
+import mlakit
 from triton import knobs
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from mlakit.kernels.hopper_common import matrix_descriptor
-from mlakit.kernels.l2_evict_first import MARK, PtxRewriteError, evict_first_tma_loads, mark_evict_first
+from mlakit.kernels.l2_evict_first import (MARK, PtxRewriteError, evict_first_tma_loads, mark_evict_first,
+                                          streams_evict_first)
 from mlakit.kernels.launch import ptx_rewritten
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,20 +107,28 @@ def test_a_kernel_compiled_for_sm90_in_the_scope_is_hinted_exactly_when_marked(m
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
-                    reason="the seesaw kernel needs an SM90 GPU")
-@pytest.mark.parametrize("heads, q_len", [(16, 1), (128, 1), (128, 2), (64, 3)])
-def test_the_seesaw_streams_the_cache_evict_first_while_few_row_tiles_read_it(heads, q_len):
-    from mlakit.kernels import hopper_decode
+                    reason="the Hopper decode kernels need an SM90 GPU")
+@pytest.mark.parametrize("heads, q_len, kv_dtype, kernel", [(16, 1, "bf16", "seesaw"), (128, 1, "bf16", "seesaw"),
+                                                             (128, 2, "bf16", "seesaw"), (64, 3, "bf16", "seesaw"),
+                                                             (16, 2, "fp8_e4m3", "narrow")])
+def test_the_decode_kernels_stream_the_cache_evict_first_while_few_row_tiles_read_it(heads, q_len, kv_dtype, kernel):
+    """The call's kernel is compiled with the hint exactly when its row tiles allow it (its launch key names the
+    choice), and every kernel the launch holds carries the hint exactly when its key says so."""
+    from mlakit.kernels import hopper_decode, hopper_narrow_decode
     from mlakit.kernels.triton_decode import plan_decode, triton_mla_decode
-    from paged_inputs import make_paged_batch
+    from paged_inputs import make_paged_batch, relative_error
 
+    launch, rows = {"seesaw": (hopper_decode.SEESAW, hopper_decode.BLOCK_M.value),
+                    "narrow": (hopper_narrow_decode.NARROW, hopper_narrow_decode.ROWS.value)}[kernel]
     batch = make_paged_batch([3000, 0, 700, 4096] * 4, heads=heads, q_len=q_len, page_size=64, kv_lora_rank=512,
-                             rope_dim=64, device="cuda", seed=heads * q_len)
+                             rope_dim=64, kv_dtype=kv_dtype, device="cuda", seed=heads * q_len)
     plan = plan_decode(batch.cache_seqlens, q_len=q_len, heads=heads, kv_dtype=batch.kv_cache.dtype)
-    triton_mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens, kv_lora_rank=512,
-                      softmax_scale=batch.softmax_scale, kv_scale=batch.kv_scale, plan=plan)
-    row_tiles = -(-heads * q_len // hopper_decode.BLOCK_M.value)
-    expected = row_tiles <= hopper_decode.EVICT_FIRST_MAX_ROW_TILES
-    compiled = [entry[0] for (_, key), entry in hopper_decode.SEESAW._compiled.items() if key[-1] == expected]
-    assert compiled
-    assert all((".L2::cache_hint" in kernel.asm["ptx"]) == expected for kernel in compiled)
+    out, _ = triton_mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens, kv_lora_rank=512,
+                               softmax_scale=batch.softmax_scale, kv_scale=batch.kv_scale, plan=plan)
+    reference, _ = mlakit.reference_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens,
+                                           kv_lora_rank=512, softmax_scale=batch.softmax_scale, kv_scale=batch.kv_scale)
+    assert relative_error(out, reference) < 3e-2
+    expected = streams_evict_first(-(-heads * q_len // rows))
+    assert any(key[-1] == expected for _, key in launch._compiled)
+    for (_, key), (compiled, *_) in launch._compiled.items():
+        assert (".L2::cache_hint" in compiled.asm["ptx"]) == key[-1]

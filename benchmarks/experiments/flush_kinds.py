@@ -2,9 +2,13 @@
 `triton.testing.do_bench` does: L2 left full of dirty lines the call's reads must write back first),
 reading 256 MB (L2 full of clean lines), and none (the call's own data may still be cached).
 
-Usage: python benchmarks/experiments/flush_kinds.py HEADS,BATCH,SEQLEN|ragged,Q_LEN[,KV_DTYPE] [...]
+Usage: python benchmarks/experiments/flush_kinds.py [--flashmla] [MODULE.NAME=VALUE] HEADS,BATCH,SEQLEN|ragged,Q_LEN[,KV_DTYPE] [...]
+(an optional argument sets a setting of `mlakit.kernels.MODULE` first, e.g. l2_evict_first.EVICT_FIRST_MAX_ROW_TILES=0;
+VALUE a Python literal; with --flashmla, FlashMLA's call on the same inputs too: built and on PYTHONPATH).
 """
 
+import ast
+import importlib
 import statistics
 import sys
 
@@ -29,16 +33,29 @@ def median_us(graph: torch.cuda.CUDAGraph, flush) -> float:
     return statistics.median(times)
 
 
-for spec in sys.argv[1:]:
+specs = sys.argv[1:]
+with_flashmla = "--flashmla" in specs
+specs = [spec for spec in specs if spec != "--flashmla"]
+if "=" in specs[0]:
+    setting, value = specs.pop(0).split("=", 1)
+    module_name, name = setting.rsplit(".", 1)
+    setattr(importlib.import_module(f"mlakit.kernels.{module_name}"), name, ast.literal_eval(value))
+tiny = torch.zeros(1, device="cuda")
+tiny_graph = torch.cuda.CUDAGraph()
+with torch.cuda.graph(tiny_graph):
+    tiny.add_(1)
+for spec in specs:
     case = parse_case(spec)
-    call = decode_call(*case_inputs(case))
-    call()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    inputs, plan = case_inputs(case)
+    calls = {"mlakit": decode_call(inputs, plan)}
+    if with_flashmla:
+        from mlakit.bench.peers import _flashmla_call
+        calls["flashmla"] = _flashmla_call(inputs)
+    for library, call in calls.items():
         call()
-    tiny = torch.zeros(1, device="cuda")
-    tiny_graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(tiny_graph):
-        tiny.add_(1)
-    print(f"{case.label}: " + ", ".join(f"{name} flush {median_us(graph, f):.1f} us (tiny kernel {median_us(tiny_graph, f):.1f})"
-                                        for name, f in flushes.items()))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            call()
+        print(f"{case.label} {library}: " + ", ".join(
+            f"{name} flush {median_us(graph, f):.1f} us (tiny kernel {median_us(tiny_graph, f):.1f})"
+            for name, f in flushes.items()), flush=True)

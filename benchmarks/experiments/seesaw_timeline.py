@@ -33,8 +33,8 @@ EDITS = (
      "    TL, slot, HEADS: gl.constexpr,"),
     ("    num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES,\n    HEADS: gl.constexpr,",
      "    num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES, TL, slot,\n    HEADS: gl.constexpr,"),
-    ("        p0, scale0, m_i = online_softmax(_masked(s, tok0, end, visible), m_i, 1, scale_log2)\n",
-     "        p0, scale0, m_i = online_softmax(_masked(s, tok0, end, visible), m_i, 1, scale_log2)\n"
+    ("        p0, scale0, m_i = online_softmax(_masked_near_end(s, tok0, end, visible, unmasked_end), m_i, 1, scale_log2)\n",
+     "        p0, scale0, m_i = online_softmax(_masked_near_end(s, tok0, end, visible, unmasked_end), m_i, 1, scale_log2)\n"
      "        if pair == 0:\n            _stamp(TL, slot, 2)\n"),
     ("    lse, inv_l = finish_rows(m_i, l_i)\n    if FP8:\n",
      "    _stamp(TL, slot, 3)\n    lse, inv_l = finish_rows(m_i, l_i)\n    if FP8:\n"),

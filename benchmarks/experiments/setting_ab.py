@@ -1,11 +1,11 @@
 """Device experiment: our decode under several values of one module setting (e.g. `triton_decode.COMBINE_AFTER_SPLIT`,
-NOTES.md v56b; `hopper_decode.EVICT_FIRST_MAX_ROW_TILES`, v58), under the benchmark's method (CUDA-graph replay, L2
+NOTES.md v56b; `l2_evict_first.EVICT_FIRST_MAX_ROW_TILES`, v58), under the benchmark's method (CUDA-graph replay, L2
 flushed), the variants interleaved over rounds; each variant has its own plan (a plan keeps the launches it prepared,
 and settings are read as it prepares them). Outputs are compared with the first variant's first, and each variant's
 kernels are profiled.
 
 Usage: python benchmarks/experiments/setting_ab.py MODULE.NAME LABEL=VALUE [LABEL=VALUE ...] -- CASE [CASE ...]
-    e.g. setting_ab.py hopper_decode.EVICT_FIRST_MAX_ROW_TILES never=0 always=64 -- 16,16,4096,1 128,64,1024,1
+    e.g. setting_ab.py l2_evict_first.EVICT_FIRST_MAX_ROW_TILES never=0 always=64 -- 16,16,4096,1 128,64,1024,1
 (CASE as `DecodeCase.parse`: HEADS,BATCH,SEQLEN|ragged,Q_LEN[,KV_DTYPE[,PAGE_SIZE]]; VALUE a Python literal.)
 """
 

@@ -78,7 +78,7 @@ from mlakit.kernels.hopper_common import (
 )
 from mlakit.device import sm_count
 from mlakit.cache.kv_quant import FP8_DTYPE, SCALE_PER_TENSOR
-from mlakit.kernels.l2_evict_first import evict_first_tma_loads, mark_evict_first
+from mlakit.kernels.l2_evict_first import evict_first_tma_loads, mark_evict_first, streams_evict_first
 from mlakit.kernels.launch import CachedLaunch
 
 BLOCK_M = gl.constexpr(64)
@@ -97,9 +97,6 @@ WARPGROUP_ROWS = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
 # splits per sequence: batches that fill the GPU, whose few split sequences are merged while the other
 # programs work. Beyond it the combine kernel, whose many programs merge faster (NOTES.md v39).
 MERGE_MAX_SPLITS = 4
-# Its TMA loads stream the cache under an L2 evict-first policy (`l2_evict_first`) when at most this many row
-# tiles read each cache tile: more readers find it in L2 less often (NOTES.md v58).
-EVICT_FIRST_MAX_ROW_TILES = 2
 # Its merges: latent columns per step and partials whose loads are in flight together.
 MERGE_COLUMNS = gl.constexpr(64)
 MERGE_SPLITS_PER_STEP = gl.constexpr(4)
@@ -158,7 +155,7 @@ def prepare(key: Hashable, grid: tuple[int, int], q: torch.Tensor, pages: torch.
         row_tiles, work_rows = grid
         programs = (min(sm_count(q.device), row_tiles * work_rows), 1, 1)
         merge = 1 < max_splits <= MERGE_MAX_SPLITS
-        evict_first = row_tiles <= EVICT_FIRST_MAX_ROW_TILES
+        evict_first = streams_evict_first(row_tiles)
         constants.update(MERGE=merge, EVICT_FIRST=evict_first, num_warps=4)
         plan_args = (work_state, work_rows, row_tiles, merge_state)
 

@@ -48,6 +48,7 @@ from mlakit.kernels.hopper_common import (
     zero_rows_from,
 )
 from mlakit.cache.kv_quant import FP8_DTYPE, SCALE_PER_TENSOR
+from mlakit.kernels.l2_evict_first import evict_first_tma_loads, mark_evict_first, streams_evict_first
 from mlakit.kernels.launch import CachedLaunch
 
 ROWS = gl.constexpr(16)
@@ -86,11 +87,14 @@ def prepare(key: Hashable, grid: tuple[int, int], q: torch.Tensor, pages: torch.
     box_rows = min(pages.shape[1], BLOCK_N.value)
     rope_dim = pages.shape[-1] - kv_lora_rank
     boxes = ((box_rows, min(kv_lora_rank, LATENT_CHUNK.value)), (box_rows, rope_dim))
+    evict_first = streams_evict_first(grid[0])
     constants = dict(HEADS=q.shape[1], PAGE_SIZE=pages.shape[1], KV_LORA_RANK=kv_lora_rank, ROPE_DIM=rope_dim,
-                     num_warps=NUM_WARPS)
+                     EVICT_FIRST=evict_first, num_warps=NUM_WARPS)
+    # The hint follows from the row tiles and a module setting (an experiment's): named in the key.
+    narrow_key = (key, evict_first)
 
     def run(q, pages, kv_scale, shared_args) -> None:
-        NARROW(key, (*grid, 1), (q, *row_descriptors(pages, boxes), kv_scale, *shared_args), constants)
+        NARROW(narrow_key, (*grid, 1), (q, *row_descriptors(pages, boxes), kv_scale, *shared_args), constants)
 
     return run
 
@@ -244,11 +248,14 @@ def mla_decode_hopper_narrow_fp8_kernel(
     scale_log2,
     Q_STRIDES, KV_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr,
+    EVICT_FIRST: gl.constexpr,
 ):
     """One warpgroup per (sequence, 16-row tile, split), STAGES tiles in flight, over an fp8 (e4m3) cache
-    with the one-element per-tensor scale KV_SCALE, read through the TMA descriptors of `launch`. Other
-    arguments as `hopper_decode.mla_decode_hopper_split_kernel`'s (KV_STRIDES unused: the descriptors
-    hold them)."""
+    with the one-element per-tensor scale KV_SCALE, read through the TMA descriptors of `launch` (with
+    EVICT_FIRST under an L2 evict-first policy, `l2_evict_first`). Other arguments as
+    `hopper_decode.mla_decode_hopper_split_kernel`'s (KV_STRIDES unused: the descriptors hold them)."""
+    if EVICT_FIRST:
+        mark_evict_first()
     b, split, num_splits, first_token, q_len = work_item(WORK, gl.program_id(1))
     tile = gl.program_id(0)
     if split >= num_splits or tile * ROWS >= q_len * HEADS:
@@ -321,4 +328,4 @@ def mla_decode_hopper_narrow_fp8_kernel(
     store_lse(lse, rows, LSE, PART_LSE, first_token, b, split, num_splits, q_len, LSE_STRIDES, PART_STRIDES, HEADS)
 
 
-NARROW = CachedLaunch(mla_decode_hopper_narrow_fp8_kernel)
+NARROW = CachedLaunch(mla_decode_hopper_narrow_fp8_kernel, ptx_rewrite=evict_first_tma_loads)

@@ -25,6 +25,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 MARK = "// mlakit: L2 evict-first TMA loads"
+# The decode kernels take the hint when at most this many row tiles read each cache tile: more readers find it in
+# L2 less often (NOTES.md v58: 1-9% faster with one or two, mixed with four, level with eight).
+EVICT_FIRST_MAX_ROW_TILES = 2
 _POLICY = "%mlakit_evict_first"
 _TMA_LOAD = re.compile(r"(cp\.async\.bulk\.tensor\.\dd\.shared::(?:cluster|cta)\.global\.mbarrier::complete_tx::bytes)"
                        r"( \[[^\]]+\], \[[^\]]+\], \[[^\]]+\]);")
@@ -33,6 +36,15 @@ _ENTRY_REGISTERS = re.compile(r"(\.entry [^{]*\{\n(?:\t\.reg [^\n]+\n)+)")
 
 class PtxRewriteError(RuntimeError):
     """The PTX of a marked kernel is not laid out as the rewrite expects (a Triton whose output changed)."""
+
+
+def streams_evict_first(row_tiles: int) -> bool:
+    """Whether a decode split pass whose every cache tile is read by `row_tiles` row tiles takes the hint.
+
+    >>> streams_evict_first(1), streams_evict_first(4)
+    (True, False)
+    """
+    return row_tiles <= EVICT_FIRST_MAX_ROW_TILES
 
 
 def evict_first_tma_loads(ptx: str) -> str:

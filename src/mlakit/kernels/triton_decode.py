@@ -255,25 +255,20 @@ def _whole_rows(max_splits: int) -> bool:
     return max_splits <= 2 * COMBINE_SPLITS_PER_STEP
 
 
-# The most query rows a sequence may have for a combine walking them one row at a time to be a programmatic
-# dependent launch (128 heads at batch 1 measured 3-7% slower so; NOTES.md v56b).
-PDL_MAX_ONE_ROW_COMBINE_ROWS = 64
-
-
-def combine_after_split(kernel: str, max_rows: int, max_splits: int) -> bool:
+def combine_after_split(kernel: str, max_splits: int) -> bool:
     """Whether the combine runs as a programmatic dependent launch of the split pass: behind the SM90 kernels
     ("hopper", "narrow"; the seesaw lets it launch once each program of a non-ragged plan is past its last tile
-    loop, the others and ragged plans as their programs exit), except where it walks more than
-    PDL_MAX_ONE_ROW_COMBINE_ROWS query rows one row at a time. Measured on the H100: 0.7-6% faster where taken
-    (NOTES.md v56b).
+    loop, the others and ragged plans as their programs exit) where its programs take whole rows (split ceilings of
+    at most 2 x COMBINE_SPLITS_PER_STEP: batches of 8 sequences or more at 128 heads, 16 at 16). Measured on the
+    H100 (NOTES.md v56b, v59): 1-4% faster there; a combine walking one row at a time behind a batch of one or
+    a few long sequences took 3-32% longer so.
 
-    >>> combine_after_split("hopper", 16, 396), combine_after_split("hopper", 128, 25)
+    >>> combine_after_split("hopper", 25), combine_after_split("narrow", 7)
     (True, True)
-    >>> combine_after_split("hopper", 128, 198), combine_after_split("portable", 16, 25)
+    >>> combine_after_split("hopper", 396), combine_after_split("portable", 25)
     (False, False)
     """
-    few_rows = max_rows <= PDL_MAX_ONE_ROW_COMBINE_ROWS
-    return COMBINE_AFTER_SPLIT and kernel in ("narrow", "hopper") and (_whole_rows(max_splits) or few_rows)
+    return COMBINE_AFTER_SPLIT and kernel in ("narrow", "hopper") and _whole_rows(max_splits)
 
 
 # The split kernels' grid holds one row per work item of the plan (sequences x split ceiling).
@@ -668,7 +663,7 @@ def _prepare_launch(
                                               geometry.max_splits)
     else:
         split = _portable_split(key, grid, q, pages, kv_lora_rank, tuning, scale_mode, scale_strides)
-    after_split = combine_after_split(kernel, max_rows, geometry.max_splits)
+    after_split = combine_after_split(kernel, geometry.max_splits)
     combine_constants = dict(HEADS=heads, KV_LORA_RANK=kv_lora_rank, BLOCK_SPLITS=tiling.splits,
                              BLOCK_ROWS=tiling.rows, BLOCK_C=tiling.columns, AFTER_SPLIT=after_split, num_warps=4)
     if after_split:  # a launch option only the CUDA backend knows
