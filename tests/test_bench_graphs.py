@@ -161,6 +161,8 @@ def test_cli_graphs_passes_the_settings_and_defaults_its_own_json_file(monkeypat
         (["--graphs", "--quick"], "--graphs replaces the kernel grid; drop --quick"),
         (["--graphs", "--heads", "16"], "--graphs replaces the kernel grid; drop --heads"),
         (["--graphs", "--sustained"], "--graphs replaces the kernel grid; drop --sustained"),
+        (["--graphs", "--clean-l2"], "--graphs replaces the kernel grid; drop --clean-l2"),
+        (["--sustained", "--clean-l2"], "drop --clean-l2 or --sustained"),
         (["--graphs", "--case", "128,1,4096,1,bf16,64", "--no-baseline"], "drop --case, --no-baseline"),
         (["--graph-heads", "16"], "--graph-heads only apply with --graphs"),
         (["--graphs", "--graph-batches", "1,x"], "invalid literal"),
@@ -236,7 +238,7 @@ def test_cli_grid_heads_keeps_only_those_head_counts(monkeypatch, tmp_path):
     monkeypatch.setattr(DeviceInfo, "detect", classmethod(lambda cls, device="auto": DeviceInfo.from_arch("sm90")))
     monkeypatch.setattr(bench_cli, "measure_ceilings", lambda device, sustained: Ceilings(100.0, 10.0))
     monkeypatch.setattr(bench_cli, "run_cases",
-                        lambda cases, kernels, device, ceilings, log, sustained: timed.extend(cases) or [])
+                        lambda cases, kernels, device, ceilings, log, timing: timed.extend(cases) or [])
     monkeypatch.setattr(bench_cli, "write_results", lambda path, env, rows: None)
     monkeypatch.setattr(bench_cli, "plot_results", lambda path, rows: None)
     monkeypatch.setattr(bench_cli, "environment", lambda device, ceilings: {})
@@ -248,8 +250,8 @@ def test_cli_grid_heads_keeps_only_those_head_counts(monkeypatch, tmp_path):
     assert timed == full
 
 
-@pytest.mark.parametrize("flag, timing", [([], "flushed"), (["--sustained"], "sustained")])
-def test_cli_sustained_times_the_ceilings_and_the_replays_back_to_back(monkeypatch, tmp_path, flag, timing):
+@pytest.mark.parametrize("flag, timing", [([], "flushed"), (["--sustained"], "sustained"), (["--clean-l2"], "clean-l2")])
+def test_cli_times_the_replays_flushed_sustained_or_with_a_clean_l2(monkeypatch, tmp_path, flag, timing):
     from mlakit.bench import cli as bench_cli
     from mlakit.device import DeviceInfo
 
@@ -259,14 +261,14 @@ def test_cli_sustained_times_the_ceilings_and_the_replays_back_to_back(monkeypat
     monkeypatch.setattr(bench_cli, "measure_ceilings",
                         lambda device, sustained: seen.update(ceilings=sustained) or Ceilings(100.0, 10.0))
     monkeypatch.setattr(bench_cli, "run_cases",
-                        lambda cases, kernels, device, ceilings, log, sustained: seen.update(sustained=sustained) or [])
+                        lambda cases, kernels, device, ceilings, log, timing: seen.update(timing=timing) or [])
     monkeypatch.setattr(bench_cli, "write_results", lambda path, env, rows: seen.update(env=env))
     monkeypatch.setattr(bench_cli, "plot_results", lambda path, rows: None)
     monkeypatch.setattr(bench_cli, "environment", lambda device, ceilings: {})
     result = CliRunner().invoke(bench, ["decode", "--case", "16,1,1024,1,bf16,64", "--no-baseline", *flag,
                                         "--json", str(tmp_path / "x.json"), "--plot", str(tmp_path / "x.png")])
     assert result.exit_code == 0, result.output
-    assert seen["sustained"] == (timing == "sustained")
+    assert seen["timing"] == timing
     assert seen["ceilings"] == (timing == "sustained")
     assert seen["env"] == {"timing": timing}
 

@@ -1,5 +1,5 @@
 """How `mlakit.bench.timing` times calls: the sustained timer's settling and window (the CPU part with the GPU
-calls stubbed, the rest on a GPU)."""
+calls stubbed, the rest on a GPU), and the clean-L2 timer."""
 
 from __future__ import annotations
 
@@ -50,3 +50,13 @@ def test_sustained_counts_every_call_of_the_window():
 
     timing.sustained_ms(call, 0.0, 0.0)
     assert len(launches) == 1 + 3  # settling for 0 s runs one batch of one call; the window at least three
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_clean_l2_time_of_a_matmul_is_close_to_the_flushed_median_over_at_least_fifteen_calls():
+    x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    assert 0.5 < timing.clean_l2_ms(lambda: x @ x) / timing.median_ms(lambda: x @ x) < 2.0
+    calls = []
+    timing.clean_l2_ms(lambda: calls.append(x.add_(0)), rep_ms=1)
+    assert len(calls) >= 5 + 10  # five to estimate, at least ten timed

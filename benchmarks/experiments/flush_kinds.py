@@ -1,6 +1,8 @@
 """Device experiment: one decode call's time after three kinds of L2 flush: writing 256 MB (what
 `triton.testing.do_bench` does: L2 left full of dirty lines the call's reads must write back first),
-reading 256 MB (L2 full of clean lines), and none (the call's own data may still be cached).
+reading 256 MB (L2 full of clean lines), and none (the call's own data may still be cached), all three by one
+loop (synchronized single replays) so that they compare; `mlakit bench decode --clean-l2` is the benchmark's form of
+the second (`mlakit.bench.timing.clean_l2_ms`).
 
 Usage: python benchmarks/experiments/flush_kinds.py [--flashmla] [MODULE.NAME=VALUE] HEADS,BATCH,SEQLEN|ragged,Q_LEN[,KV_DTYPE] [...]
 (an optional argument sets a setting of `mlakit.kernels.MODULE` first, e.g. l2_evict_first.EVICT_FIRST_MAX_ROW_TILES=0;

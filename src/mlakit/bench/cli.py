@@ -69,7 +69,8 @@ def _timing(sustained: bool) -> tuple[Callable[[Callable[[], object]], float], s
     return (sustained_ms, "sustained") if sustained else (median_ms, "flushed")
 
 
-GRID_OPTIONS = ("quick", "grid_heads", "case_specs", "backends_spec", "tunings", "no_baseline", "plot_path", "sustained")
+GRID_OPTIONS = ("quick", "grid_heads", "case_specs", "backends_spec", "tunings", "no_baseline", "plot_path", "sustained",
+                "clean_l2")
 GRAPH_OPTIONS = ("graph_heads", "graph_context", "graph_q_len", "graph_backend", "graph_layers", "graph_batches", "graph_steps",
                  "tp_size", "dcp_size", "dcp_interleave")
 GRAPHS_JSON = Path("decode_graphs_bench.json")
@@ -94,6 +95,10 @@ GRAPHS_JSON = Path("decode_graphs_bench.json")
                                                 "settled under the power cap, instead of do_bench's median with the L2 "
                                                 "flushed before each replay. A cache that fits L2 (~40 MB) then stays "
                                                 "there, unlike a model's many layers: use it for larger caches.")
+@click.option("--clean-l2", is_flag=True, help="Time graph replays with L2 full of clean lines before each (256 MB "
+                                               "read), instead of do_bench's flush, which writes and leaves dirty lines "
+                                               "the call must write back first (closer to a model, whose attention "
+                                               "follows weight reads).")
 @click.option("--graphs", "graphs", is_flag=True,
               help="Instead of the kernel grid: eager vs CUDA-graph time per decode step of a DeepSeek-V3 attention stack "
                    "(one mla_decode per layer on its own cache; no projections, no MoE).")
@@ -123,6 +128,7 @@ def decode(
     json_path: Path,
     plot_path: Path,
     sustained: bool,
+    clean_l2: bool,
     graphs: bool,
     graph_heads: int,
     graph_context: int,
@@ -142,6 +148,8 @@ def decode(
     if graphs and given & set(GRID_OPTIONS):
         flags = ", ".join(sorted("--" + _option_flag(n) for n in given & set(GRID_OPTIONS)))
         raise click.UsageError(f"--graphs replaces the kernel grid; drop {flags}")
+    if sustained and clean_l2:
+        raise click.UsageError("--sustained times replays back to back, without a flush; drop --clean-l2 or --sustained")
     if not graphs and given & set(GRAPH_OPTIONS):
         flags = ", ".join(sorted("--" + _option_flag(n) for n in given & set(GRAPH_OPTIONS)))
         raise click.UsageError(f"{flags} only apply with --graphs")
@@ -182,11 +190,11 @@ def decode(
     ]
     if not cases:
         raise click.UsageError(f"--heads: the grid has no case with {', '.join(map(str, grid_heads))} heads")
-    _, timing = _timing(sustained)
+    timing = "clean-l2" if clean_l2 else _timing(sustained)[1]
     ceilings = measure_ceilings(device, sustained=sustained)
     click.echo(f"ceilings: copy {ceilings.copy_gb_per_s:.0f} GB/s, bf16 matmul {ceilings.matmul_tflop_per_s:.0f} TFLOP/s"
                f" ({timing} timing)")
-    rows = run_cases(cases, kernels, device, ceilings, click.echo, sustained)
+    rows = run_cases(cases, kernels, device, ceilings, click.echo, timing)
     write_results(json_path, {**environment(device, ceilings), "timing": timing}, rows)
     plot_results(plot_path, rows)
     click.echo(f"wrote {json_path} and {plot_path}")

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from mlakit.bench.ceilings import Ceilings
-from mlakit.bench.timing import eager_us, host_us_per_call, median_ms, sustained_ms
+from mlakit.bench.timing import clean_l2_ms, eager_us, host_us_per_call, median_ms, sustained_ms
 from mlakit.cache.kv_quant import FP8_DTYPE, STORAGE_DTYPES
 from mlakit.graphs import capture_graph
 
@@ -132,12 +132,21 @@ DecodeCall = Callable[[], tuple[torch.Tensor, torch.Tensor | None]]
 KernelFactory = Callable[[DecodeInputs], DecodeCall]
 
 
-def time_graph_replay(call: DecodeCall, sustained: bool = False) -> float:
-    """Microseconds of a CUDA-graph replay of one call: do_bench's median, the L2 flushed before each replay, or
-    with `sustained` the mean of replays back to back once the clock has settled (`timing.sustained_ms`; a cache
-    that fits L2 then stays there between replays)."""
+# How `time_graph_replay` times a replay, by the name results files give the timing.
+REPLAY_TIMERS: dict[str, Callable[[Callable[[], object]], float]] = {
+    "flushed": lambda replay: median_ms(replay, rep_ms=200),
+    "clean-l2": lambda replay: clean_l2_ms(replay, rep_ms=200),
+    "sustained": sustained_ms,
+}
+
+
+def time_graph_replay(call: DecodeCall, timing: str = "flushed") -> float:
+    """Microseconds of a CUDA-graph replay of one call, timed as `timing` names (`REPLAY_TIMERS`): do_bench's median
+    with the L2 flushed (left dirty) before each replay, the median with a clean L2 before each
+    (`timing.clean_l2_ms`), or the mean of replays back to back once the clock has settled (`timing.sustained_ms`;
+    a cache that fits L2 then stays there between replays)."""
     graph, _ = capture_graph(call, warmup=1)
-    return (sustained_ms(graph.replay) if sustained else median_ms(graph.replay, rep_ms=200)) * 1e3
+    return REPLAY_TIMERS[timing](graph.replay) * 1e3
 
 
 def check_against_reference(factory: KernelFactory, inputs: DecodeInputs, max_tokens: int = 1 << 19) -> float:
@@ -162,9 +171,9 @@ def run_cases(
     device: torch.device,
     ceilings: Ceilings,
     log: Callable[[str], None],
-    sustained: bool = False,
+    timing: str = "flushed",
 ) -> list[dict[str, object]]:
-    """Checks then times every kernel on every case (CUDA-graph replay, `time_graph_replay` with `sustained`; and
+    """Checks then times every kernel on every case (CUDA-graph replay, `time_graph_replay` as `timing` names; and
     outside a graph, the host time per call of a loop without sync and the eager do_bench time); one result row
     per (case, kernel), with `x_first`, the time over the first kernel's on the same case. A kernel whose
     preparation raises CaseNotSupported is skipped for that case, with its reason in the log."""
@@ -179,7 +188,7 @@ def run_cases(
             try:
                 error = check_against_reference(factory, inputs)
                 call = factory(inputs)
-                time_us = time_graph_replay(call, sustained)
+                time_us = time_graph_replay(call, timing)
                 host_us, eager = host_us_per_call(call), eager_us(call)
             except CaseNotSupported as exc:
                 log(f"{case.label:<28} {name:<10} skipped: {exc}")

@@ -1,5 +1,5 @@
-"""Timing a call outside a CUDA graph: the host time per call, the eager time (L2 flushed before each call), and
-the sustained time (back to back, the clock settled)."""
+"""Timing a call outside a CUDA graph: the host time per call, the eager time (L2 flushed before each call), the
+time with a clean L2 before each call, and the sustained time (back to back, the clock settled)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ CALLS = 100
 SETTLE_SECONDS = 0.5
 WINDOW_SECONDS = 1.0
 SETTLE_BATCH_SECONDS = 0.1
+# `clean_l2_ms`: bytes read before each call, well past L2 (50 MB on the H100, 60 MB on the H200).
+CLEAN_L2_BYTES = 256 << 20
 
 
 def host_us_per_call(call: Callable[[], object], calls: int = CALLS, rounds: int = 9) -> float:
@@ -42,6 +44,36 @@ def median_ms(call: Callable[[], object], rep_ms: int = 100) -> float:
     from triton.testing import do_bench
 
     return do_bench(call, warmup=25, rep=rep_ms, return_mode="median")
+
+
+def clean_l2_ms(call: Callable[[], object], rep_ms: int = 100) -> float:
+    """Median milliseconds of the call with L2 full of clean lines before each: CLEAN_L2_BYTES read (summed) first.
+    do_bench's flush writes instead, which leaves L2 full of dirty lines the call's first reads must write back
+    (up to ~50 MB of extra traffic); a model's attention more likely follows weight reads (benchmarks/NOTES.md, "v58
+    under other L2 states"). CUDA events around each call; about `rep_ms` of calls, at least ten.
+
+    >>> import torch
+    >>> if torch.cuda.is_available():
+    ...     x = torch.randn(1024, 1024, device="cuda")
+    ...     assert 0 < clean_l2_ms(lambda: x @ x, 5) < 100
+    """
+    lines = torch.empty(CLEAN_L2_BYTES // 4, dtype=torch.int32, device="cuda")
+    total = torch.empty((), dtype=torch.int64, device="cuda")
+
+    def timed_once() -> tuple[torch.cuda.Event, torch.cuda.Event]:
+        torch.sum(lines, out=total)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        call()
+        end.record()
+        return start, end
+
+    estimate = [timed_once() for _ in range(5)]
+    torch.cuda.synchronize()
+    per_call_ms = statistics.median(start.elapsed_time(end) for start, end in estimate)
+    events = [timed_once() for _ in range(max(10, math.ceil(rep_ms / max(per_call_ms, 1e-3))))]
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) for start, end in events)
 
 
 def eager_us(call: Callable[[], object]) -> float:
