@@ -160,10 +160,9 @@ def seesaw_arguments(heads: int, q_len: int, kv_dtype: torch.dtype, merge: bool,
                (part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1)))
     fp8 = kv_dtype == hd.FP8_DTYPE
     scale_or_state = torch.ones(1, dtype=torch.float32) if fp8 else work_state
+    row_tiles = -(-q_len * heads // hd.BLOCK_M.value)
     arguments = [q, *hd.chunk_descriptors(pages, kv_lora_rank), scale_or_state, block_table, seqlens, work, out, lse,
-                 part_out, part_lse, 0.1, *strides, work_state, 1000, -(-q_len * heads // hd.BLOCK_M.value),
-                 merge_state]
-    row_tiles = arguments[-2]
+                 part_out, part_lse, 0.1, *strides, work_state, 1000, row_tiles, merge_state]
     constants = dict(HEADS=heads, PAGE_SIZE=page_size, KV_LORA_RANK=kv_lora_rank, ROPE_DIM=rope_dim, MERGE=merge,
                      EVICT_FIRST=streams_evict_first(row_tiles), num_warps=4)
     return arguments, constants

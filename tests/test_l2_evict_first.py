@@ -45,12 +45,35 @@ def test_marked_kernel_loads_every_tile_under_one_policy_made_at_its_entry():
 
 
 def test_a_marked_kernel_without_tma_loads_is_refused():
-    with pytest.raises(PtxRewriteError, match="found 0 TMA tile loads"):
+    with pytest.raises(PtxRewriteError, match="0 of its 0 TMA loads"):
         evict_first_tma_loads(_kernel_ptx("mov.u32 %r1, 0;"))
 
 
-def test_the_scope_installs_its_pipeline_hook_and_restores_the_one_before():
+def test_a_marked_kernel_with_a_tma_load_in_a_form_the_rewrite_does_not_know_is_refused():
+    multicast = ("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
+                 "[%r4], [%rd1, {%r2}], [%r3], %rs1;")
+    with pytest.raises(PtxRewriteError, match="1 of its 2 TMA loads"):
+        evict_first_tma_loads(_kernel_ptx(LOAD.format(dims=2, n=1), multicast))
+
+
+def test_tma_stores_are_neither_counted_nor_hinted_and_a_local_stack_is_kept_before_the_policy():
+    store = "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%rd1, {%r2}], [%r4];"
+    ptx = _kernel_ptx(LOAD.format(dims=2, n=1), store).replace(
+        "{\n", "{\n\t.local .align 8 .b8 \t__local_depot0[8];\n", 1)
+    lines = evict_first_tma_loads(ptx).splitlines()
+    assert f"\t{store}" in lines and sum(".L2::cache_hint" in line for line in lines) == 1
+    depot = next(i for i, line in enumerate(lines) if "__local_depot0" in line)
+    policy = next(i for i, line in enumerate(lines) if "createpolicy" in line)
+    assert depot < policy < lines.index(MARK)
+
+
+def test_the_scope_chains_its_hook_after_the_one_set_and_restores_it():
+    seen = []
+
     def mine(*args):
+        if not args:
+            return "mine", "0" * 64
+        seen.append(args[1]["ptx"])
         return None
 
     knobs.runtime.add_stages_inspection_hook = mine
@@ -58,19 +81,22 @@ def test_the_scope_installs_its_pipeline_hook_and_restores_the_one_before():
         with ptx_rewritten(evict_first_tma_loads):
             hook = knobs.runtime.add_stages_inspection_hook
             name, digest = hook()
-            assert name == "mlakit.kernels.l2_evict_first.evict_first_tma_loads" and len(digest) == 64
+            assert name == "mine" + "mlakit.kernels.l2_evict_first.evict_first_tma_loads" and len(digest) == 64
             stages = {"ptx": lambda src, metadata: _kernel_ptx(LOAD.format(dims=2, n=1))}
+            original = stages["ptx"]
             hook(object(), stages, None, None, 90)
-            assert ".L2::cache_hint" in stages["ptx"]("llir", {})
+            assert seen == [original] and ".L2::cache_hint" in stages["ptx"]("llir", {})
         assert knobs.runtime.add_stages_inspection_hook is mine
     finally:
         knobs.runtime.add_stages_inspection_hook = None
 
 
 @gluon.jit
-def _tile_copy(DESC, OUT, MARKED: gl.constexpr):
+def _tile_copy(DESC, OUT, MARKED: gl.constexpr, PRINTS: gl.constexpr):
     if MARKED:
         mark_evict_first()
+    if PRINTS:  # a kernel with a local stack
+        gl.device_print("program", gl.program_id(0))
     tile = gl.allocate_shared_memory(DESC.dtype, DESC.block_type.shape, DESC.layout)
     ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(ready, count=1)
@@ -90,19 +116,33 @@ def _compile_check_script():
     return module
 
 
-@pytest.mark.parametrize("marked", [True, False])
-def test_a_kernel_compiled_for_sm90_in_the_scope_is_hinted_exactly_when_marked(marked):
-    """Triton's real PTX for a TMA load (the installed Triton, compiled for sm_90a without a GPU) is what the rewrite
-    finds, and ptxas takes the rewritten form."""
+def _compile_tile_copy(marked: bool, prints: bool = False):
     source = torch.empty(64, 64, dtype=torch.bfloat16)
     desc = matrix_descriptor((source.data_ptr(), source.dtype, tuple(source.shape), tuple(source.stride())), (64, 64))
     out = torch.empty(64, 64, dtype=torch.bfloat16)
+    constants = dict(MARKED=marked, PRINTS=prints, num_warps=4)
+    return _compile_check_script().compile_like_launch(_tile_copy, [desc, out], constants)
+
+
+@pytest.mark.parametrize("marked, prints", [(True, False), (False, False), (True, True)])
+def test_a_kernel_compiled_for_sm90_in_the_scope_is_hinted_exactly_when_marked(marked, prints):
+    """Triton's real PTX for a TMA load (the installed Triton, compiled for sm_90a without a GPU) is what the rewrite
+    finds, with or without a local stack, and ptxas takes the rewritten form."""
     with ptx_rewritten(evict_first_tma_loads):
-        compiled = _compile_check_script().compile_like_launch(_tile_copy, [desc, out], dict(MARKED=marked, num_warps=4))
+        compiled = _compile_tile_copy(marked, prints)
     ptx = compiled.asm["ptx"]
     assert ptx.count("cp.async.bulk.tensor") == 1
     assert (".L2::cache_hint" in ptx) == marked and ("createpolicy" in ptx) == marked
     assert compiled.asm["cubin"]
+
+
+def test_a_marked_kernel_compiled_outside_the_scope_fails_instead_of_running_unhinted():
+    with pytest.raises(Exception) as failure:
+        _compile_tile_copy(marked=True)
+    causes = [failure.value]
+    while causes[-1].__cause__ is not None or causes[-1].__context__ is not None:
+        causes.append(causes[-1].__cause__ or causes[-1].__context__)
+    assert any("mlakit_evict_first" in str(cause) for cause in causes)
 
 
 @pytest.mark.gpu

@@ -1,13 +1,28 @@
 """What the decode experiments share: a benchmark case from its command-line spec, its inputs and
 default split plan, our kernel's call over them with the plan built beforehand (as the benchmark
-times it), and variants of a call timed in turns."""
+times it), variants of a call timed in turns, and the module settings experiments vary."""
 
+import ast
+import importlib
 from collections.abc import Callable
 
 import torch
 
 from mlakit.bench.decode import DecodeCase, DecodeInputs, make_inputs, time_graph_replay
 from mlakit.kernels.triton_decode import DecodePlan, DecodeTuning, plan_decode, triton_mla_decode
+
+
+def set_setting(setting: str, value: object) -> None:
+    """Sets `mlakit.kernels.MODULE.NAME` (`setting` = "MODULE.NAME") to `value`; kernels read such settings when a
+    plan prepares its launches."""
+    module_name, name = setting.rsplit(".", 1)
+    setattr(importlib.import_module(f"mlakit.kernels.{module_name}"), name, value)
+
+
+def parse_assignment(spec: str) -> tuple[str, object]:
+    """(NAME, value) from "NAME=VALUE" (e.g. a setting's "MODULE.NAME=VALUE"), VALUE a Python literal."""
+    setting, value = spec.split("=", 1)
+    return setting, ast.literal_eval(value)
 
 
 def parse_case(spec: str) -> DecodeCase:

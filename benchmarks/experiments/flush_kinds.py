@@ -9,13 +9,11 @@ Usage: python benchmarks/experiments/flush_kinds.py [--flashmla] [MODULE.NAME=VA
 VALUE a Python literal; with --flashmla, FlashMLA's call on the same inputs too: built and on PYTHONPATH).
 """
 
-import ast
-import importlib
 import statistics
 import sys
 
 import torch
-from decode_case import case_inputs, decode_call, parse_case
+from decode_case import case_inputs, decode_call, parse_case, parse_assignment, set_setting
 
 REPS = 100
 buffer = torch.empty(256 * 2**20 // 4, dtype=torch.int32, device="cuda")
@@ -38,10 +36,8 @@ def median_us(graph: torch.cuda.CUDAGraph, flush) -> float:
 specs = sys.argv[1:]
 with_flashmla = "--flashmla" in specs
 specs = [spec for spec in specs if spec != "--flashmla"]
-if "=" in specs[0]:
-    setting, value = specs.pop(0).split("=", 1)
-    module_name, name = setting.rsplit(".", 1)
-    setattr(importlib.import_module(f"mlakit.kernels.{module_name}"), name, ast.literal_eval(value))
+if specs and "=" in specs[0]:
+    set_setting(*parse_assignment(specs.pop(0)))
 tiny = torch.zeros(1, device="cuda")
 tiny_graph = torch.cuda.CUDAGraph()
 with torch.cuda.graph(tiny_graph):

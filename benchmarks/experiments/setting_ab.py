@@ -9,25 +9,21 @@ Usage: python benchmarks/experiments/setting_ab.py MODULE.NAME LABEL=VALUE [LABE
 (CASE as `DecodeCase.parse`: HEADS,BATCH,SEQLEN|ragged,Q_LEN[,KV_DTYPE[,PAGE_SIZE]]; VALUE a Python literal.)
 """
 
-import ast
-import importlib
 import sys
 
 import torch
 from cuda_profile import flushed_kernel_times
-from decode_case import case_inputs, case_plan, decode_call, interleaved_times, parse_case
+from decode_case import case_inputs, case_plan, decode_call, interleaved_times, parse_case, parse_assignment, set_setting
 
 setting, arguments = sys.argv[1], sys.argv[2:]
-module_name, name = setting.rsplit(".", 1)
-module = importlib.import_module(f"mlakit.kernels.{module_name}")
 split = arguments.index("--")
-variants = {label: ast.literal_eval(value) for label, value in (a.split("=", 1) for a in arguments[:split])}
+variants = dict(parse_assignment(argument) for argument in arguments[:split])
 first = next(iter(variants))
 
 
 def call_for(variant: str, spec: str):
     """The case's call with the variant's plan, the setting at the variant's value."""
-    setattr(module, name, variants[variant])
+    set_setting(setting, variants[variant])
     return decode_call(cases[spec][0], plans[spec, variant])
 
 

@@ -249,6 +249,15 @@ def _masked_near_end(s, tok0, end, visible, unmasked_end):
 
 
 @gluon.jit
+def _tile_rows(tile, seqlen, q_len, end, HEADS: gl.constexpr, LAYOUT: gl.constexpr):
+    """A row tile's rows, how many of the sequence's tokens each sees (bottom-right causal: query i of q_len sees
+    seqlen - q_len + i + 1), and the end of the tokens every row sees within the split (`_masked_near_end`)."""
+    rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=LAYOUT)
+    visible = seqlen - q_len + rows // HEADS + 1
+    return rows, visible, gl.minimum(end, seqlen - q_len + tile * BLOCK_M // HEADS + 1)
+
+
+@gluon.jit
 def _masked_scores(q_lat_smem, q_rope_smem, k_lat, k_rope, s_zero, tok0, end, visible):
     """S = Q . K^T of one tile (layout of `s_zero`), unscaled, -inf where a token is past the split's end or
     not yet visible to the row's query token."""
@@ -794,9 +803,7 @@ def _seesaw_even_partition(
     o_layout: gl.constexpr = _half_output_layout(KV_LORA_RANK)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     dtype: gl.constexpr = slots.dtype
-    rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-    visible = seqlen - q_len + rows // HEADS + 1
-    unmasked_end = gl.minimum(end, seqlen - q_len + tile * BLOCK_M // HEADS + 1)
+    rows, visible, unmasked_end = _tile_rows(tile, seqlen, q_len, end, HEADS, gl.SliceLayout(1, s_layout))
     m_i, l_i = no_keys_yet(BLOCK_M, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([BLOCK_M, half], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
@@ -880,9 +887,7 @@ def _seesaw_odd_partition(
     o_layout: gl.constexpr = _half_output_layout(KV_LORA_RANK)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     dtype: gl.constexpr = slots.dtype
-    rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-    visible = seqlen - q_len + rows // HEADS + 1
-    unmasked_end = gl.minimum(end, seqlen - q_len + tile * BLOCK_M // HEADS + 1)
+    rows, visible, unmasked_end = _tile_rows(tile, seqlen, q_len, end, HEADS, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([BLOCK_M, half], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
     if FP8:

@@ -31,7 +31,10 @@ EVICT_FIRST_MAX_ROW_TILES = 2
 _POLICY = "%mlakit_evict_first"
 _TMA_LOAD = re.compile(r"(cp\.async\.bulk\.tensor\.\dd\.shared::(?:cluster|cta)\.global\.mbarrier::complete_tx::bytes)"
                        r"( \[[^\]]+\], \[[^\]]+\], \[[^\]]+\]);")
-_ENTRY_REGISTERS = re.compile(r"(\.entry [^{]*\{\n(?:\t\.reg [^\n]+\n)+)")
+# Any TMA load from global memory, in whatever form: each must be one `_TMA_LOAD` rewrites.
+_ANY_TMA_LOAD = re.compile(r"cp\.async\.bulk\.tensor\.\dd\.shared::\w+\.global")
+# The entry's declarations (registers, and a local stack where the kernel has one), after which the policy is made.
+_ENTRY_DECLARATIONS = re.compile(r"(\.entry [^{]*\{\n(?:\t\.(?:reg|local|shared) [^\n]+\n)+)")
 
 
 class PtxRewriteError(RuntimeError):
@@ -52,18 +55,23 @@ def evict_first_tma_loads(ptx: str) -> str:
     else unchanged. Raises `PtxRewriteError` for a marked kernel whose loads or entry it cannot find."""
     if MARK not in ptx:
         return ptx
+    every_load = len(_ANY_TMA_LOAD.findall(ptx))
     ptx, loads = _TMA_LOAD.subn(rf"\1.L2::cache_hint\2, {_POLICY};", ptx)
-    ptx, entries = _ENTRY_REGISTERS.subn(
+    ptx, entries = _ENTRY_DECLARATIONS.subn(
         rf"\1\t.reg .b64 \t{_POLICY};\n\tcreatepolicy.fractional.L2::evict_first.b64 \t{_POLICY}, 1.0;\n", ptx, count=1)
-    if not loads or entries != 1:
-        raise PtxRewriteError(f"a kernel marked for evict-first TMA loads: found {loads} TMA tile loads and "
-                              f"{entries} entry register block(s) in its PTX, expected at least one of each")
+    if not loads or loads != every_load or entries != 1:
+        raise PtxRewriteError(f"a kernel marked for evict-first TMA loads: {loads} of its {every_load} TMA loads in a "
+                              f"form the rewrite knows and {entries} entry declaration block(s) in its PTX, expected "
+                              f"every load (at least one) and one entry")
     return ptx
 
 
 # The marker names this module's source by digest, so that Triton's caches, which key a kernel by its source,
-# never hand out a kernel rewritten by an older form of the rewrite.
-_MARK_ASM = gl.constexpr(f"{MARK} {hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]}\n mov.u32 $0, 0;")
+# never hand out a kernel rewritten by an older form of the rewrite; and it reads the policy register, which only
+# the rewrite declares, so a marked kernel compiled without the rewrite (outside `launch.ptx_rewritten`) fails in
+# ptxas instead of running, and caching, unhinted.
+_MARK_ASM = gl.constexpr(f"{MARK} {hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]}\n"
+                         f"{{\n.reg .b64 policy;\nmov.b64 policy, {_POLICY};\n}}\n mov.u32 $0, 0;")
 
 
 @gluon.jit

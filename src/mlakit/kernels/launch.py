@@ -25,6 +25,7 @@ import dataclasses
 import hashlib
 import inspect
 import os
+import threading
 from collections.abc import Callable, Hashable, Iterator, Mapping
 
 import triton
@@ -61,34 +62,44 @@ class _RawLaunch:
     pdl: bool
 
 
+# Held while a rewrite's hook is installed: Triton keeps its pipeline hook in process-wide knobs.
+_REWRITE_SCOPE = threading.RLock()
+
+
 @contextlib.contextmanager
 def ptx_rewritten(rewrite: Callable[[str], str] | None) -> Iterator[None]:
-    """A scope in which the kernels Triton compiles have `rewrite` run on their PTX before ptxas (a pipeline hook,
-    named in Triton's cache keys where Triton asks: 3.7); none without a rewrite.
+    """A scope in which the kernels Triton compiles have `rewrite` run on their PTX before ptxas (a pipeline hook
+    after any hook already set, named in Triton's cache keys where Triton asks: 3.7); none without a rewrite. One
+    thread at a time holds such a scope; Triton's runtime knobs are restored as they were when it ends.
 
     >>> def unchanged(ptx: str) -> str:
     ...     return ptx
+    >>> from triton import knobs
     >>> with ptx_rewritten(unchanged):
-    ...     pass  # kernel[grid](...) or kernel.warmup(...) here
+    ...     knobs.runtime.add_stages_inspection_hook()[0].endswith("unchanged")
+    True
     """
     if rewrite is None:
         yield
         return
-    with knobs.runtime.scope():
-        knobs.runtime.add_stages_inspection_hook = _ptx_rewrite_hook(rewrite)
+    with _REWRITE_SCOPE, knobs.runtime.scope():
+        knobs.runtime.add_stages_inspection_hook = _ptx_rewrite_hook(rewrite, knobs.runtime.add_stages_inspection_hook)
         yield
 
 
-def _ptx_rewrite_hook(rewrite: Callable[[str], str]) -> Callable[..., object]:
-    """A Triton pipeline hook that runs `rewrite` on the PTX stage's output. Triton 3.7 also calls it without
-    arguments for the key and hash it adds to its cache keys. Triton 3.6 does not, so a rewrite must change only
-    kernels that say so in their own source or constexprs (which its cache keys name), as `l2_evict_first`'s
-    marker does."""
-    name = f"{rewrite.__module__}.{rewrite.__qualname__}"
+def _ptx_rewrite_hook(rewrite: Callable[[str], str], previous: Callable[..., object] | None) -> Callable[..., object]:
+    """A Triton pipeline hook that runs `previous` (a hook already set), then `rewrite` on the PTX stage's output.
+    Triton 3.7 also calls it without arguments for the key and hash it adds to its cache keys. Triton 3.6 does not,
+    so a rewrite must change only kernels that say so in their own source or constexprs (which its cache keys name),
+    as `l2_evict_first`'s marker does."""
+    name = f"{rewrite.__module__}.{getattr(rewrite, '__qualname__', type(rewrite).__qualname__)}"
 
     def hook(*args: object) -> object:
         if not args:
-            return name, hashlib.sha256(name.encode()).hexdigest()
+            key, digest = previous() if previous is not None else ("", "")
+            return key + name, hashlib.sha256(f"{digest}{name}".encode()).hexdigest()
+        if previous is not None:
+            previous(*args)
         stages = args[1]
         make_ptx = stages["ptx"]
         stages["ptx"] = lambda src, metadata: rewrite(make_ptx(src, metadata))
