@@ -36,6 +36,22 @@ def split_tiles(seqlen: int, split: int, splits: int) -> int:
     return max(-(-(end - start) // TILE), 0)
 
 
+def even_share_pieces(tiles: list[int], row_tiles: int, programs: int = SMS) -> list[int]:
+    """Pieces per program when each row tile's concatenated sequence tiles are cut into equal shares, one per program
+    (programs split evenly between the row tiles): a program's share spans one or more sequences, and each sequence
+    it touches is one piece (a split whose partial is merged as now)."""
+    per_row_tile = programs // row_tiles
+    total = sum(tiles)
+    bounds = [0]
+    for t in tiles:
+        bounds.append(bounds[-1] + t)
+    pieces = []
+    for p in range(per_row_tile):
+        lo, hi = total * p / per_row_tile, total * (p + 1) / per_row_tile
+        pieces.append(sum(1 for a, b in zip(bounds, bounds[1:]) if a < hi and b > lo))
+    return pieces * row_tiles
+
+
 def makespan(units: list[int], tile_us: float, first_us: float, next_us: float, programs: int = SMS) -> float:
     """When the last of `programs` finishes, each taking the next untaken unit (tiles) as it finishes one."""
     ends = [(first_us + tiles * tile_us, p) for p, tiles in enumerate(units[:programs])]
@@ -69,12 +85,16 @@ def main(spec: str, tile_us: float, first_list: str, next_list: str) -> None:
     print(f"{case.label}: {len(lengths)} sequences, {sum(lengths)} tokens; plan ceiling {plan.geometry.max_splits}, "
           f"{len(items)} items x {row_tiles} row tiles = {len(units)} units, {sum(units)} tiles, largest "
           f"{max(units)}")
+    pieces = even_share_pieces([-(-n // TILE) for n in lengths], row_tiles)
+    print(f"even shares: {sum(units) / SMS:.1f} tiles per program in {min(pieces)}-{max(pieces)} pieces "
+          f"(mean {sum(pieces) / len(pieces):.2f})")
     for first_us in map(float, first_list.split(",")):
         share = first_us + sum(units) * tile_us / SMS
         for next_us in map(float, next_list.split(",")):
             ours = makespan(units, tile_us, first_us, next_us)
+            shared = share + (max(pieces) - 1) * next_us
             print(f"fixed {first_us:.1f} / {next_us:.1f} us: our plan {ours:6.1f} us, an even share {share:6.1f} us "
-                  f"(ours {ours / share:.3f}x)")
+                  f"(ours {ours / share:.3f}x), even shares paying each piece's fixed part {shared:6.1f} us")
 
 
 if __name__ == "__main__":
