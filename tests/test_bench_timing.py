@@ -35,7 +35,8 @@ def test_sustained_time_of_a_matmul_is_close_to_the_flushed_median():
     x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     sustained = timing.sustained_ms(lambda: x @ x, 0.2, 0.2)
     flushed = timing.median_ms(lambda: x @ x)
-    assert 0.5 < sustained / flushed < 2.0
+    # Wide: other test workers may share the GPU (pytest -n) during one of the two windows; a unit slip is 1000x.
+    assert 0.2 < sustained / flushed < 5.0
 
 
 @pytest.mark.gpu
@@ -56,7 +57,7 @@ def test_sustained_counts_every_call_of_the_window():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_clean_l2_time_of_a_matmul_is_close_to_the_flushed_median_over_at_least_fifteen_calls():
     x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
-    assert 0.5 < timing.clean_l2_ms(lambda: x @ x) / timing.median_ms(lambda: x @ x) < 2.0
+    assert 0.2 < timing.clean_l2_ms(lambda: x @ x) / timing.median_ms(lambda: x @ x) < 5.0  # wide: as above
     calls = []
     timing.clean_l2_ms(lambda: calls.append(x.add_(0)), rep_ms=1)
     assert len(calls) >= 5 + 10  # five to estimate, at least ten timed

@@ -44,8 +44,8 @@ EDITS = (
     ("                OUT_STRIDES, PART_STRIDES, HEADS, o_layout)\n\n\n@gluon.jit\ndef _store_half(",
      "                OUT_STRIDES, PART_STRIDES, HEADS, o_layout)\n    _stamp(TL, slot, 6)\n\n\n"
      "@gluon.jit\ndef _store_half("),
-    ("        last = (next_unit >= units) & (not ragged)\n        if split < num_splits and tile * BLOCK_M < q_len * HEADS:\n",
-     "        last = (next_unit >= units) & (not ragged)\n        slot = gl.program_id(0) * 2 + gl.minimum(units_done - 1, 1)\n"
+    ("        last = (next_unit >= units) & (not ragged) & (num_splits <= EARLY_TRIGGER_MAX_SPLITS)\n        if split < num_splits and tile * BLOCK_M < q_len * HEADS:\n",
+     "        last = (next_unit >= units) & (not ragged) & (num_splits <= EARLY_TRIGGER_MAX_SPLITS)\n        slot = gl.program_id(0) * 2 + gl.minimum(units_done - 1, 1)\n"
      "        _stamp(KV_SCALE, slot, 0)\n        if split < num_splits and tile * BLOCK_M < q_len * HEADS:\n"),
     ("                LSE_STRIDES, PART_STRIDES, last, HEADS, PAGE_SIZE, KV_LORA_RANK)\n            if MERGE",
      "                LSE_STRIDES, PART_STRIDES, last, KV_SCALE, slot, HEADS, PAGE_SIZE, KV_LORA_RANK)\n            if MERGE"),

@@ -101,6 +101,9 @@ MERGE_MAX_SPLITS = 4
 MERGE_COLUMNS = gl.constexpr(64)
 MERGE_SPLITS_PER_STEP = gl.constexpr(4)
 MERGE_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0]))
+# A program lets the combine launch past its last unit's tile loop only where that unit's sequence has at most
+# this many splits: a combine let launch early behind many splits took 18-32% longer (NOTES.md v59, v60).
+EARLY_TRIGGER_MAX_SPLITS = gl.constexpr(32)
 # A prepared split pass: run(q, pages, kv_scale, shared_args).
 SplitPass = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", tuple], None]
 # The latent and rope widths the seesaw kernel takes fp8 pages at (DeepSeek's).
@@ -985,8 +988,9 @@ def mla_decode_hopper_seesaw_kernel(
     from the end of the second round, ...), each unit's plan entry loaded while the one before runs
     (NOTES.md v30). With MERGE, a split's partial is counted in MERGE_STATE once written, and the program
     that writes a sequence's last split merges the partials (`_merge_if_last`) instead of a combine kernel. In a
-    non-ragged plan a program past its last unit's tile loop executes `launch_dependents` (only a combine launched
-    behind this kernel reacts to it); in a ragged one the programs let it launch as they exit. With EVICT_FIRST
+    non-ragged plan a program past its last unit's tile loop executes `launch_dependents` where that unit's sequence
+    has at most EARLY_TRIGGER_MAX_SPLITS splits (only a combine launched behind this kernel reacts to it); otherwise
+    the programs let it launch as they exit. With EVICT_FIRST
     the cache's TMA loads carry an L2 evict-first policy (`l2_evict_first`; the launch rewrites the PTX).
     Arguments as `mla_decode_hopper_split_kernel`'s, with the cache's chunk TMA descriptors and, for fp8 pages
     (each chunk loaded into the first half of its 16-bit place and converted there by the warpgroup whose
@@ -1031,7 +1035,7 @@ def mla_decode_hopper_seesaw_kernel(
         next_work = _unit_work(WORK, SEQLENS, next_unit, row_tiles, work_rows)
         tile = unit % row_tiles
         # A ragged plan's next unit is taken only after this one.
-        last = (next_unit >= units) & (not ragged)
+        last = (next_unit >= units) & (not ragged) & (num_splits <= EARLY_TRIGGER_MAX_SPLITS)
         if split < num_splits and tile * BLOCK_M < q_len * HEADS:
             _seesaw_unit(
                 q_lat_all, q_rope_smem, k_lat_smem, slots, rows_smem, chunk_ready,
