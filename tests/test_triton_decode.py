@@ -158,6 +158,13 @@ def test_split_counts_follow_the_documented_formula(kernel_device):
     # Sequence 0 with 3 query tokens (3 row tiles) counts three times the work: fewer tiles per split elsewhere.
     ragged_queries = torch.tensor([0, 3, 4, 5], dtype=torch.int32, device=kernel_device)
     assert counts(lengths, ragged_queries, 64, SplitGeometry(3, 64), 64, 64, num_sms=4) == [5, 1, 1]
+    # Sixteen busy sequences take splits of at least the batched minimum; one busy among empty ones does not.
+    sixteen = torch.full((16,), 1024, dtype=torch.int32, device=kernel_device)
+    one_each = torch.arange(17, dtype=torch.int32, device=kernel_device)
+    batched = functools.partial(counts, geometry=SplitGeometry(1, 25), block_m=64, block_n=64, num_sms=132,
+                                programs_per_sm=1, min_tokens_per_split=128, batched_min_tokens_per_split=256)
+    assert batched(sixteen, one_each, 16) == [4] * 16  # 256 tiles / 132 programs: 2 a split, raised to 4
+    assert batched(torch.tensor([1024] + [0] * 15, dtype=torch.int32, device=kernel_device), one_each, 16)[0] == 8
 
 
 def test_split_plan_balances_ragged_lengths_and_bounds_splits(kernel_device):

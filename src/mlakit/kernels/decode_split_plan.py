@@ -21,6 +21,8 @@ MAX_SPLITS = 512
 RAGGED_NUM = tl.constexpr(5)
 RAGGED_DEN = tl.constexpr(4)
 RAGGED_PROGRAMS = tl.constexpr(2)
+# Batches of at least this many sequences with work take splits of `batched_min_tokens_per_split` (NOTES.md v62).
+BATCHED_SEQUENCES = tl.constexpr(16)
 # Larger batches keep batch order: the in-program sort takes 8 bytes of shared memory per sequence
 # and its compile time grows fast (seconds at 4096); batches that large get one split per sequence.
 MAX_SORTED_BATCH = tl.constexpr(1024)
@@ -69,9 +71,10 @@ class SequenceSplits(NamedTuple):
     work_state: torch.Tensor
 
 
-@triton.jit(do_not_specialize=["batch", "programs", "min_tiles", "max_splits", "capacity"])
+@triton.jit(do_not_specialize=["batch", "programs", "min_tiles", "batched_min_tiles", "max_splits", "capacity"])
 def _split_counts_kernel(
-    SEQLENS, CU_SEQLENS_Q, NUM_SPLITS, WORK, WORK_STATE, batch, programs, min_tiles, max_splits, capacity,
+    SEQLENS, CU_SEQLENS_Q, NUM_SPLITS, WORK, WORK_STATE, batch, programs, min_tiles, batched_min_tiles, max_splits,
+    capacity,
     HEADS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_TAIL: tl.constexpr,
 ):
@@ -83,6 +86,7 @@ def _split_counts_kernel(
     work = tl.sum(seq_work, 0)
     busy = tl.sum((seq_work > 0).to(tl.int32), 0)
     ragged = tl.max(seq_work, 0).to(tl.int64) * busy * RAGGED_DEN > work.to(tl.int64) * RAGGED_NUM
+    min_tiles = tl.where(busy >= BATCHED_SEQUENCES, batched_min_tiles, min_tiles)
     tiles_per_split = tl.maximum(tl.cdiv(work, tl.where(ragged, RAGGED_PROGRAMS * programs, programs)), min_tiles)
     splits = (tiles + tiles_per_split // 2) // tiles_per_split
     splits = tl.minimum(tl.maximum(splits, 1), max_splits)
@@ -134,6 +138,7 @@ def decode_split_counts(
     num_sms: int,
     programs_per_sm: int = 2,
     min_tokens_per_split: int = 1,
+    batched_min_tokens_per_split: int | None = None,
 ) -> SequenceSplits:
     """int32 `[batch]` splits per sequence, the work items and the work state (`SequenceSplits`), from
     one kernel launch and no host sync.
@@ -145,7 +150,9 @@ def decode_split_counts(
     non-empty ones), so that the long sequences' splits do not run alone at the end. A
     sequence's split count is rounded to the nearest whole number. A split holds at least
     `min_tokens_per_split` tokens, so its partial output (rows x kv_lora_rank floats,
-    written and read again by the combine) stays small next to the KV it reads; the count is then
+    written and read again by the combine) stays small next to the KV it reads, and at least
+    `batched_min_tokens_per_split` (default: the same) where BATCHED_SEQUENCES sequences or more have work,
+    whose splits spread the batch over the SMs rather than one sequence's keys; the count is then
     lowered to the splits that `cdiv(tiles, splits)` tiles each actually fill (no empty split). The
     work items list every split of every sequence, sequences by tiles per split, longest first
     (batches up to MAX_SORTED_BATCH; larger ones in batch order), so that the split kernel's programs
@@ -167,7 +174,8 @@ def decode_split_counts(
     block_b = max(16, triton.next_power_of_2(batch))
     _split_counts_kernel[(1,)](
         cache_seqlens, cu_seqlens_q, num_splits, work, work_state, batch, programs_per_sm * num_sms,
-        max(1, -(-min_tokens_per_split // block_n)), geometry.max_splits, capacity,
+        max(1, -(-min_tokens_per_split // block_n)),
+        max(1, -(-(batched_min_tokens_per_split or min_tokens_per_split) // block_n)), geometry.max_splits, capacity,
         HEADS=heads, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_B=block_b,
         BLOCK_S=max(1, WORK_STORE_TILE // block_b), BLOCK_TAIL=256,
     )
