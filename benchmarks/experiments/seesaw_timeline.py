@@ -10,7 +10,8 @@ written to an int64 buffer passed as the seesaw's KV_SCALE argument (bf16 caches
 naming the anchor, when the kernel's source no longer has the text it anchors on: update the anchors then.
 `run` times each case (CUDA-graph replay, as the benchmark does), then runs one eager call after an L2 flush
 and prints, per event, the min / median / max over programs (us from the first program's first stamp), for
-each program's first unit and for its last later one, and per-program medians of the phases.
+each program's first unit and for its last later one, per-program medians of the phases, and the programs that end
+last and first with their units and KV tiles (split tiles as the even cut gives them).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ STAMP = ("TIMELINE = None  # seesaw_timeline.py: an int64 [programs * 2 * 8] ten
 # (anchor, replacement) pairs applied in order to hopper_decode.py; each anchor must occur exactly once.
 EDITS = (
     ("@gluon.jit\ndef _separate_barriers(", STAMP + "@gluon.jit\ndef _separate_barriers("),
+    ("    while unit < units:\n", "    stamp_tiles = 0\n    while unit < units:\n"),
     ("    num_splits, scale_log2, kv_scale, OUT, LSE, PART_OUT, PART_LSE, OUT_STRIDES, LSE_STRIDES, PART_STRIDES, last,\n"
      "    HEADS: gl.constexpr,",
      "    num_splits, scale_log2, kv_scale, OUT, LSE, PART_OUT, PART_LSE, OUT_STRIDES, LSE_STRIDES, PART_STRIDES, last,\n"
@@ -46,7 +48,13 @@ EDITS = (
      "@gluon.jit\ndef _store_half("),
     ("        last = (next_unit >= units) & (not ragged) & (num_splits <= EARLY_TRIGGER_MAX_SPLITS)\n        if split < num_splits and tile * BLOCK_M < q_len * HEADS:\n",
      "        last = (next_unit >= units) & (not ragged) & (num_splits <= EARLY_TRIGGER_MAX_SPLITS)\n        slot = gl.program_id(0) * 2 + gl.minimum(units_done - 1, 1)\n"
-     "        _stamp(KV_SCALE, slot, 0)\n        if split < num_splits and tile * BLOCK_M < q_len * HEADS:\n"),
+     "        _stamp(KV_SCALE, slot, 0)\n"
+     # Per program (slot 2 x programs + p): its units so far and their KV tiles (the split's even cut).
+     "        stamp_per = gl.cdiv(gl.cdiv(seqlen, 64), gl.maximum(num_splits, 1)) * 64\n"
+     "        stamp_tiles += gl.maximum(gl.cdiv(gl.minimum(seqlen, (split + 1) * stamp_per) - split * stamp_per, 64), 0)\n"
+     "        _record(KV_SCALE, 2 * programs + gl.program_id(0), 0, units_done)\n"
+     "        _record(KV_SCALE, 2 * programs + gl.program_id(0), 1, stamp_tiles)\n"
+     "        if split < num_splits and tile * BLOCK_M < q_len * HEADS:\n"),
     ("                LSE_STRIDES, PART_STRIDES, last, HEADS, PAGE_SIZE, KV_LORA_RANK)\n            if MERGE",
      "                LSE_STRIDES, PART_STRIDES, last, KV_SCALE, slot, HEADS, PAGE_SIZE, KV_LORA_RANK)\n            if MERGE"),
     ("    OUT, LSE, PART_OUT, PART_LSE, scale_log2, kv_scale, Q_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, "
@@ -84,7 +92,7 @@ def run(specs: list[str]) -> None:
     if not hasattr(hopper_decode, "TIMELINE"):
         raise SystemExit("not a stamped copy: run `stamp` first and put its src/ first on PYTHONPATH")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    hopper_decode.TIMELINE = torch.zeros(sms * 2 * 8, dtype=torch.int64, device="cuda")
+    hopper_decode.TIMELINE = torch.zeros(sms * 3 * 8, dtype=torch.int64, device="cuda")
     flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
     for spec in specs:
         inputs, plan = case_inputs(parse_case(spec))
@@ -95,7 +103,8 @@ def run(specs: list[str]) -> None:
         flush.zero_()
         call()
         torch.cuda.synchronize()
-        stamps = hopper_decode.TIMELINE.view(sms, 2, 8).cpu()
+        stamps = hopper_decode.TIMELINE[: sms * 2 * 8].view(sms, 2, 8).cpu()
+        counts = hopper_decode.TIMELINE[sms * 2 * 8:].view(sms, 8)[:, :2].cpu()
         started = stamps[:, 0, 0] > 0
         first = stamps[started, 0, 0].min()
         print(f"{spec}: graph replay {graph_us:.1f} us, kernel span (stamps) {(stamps.max() - first) / 1000:.1f} us, "
@@ -115,6 +124,17 @@ def run(specs: list[str]) -> None:
             print(f"    medians a program: prologue {phase[0]:.1f}, to S0 {phase[1]:.1f}, loop {phase[2]:.1f}, "
                   f"warpgroup 0 stores {(whole[:, 5] - whole[:, 3]).median():.1f}, warpgroup 1 from loop end to "
                   f"stored {(whole[:, 6] - whole[:, 4]).median():.1f}")
+        ends = (stamps[:, :, 7].max(1).values - first).double() / 1000
+        last_start = (torch.where(stamps[:, 1, 0] > 0, stamps[:, 1, 0], stamps[:, 0, 0]) - first).double() / 1000
+        ranked = [p for p in ends.argsort(descending=True).tolist() if stamps[p, 0, 0] > 0]
+        print("  programs by end (us): program, units, KV tiles (one row tile each), last unit's start, end")
+        for p in ranked[:8] + ranked[-4:]:
+            print(f"    {p:4d} {int(counts[p, 0]):3d} units {int(counts[p, 1]):5d} tiles  last start {last_start[p]:6.1f}  "
+                  f"end {ends[p]:6.1f}")
+        busy = torch.tensor(ranked)
+        print(f"  tiles against end: correlation {torch.corrcoef(torch.stack([counts[busy, 1].double(), ends[busy]]))[0, 1]:.2f}; "
+              f"tiles min / median / max {int(counts[busy, 1].min())} / {int(counts[busy, 1].median())} / "
+              f"{int(counts[busy, 1].max())}")
 
 
 if __name__ == "__main__":
