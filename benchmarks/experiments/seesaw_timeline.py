@@ -11,7 +11,7 @@ naming the anchor, when the kernel's source no longer has the text it anchors on
 `run` times each case (CUDA-graph replay, as the benchmark does), then runs one eager call after an L2 flush
 and prints, per event, the min / median / max over programs (us from the first program's first stamp), for
 each program's first unit and for its last later one, per-program medians of the phases, and the programs that end
-last and first with their units and KV tiles (split tiles as the even cut gives them).
+last and first with their units and KV tiles.
 """
 
 from __future__ import annotations
@@ -49,9 +49,9 @@ EDITS = (
     ("        last = (next_unit >= units) & (not ragged) & (num_splits <= EARLY_TRIGGER_MAX_SPLITS)\n        if split < num_splits and tile * BLOCK_M < q_len * HEADS:\n",
      "        last = (next_unit >= units) & (not ragged) & (num_splits <= EARLY_TRIGGER_MAX_SPLITS)\n        slot = gl.program_id(0) * 2 + gl.minimum(units_done - 1, 1)\n"
      "        _stamp(KV_SCALE, slot, 0)\n"
-     # Per program (slot 2 x programs + p): its units so far and their KV tiles (the split's even cut).
-     "        stamp_per = gl.cdiv(gl.cdiv(seqlen, 64), gl.maximum(num_splits, 1)) * 64\n"
-     "        stamp_tiles += gl.maximum(gl.cdiv(gl.minimum(seqlen, (split + 1) * stamp_per) - split * stamp_per, 64), 0)\n"
+     # Per program (slot 2 x programs + p): its units so far and their KV tiles (`split_range`'s).
+     "        _, _, stamp_unit_tiles = split_range(seqlen, split, num_splits)\n"
+     "        stamp_tiles += stamp_unit_tiles\n"
      "        _record(KV_SCALE, 2 * programs + gl.program_id(0), 0, units_done)\n"
      "        _record(KV_SCALE, 2 * programs + gl.program_id(0), 1, stamp_tiles)\n"
      "        if split < num_splits and tile * BLOCK_M < q_len * HEADS:\n"),

@@ -162,8 +162,6 @@ def _lse_pointers(LSE, LSE_STRIDES, first_token, b, draft, head):
 # where): it loads the plan's entries while the split pass ends and waits in `griddepcontrol.wait` for its partials
 # (NOTES.md v56b). Experiments set it False for a plain launch (benchmarks/experiments/setting_ab.py).
 COMBINE_AFTER_SPLIT = True
-# Sequences of at most this many query rows (one seesaw row tile) take it at any split ceiling (NOTES.md v60).
-PDL_MAX_ROWS = 64
 
 
 @triton.jit
@@ -257,21 +255,27 @@ def _whole_rows(max_splits: int) -> bool:
     return max_splits <= 2 * COMBINE_SPLITS_PER_STEP
 
 
-def combine_after_split(kernel: str, max_splits: int, max_rows: int) -> bool:
+# The most query rows a sequence may have for a combine walking them one row at a time to be a programmatic
+# dependent launch (128 heads at batch 1 measured 3-7% slower so; NOTES.md v56b, v60).
+PDL_MAX_ONE_ROW_COMBINE_ROWS = 64
+
+
+def combine_after_split(kernel: str, max_rows: int, max_splits: int) -> bool:
     """Whether the combine runs as a programmatic dependent launch of the split pass: behind the SM90 kernels
     ("hopper", "narrow") where its programs take whole rows (split ceilings of at most 2 x
     COMBINE_SPLITS_PER_STEP: batches of 8 sequences or more at 128 heads, 16 at 16) or where a sequence has at
-    most PDL_MAX_ROWS query rows (`max_rows`). The seesaw lets it launch once a program of a non-ragged plan is
-    past its last unit's tile loop, if that unit's sequence has at most EARLY_TRIGGER_MAX_SPLITS splits; else
-    as the programs exit. Measured on the H100 (NOTES.md v56b, v59, v60): 1-6% faster there; a combine let
-    launch early behind one long sequence of many splits took 18-32% longer.
+    most PDL_MAX_ONE_ROW_COMBINE_ROWS query rows (`max_rows`). The seesaw lets it launch once a program of a
+    non-ragged plan is past its last unit's tile loop, if that unit's sequence has at most
+    EARLY_TRIGGER_MAX_SPLITS splits; else as the programs exit. Measured on the H100 (NOTES.md v56b, v59, v60):
+    1-6% faster there; a combine let launch early behind one long sequence of many splits took 18-32% longer.
 
-    >>> combine_after_split("hopper", 25, 128), combine_after_split("narrow", 396, 16)
+    >>> combine_after_split("hopper", 128, 25), combine_after_split("narrow", 16, 396)
     (True, True)
-    >>> combine_after_split("hopper", 396, 128), combine_after_split("portable", 25, 16)
+    >>> combine_after_split("hopper", 128, 396), combine_after_split("portable", 16, 25)
     (False, False)
     """
-    return COMBINE_AFTER_SPLIT and kernel in ("narrow", "hopper") and (_whole_rows(max_splits) or max_rows <= PDL_MAX_ROWS)
+    few_rows = max_rows <= PDL_MAX_ONE_ROW_COMBINE_ROWS
+    return COMBINE_AFTER_SPLIT and kernel in ("narrow", "hopper") and (_whole_rows(max_splits) or few_rows)
 
 
 # The split kernels' grid holds one row per work item of the plan (sequences x split ceiling).
@@ -670,7 +674,7 @@ def _prepare_launch(
                                               geometry.max_splits)
     else:
         split = _portable_split(key, grid, q, pages, kv_lora_rank, tuning, scale_mode, scale_strides)
-    after_split = combine_after_split(kernel, geometry.max_splits, max_rows)
+    after_split = combine_after_split(kernel, max_rows, geometry.max_splits)
     combine_constants = dict(HEADS=heads, KV_LORA_RANK=kv_lora_rank, BLOCK_SPLITS=tiling.splits,
                              BLOCK_ROWS=tiling.rows, BLOCK_C=tiling.columns, AFTER_SPLIT=after_split, num_warps=4)
     if after_split:  # a launch option only the CUDA backend knows
