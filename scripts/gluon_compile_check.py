@@ -140,7 +140,8 @@ def compile_one(nope: int, rope: int, v_dim: int, block_n: int, stages: int, cau
 
 
 def seesaw_arguments(heads: int, q_len: int, kv_dtype: torch.dtype, merge: bool, batch: int = 64, page_size: int = 64,
-                     kv_lora_rank: int = 512, rope_dim: int = 64) -> tuple[list[object], dict[str, object]]:
+                     kv_lora_rank: int = 512, rope_dim: int = 64,
+                     e4m3_scores: bool = False) -> tuple[list[object], dict[str, object]]:
     """Stand-ins for the decode seesaw's arguments and constants, laid out as `triton_decode`'s launch passes them
     through `hopper_decode.prepare` (a decode lse `[batch, heads, q_len]`, partials padded to 16 rows)."""
     tokens = batch * q_len
@@ -164,7 +165,7 @@ def seesaw_arguments(heads: int, q_len: int, kv_dtype: torch.dtype, merge: bool,
     arguments = [q, *hd.chunk_descriptors(pages, kv_lora_rank), scale_or_state, block_table, seqlens, work, out, lse,
                  part_out, part_lse, 0.1, *strides, work_state, 1000, row_tiles, merge_state]
     constants = dict(HEADS=heads, PAGE_SIZE=page_size, KV_LORA_RANK=kv_lora_rank, ROPE_DIM=rope_dim, MERGE=merge,
-                     EVICT_FIRST=streams_evict_first(row_tiles), num_warps=4)
+                     EVICT_FIRST=streams_evict_first(row_tiles), E4M3_SCORES=e4m3_scores, num_warps=4)
     return arguments, constants
 
 
@@ -188,17 +189,18 @@ def _prefill_main(dims: str, block_ns: str, stage_counts: str, kernel_name: str,
 
 
 def _seesaw_main(heads_list: str, q_lens: str, where_spills: bool) -> bool:
-    """The decode seesaw for each head count and q_len, 16-bit and fp8 pages, with and without the in-kernel merge;
-    whether one failed."""
+    """The decode seesaw for each head count and q_len, 16-bit and fp8 pages (S in fp16 and in e4m3), with and without
+    the in-kernel merge; whether one failed."""
     failed = False
-    for heads, q_len, kv_dtype, merge in itertools.product(map(int, heads_list.split(",")), map(int, q_lens.split(",")),
-                                                           (torch.bfloat16, hd.FP8_DTYPE), (True, False)):
-        arguments, constants = seesaw_arguments(heads, q_len, kv_dtype, merge)
+    pages = ((torch.bfloat16, False), (hd.FP8_DTYPE, False), (hd.FP8_DTYPE, True))
+    for heads, q_len, (kv_dtype, e4m3), merge in itertools.product(map(int, heads_list.split(",")),
+                                                                   map(int, q_lens.split(",")), pages, (True, False)):
+        arguments, constants = seesaw_arguments(heads, q_len, kv_dtype, merge, e4m3_scores=e4m3)
         with hd.SEESAW.compiling():
             line = report(lambda: compile_like_launch(hd.mla_decode_hopper_seesaw_kernel, arguments, constants),
                           where_spills)
         failed |= line.startswith("FAILED")
-        print(f"seesaw heads {heads} q_len {q_len} {str(kv_dtype).removeprefix('torch.')} merge {merge} "
+        print(f"seesaw heads {heads} q_len {q_len} {str(kv_dtype).removeprefix('torch.')} e4m3 S {e4m3} merge {merge} "
               f"evict-first {constants['EVICT_FIRST']}: {line}")
     return failed
 

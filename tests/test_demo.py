@@ -61,7 +61,7 @@ def test_demo_fails_when_an_output_stops_early_without_eos(demo_dir, monkeypatch
     assert "12/12 tokens identical" in text and "stop before 16 tokens without an EOS token" in text
 
 
-GPU_RUNS = [("triton", "bf16"), ("triton", "fp8_e4m3"), ("flashmla", "bf16")]
+GPU_RUNS = [("triton", "bf16"), ("triton", "fp8_e4m3"), ("triton_fp8", "fp8_e4m3"), ("flashmla", "bf16")]
 
 
 @pytest.mark.gpu

@@ -23,7 +23,7 @@ from mlakit.registry.records import KV_DTYPES
 ARCHS = ("cpu", "xpu", "sm80", "sm90", "sm100")
 RECORDS = all_records()
 BY_NAME = {r.name: r for r in RECORDS}
-DECODE_RECORDS = [r for r in RECORDS if "decode" in r.phases]  # every backend but the prefill-only triton_fp8
+DECODE_RECORDS = [r for r in RECORDS if "decode" in r.phases]
 V3 = MLAShape.preset("deepseek-v3")
 
 
@@ -574,7 +574,7 @@ def test_uneven_drafts_with_flashmla_are_refused_with_triton_among_the_alternati
     message = refusal("sm90", decode_backend="flashmla", speculative_num_draft_tokens=3, speculative_uneven_drafts=True)
     assert f"decode_backend 'flashmla' cannot serve this configuration on sm90:\n  - {UNEVEN}\nbackends that fit" in message
     alternatives = listed_alternatives(message, "decode")
-    assert alternatives == ["triton", "reference"]
+    assert alternatives == ["triton", "reference", "triton_fp8"]
     for name in alternatives:
         assert BY_NAME[name].latent_extend
         assert fits_alone(name, "sm90", speculative_num_draft_tokens=3, speculative_uneven_drafts=True)
@@ -637,27 +637,28 @@ def test_explicit_unsupported_kv_dtype_lists_allowed(arch, backend, kv, allowed)
     assert f"kv_cache_dtype {kv!r} is not supported; allowed: {allowed}" in message
 
 
-PARTIAL_KV = [r for r in RECORDS if set(r.kv_dtypes) != set(KV_DTYPES)]
+PARTIAL_KV = [r for r in DECODE_RECORDS if set(r.kv_dtypes_for("decode")) != set(KV_DTYPES)]
 
 
 @pytest.mark.parametrize("record", PARTIAL_KV, ids=ids(PARTIAL_KV))
 def test_every_backend_refuses_kv_dtypes_it_lacks_and_keeps_those_it_has(record):
     arch = home_arch(record)
-    allowed = [d for d in KV_DTYPES if d in record.kv_dtypes]
+    allowed = [d for d in KV_DTYPES if d in record.kv_dtypes_for("decode")]
     for kv in KV_DTYPES:
-        if kv in record.kv_dtypes:
+        if kv in allowed:
             plan = plan_for(arch, decode_backend=record.name, kv_cache_dtype=kv)
             assert plan.kv_cache_dtype == kv
             assert not any(n.startswith("kv_cache_dtype:") for n in plan.notes)
         else:
             message = refusal(arch, decode_backend=record.name, kv_cache_dtype=kv)
-            assert f"kv_cache_dtype {kv!r} is not supported; allowed: {allowed}" in message
+            assert f"kv_cache_dtype {kv!r} is not supported" in message and f"allowed: {allowed}" in message
 
 
 @pytest.mark.parametrize("record", DECODE_RECORDS, ids=ids(DECODE_RECORDS))
 def test_auto_kv_dtype_is_first_both_backends_take_and_is_noted(record):
     plan = plan_for(home_arch(record), attention_backend=record.name)
-    both = [d for d in KV_DTYPES if d in BY_NAME[plan.decode_backend].kv_dtypes and d in BY_NAME[plan.prefill_backend].kv_dtypes]
+    both = [d for d in KV_DTYPES if d in BY_NAME[plan.decode_backend].kv_dtypes_for("decode")
+            and d in BY_NAME[plan.prefill_backend].kv_dtypes_for("prefill")]
     assert plan.kv_cache_dtype == both[0]
     assert note(plan, "kv_cache_dtype:").startswith(f"kv_cache_dtype: {both[0]} (auto")
 

@@ -11,7 +11,7 @@ import torch
 import mlakit
 from mlakit.graphs import capture_graph
 from mlakit.kernels.triton_decode import triton_mla_decode
-from paged_inputs import assert_lse_close, make_paged_batch, relative_error
+from paged_inputs import assert_lse_close, make_paged_batch, relative_error, with_query_magnitudes, with_subnormal_pages
 
 pytestmark = pytest.mark.gpu
 
@@ -169,6 +169,10 @@ def test_short_ragged_extend_segments_on_the_narrow_fp8_kernel(page_size):
     assert_lse_close(lse, ref_lse, atol=3e-2)
 
 
+# Query rows' magnitudes (powers of two, per head in turn): bf16 from 2^-17 to 2^17; fp16 from near its largest value
+# (N(0, 1) x 2^13 reaches ~2^15) to its subnormals.
+QUERY_EXPONENTS = {torch.bfloat16: [-17.0, -8.0, 0.0, 6.0, 12.0, 17.0, 1.0, -1.0],
+                   torch.float16: [-22.0, -17.0, 0.0, 6.0, 13.0, 13.0, 1.0, -1.0]}
 HOPPER_CASES = [  # heads, q_len, page_size, (kv_lora_rank, rope_dim), q_dtype
     (128, 1, 64, (512, 64), torch.bfloat16), (128, 2, 1, (512, 64), torch.bfloat16), (64, 1, 16, (512, 64), torch.float16),
     (40, 2, 128, (256, 32), torch.bfloat16), (5, 8, 32, (512, 64), torch.bfloat16), (20, 4, 64, (128, 16), torch.float16),
@@ -230,10 +234,7 @@ def test_hopper_fp8_conversion_keeps_subnormal_values(q_dtype, heads, kernel):
 
     batch = make_paged_batch([300, 77], heads=heads, page_size=64, kv_lora_rank=512, rope_dim=64, kv_dtype="fp8_e4m3",
                              q_dtype=q_dtype, device="cuda", seed=3)
-    gen = torch.Generator(device="cuda").manual_seed(4)
-    mantissa = torch.randint(1, 8, batch.kv_cache.shape, generator=gen, device="cuda", dtype=torch.uint8)
-    sign = torch.randint(0, 2, batch.kv_cache.shape, generator=gen, device="cuda", dtype=torch.uint8) << 7
-    subnormal = dataclasses.replace(batch, kv_cache=(mantissa | sign).view(torch.float8_e4m3fn))
+    subnormal = with_subnormal_pages(batch, seed=4)
     plan = plan_decode(subnormal.cache_seqlens, q_len=1, heads=heads, kv_dtype=subnormal.kv_cache.dtype)
     assert _split_kernel(subnormal, plan) == kernel
     _check(subnormal, plan=plan)
@@ -251,17 +252,114 @@ def test_fp8_kernels_with_fp16_mmas_keep_query_rows_of_any_magnitude(q_dtype, q_
 
     batch = make_paged_batch([900, 5, 64], heads=heads, q_len=q_len, page_size=page_size, kv_lora_rank=512,
                              rope_dim=64, kv_dtype="fp8_e4m3", q_dtype=q_dtype, device="cuda", seed=11 + q_len)
-    exponents = torch.tensor([-17.0, -8.0, 0.0, 6.0, 12.0, 17.0, 1.0, -1.0] * 2, device="cuda")
-    if q_dtype == torch.float16:
-        # fp16 rows from near its largest value (N(0, 1) x 2^13 reaches ~2^15) to its subnormals.
-        exponents = torch.tensor([-22.0, -17.0, 0.0, 6.0, 13.0, 13.0, 1.0, -1.0] * 2, device="cuda")
-    magnitudes = torch.pow(2.0, exponents).repeat(heads // 16)
-    magnitudes[3] = 0.0
-    scaled = (batch.q.float() * magnitudes[None, None, :, None]).to(q_dtype)
-    batch = dataclasses.replace(batch, q=scaled, softmax_scale=batch.softmax_scale * 2.0 ** -8)
+    batch = with_query_magnitudes(batch, QUERY_EXPONENTS[q_dtype])
     plan = plan_decode(batch.cache_seqlens, q_len=q_len, heads=heads, kv_dtype=batch.kv_cache.dtype)
     assert _split_kernel(batch, plan) == kernel
     _check(batch, plan=plan)
+
+
+E4M3_SCORE_CASES = [  # heads, q_len, page_size, q_dtype: each takes the seesaw kernel (more than 32 query rows)
+    (128, 1, 64, torch.bfloat16), (128, 2, 128, torch.float16), (64, 2, 64, torch.bfloat16), (33, 3, 64, torch.bfloat16),
+    (20, 4, 256, torch.bfloat16), (40, 1, 64, torch.float16),
+]
+
+
+def _check_e4m3_scores(batch, plan, rounding_shows=True):
+    """The kernel against the reference on e4m3-rounded queries (what it computes) and, where `rounding_shows`, farther
+    from the one on the queries as given (so the rounding did happen; scores of subnormal pages barely move)."""
+    from mlakit.reference import e4m3_rounded_queries
+
+    out, lse = triton_mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens, plan=plan,
+                                 kv_lora_rank=batch.kv_lora_rank, softmax_scale=batch.softmax_scale, kv_scale=batch.kv_scale)
+    assert _split_kernel(batch, plan) == "hopper"
+    assert torch.isfinite(out.float()).all()
+    rounded_out, rounded_lse = _reference(dataclasses.replace(batch, q=e4m3_rounded_queries(batch.q)))
+    exact_out, _ = _reference(batch)
+    error = relative_error(out, rounded_out)
+    assert error < 1e-2, error
+    # The 8-bit tensor cores keep about 14 bits of a sum: the scores' error grows with their size (a row of lse ~ 4000
+    # differs by ~2.4, NOTES.md v63).
+    assert_lse_close(lse, rounded_lse, atol=1e-2, rtol=2e-3)
+    if rounding_shows:
+        assert relative_error(out, exact_out) > 3 * error
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
+@pytest.mark.parametrize("heads, q_len, page_size, q_dtype", E4M3_SCORE_CASES)
+@pytest.mark.parametrize("num_sms", [None, 1024])
+def test_e4m3_scores_match_the_reference_on_rounded_queries(heads, q_len, page_size, q_dtype, num_sms):
+    from mlakit.kernels.triton_decode import plan_decode
+
+    batch = make_paged_batch([3000, 0, 1, 63, 700, 129], heads=heads, q_len=q_len, page_size=page_size,
+                             kv_lora_rank=512, rope_dim=64, kv_dtype="fp8_e4m3", q_dtype=q_dtype, device="cuda",
+                             seed=heads + q_len)
+    plan = plan_decode(batch.cache_seqlens, q_len=q_len, heads=heads, kv_dtype=batch.kv_cache.dtype, num_sms=num_sms,
+                       e4m3_scores=True)
+    _check_e4m3_scores(batch, plan)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16])
+def test_e4m3_scores_keep_query_rows_of_any_magnitude_and_subnormal_pages(q_dtype):
+    """Rows from 2^-17 to 2^17 (fp16: 2^13) and an all-zero row are scaled into e4m3's range each by its own power of two; cache
+    values all e4m3 subnormals reach the 8-bit MMAs as they are."""
+    from mlakit.kernels.triton_decode import plan_decode
+
+    batch = make_paged_batch([900, 5, 64], heads=128, q_len=1, page_size=64, kv_lora_rank=512, rope_dim=64,
+                             kv_dtype="fp8_e4m3", q_dtype=q_dtype, device="cuda", seed=21)
+    exponents = [-17.0, -8.0, 0.0, 6.0, 12.0, 13.0 if q_dtype == torch.float16 else 17.0, 1.0, -1.0]
+    batch = with_query_magnitudes(batch, exponents)
+    plan = plan_decode(batch.cache_seqlens, q_len=1, heads=128, kv_dtype=batch.kv_cache.dtype, e4m3_scores=True)
+    _check_e4m3_scores(batch, plan)
+    subnormal = with_subnormal_pages(batch, seed=4)
+    _check_e4m3_scores(subnormal, plan_decode(subnormal.cache_seqlens, q_len=1, heads=128,
+                                              kv_dtype=subnormal.kv_cache.dtype, e4m3_scores=True),
+                       rounding_shows=False)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
+def test_triton_fp8_backend_decodes_and_extends_with_e4m3_scores_eagerly_and_in_a_graph():
+    """`backend="triton_fp8"` through the public calls: decode with and without the step's metadata, replayed from a
+    CUDA graph, and the latent extend over ragged segments, each as the reference on e4m3-rounded queries."""
+    from mlakit.reference import e4m3_rounded_queries
+
+    heads, q_len = 64, 2
+    batch = make_paged_batch([2000, 1, 700, 0, 190], heads=heads, q_len=q_len, page_size=64, kv_lora_rank=512,
+                             rope_dim=64, kv_dtype="fp8_e4m3", device="cuda", seed=31)
+    rounded = dataclasses.replace(batch, q=e4m3_rounded_queries(batch.q))
+    ref_out, ref_lse = _reference(rounded)
+    kwargs = dict(softmax_scale=batch.softmax_scale, kv_scale=batch.kv_scale, backend="triton_fp8")
+    metadata = mlakit.mla_decode_metadata(batch.cache_seqlens, q_len=q_len, heads=heads, backend="triton_fp8",
+                                          kv_cache_dtype="fp8_e4m3")
+    eager, eager_lse = mlakit.mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens, **kwargs)
+    assert relative_error(eager, ref_out) < 1e-2
+    assert_lse_close(eager_lse, ref_lse, atol=1e-2, rtol=2e-3)
+
+    def step():
+        return mlakit.mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens, metadata=metadata,
+                                 check_inputs=False, **kwargs)
+
+    graph, (out, lse) = capture_graph(step, forbid_host_sync=True)
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert relative_error(out, ref_out) < 1e-2
+    assert_lse_close(lse, ref_lse, atol=1e-2, rtol=2e-3)
+
+    # The draft tokens as ragged segments (1, 1, 2, 0, 1 new tokens): each as its row in the decode reference.
+    new = torch.tensor([1, 1, 2, 0, 1], device="cuda")
+    cu_seqlens_q = torch.nn.functional.pad(new.cumsum(0), (1, 0)).to(torch.int32)
+    picks = [(b, q_len - n + i) for b, n in enumerate(new.tolist()) for i in range(n)]
+    q = torch.stack([batch.q[b, i] for b, i in picks])
+    out, lse = mlakit.mla_extend(q, batch.kv_cache, batch.block_table, batch.cache_seqlens, cu_seqlens_q, max_q_len=2,
+                                 **kwargs)
+    lengths = batch.cache_seqlens.tolist()
+    visible = [lengths[b] - q_len + i + 1 for b, i in picks]
+    assert all(v > 0 for v in visible)
+    expected = torch.stack([ref_out[b, i] for b, i in picks])
+    expected_lse = torch.stack([ref_lse[b, :, i] for b, i in picks])
+    assert relative_error(out, expected) < 1e-2
+    assert_lse_close(lse, expected_lse, atol=1e-2, rtol=2e-3)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")

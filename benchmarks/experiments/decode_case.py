@@ -52,13 +52,14 @@ def decode_call(inputs: DecodeInputs, plan: DecodePlan) -> Callable:
     return call
 
 
-def interleaved_times(variants: list[str], cases: list, call_for: Callable, rounds: int = 3) -> dict[tuple, list[float]]:
-    """Each (case, variant)'s call timed as the benchmark times it, `rounds` times, the variants taking
-    turns within every round (run-to-run noise on one case reaches 4%, NOTES.md v38). `call_for(variant,
-    case)` returns the call; keys are (case, variant)."""
+def interleaved_times(variants: list[str], cases: list, call_for: Callable, rounds: int = 3,
+                      timing: str = "flushed") -> dict[tuple, list[float]]:
+    """Each (case, variant)'s call timed as the benchmark times it (`timing`, as `time_graph_replay` names it),
+    `rounds` times, the variants taking turns within every round (run-to-run noise on one case reaches 4%, NOTES.md
+    v38). `call_for(variant, case)` returns the call; keys are (case, variant)."""
     times = {(case, variant): [] for case in cases for variant in variants}
     for _ in range(rounds):
         for variant in variants:
             for case in cases:
-                times[case, variant].append(time_graph_replay(call_for(variant, case)))
+                times[case, variant].append(time_graph_replay(call_for(variant, case), timing))
     return times

@@ -55,20 +55,21 @@ EDITS = (
      "        _record(KV_SCALE, 2 * programs + gl.program_id(0), 0, units_done)\n"
      "        _record(KV_SCALE, 2 * programs + gl.program_id(0), 1, stamp_tiles)\n"
      "        if split < num_splits and tile * BLOCK_M < q_len * HEADS:\n"),
-    ("                LSE_STRIDES, PART_STRIDES, last, HEADS, PAGE_SIZE, KV_LORA_RANK)\n            if MERGE",
-     "                LSE_STRIDES, PART_STRIDES, last, KV_SCALE, slot, HEADS, PAGE_SIZE, KV_LORA_RANK)\n            if MERGE"),
+    ("                LSE_STRIDES, PART_STRIDES, last, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3_SCORES)\n            if MERGE",
+     "                LSE_STRIDES, PART_STRIDES, last, KV_SCALE, slot, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3_SCORES)\n"
+     "            if MERGE"),
     ("    OUT, LSE, PART_OUT, PART_LSE, scale_log2, kv_scale, Q_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, "
      "PART_STRIDES,\n    last, HEADS: gl.constexpr,",
      "    OUT, LSE, PART_OUT, PART_LSE, scale_log2, kv_scale, Q_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, "
      "PART_STRIDES,\n    last, TL, slot, HEADS: gl.constexpr,"),
     ("    fence_async_shared()\n    gl.thread_barrier()\n\n    m_even, scale_even",
      "    fence_async_shared()\n    gl.thread_barrier()\n    _stamp(TL, slot, 1)\n\n    m_even, scale_even"),
-    ("            PART_STRIDES, last, HEADS, PAGE_SIZE, KV_LORA_RANK)),",
-     "            PART_STRIDES, last, TL, slot, HEADS, PAGE_SIZE, KV_LORA_RANK)),"),
+    ("            PART_STRIDES, last, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3)),",
+     "            PART_STRIDES, last, TL, slot, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3)),"),
     ("            num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES,\n            HEADS, PAGE_SIZE, "
-     "KV_LORA_RANK)),",
+     "KV_LORA_RANK, E4M3)),",
      "            num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES,\n            TL, slot, HEADS, "
-     "PAGE_SIZE, KV_LORA_RANK)),"),
+     "PAGE_SIZE, KV_LORA_RANK, E4M3)),"),
     ("    ], [4], [248])\n", "    ], [4], [248])\n    _stamp(TL, slot, 7)\n"),
     ("kv_scale if fp8 else work_state,", "kv_scale if fp8 else TIMELINE,"),
 )

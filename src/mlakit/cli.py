@@ -76,7 +76,8 @@ def backends(as_json: bool) -> None:
             "+".join(phase if phase in row["mlakit_phases"] else f"{phase}*" for phase in row["phases"]),
             hardware,
             row["page_sizes"],
-            ", ".join(row["kv_dtypes"]),
+            ", ".join(row["kv_dtypes"]) + ("" if row["decode_kv_dtypes"] == row["kv_dtypes"]
+                                           else f" (decode: {', '.join(row['decode_kv_dtypes'])})"),
             "any" if row["max_decode_q_len"] is None else str(row["max_decode_q_len"]),
             "yes" if row["cuda_graphs"] else "no",
             "yes" if row["usable_here"] else "no",

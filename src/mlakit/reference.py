@@ -63,6 +63,21 @@ def reference_decode(
     return out.view(batch, q_len, heads, kv_lora_rank), lse.view(batch, q_len, heads).transpose(1, 2)
 
 
+def e4m3_rounded_queries(q: torch.Tensor) -> torch.Tensor:
+    """q (float32) as a kernel with e4m3 scores sees it (`DecodePlan.e4m3_scores`): each row (last dim) scaled by the
+    power of two that puts its largest magnitude in [128, 256), rounded to e4m3 (nearest, ties to even), scaled back.
+    All-zero rows stay zero.
+
+    >>> e4m3_rounded_queries(torch.tensor([[1.0, 0.1, 1000.0], [0.0, 0.0, 0.0]])).tolist()
+    [[1.0, 0.1015625, 1024.0], [0.0, 0.0, 0.0]]
+    """
+    values = q.float()
+    amax = values.abs().amax(dim=-1, keepdim=True)
+    _, exponent = torch.frexp(amax)  # amax = m x 2^exponent, m in [0.5, 1): floor(log2 amax) = exponent - 1
+    factor = torch.exp2((8 - exponent).clamp(-113, 113).float())
+    return (values * factor).to(torch.float8_e4m3fn).float() / factor
+
+
 def reference_extend(
     q: torch.Tensor,
     kv_cache: torch.Tensor,

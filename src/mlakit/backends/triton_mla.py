@@ -49,21 +49,25 @@ def decode(
     metadata: DecodePlan | None = None,
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
+    e4m3_scores: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The split-KV kernels plus their lse combine (`metadata`: the step's split plan)."""
+    """The split-KV kernels plus their lse combine (`metadata`: the step's split plan; without one, a plan with
+    `e4m3_scores`, `DecodePlan`'s)."""
     from mlakit.kernels.triton_decode import triton_mla_decode
 
     return triton_mla_decode(
         q, kv_cache, block_table, cache_seqlens, kv_lora_rank=kv_lora_rank, softmax_scale=softmax_scale, kv_scale=kv_scale,
-        plan=metadata, out=out, lse=lse,
+        plan=metadata, out=out, lse=lse, e4m3_scores=e4m3_scores,
     )
 
 
-def decode_metadata(cache_seqlens: torch.Tensor, *, q_len: int, heads: int, kv_cache_dtype: str) -> DecodePlan:
-    """The step's split plan, computed on the GPU from the lengths."""
+def decode_metadata(cache_seqlens: torch.Tensor, *, q_len: int, heads: int, kv_cache_dtype: str,
+                    e4m3_scores: bool = False) -> DecodePlan:
+    """The step's split plan, computed on the GPU from the lengths (`e4m3_scores`: `DecodePlan`'s)."""
     from mlakit.kernels.triton_decode import plan_decode
 
-    return plan_decode(cache_seqlens, q_len=q_len, heads=heads, kv_dtype=STORAGE_DTYPES[kv_cache_dtype])
+    return plan_decode(cache_seqlens, q_len=q_len, heads=heads, kv_dtype=STORAGE_DTYPES[kv_cache_dtype],
+                       e4m3_scores=e4m3_scores)
 
 
 def prepare_call(metadata: DecodePlan, *args: object, **kwargs: object) -> PreparedCall | None:
@@ -87,25 +91,29 @@ def extend(
     metadata: DecodePlan | None = None,
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
+    e4m3_scores: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same split kernels over ragged query segments (`metadata`: the step's split plan)."""
+    """The same split kernels over ragged query segments (`metadata`: the step's split plan; without one, a plan
+    with `e4m3_scores`)."""
     from mlakit.kernels.triton_decode import triton_mla_extend
 
     return triton_mla_extend(
         q, kv_cache, block_table, cache_seqlens, cu_seqlens_q,
         max_q_len=max_q_len, kv_lora_rank=kv_lora_rank, softmax_scale=softmax_scale, kv_scale=kv_scale,
-        plan=metadata, out=out, lse=lse,
+        plan=metadata, out=out, lse=lse, e4m3_scores=e4m3_scores,
     )
 
 
 def extend_metadata(
-    cache_seqlens: torch.Tensor, cu_seqlens_q: torch.Tensor, *, max_q_len: int, heads: int, kv_cache_dtype: str
+    cache_seqlens: torch.Tensor, cu_seqlens_q: torch.Tensor, *, max_q_len: int, heads: int, kv_cache_dtype: str,
+    e4m3_scores: bool = False,
 ) -> DecodePlan:
-    """The step's split plan over its ragged segments, computed on the GPU from the lengths."""
+    """The step's split plan over its ragged segments, computed on the GPU from the lengths (`e4m3_scores`:
+    `DecodePlan`'s)."""
     from mlakit.kernels.triton_decode import plan_extend
 
     return plan_extend(cache_seqlens, cu_seqlens_q, max_q_len=max_q_len, heads=heads,
-                       kv_dtype=STORAGE_DTYPES[kv_cache_dtype])
+                       kv_dtype=STORAGE_DTYPES[kv_cache_dtype], e4m3_scores=e4m3_scores)
 
 
 def _attention_pass(

@@ -194,22 +194,23 @@ def zero_rows_from(smem, first_bad, CHUNK: gl.constexpr, LAYOUT: gl.constexpr):
         part.store(gl.where((rows < first_bad)[:, None], values, gl.zeros_like(values)))
 
 
-# Query rows of fp16 MMAs are scaled so that their largest magnitude lies in [2^QUERY_EXPONENT,
-# 2^(QUERY_EXPONENT + 1)) (fp16 holds < 2^16).
-QUERY_EXPONENT = gl.constexpr(14)
+# Query rows of 16-bit or 8-bit MMAs are scaled so that their largest magnitude lies in [2^EXPONENT, 2^(EXPONENT + 1)):
+# fp16 holds < 2^16, e4m3 <= 448.
+FP16_QUERY_EXPONENT = gl.constexpr(14)
+E4M3_QUERY_EXPONENT = gl.constexpr(7)
 # The factor's biased fp32 exponent stays within these (2^-113 .. 2^113: normal, and its inverse too).
 MIN_FACTOR_EXPONENT = gl.constexpr(14)
 MAX_FACTOR_EXPONENT = gl.constexpr(240)
 
 
 @gluon.jit
-def fp16_row_factor(amax):
-    """Per query row, the power of two that brings its largest magnitude `amax` into [2^QUERY_EXPONENT,
-    2^(QUERY_EXPONENT + 1)), for MMAs in fp16 (exact for bf16 values down to 2^-31 of the row's largest;
-    smaller ones cannot move a score): 2^(QUERY_EXPONENT - floor(log2 amax)) built from amax's exponent
+def query_row_factor(amax, EXPONENT: gl.constexpr):
+    """Per query row, the power of two that brings its largest magnitude `amax` into [2^EXPONENT, 2^(EXPONENT + 1))
+    (`FP16_QUERY_EXPONENT` for MMAs in fp16: exact for bf16 values down to 2^-31 of the row's largest, smaller ones
+    cannot move a score; `E4M3_QUERY_EXPONENT` for e4m3): 2^(EXPONENT - floor(log2 amax)) built from amax's exponent
     bits, kept inside fp32's normal range (all-zero rows get the largest)."""
     biased = (amax.to(gl.int32, bitcast=True) >> 23) & 0xFF
-    factor_exponent = gl.minimum(gl.maximum(127 + QUERY_EXPONENT + 127 - biased, MIN_FACTOR_EXPONENT), MAX_FACTOR_EXPONENT)
+    factor_exponent = gl.minimum(gl.maximum(127 + EXPONENT + 127 - biased, MIN_FACTOR_EXPONENT), MAX_FACTOR_EXPONENT)
     return (factor_exponent << 23).to(gl.float32, bitcast=True)
 
 

@@ -55,15 +55,17 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from mlakit.kernels.hopper_common import (
     BLOCK_N,
+    E4M3_QUERY_EXPONENT,
+    FP16_QUERY_EXPONENT,
     GLUON_DTYPES,
     KV_LORA_RANKS,
     ROPE_DIMS,
     finish_rows,
     hand_over,
-    fp16_row_factor,
     launch_dependents,
     no_keys_yet,
     online_softmax,
+    query_row_factor,
     row_descriptors,
     row_piece_layout,
     staged_in_row_pieces,
@@ -139,7 +141,8 @@ def chunk_descriptors(pages: torch.Tensor, kv_lora_rank: int) -> tuple[TensorDes
 
 
 def prepare(key: Hashable, grid: tuple[int, int], q: torch.Tensor, pages: torch.Tensor, kv_lora_rank: int,
-            work_state: torch.Tensor, merge_state: torch.Tensor, max_splits: int) -> tuple[SplitPass, bool]:
+            work_state: torch.Tensor, merge_state: torch.Tensor, max_splits: int,
+            e4m3_scores: bool = False) -> tuple[SplitPass, bool]:
     """The split pass of one input layout (a call `supports` accepts) over `grid` = (row tiles, rows of the
     plan's work items): the persistent seesaw kernel for pages holding whole tiles (TMA loads) and latent
     widths of at least 128, 16-bit or, at DeepSeek's 512 + 64 widths, fp8 with the one-element
@@ -150,7 +153,9 @@ def prepare(key: Hashable, grid: tuple[int, int], q: torch.Tensor, pages: torch.
     Returns `run(q, pages, kv_scale, shared_args)`, where `shared_args` are the portable split kernel's
     arguments from the block table on, without the scale strides, and whether the kernel merges the split
     sequences' partials itself (the seesaw, when the plan's split ceiling `max_splits` is at most
-    MERGE_MAX_SPLITS, counting splits in the plan's `merge_state`), so that no combine is needed."""
+    MERGE_MAX_SPLITS, counting splits in the plan's `merge_state`), so that no combine is needed.
+    `e4m3_scores`: fp8 pages on the seesaw compute S on 8-bit tensor cores, the query rows rounded to e4m3
+    (`E4M3_SCORES`); other kernels ignore it."""
     rope_dim = q.shape[-1] - kv_lora_rank
     constants = dict(HEADS=q.shape[1], PAGE_SIZE=pages.shape[1], KV_LORA_RANK=kv_lora_rank, ROPE_DIM=rope_dim)
     fp8 = pages.dtype == FP8_DTYPE
@@ -159,12 +164,13 @@ def prepare(key: Hashable, grid: tuple[int, int], q: torch.Tensor, pages: torch.
         programs = (min(sm_count(q.device), row_tiles * work_rows), 1, 1)
         merge = 1 < max_splits <= MERGE_MAX_SPLITS
         evict_first = streams_evict_first(row_tiles)
-        constants.update(MERGE=merge, EVICT_FIRST=evict_first, num_warps=4)
+        e4m3 = fp8 and e4m3_scores
+        constants.update(MERGE=merge, EVICT_FIRST=evict_first, E4M3_SCORES=e4m3, num_warps=4)
         plan_args = (work_state, work_rows, row_tiles, merge_state)
 
         # Both follow from the plan and a module setting; named in the key, a kernel compiled under another
         # setting (an experiment's) is never launched in its place.
-        seesaw_key = (key, merge, evict_first)
+        seesaw_key = (key, merge, evict_first, e4m3)
 
         def seesaw(q, pages, kv_scale, shared_args) -> None:
             # 16-bit pages never read KV_SCALE: any tensor fills it.
@@ -193,9 +199,10 @@ def rows_are_contiguous(pages: torch.Tensor) -> bool:
 
 
 @gluon.constexpr_function
-def _score_layout():
-    """Register layout of one warpgroup's S tile `[BLOCK_M, BLOCK_N]` (a wgmma accumulator)."""
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N.value, 16])
+def _score_layout(e4m3=False):
+    """Register layout of one warpgroup's S tile `[BLOCK_M, BLOCK_N]` (a wgmma accumulator; of 8-bit operands
+    where `e4m3`, whose instructions take 32 columns of K)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N.value, 32 if e4m3 else 16])
 
 
 @gluon.constexpr_function
@@ -669,43 +676,59 @@ def _pair_views(pair, k_lat_smem, q_lat_all):
 
 @gluon.jit
 def _chunked_scores(q_lat_smem, q_rope_smem, k_lat, slot, chunk_ready, stage: gl.constexpr, phase, s_zero,
-                    valid_rows, RIGHT_HALF_FIRST: gl.constexpr, FP8: gl.constexpr):
+                    valid_rows, RIGHT_HALF_FIRST: gl.constexpr, FP8: gl.constexpr, E4M3: gl.constexpr):
     """S = Q . K^T of the stage's tile, each latent chunk's MMA issued as soon as the chunk has landed
     (the right half's chunks first where RIGHT_HALF_FIRST: they are the ones reloaded first). FP8: each
     half's chunks are converted in place together once they have all landed (`_convert_four_blocks_in_place`:
-    3% faster than chunk by chunk, NOTES.md v43), rows from valid_rows on zeroed."""
+    3% faster than chunk by chunk, NOTES.md v43), rows from valid_rows on zeroed. E4M3 (fp8 pages, Q rounded to
+    e4m3 in its blocks' first halves): the MMAs read the e4m3 boxes as they landed, on 8-bit tensor cores, and
+    nothing is converted here (rows past the split's end hold anything: the caller masks their scores)."""
     lat_chunks: gl.constexpr = k_lat.shape[1] // TMA_CHUNK
     half: gl.constexpr = lat_chunks // 2
     first: gl.constexpr = half if RIGHT_HALF_FIRST else 0
-    s = _half_scores(q_lat_smem, k_lat, chunk_ready, stage, phase, s_zero, valid_rows, first, False, FP8)
-    s = _half_scores(q_lat_smem, k_lat, chunk_ready, stage, phase, s, valid_rows, half - first, True, FP8)
+    convert: gl.constexpr = FP8 and not E4M3
+    s = _half_scores(q_lat_smem, k_lat, chunk_ready, stage, phase, s_zero, valid_rows, first, False, convert, E4M3)
+    s = _half_scores(q_lat_smem, k_lat, chunk_ready, stage, phase, s, valid_rows, half - first, True, convert, E4M3)
     mbarrier.wait(_chunk_barrier(chunk_ready, k_lat, stage, lat_chunks), phase)
-    if FP8:
+    if convert:
         _convert_block_in_place(slot, 0, valid_rows)
-    s = warpgroup_mma(q_rope_smem, _rope_view(slot, q_rope_smem.shape[1]).permute((1, 0)), s, is_async=True)
+    if E4M3:
+        q_rope = _fp8_block(q_rope_smem, 0, gl.float8e4nv)
+        k_rope = _fp8_block(slot, 0, gl.float8e4nv)
+    else:
+        q_rope = q_rope_smem
+        k_rope = _rope_view(slot, q_rope_smem.shape[1])
+    s = warpgroup_mma(q_rope, k_rope.permute((1, 0)), s, is_async=True)
     return warpgroup_mma_wait(num_outstanding=0, deps=[s])
 
 
 @gluon.jit
 def _half_scores(q_lat_smem, k_lat, chunk_ready, stage: gl.constexpr, phase, s, valid_rows, FIRST: gl.constexpr,
-                 ACCUMULATE: gl.constexpr, FP8: gl.constexpr):
-    """S (+)= Q . K^T over the half of the latent chunks from FIRST (converted first where FP8)."""
+                 ACCUMULATE: gl.constexpr, CONVERT: gl.constexpr, E4M3: gl.constexpr):
+    """S (+)= Q . K^T over the half of the latent chunks from FIRST (fp8 chunks converted first where CONVERT, read
+    as e4m3 where E4M3)."""
     count: gl.constexpr = k_lat.shape[1] // TMA_CHUNK // 2
-    if FP8:
+    if CONVERT:
         gl.static_assert(count == 4, "fp8 pages take the seesaw at a latent width of 512 only")
         _wait_chunk_range(chunk_ready, k_lat, stage, phase, FIRST, count)
         _convert_four_blocks_in_place(k_lat, FIRST, valid_rows)
     for c in gl.static_range(FIRST, FIRST + count):
-        s = _score_chunk(q_lat_smem, k_lat, chunk_ready, stage, phase, s, c, ACCUMULATE or c > FIRST)
+        s = _score_chunk(q_lat_smem, k_lat, chunk_ready, stage, phase, s, c, ACCUMULATE or c > FIRST, E4M3)
     return s
 
 
 @gluon.jit
-def _score_chunk(q_lat_smem, k_lat, chunk_ready, stage: gl.constexpr, phase, s, c: gl.constexpr, use_acc: gl.constexpr):
-    """S += Q . K^T over latent chunk c, issued once the chunk has landed."""
+def _score_chunk(q_lat_smem, k_lat, chunk_ready, stage: gl.constexpr, phase, s, c: gl.constexpr,
+                 use_acc: gl.constexpr, E4M3: gl.constexpr):
+    """S += Q . K^T over latent chunk c, issued once the chunk has landed (E4M3: over the chunk's and Q's e4m3 boxes)."""
     mbarrier.wait(_chunk_barrier(chunk_ready, k_lat, stage, c), phase)
-    return warpgroup_mma(q_lat_smem.slice(c * TMA_CHUNK, TMA_CHUNK, dim=1),
-                         k_lat.slice(c * TMA_CHUNK, TMA_CHUNK, dim=1).permute((1, 0)), s, use_acc=use_acc, is_async=True)
+    if E4M3:
+        q_chunk = _fp8_block(q_lat_smem, c, gl.float8e4nv)
+        k_chunk = _fp8_block(k_lat, c, gl.float8e4nv)
+    else:
+        q_chunk = q_lat_smem.slice(c * TMA_CHUNK, TMA_CHUNK, dim=1)
+        k_chunk = k_lat.slice(c * TMA_CHUNK, TMA_CHUNK, dim=1)
+    return warpgroup_mma(q_chunk, k_chunk.permute((1, 0)), s, use_acc=use_acc, is_async=True)
 
 
 @gluon.jit
@@ -791,18 +814,19 @@ def _seesaw_even_partition(
     m_even, scale_even, m_odd, scale_odd, sum_odd, final_rows, query_unscale,
     CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, b, split,
     num_splits, scale_log2, kv_scale, OUT, LSE, PART_OUT, PART_LSE, OUT_STRIDES, LSE_STRIDES, PART_STRIDES, last,
-    HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr,
+    HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr, E4M3: gl.constexpr,
 ):
     """Warpgroup 0: S and the softmax of the even tiles (stage 0), output columns of the left half.
     Per pair of tiles: P0 against the running max updated with the even tile; O_L = O_L x scale0 +
     P0 . V0_L (P0 from registers); then, with the odd tile's max from warpgroup 1, P0 rescaled to it for warpgroup 1 and
     O_L = O_L x scale1 + P1 . V1_L. Each stage's chunks are reloaded as soon as their last reader is done.
-    For fp8 pages the scores are multiplied by the query rows' unscale factors (`_scale_query_to_fp16`; the
-    cache's scale is in scale_log2) and the output by the cache's scale, here."""
+    For fp8 pages the scores are multiplied by the query rows' unscale factors (`_scale_query`; the
+    cache's scale is in scale_log2) and the output by the cache's scale, here. E4M3: S reads the e4m3 boxes, and
+    each warpgroup converts the values it multiplies (its half of the columns of both tiles) once their S is done."""
     half: gl.constexpr = KV_LORA_RANK // 2
     lat_chunks: gl.constexpr = KV_LORA_RANK // TMA_CHUNK
     FP8: gl.constexpr = CHUNK_DESC.block_type.element_ty.is_fp8()
-    s_layout: gl.constexpr = _score_layout()
+    s_layout: gl.constexpr = _score_layout(E4M3)
     o_layout: gl.constexpr = _half_output_layout(KV_LORA_RANK)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     dtype: gl.constexpr = slots.dtype
@@ -823,13 +847,15 @@ def _seesaw_even_partition(
         if not FP8 and tok0 + BLOCK_N > end:
             _zero_tail(k0, chunk_ready, 0, phase, end - tok0)
         s = _chunked_scores(q_lat_smem, q_rope_smem, k0, slots.index(0), chunk_ready, 0, phase, s_zero, end - tok0,
-                            False, FP8)
+                            False, FP8, E4M3)
         if FP8:
             s = s * row_unscale[:, None]
         p0, scale0, m_i = online_softmax(_masked_near_end(s, tok0, end, visible, unmasked_end), m_i, 1, scale_log2)
         m_even.store(m_i)
         scale_even.store(scale0)
         hand_over(EVEN_MAX_READY)
+        if E4M3:
+            _convert_four_blocks_in_place(k0, 0, end - tok0)
 
         acc = acc * _row_vector(scale0, o_layout)[:, None]
         acc = warpgroup_mma(gl.convert_layout(p0.to(dtype), p_layout), k0.slice(0, half, dim=1), acc, is_async=True)
@@ -852,6 +878,8 @@ def _seesaw_even_partition(
         l_i = (l_i * scale0 + gl.sum(p0, 1)) * scale1 + odd_sum
 
         if has_odd:
+            if E4M3:  # warpgroup 1's S of the odd tile is done: it handed over its max
+                _convert_four_blocks_in_place(k1, 0, end - tok0 - BLOCK_N)
             acc = acc * _row_vector(scale1, o_layout)[:, None]
             acc = warpgroup_mma(slots.index(1), k1.slice(0, half, dim=1), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
@@ -878,15 +906,16 @@ def _seesaw_odd_partition(
     m_even, scale_even, m_odd, scale_odd, sum_odd, final_rows, query_unscale,
     CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, b, split,
     num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES,
-    HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr,
+    HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr, E4M3: gl.constexpr,
 ):
     """Warpgroup 1: S and the softmax of the odd tiles (stage 1, computed while warpgroup 0 does its
     softmax), output columns of the right half: O_R = O_R x scale0 x scale1 + P1 . V1_R (P1 from
-    registers), then + P0' . V0_R with warpgroup 0's rescaled P0. Scores of fp8 pages as in warpgroup 0."""
+    registers), then + P0' . V0_R with warpgroup 0's rescaled P0. Scores of fp8 pages, and E4M3's conversions, as in
+    warpgroup 0."""
     half: gl.constexpr = KV_LORA_RANK // 2
     lat_chunks: gl.constexpr = KV_LORA_RANK // TMA_CHUNK
     FP8: gl.constexpr = CHUNK_DESC.block_type.element_ty.is_fp8()
-    s_layout: gl.constexpr = _score_layout()
+    s_layout: gl.constexpr = _score_layout(E4M3)
     o_layout: gl.constexpr = _half_output_layout(KV_LORA_RANK)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     dtype: gl.constexpr = slots.dtype
@@ -907,7 +936,7 @@ def _seesaw_odd_partition(
             if not FP8 and tok1 + BLOCK_N > end:
                 _zero_tail(k1, chunk_ready, 1, phase, end - tok1)
             s = _chunked_scores(q_lat_smem, q_rope_smem, k1, slots.index(1), chunk_ready, 1, phase, s_zero,
-                                end - tok1, True, FP8)
+                                end - tok1, True, FP8, E4M3)
             if FP8:
                 s = s * row_unscale[:, None]
             s = _masked_near_end(s, tok1, end, visible, unmasked_end)
@@ -924,6 +953,8 @@ def _seesaw_odd_partition(
             sum_odd.store(gl.sum(p1, 1))
             fence_async_shared()
             hand_over(ODD_MAX_READY)
+            if E4M3:
+                _convert_four_blocks_in_place(k1, lat_chunks // 2, end - tok1)
             acc = acc * _row_vector(scale0 * scale1, o_layout)[:, None]
             acc = warpgroup_mma(gl.convert_layout(p1.to(dtype), p_layout), k1.slice(half, half, dim=1), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
@@ -933,6 +964,8 @@ def _seesaw_odd_partition(
         else:
             acc = acc * _row_vector(scale0, o_layout)[:, None]
         take_over(EVEN_P_READY)
+        if E4M3:  # warpgroup 0's S of the even tile is done: it handed over its max
+            _convert_four_blocks_in_place(k0, lat_chunks // 2, end - tok1 + BLOCK_N)
         acc = warpgroup_mma(slots.index(0), k0.slice(half, half, dim=1), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
         gl.thread_barrier()
@@ -975,6 +1008,7 @@ def mla_decode_hopper_seesaw_kernel(
     WORK_STATE, work_rows, row_tiles, MERGE_STATE,
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr,
     KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr, MERGE: gl.constexpr, EVICT_FIRST: gl.constexpr,
+    E4M3_SCORES: gl.constexpr,
 ):
     """Two warpgroups taking turns over tile pairs ("seesaw"), for 16-bit pages that hold whole tiles:
     even tiles in stage 0 (warpgroup 0's S and softmax), odd tiles in stage 1 (warpgroup 1's), each
@@ -991,7 +1025,9 @@ def mla_decode_hopper_seesaw_kernel(
     non-ragged plan a program past its last unit's tile loop executes `launch_dependents` where that unit's sequence
     has at most EARLY_TRIGGER_MAX_SPLITS splits (only a combine launched behind this kernel reacts to it); otherwise
     the programs let it launch as they exit. With EVICT_FIRST
-    the cache's TMA loads carry an L2 evict-first policy (`l2_evict_first`; the launch rewrites the PTX).
+    the cache's TMA loads carry an L2 evict-first policy (`l2_evict_first`; the launch rewrites the PTX). With
+    E4M3_SCORES (fp8 pages) the query rows are rounded to e4m3 and S runs on 8-bit tensor cores over the boxes as
+    TMA put them; only the values P multiplies are converted, after their S.
     Arguments as `mla_decode_hopper_split_kernel`'s, with the cache's chunk TMA descriptors and, for fp8 pages
     (each chunk loaded into the first half of its 16-bit place and converted there by the warpgroup whose
     S reads it first, NOTES.md v43), the one-element scale KV_SCALE.
@@ -1041,7 +1077,7 @@ def mla_decode_hopper_seesaw_kernel(
                 q_lat_all, q_rope_smem, k_lat_smem, slots, rows_smem, chunk_ready,
                 Q, CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, seqlen, b, split, num_splits, first_token,
                 q_len, tile, OUT, LSE, PART_OUT, PART_LSE, scale_log2, kv_scale, Q_STRIDES, stride_bt_b, OUT_STRIDES,
-                LSE_STRIDES, PART_STRIDES, last, HEADS, PAGE_SIZE, KV_LORA_RANK)
+                LSE_STRIDES, PART_STRIDES, last, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3_SCORES)
             if MERGE and num_splits > 1:
                 _merge_if_last(WORK, unit, row_tiles, MERGE_STATE, OUT, LSE, PART_OUT, PART_LSE,
                                OUT_STRIDES, LSE_STRIDES, PART_STRIDES, HEADS, KV_LORA_RANK)
@@ -1116,22 +1152,37 @@ def _as_dtype(buffer, dtype: gl.constexpr):
 
 
 @gluon.jit
-def _scale_query_to_fp16(q_lat, q_rope, q_dtype: gl.constexpr, unscale_smem):
+def _scale_query(q_lat, q_rope, q_dtype: gl.constexpr, unscale_smem, E4M3: gl.constexpr):
     """For fp8 pages, whose MMAs run in fp16: the tile's query rows, loaded as `q_dtype` into the fp16 buffers,
-    scaled in place per row by a power of two (`fp16_row_factor`) and stored as fp16; the factor undoing
+    scaled in place per row by a power of two (`query_row_factor`) and stored as fp16; the factor undoing
     it goes to `unscale_smem` for the scores. Two passes over 64-column blocks: the rows' maxima, then the
-    scaling (each thread rewrites the values it read)."""
+    scaling (each thread rewrites the values it read). E4M3: scaled into e4m3's range and rounded to e4m3 into each
+    block's first half instead (`_fp8_block`, where S reads them), each block read whole before it is written."""
     rows_layout: gl.constexpr = gl.SliceLayout(1, QUERY_BLOCK)
     amax = gl.zeros([BLOCK_M], gl.float32, layout=rows_layout)
     for c in gl.static_range(q_lat.shape[1] // TMA_CHUNK):
         amax = gl.maximum(amax, gl.max(gl.abs(_query_block(q_lat, q_dtype, c)), 1))
     amax = gl.maximum(amax, gl.max(gl.abs(_query_block(q_rope, q_dtype, 0)), 1))
-    factor = fp16_row_factor(amax)
-    for c in gl.static_range(q_lat.shape[1] // TMA_CHUNK):
-        scaled = (_query_block(q_lat, q_dtype, c) * factor[:, None]).to(gl.float16)
-        q_lat.slice(c * TMA_CHUNK, TMA_CHUNK, dim=1).store(scaled)
-    q_rope.store((_query_block(q_rope, q_dtype, 0) * factor[:, None]).to(gl.float16))
+    if E4M3:
+        factor = query_row_factor(amax, E4M3_QUERY_EXPONENT)
+        for c in gl.static_range(q_lat.shape[1] // TMA_CHUNK):
+            _store_e4m3_block(q_lat, c, _query_block(q_lat, q_dtype, c) * factor[:, None])
+        _store_e4m3_block(q_rope, 0, _query_block(q_rope, q_dtype, 0) * factor[:, None])
+    else:
+        factor = query_row_factor(amax, FP16_QUERY_EXPONENT)
+        for c in gl.static_range(q_lat.shape[1] // TMA_CHUNK):
+            scaled = (_query_block(q_lat, q_dtype, c) * factor[:, None]).to(gl.float16)
+            q_lat.slice(c * TMA_CHUNK, TMA_CHUNK, dim=1).store(scaled)
+        q_rope.store((_query_block(q_rope, q_dtype, 0) * factor[:, None]).to(gl.float16))
     unscale_smem.store(1.0 / factor)
+
+
+@gluon.jit
+def _store_e4m3_block(buffer, block: gl.constexpr, values):
+    """Block `block`'s values (read from it) rounded to e4m3 into its first half, once every thread has read it."""
+    rounded = values.to(gl.float8e4nv)
+    gl.thread_barrier()
+    _fp8_block(buffer, block, gl.float8e4nv).store(rounded)
 
 
 @gluon.jit
@@ -1153,7 +1204,7 @@ def _seesaw_unit(
     q_lat_all, q_rope_smem, k_lat_smem, slots, rows_smem, chunk_ready,
     Q, CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, seqlen, b, split, num_splits, first_token, q_len, tile,
     OUT, LSE, PART_OUT, PART_LSE, scale_log2, kv_scale, Q_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
-    last, HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr,
+    last, HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr, E4M3: gl.constexpr,
 ):
     """One unit of the seesaw kernel (a split's row tile), on chunk barriers initialized for it and
     invalidated after it: Q and the first two tiles loaded, then the two warpgroups' partitions."""
@@ -1175,7 +1226,7 @@ def _seesaw_unit(
     query_unscale = rows_smem.index(6)
     if FP8:
         gl.thread_barrier()
-        _scale_query_to_fp16(q_lat_all.index(0), q_rope_smem, q_dtype, query_unscale)
+        _scale_query(q_lat_all.index(0), q_rope_smem, q_dtype, query_unscale, E4M3)
     fence_async_shared()
     gl.thread_barrier()
 
@@ -1189,13 +1240,13 @@ def _seesaw_unit(
             CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, b, split,
             num_splits, scale_log2, kv_scale, OUT, LSE, PART_OUT, PART_LSE,
             OUT_STRIDES, LSE_STRIDES,
-            PART_STRIDES, last, HEADS, PAGE_SIZE, KV_LORA_RANK)),
+            PART_STRIDES, last, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3)),
         (_seesaw_odd_partition, (
             q_lat_all, q_rope_smem, k_lat_smem, slots, chunk_ready,
             m_even, scale_even, m_odd, scale_odd, sum_odd, final_rows, query_unscale,
             CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, b, split,
             num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES,
-            HEADS, PAGE_SIZE, KV_LORA_RANK)),
+            HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3)),
     ], [4], [248])
     for c in gl.static_range(2 * chunks):
         mbarrier.invalidate(chunk_ready[c])

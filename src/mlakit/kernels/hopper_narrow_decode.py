@@ -36,7 +36,8 @@ from mlakit.kernels.hopper_common import (
     KV_LORA_RANKS,
     ROPE_DIMS,
     finish_rows,
-    fp16_row_factor,
+    FP16_QUERY_EXPONENT,
+    query_row_factor,
     no_keys_yet,
     online_softmax,
     row_descriptors,
@@ -178,7 +179,7 @@ def _load_query(q_lat_smem, q_rope_smem, Q, tile, first_token, q_len, Q_STRIDES,
     lat = gl.load(Q + base[:, None] + lat_cols[None, :], mask=row_ok, other=0.0).to(gl.float32)
     rope = gl.load(Q + base[:, None] + rope_cols[None, :], mask=row_ok, other=0.0).to(gl.float32)
     amax = gl.maximum(gl.max(gl.abs(lat), 1), gl.max(gl.abs(rope), 1))
-    factor = fp16_row_factor(amax)
+    factor = query_row_factor(amax, FP16_QUERY_EXPONENT)
     q_lat_smem.store(_relabel_columns((lat * factor[:, None]).to(gl.float16), LATENT_WIDTH))
     q_rope_smem.store(_relabel_columns((rope * factor[:, None]).to(gl.float16), rope_dim))
     return 1.0 / factor

@@ -352,7 +352,8 @@ class DecodePlan:
     tile, chosen because device and cache dtype suit that tier; a call its kernel does not take
     after all (a page size the narrow kernel cannot box, per-group fp8 scales, odd strides) runs
     the 64-row Hopper kernel, else the portable kernel with its default tile, over the same split
-    counts (`split_kernel_for`; unless the tuning's tier was set to "portable")."""
+    counts (`split_kernel_for`; unless the tuning's tier was set to "portable"). `e4m3_scores`: where the seesaw kernel
+    takes fp8 pages, it rounds the query rows to e4m3 and computes S on 8-bit tensor cores (`hopper_decode.prepare`)."""
 
     tuning: DecodeTuning
     geometry: SplitGeometry
@@ -363,6 +364,7 @@ class DecodePlan:
     merge_state: torch.Tensor
     max_q_len: int
     hopper_default: bool = False
+    e4m3_scores: bool = False
     launches: dict[tuple, Callable[..., None]] = dataclasses.field(default_factory=dict, init=False, compare=False,
                                                                    repr=False)
 
@@ -375,16 +377,18 @@ def plan_decode(
     kv_dtype: torch.dtype = torch.bfloat16,
     num_sms: int | None = None,
     tuning: DecodeTuning | None = None,
+    e4m3_scores: bool = False,
 ) -> DecodePlan:
     """The split plan for a decode batch with `q_len` query tokens per sequence (no host sync).
 
     `kv_dtype` is the cache's storage dtype (it decides whether the Hopper kernel serves the
     call, hence the row tile); `num_sms` overrides the device's SM count (tests use it to
-    force many splits on small inputs); `tuning` overrides the launch shape.
+    force many splits on small inputs); `tuning` overrides the launch shape; `e4m3_scores` (`DecodePlan`)
+    lets the Hopper kernel round queries to e4m3 over fp8 pages.
     """
     batch = cache_seqlens.shape[0]
     cu_seqlens_q = torch.arange(0, (batch + 1) * q_len, q_len, dtype=torch.int32, device=cache_seqlens.device)
-    return _plan(cache_seqlens, cu_seqlens_q, q_len, heads, kv_dtype, num_sms, tuning)
+    return _plan(cache_seqlens, cu_seqlens_q, q_len, heads, kv_dtype, num_sms, tuning, e4m3_scores)
 
 
 def plan_extend(
@@ -396,9 +400,11 @@ def plan_extend(
     kv_dtype: torch.dtype = torch.bfloat16,
     num_sms: int | None = None,
     tuning: DecodeTuning | None = None,
+    e4m3_scores: bool = False,
 ) -> DecodePlan:
-    """The split plan for ragged new-token segments (`cu_seqlens_q`, at most `max_q_len` each)."""
-    return _plan(cache_seqlens, cu_seqlens_q, max_q_len, heads, kv_dtype, num_sms, tuning)
+    """The split plan for ragged new-token segments (`cu_seqlens_q`, at most `max_q_len` each; `e4m3_scores` as
+    `plan_decode`'s)."""
+    return _plan(cache_seqlens, cu_seqlens_q, max_q_len, heads, kv_dtype, num_sms, tuning, e4m3_scores)
 
 
 def _plan(
@@ -409,6 +415,7 @@ def _plan(
     kv_dtype: torch.dtype,
     num_sms: int | None,
     tuning: DecodeTuning | None,
+    e4m3_scores: bool,
 ) -> DecodePlan:
     batch = cache_seqlens.shape[0]
     rows = max(1, max_q_len * heads)
@@ -435,14 +442,15 @@ def _plan(
         work = torch.cat([work[:, :1], split[:, None], work[:, 1:]], dim=1)
         work_state = torch.zeros(3, dtype=torch.int32, device=device)
         work_state[:1].fill_(batch * tuning.fixed_splits)
-        return DecodePlan(tuning, geometry, cu_seqlens_q, num_splits, work, work_state, merge_state, max_q_len)
+        return DecodePlan(tuning, geometry, cu_seqlens_q, num_splits, work, work_state, merge_state, max_q_len,
+                          e4m3_scores=e4m3_scores)
     num_splits, work, work_state = decode_split_counts(
         cache_seqlens, cu_seqlens_q, heads, geometry, tuning.block_m, tuning.block_n, sms, tuning.programs_per_sm,
         min_tokens_per_split=MIN_TILES_PER_SPLIT * tuning.block_n,
         batched_min_tokens_per_split=BATCHED_MIN_TILES_PER_SPLIT * tuning.block_n,
     )
     return DecodePlan(tuning, geometry, cu_seqlens_q, num_splits, work, work_state, merge_state, max_q_len,
-                      hopper_default)
+                      hopper_default, e4m3_scores)
 
 
 def triton_mla_decode(
@@ -458,16 +466,18 @@ def triton_mla_decode(
     num_sms: int | None = None,
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
+    e4m3_scores: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """MLA decode with mlakit's Triton kernels (inputs as in `mlakit.mla_decode`, already checked).
 
-    `plan` is the step's split plan (built here with `num_sms` when not given); `out` `[batch,
+    `plan` is the step's split plan (built here with `num_sms` and `e4m3_scores`, `DecodePlan`'s, when not given); `out` `[batch,
     q_len, heads, kv_lora_rank]` and `lse` `[batch, heads, q_len]` receive the results when given
     (out's last dim contiguous, heads and tokens at any stride). No host sync, so the call can be
     captured in a CUDA graph.
     """
     batch, q_len, heads, _ = q.shape
-    plan = plan or plan_decode(cache_seqlens, q_len=q_len, heads=heads, kv_dtype=kv_cache.dtype, num_sms=num_sms)
+    plan = plan or plan_decode(cache_seqlens, q_len=q_len, heads=heads, kv_dtype=kv_cache.dtype, num_sms=num_sms,
+                               e4m3_scores=e4m3_scores)
     out, lse = _outputs(q, kv_lora_rank, out, lse)
     _launch(q.reshape(batch * q_len, heads, -1), kv_cache, block_table, cache_seqlens, kv_lora_rank, softmax_scale,
             kv_scale, plan, out.view(batch * q_len, heads, kv_lora_rank), lse, _lse_strides(lse))
@@ -489,15 +499,17 @@ def triton_mla_extend(
     num_sms: int | None = None,
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
+    e4m3_scores: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Latent-form extend: packed new tokens `q [T, heads, dim]` (segments `cu_seqlens_q`, each at
     most `max_q_len`, already written to the cache) attend to their sequence's cached tokens,
     causally among themselves, as `mlakit.reference_extend`. Returns out `[T, heads,
     kv_lora_rank]` and lse `[T, heads]` (natural log), written into `out` and `lse` when given.
-    `plan` is the step's split plan from `plan_extend` over these `cu_seqlens_q`. No host sync.
+    `plan` is the step's split plan from `plan_extend` over these `cu_seqlens_q` (built here with `num_sms` and
+    `e4m3_scores` when not given). No host sync.
     """
     plan = plan or plan_extend(cache_seqlens, cu_seqlens_q, max_q_len=max_q_len, heads=q.shape[1],
-                               kv_dtype=kv_cache.dtype, num_sms=num_sms)
+                               kv_dtype=kv_cache.dtype, num_sms=num_sms, e4m3_scores=e4m3_scores)
     out, lse = _outputs(q, kv_lora_rank, out, lse)
     _launch(q, kv_cache, block_table, cache_seqlens, kv_lora_rank, softmax_scale, kv_scale, plan, out, lse, _lse_strides(lse))
     return out, lse
@@ -671,7 +683,7 @@ def _prepare_launch(
         split = hopper_narrow_decode.prepare(key, grid, q, pages, kv_lora_rank)
     elif kernel == "hopper":
         split, merged = hopper_decode.prepare(key, grid, q, pages, kv_lora_rank, plan.work_state, plan.merge_state,
-                                              geometry.max_splits)
+                                              geometry.max_splits, plan.e4m3_scores)
     else:
         split = _portable_split(key, grid, q, pages, kv_lora_rank, tuning, scale_mode, scale_strides)
     after_split = combine_after_split(kernel, max_rows, geometry.max_splits)

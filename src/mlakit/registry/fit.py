@@ -45,10 +45,11 @@ def common_page_sizes(a: BackendRecord, b: BackendRecord, fixed: int | None = No
     return list(dict.fromkeys(p for p in candidates if a.page_sizes.accepts(p) and b.page_sizes.accepts(p)))
 
 
-def common_kv_dtypes(a: BackendRecord, b: BackendRecord, fixed: str | None = None) -> list[str]:
-    """KV dtypes both backends take, in preference order (bf16, fp16, fp8_e4m3)."""
+def common_kv_dtypes(decode: BackendRecord, prefill: BackendRecord, fixed: str | None = None) -> list[str]:
+    """KV dtypes the decode backend's decode and the prefill backend's prefill both take, in preference order
+    (bf16, fp16, fp8_e4m3)."""
     candidates = [fixed] if fixed is not None else list(KV_DTYPES)
-    return [d for d in candidates if d in a.kv_dtypes and d in b.kv_dtypes]
+    return [d for d in candidates if d in decode.kv_dtypes_for("decode") and d in prefill.kv_dtypes_for("prefill")]
 
 
 def backend_problems(record: BackendRecord, phase: Phase, req: Requirements, partner: BackendRecord | None = None) -> list[str]:
@@ -66,9 +67,10 @@ def backend_problems(record: BackendRecord, phase: Phase, req: Requirements, par
         problems.append(f"needs package {', '.join(missing)}, not installed here ({record.install_hint})")
     if req.page_size is not None and not record.page_sizes.accepts(req.page_size):
         problems.append(f"page_size {req.page_size} is not supported; allowed page sizes: {record.page_sizes.describe()}")
-    if req.kv_dtype is not None and req.kv_dtype not in record.kv_dtypes:
-        allowed = [d for d in KV_DTYPES if d in record.kv_dtypes]
-        problems.append(f"kv_cache_dtype {req.kv_dtype!r} is not supported; allowed: {allowed}")
+    if req.kv_dtype is not None and req.kv_dtype not in record.kv_dtypes_for(phase):
+        allowed = [d for d in KV_DTYPES if d in record.kv_dtypes_for(phase)]
+        in_phase = f" in {phase}" if record.kv_dtypes_for(phase) != record.kv_dtypes else ""
+        problems.append(f"kv_cache_dtype {req.kv_dtype!r} is not supported{in_phase}; allowed: {allowed}")
     for dtype, floor in record.kv_dtype_min_capability:
         capability = req.device.compute_capability
         if req.kv_dtype == dtype and capability is not None and capability < floor:
@@ -106,8 +108,11 @@ def backend_problems(record: BackendRecord, phase: Phase, req: Requirements, par
             problems.append(
                 f"shares no page size with {partner.name} ({record.page_sizes.describe()} vs {partner.page_sizes.describe()})"
             )
-        if not common_kv_dtypes(record, partner, req.kv_dtype):
-            problems.append(f"shares no KV dtype with {partner.name} ({sorted(record.kv_dtypes)} vs {sorted(partner.kv_dtypes)})")
+        other: Phase = "prefill" if phase == "decode" else "decode"
+        decode, prefill = (record, partner) if phase == "decode" else (partner, record)
+        if not common_kv_dtypes(decode, prefill, req.kv_dtype):
+            problems.append(f"shares no KV dtype with {partner.name} ({sorted(record.kv_dtypes_for(phase))} vs "
+                            f"{sorted(partner.kv_dtypes_for(other))})")
     return problems
 
 

@@ -86,6 +86,7 @@ class BackendRecord:
 
     `capability_majors` lists the CUDA compute-capability majors it runs on (None = any);
     `kv_dtype_min_capability` raises that floor for some KV dtypes (e.g. fp8 needs SM89);
+    `decode_kv_dtypes` lists the KV dtypes its decode takes where fewer than `kv_dtypes` (None = the same);
     `max_decode_q_len` is the most query tokens per sequence in decode (1 = no
     speculative decoding, None = any); `latent_extend` says it runs ragged new-token
     segments over their cached prefix in the latent form (`mlakit.mla_extend`; speculative
@@ -110,6 +111,7 @@ class BackendRecord:
     preferred_page_size: int
     capability_majors: frozenset[int] | None = None
     kv_dtype_min_capability: tuple[tuple[str, tuple[int, int]], ...] = ()
+    decode_kv_dtypes: frozenset[str] | None = None
     max_decode_q_len: int | None = None
     max_heads: int | None = None
     kv_lora_ranks: frozenset[int] | None = None
@@ -133,12 +135,28 @@ class BackendRecord:
             raise ConfigError(f"backend {self.name!r}: phases must be a non-empty subset of {PHASES}, got {sorted(self.phases)}")
         if not self.kv_dtypes or not self.kv_dtypes <= set(KV_DTYPES):
             raise ConfigError(f"backend {self.name!r}: kv_dtypes must be a non-empty subset of {KV_DTYPES}")
+        if self.decode_kv_dtypes is not None and not (self.decode_kv_dtypes and self.decode_kv_dtypes <= self.kv_dtypes
+                                                      and "decode" in self.phases):
+            raise ConfigError(f"backend {self.name!r}: decode_kv_dtypes must be a non-empty subset of its kv_dtypes, "
+                              "for a backend that decodes")
         if not self.page_sizes.accepts(self.preferred_page_size):
             raise ConfigError(f"backend {self.name!r}: preferred_page_size {self.preferred_page_size} is not in its page sizes")
         if self.attention_dtype is not None and self.attention_dtype not in KV_DTYPES:
             raise ConfigError(f"backend {self.name!r}: attention_dtype must be one of {KV_DTYPES}, got {self.attention_dtype!r}")
         if self.prefill_fallback is not None and "prefill" in self.phases:
             raise ConfigError(f"backend {self.name!r} does prefill itself; it cannot name a prefill_fallback")
+
+    def kv_dtypes_for(self, phase: Phase) -> frozenset[str]:
+        """The KV dtypes its `phase` takes.
+
+        >>> record = BackendRecord("x", "", frozenset({"prefill", "decode"}), frozenset({"cuda"}), PageSizeRule(),
+        ...                        frozenset({"bf16", "fp8_e4m3"}), 0, 64, decode_kv_dtypes=frozenset({"fp8_e4m3"}))
+        >>> sorted(record.kv_dtypes_for("prefill")), sorted(record.kv_dtypes_for("decode"))
+        (['bf16', 'fp8_e4m3'], ['fp8_e4m3'])
+        """
+        if phase == "decode" and self.decode_kv_dtypes is not None:
+            return self.decode_kv_dtypes
+        return self.kv_dtypes
 
     def missing_packages(self) -> list[str]:
         """The import names among `packages` that are not installed here."""
@@ -171,6 +189,7 @@ class BackendRecord:
             "kv_dtype_min_capability": {dtype: f"sm{cc[0]}{cc[1]}" for dtype, cc in self.kv_dtype_min_capability},
             "page_sizes": self.page_sizes.describe(),
             "kv_dtypes": [d for d in KV_DTYPES if d in self.kv_dtypes],
+            "decode_kv_dtypes": [d for d in KV_DTYPES if d in self.kv_dtypes_for("decode")],
             "max_decode_q_len": self.max_decode_q_len,
             "max_heads": self.max_heads,
             "kv_lora_ranks": None if self.kv_lora_ranks is None else sorted(self.kv_lora_ranks),

@@ -1,0 +1,90 @@
+"""Device experiment: fp8 pages with S on 8-bit tensor cores (`DecodePlan.e4m3_scores`: queries rounded to e4m3)
+against fp8 pages with fp16 MMAs (the default) and against bf16 pages holding the same values, under the benchmark's
+method (CUDA-graph replay; L2 clean before each, and flushed dirty as do_bench leaves it), the three taking turns over
+two rounds. Each case's errors first: e4m3 S against the reference on rounded queries and on the queries as given, the
+default fp8 kernel against the latter. Ceilings measured in the same run; a JSON of every row with --json PATH.
+
+Usage: python benchmarks/experiments/e4m3_scores_ab.py [--json PATH] HEADS,BATCH,SEQLEN|ragged,Q_LEN [...]
+"""
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import torch
+from decode_case import decode_call, interleaved_times, parse_case
+
+from mlakit.bench.ceilings import measure_ceilings
+from mlakit.bench.decode import case_cost, environment, make_inputs
+from mlakit.kernels.triton_decode import plan_decode
+from mlakit.reference import e4m3_rounded_queries, reference_decode
+
+VARIANTS = ("bf16", "fp8", "fp8_e4m3_scores")
+CHECK_TOKENS = 1 << 19
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.float() - ref).norm() / ref.norm())
+
+
+def errors(inputs, plan) -> dict[str, float]:
+    """The e4m3-scores call's error against the reference on rounded and on given queries, and the default fp8 call's
+    against the latter, over the first sequences (at most CHECK_TOKENS of them)."""
+    keep = max(1, int((inputs.cache_seqlens.cumsum(0) <= CHECK_TOKENS).sum()))
+    sub = dataclasses.replace(inputs, q=inputs.q[:keep], block_table=inputs.block_table[:keep],
+                              cache_seqlens=inputs.cache_seqlens[:keep])
+    q_len, heads = sub.q.shape[1], sub.q.shape[2]
+
+    def reference(q):
+        return reference_decode(q, sub.kv_cache, sub.block_table, sub.cache_seqlens, kv_lora_rank=512,
+                                softmax_scale=sub.softmax_scale, kv_scale=sub.kv_scale)[0]
+
+    def ours(e4m3_scores):
+        plan = plan_decode(sub.cache_seqlens, q_len=q_len, heads=heads, kv_dtype=sub.kv_cache.dtype,
+                           e4m3_scores=e4m3_scores)
+        return decode_call(sub, plan)()[0]
+
+    exact = reference(sub.q)
+    scored = ours(True)
+    return {"e4m3_vs_rounded_reference": relative_error(scored, reference(e4m3_rounded_queries(sub.q))),
+            "e4m3_vs_reference": relative_error(scored, exact), "fp8_vs_reference": relative_error(ours(False), exact)}
+
+
+arguments = sys.argv[1:]
+json_path = None
+if arguments[:1] == ["--json"]:
+    json_path, arguments = Path(arguments[1]), arguments[2:]
+device = torch.device("cuda")
+ceilings = measure_ceilings(device)
+print(f"ceilings: copy {ceilings.copy_gb_per_s:.0f} GB/s, matmul {ceilings.matmul_tflop_per_s:.0f} TFLOP/s", flush=True)
+calls, costs = {}, {}
+for spec in arguments:
+    case = parse_case(spec)
+    for variant in VARIANTS:
+        kv_dtype = "bf16" if variant == "bf16" else "fp8_e4m3"
+        variant_case = dataclasses.replace(case, kv_dtype=kv_dtype)
+        inputs = make_inputs(variant_case, device)
+        plan = plan_decode(inputs.cache_seqlens, q_len=case.q_len, heads=case.heads, kv_dtype=inputs.kv_cache.dtype,
+                           e4m3_scores=variant == "fp8_e4m3_scores")
+        calls[spec, variant] = decode_call(inputs, plan)
+        costs[spec, variant] = case_cost(variant_case)
+        if variant == "fp8_e4m3_scores":
+            print(f"{spec} errors: " + ", ".join(f"{k} {v:.2e}" for k, v in errors(inputs, plan).items()), flush=True)
+rows = []
+for timing in ("clean-l2", "flushed"):
+    times = interleaved_times(list(VARIANTS), arguments, lambda variant, spec: calls[spec, variant], rounds=2,
+                              timing=timing)
+    for spec in arguments:
+        best = {variant: min(times[spec, variant]) for variant in VARIANTS}
+        print(f"{timing:<8} {spec:<18} " + " | ".join(f"{v} {best[v]:6.1f} us" for v in VARIANTS)
+              + f" | fp8/bf16 {best['fp8'] / best['bf16']:.3f}, e4m3/bf16 {best['fp8_e4m3_scores'] / best['bf16']:.3f}, "
+              f"e4m3/fp8 {best['fp8_e4m3_scores'] / best['fp8']:.3f}", flush=True)
+        for variant in VARIANTS:
+            kv_bytes, flops = costs[spec, variant]
+            us = best[variant]
+            rows.append({"case": spec, "variant": variant, "timing": timing, "time_us": us, "rounds_us": times[spec, variant],
+                         "copy_ratio": kv_bytes / (us * 1e-6) / (ceilings.copy_gb_per_s * 1e9),
+                         "matmul_ratio": flops / (us * 1e-6) / (ceilings.matmul_tflop_per_s * 1e12)})
+if json_path is not None:
+    json_path.write_text(json.dumps({"environment": environment(device, ceilings), "results": rows}, indent=1))
