@@ -114,7 +114,7 @@ def test_cli_reads_a_grid_written_in_parts(tmp_path):
     lines = result.output.splitlines()
     assert len(lines) == len(check_targets(GOOD_GRID, {})) + len(check_round3_targets(GOOD_GRID))
     assert lines[0].startswith("met") and "16 heads (q1, q2) and batch 1" in lines[0]
-    assert lines[-4].startswith("no cases") and "round 3, batched" in lines[-4]  # GOOD_GRID has no FlashMLA rows
+    assert lines[-5].startswith("no cases") and "round 3, batched" in lines[-5]  # GOOD_GRID has no FlashMLA rows
 
 
 ROUND3_GRID = [
@@ -124,6 +124,8 @@ ROUND3_GRID = [
     _row(64, 64, 1024, time_us=40.0), _row(64, 64, 1024, kernel="flashmla", time_us=30.0),  # 64 heads: no target
     _row(128, 16, 4096, time_us=60.0),  # no FlashMLA row: in no FlashMLA target
     _row(128, 64, 4096, time_us=140.0), _row(128, 64, 4096, kv_dtype="fp8_e4m3", time_us=133.0),
+    _row(128, 64, 4096, kv_dtype="fp8_e4m3", kernel="triton_fp8", time_us=120.0),
+    _row(128, 64, 4096, q_len=2, kv_dtype="fp8_e4m3", kernel="triton_fp8", time_us=90.0),  # no bf16 twin: none
     _row(128, 4, 1024, time_us=20.0), _row(128, 4, 1024, kv_dtype="fp8_e4m3", time_us=25.0),  # 4096 tokens: none
     _row(16, 64, 4096, time_us=120.0), _row(16, 64, 4096, kv_dtype="fp8_e4m3", time_us=70.0),
 ]
@@ -137,6 +139,8 @@ def test_round3_targets_pair_our_rows_with_flashmla_rows_of_the_same_case():
     assert by_target["round 3, batch 1"].value == pytest.approx(30.0 / 44.0)
     fp8_128 = by_target[f"round 3, fp8 at 128 heads, >= {FP8_128_HEAD_TOKENS} KV tokens"]
     assert (fp8_128.cases, fp8_128.value) == (1, pytest.approx(133.0 / 140.0))
+    e4m3 = by_target[f"round 3, fp8 at 128 heads with e4m3 scores (triton_fp8), >= {FP8_128_HEAD_TOKENS} KV tokens"]
+    assert (e4m3.cases, e4m3.value) == (1, pytest.approx(120.0 / 140.0))
     assert by_target[f"round 3, fp8 at 16 heads, >= {LARGE_CASE_TOKENS} KV tokens"].value == pytest.approx(120 / 70)
 
 
@@ -149,9 +153,11 @@ def test_round3_targets_pair_our_rows_with_flashmla_rows_of_the_same_case():
          f"round 3, fp8 at 128 heads, >= {FP8_128_HEAD_TOKENS} KV tokens"),
         (_row(16, 64, 4096, kv_dtype="fp8_e4m3", time_us=76.0),
          f"round 3, fp8 at 16 heads, >= {LARGE_CASE_TOKENS} KV tokens"),
+        (_row(128, 64, 4096, kv_dtype="fp8_e4m3", kernel="triton_fp8", time_us=134.0),
+         f"round 3, fp8 at 128 heads with e4m3 scores (triton_fp8), >= {FP8_128_HEAD_TOKENS} KV tokens"),
     ],
 )
 def test_one_round3_case_past_its_bound_misses_that_target_alone(changed, target):
-    grid = [r for r in ROUND3_GRID if r["case"] != changed["case"] or r["kernel"] != "triton"] + [changed]
+    grid = [r for r in ROUND3_GRID if r["case"] != changed["case"] or r["kernel"] != changed["kernel"]] + [changed]
     missed = [c.target.split(":")[0] for c in check_round3_targets(grid) if not c.met]
     assert missed == [target]

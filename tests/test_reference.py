@@ -142,3 +142,27 @@ def test_reference_bounds_memory_by_chunking(monkeypatch):
     chunked = reference_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens, **kwargs)
     assert torch.equal(whole[0], chunked[0]) and torch.equal(whole[1], chunked[1])
     assert math.isinf(whole[1][2].max().item())
+
+
+def test_e4m3_rounded_queries_use_the_hopper_kernels_power_of_two_per_row():
+    """The factor the kernel builds from amax's exponent bits (`hopper_common.query_row_factor` with
+    E4M3_QUERY_EXPONENT 7, clamped to 2^-113 .. 2^113), emulated on the bits here, rounds every row the same way:
+    rows of ordinary, huge, tiny, subnormal and zero magnitude."""
+    from mlakit.kernels.hopper_common import E4M3_QUERY_EXPONENT, MAX_FACTOR_EXPONENT, MIN_FACTOR_EXPONENT
+    from mlakit.reference import e4m3_rounded_queries
+
+    gen = torch.Generator().manual_seed(5)
+    rows = torch.randn(64, 576, generator=gen)
+    rows *= torch.pow(2.0, torch.randint(-30, 30, (64, 1), generator=gen).float())
+    rows[0] = 0.0
+    rows[1] *= 2.0 ** -120  # subnormal largest magnitudes: the factor clamps at 2^113
+    rows[2] *= 2.0 ** 100
+    q = rows.to(torch.bfloat16).float()
+    amax = q.abs().amax(dim=-1, keepdim=True)
+    biased = (amax.view(torch.int32) >> 23) & 0xFF
+    factor_exponent = (127 + E4M3_QUERY_EXPONENT.value + 127 - biased).clamp(MIN_FACTOR_EXPONENT.value,
+                                                                             MAX_FACTOR_EXPONENT.value)
+    factor = (factor_exponent << 23).view(torch.float32)
+    kernel = (q * factor).to(torch.float8_e4m3fn).float() / factor
+    assert torch.equal(e4m3_rounded_queries(q), kernel)
+    assert (kernel[3:] != 0).any() and ((q[3:] * factor[3:]).abs().amax(-1) < 256).all()

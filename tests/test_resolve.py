@@ -314,11 +314,11 @@ def test_explicit_choices_are_kept_exactly_and_fit(record, arch, page_size):
         assert getattr(plan, f"{phase}_backend") == record.name
         if page_size is not None:
             assert plan.page_size == page_size
-        for chosen in {plan.prefill_backend, plan.decode_backend}:
-            chosen_record = BY_NAME[chosen]
+        for chosen_phase in ("prefill", "decode"):
+            chosen_record = BY_NAME[getattr(plan, f"{chosen_phase}_backend")]
             assert not chosen_record.hardware_problems(plan.device)
             assert chosen_record.page_sizes.accepts(plan.page_size)
-            assert plan.kv_cache_dtype in chosen_record.kv_dtypes
+            assert plan.kv_cache_dtype in chosen_record.kv_dtypes_for(chosen_phase)
         assert "prefill" in BY_NAME[plan.prefill_backend].phases
         assert "decode" in BY_NAME[plan.decode_backend].phases
 
@@ -635,6 +635,27 @@ def test_explicit_unsupported_kv_dtype_lists_allowed(arch, backend, kv, allowed)
     message = refusal(arch, attention_backend=backend, kv_cache_dtype=kv)
     assert f"decode_backend {backend!r}" in message
     assert f"kv_cache_dtype {kv!r} is not supported; allowed: {allowed}" in message
+
+
+def test_triton_fp8_named_for_decode_takes_fp8_caches_and_leaves_the_prefill_to_auto():
+    """Its e4m3 prefill (error ~5e-2) runs only where named: naming it for decode picks the prefill automatically."""
+    plan = plan_for("sm90", decode_backend="triton_fp8")
+    assert (plan.decode_backend, plan.prefill_backend, plan.kv_cache_dtype) == ("triton_fp8", "triton", "fp8_e4m3")
+    assert "triton_fp8's attention computes in fp8_e4m3: its prefill runs only where prefill_backend names it" in note(
+        plan, "prefill backend:")
+    both = plan_for("sm90", attention_backend="triton_fp8")
+    assert (both.decode_backend, both.prefill_backend) == ("triton_fp8", "triton_fp8")
+    message = refusal("sm90", decode_backend="triton_fp8", prefill_backend="flashinfer_mla")
+    assert "shares no KV dtype with triton_fp8 (['bf16', 'fp16'] vs ['fp8_e4m3'])" in message
+
+
+@pytest.mark.parametrize("decode_kv_dtypes, phases", [(frozenset({"fp8_e4m3", "fp16"}), {"decode"}),
+                                                      (frozenset(), {"decode"}),
+                                                      (frozenset({"fp8_e4m3"}), {"prefill"})])
+def test_decode_kv_dtypes_must_be_a_non_empty_subset_for_a_decoding_backend(decode_kv_dtypes, phases):
+    with pytest.raises(ConfigError, match="decode_kv_dtypes must be a non-empty subset"):
+        BackendRecord("x", "", frozenset(phases), frozenset({"cuda"}), PageSizeRule(), frozenset({"bf16", "fp8_e4m3"}),
+                      0, 64, decode_kv_dtypes=decode_kv_dtypes)
 
 
 PARTIAL_KV = [r for r in DECODE_RECORDS if set(r.kv_dtypes_for("decode")) != set(KV_DTYPES)]

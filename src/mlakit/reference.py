@@ -64,7 +64,7 @@ def reference_decode(
 
 
 def e4m3_rounded_queries(q: torch.Tensor) -> torch.Tensor:
-    """q (float32) as a kernel with e4m3 scores sees it (`DecodePlan.e4m3_scores`): each row (last dim) scaled by the
+    """q as a kernel with e4m3 scores sees it, in float32 (`DecodePlan.e4m3_scores`): each row (last dim) scaled by the
     power of two that puts its largest magnitude in [128, 256), rounded to e4m3 (nearest, ties to even), scaled back.
     All-zero rows stay zero.
 
@@ -74,6 +74,7 @@ def e4m3_rounded_queries(q: torch.Tensor) -> torch.Tensor:
     values = q.float()
     amax = values.abs().amax(dim=-1, keepdim=True)
     _, exponent = torch.frexp(amax)  # amax = m x 2^exponent, m in [0.5, 1): floor(log2 amax) = exponent - 1
+    # 2^(7 - floor(log2 amax)) within 2^-113 .. 2^113: the kernels' E4M3_QUERY_EXPONENT and factor bounds (hopper_common).
     factor = torch.exp2((8 - exponent).clamp(-113, 113).float())
     return (values * factor).to(torch.float8_e4m3fn).float() / factor
 

@@ -22,7 +22,6 @@ import functools
 import torch
 
 from mlakit.backends import triton_mla
-from mlakit.backends.triton_mla import decompress_rows
 from mlakit.prefill.metadata import Segments
 from mlakit.prefill.mha import mha_prefill_kernel
 from mlakit.registry.catalog import register
@@ -74,7 +73,7 @@ def _attention_pass(
                     out=out, lse=lse, merge=merge, max_k_len=keys.max_len)
 
 
-prefill = mha_prefill_kernel(_attention_pass, decompress_rows)
+prefill = mha_prefill_kernel(_attention_pass, triton_mla.decompress_rows)
 
 register(RECORD, functools.partial(triton_mla.decode, e4m3_scores=True),
          functools.partial(triton_mla.extend, e4m3_scores=True), prefill,

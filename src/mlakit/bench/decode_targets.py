@@ -5,7 +5,8 @@ farthest from it, so that a grid's standing is read off one run instead of by ha
 H100 ones. Issue 3's (`check_targets`): FlashMLA and the simple Triton kernel enter through the anchors'
 times (benchmarks/anchors_h100.json, already divided into our rows as `x_flashmla_anchor`), our fp8 times
 through our bf16 rows of the same run. Issue 23's (`check_round3_targets`): FlashMLA through its own rows of
-the same run (`--backends triton,flashmla`), fp8 through our bf16 rows.
+the same run (`--backends triton,flashmla`), fp8 through our bf16 rows, and the opt-in e4m3 scores' fp8 rows
+(`--backends triton,triton_fp8`) the same way.
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ def check_targets(rows: Iterable[Row], simple_triton_us: dict[tuple[int, int, in
 
 def check_round3_targets(rows: Iterable[Row]) -> list[TargetCheck]:
     """Issue 23's targets over our kernel's page-64 rows: against FlashMLA's rows of the same case in the same
-    run (a case without one counts in no FlashMLA target) and, for fp8, against our bf16 rows.
+    run (a case without one counts in no FlashMLA target) and, for fp8, against our bf16 rows; the 128-head fp8
+    target also over the `triton_fp8` backend's rows (e4m3 scores), against the same bf16 rows.
 
     >>> ours = {"kernel": "triton", "case": "h128 64x1024 q1 bf16 p64", "heads": 128, "batch": 64, "seqlen": 1024,
     ...         "q_len": 1, "kv_dtype": "bf16", "page_size": 64, "time_us": 51.0}
@@ -95,6 +97,8 @@ def check_round3_targets(rows: Iterable[Row]) -> list[TargetCheck]:
     """
     rows = list(rows)
     bf16, bf16_time, fp8 = _page_64_rows([r for r in rows if r["kernel"] == "triton"])
+    e4m3 = [r for r in rows if r["kernel"] == "triton_fp8" and r["page_size"] == 64 and r["kv_dtype"] == "fp8_e4m3"
+            and _shape(r) in bf16_time and r["heads"] == 128 and _tokens(r) >= FP8_128_HEAD_TOKENS]
     flashmla_time = {_shape(r): r["time_us"] for r in rows if r["kernel"] == "flashmla" and r["kv_dtype"] == "bf16"}
     paired = [r for r in bf16 if _shape(r) in flashmla_time]
 
@@ -112,6 +116,8 @@ def check_round3_targets(rows: Iterable[Row]) -> list[TargetCheck]:
                  over_flashmla),
         _at_most(f"round 3, fp8 at 128 heads, >= {FP8_128_HEAD_TOKENS} KV tokens: <= 0.95x our bf16", 0.95,
                  [r for r in fp8 if r["heads"] == 128 and _tokens(r) >= FP8_128_HEAD_TOKENS], over_bf16),
+        _at_most(f"round 3, fp8 at 128 heads with e4m3 scores (triton_fp8), >= {FP8_128_HEAD_TOKENS} KV tokens: "
+                 "<= 0.95x our bf16", 0.95, e4m3, over_bf16),
         _at_least(f"round 3, fp8 at 16 heads, >= {LARGE_CASE_TOKENS} KV tokens: >= 1.6x faster than our bf16", 1.6,
                   [r for r in fp8 if r["heads"] == 16 and _tokens(r) >= LARGE_CASE_TOKENS],
                   lambda r: 1.0 / over_bf16(r)),

@@ -735,7 +735,7 @@ def _score_chunk(q_lat_smem, k_lat, chunk_ready, stage: gl.constexpr, phase, s, 
 def _fp8_block(buffer, block: gl.constexpr, element_ty: gl.constexpr):
     """Where an fp8 `[BLOCK_N, TMA_CHUNK]` box of 64-column block `block` of a 16-bit `[BLOCK_N, width]`
     buffer lands: the first half of that block's bytes (TMA's 64-byte swizzle), in `element_ty` (fp8 for
-    the copy, int32 words for the conversion)."""
+    the copy, the 8-bit MMAs and Q's e4m3 stores; int32 words for the conversion)."""
     blocks: gl.constexpr = buffer.shape[1] // TMA_CHUNK
     per_row: gl.constexpr = TMA_CHUNK * 8 // element_ty.primitive_bitwidth
     layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=element_ty.primitive_bitwidth,
@@ -1030,12 +1030,14 @@ def mla_decode_hopper_seesaw_kernel(
     TMA put them; only the values P multiplies are converted, after their S.
     Arguments as `mla_decode_hopper_split_kernel`'s, with the cache's chunk TMA descriptors and, for fp8 pages
     (each chunk loaded into the first half of its 16-bit place and converted there by the warpgroup whose
-    S reads it first, NOTES.md v43), the one-element scale KV_SCALE.
+    S reads it first, NOTES.md v43; with E4M3_SCORES by the warpgroup whose P . V reads it, after S), the one-element
+    scale KV_SCALE.
     """
     FP8: gl.constexpr = CHUNK_DESC.block_type.element_ty.is_fp8()
     if EVICT_FIRST:
         mark_evict_first()
-    # fp8 pages: the MMAs run in fp16 (e4m3 -> fp16 is one instruction per pair, to bf16 five).
+    # fp8 pages: the 16-bit MMAs (P V, and S without E4M3_SCORES) run in fp16 (e4m3 -> fp16 is one instruction per
+    # pair, to bf16 five).
     dtype: gl.constexpr = gl.float16 if FP8 else Q.dtype.element_ty
     lat_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, KV_LORA_RANK], dtype)
     # Q with a leading dimension of one, for `_pair_views` to index.
@@ -1153,8 +1155,8 @@ def _as_dtype(buffer, dtype: gl.constexpr):
 
 @gluon.jit
 def _scale_query(q_lat, q_rope, q_dtype: gl.constexpr, unscale_smem, E4M3: gl.constexpr):
-    """For fp8 pages, whose MMAs run in fp16: the tile's query rows, loaded as `q_dtype` into the fp16 buffers,
-    scaled in place per row by a power of two (`query_row_factor`) and stored as fp16; the factor undoing
+    """For fp8 pages, whose S runs in fp16 (E4M3: in e4m3): the tile's query rows, loaded as `q_dtype` into the fp16
+    buffers, scaled in place per row by a power of two (`query_row_factor`) and stored as fp16; the factor undoing
     it goes to `unscale_smem` for the scores. Two passes over 64-column blocks: the rows' maxima, then the
     scaling (each thread rewrites the values it read). E4M3: scaled into e4m3's range and rounded to e4m3 into each
     block's first half instead (`_fp8_block`, where S reads them), each block read whole before it is written."""

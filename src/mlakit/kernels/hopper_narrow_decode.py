@@ -33,13 +33,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from mlakit.kernels.hopper_common import (
     BLOCK_N,
+    FP16_QUERY_EXPONENT,
     KV_LORA_RANKS,
     ROPE_DIMS,
     finish_rows,
-    FP16_QUERY_EXPONENT,
-    query_row_factor,
     no_keys_yet,
     online_softmax,
+    query_row_factor,
     row_descriptors,
     serves,
     split_range,

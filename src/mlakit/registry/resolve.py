@@ -147,7 +147,8 @@ def _choose_prefill(config: ServingConfig, decode: BackendRecord, req: Requireme
         return _choose("prefill", requested, req, decode, notes)
     if requested != AUTO and "prefill" in get_backend(requested).record.phases and not missing_adapter(requested, "prefill"):
         return _choose("prefill", requested, req, decode, notes)
-    if "prefill" in decode.phases and not runnable_problems(decode, "prefill", req, decode):
+    coarser = decode.attention_dtype is not None
+    if "prefill" in decode.phases and not coarser and not runnable_problems(decode, "prefill", req, decode):
         notes.append(f"prefill backend: {decode.name} (same backend as decode)")
         return decode
     if decode.prefill_fallback is not None:
@@ -161,6 +162,9 @@ def _choose_prefill(config: ServingConfig, decode: BackendRecord, req: Requireme
         reason = f"automatic, {decode.name} is decode-only"
     elif missing_adapter(decode.name, "prefill"):
         reason = f"automatic, mlakit has no adapter for {decode.name}'s prefill kernel yet"
+    elif coarser:
+        reason = (f"automatic, {decode.name}'s attention computes in {decode.attention_dtype}: its prefill runs only "
+                  "where prefill_backend names it")
     else:
         reason = "auto"
     return _choose_auto("prefill", req, decode, notes, reason=reason)
