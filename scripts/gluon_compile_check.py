@@ -6,6 +6,7 @@ dtypes, 16-byte alignment and divisibility, constexprs), and reports per configu
     python scripts/gluon_compile_check.py                      # the prefill kernel, with the installed triton
     python scripts/gluon_compile_check.py --kernel hopper_persistent   # its persistent form (or: both)
     python scripts/gluon_compile_check.py --kernel seesaw      # the decode seesaw (`hopper_decode`)
+    python scripts/gluon_compile_check.py --kernel narrow --heads 16 --q-lens 1,2   # the narrow fp8 decode kernel
     PYTHONPATH=/path/to/triton-3.6/site-packages python scripts/gluon_compile_check.py   # the device's version
 
 Gluon kernels do not run under the CPU interpreter; this catches what the compiler refuses (layouts,
@@ -33,8 +34,9 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from triton.runtime.jit import create_function_from_signature
 
 from mlakit.kernels import hopper_decode as hd
+from mlakit.kernels import hopper_narrow_decode as nd
 from mlakit.kernels import hopper_prefill as hp
-from mlakit.kernels.hopper_common import matrix_descriptor
+from mlakit.kernels.hopper_common import matrix_descriptor, row_descriptors
 from mlakit.kernels.l2_evict_first import streams_evict_first
 
 SM90 = GPUTarget("cuda", 90, 32)
@@ -169,6 +171,38 @@ def seesaw_arguments(heads: int, q_len: int, kv_dtype: torch.dtype, merge: bool,
     return arguments, constants
 
 
+def narrow_arguments(heads: int, q_len: int, page_size: int = 64, kv_lora_rank: int = 512,
+                     rope_dim: int = 64) -> tuple[list[object], dict[str, object]]:
+    """Stand-ins for the narrow fp8 kernel's arguments and constants (`hopper_narrow_decode.prepare`'s launch): the
+    seesaw's over fp8 pages, with the narrow kernel's TMA boxes."""
+    seesaw, _ = seesaw_arguments(heads, q_len, hd.FP8_DTYPE, False, page_size=page_size, kv_lora_rank=kv_lora_rank,
+                                 rope_dim=rope_dim)
+    pages = torch.empty(256, page_size, kv_lora_rank + rope_dim, dtype=hd.FP8_DTYPE)
+    descriptors = row_descriptors(pages, nd.tma_boxes(page_size, kv_lora_rank, rope_dim))
+    row_tiles = -(-q_len * heads // nd.ROWS.value)
+    constants = dict(HEADS=heads, PAGE_SIZE=page_size, KV_LORA_RANK=kv_lora_rank, ROPE_DIM=rope_dim,
+                     EVICT_FIRST=streams_evict_first(row_tiles), num_warps=nd.NUM_WARPS)
+    # The seesaw's from its scale on, up to its plan state (the narrow kernel takes no persistent plan).
+    return [seesaw[0], *descriptors, *seesaw[3:18]], constants
+
+
+def _narrow_main(heads_list: str, q_lens: str, where_spills: bool) -> bool:
+    """The narrow fp8 kernel for each head count and q_len with at most its 32 rows, page sizes 16 and 64; whether one
+    failed."""
+    failed = False
+    for heads, q_len, page_size in itertools.product(map(int, heads_list.split(",")), map(int, q_lens.split(",")),
+                                                     (16, 64)):
+        if heads * q_len > nd.MAX_ROWS:
+            continue
+        arguments, constants = narrow_arguments(heads, q_len, page_size)
+        with nd.NARROW.compiling():
+            line = report(lambda: compile_like_launch(nd.mla_decode_hopper_narrow_fp8_kernel, arguments, constants),
+                          where_spills)
+        failed |= line.startswith("FAILED")
+        print(f"narrow heads {heads} q_len {q_len} page {page_size}: {line}")
+    return failed
+
+
 def _prefill_main(dims: str, block_ns: str, stage_counts: str, kernel_name: str, where_spills: bool,
                   dtype: torch.dtype = torch.bfloat16) -> bool:
     """Every prefill configuration of the grid for `dtype` operands; whether one failed."""
@@ -209,9 +243,9 @@ def _seesaw_main(heads_list: str, q_lens: str, where_spills: bool) -> bool:
 @click.option("--dims", default="128,64,128;64,32,64", show_default=True, help="prefill: nope,rope,v sets, ';'-separated")
 @click.option("--block-n", "block_ns", default="64,128", show_default=True, help="prefill: key tile widths")
 @click.option("--stages", "stage_counts", default="2,3", show_default=True, help="prefill: ring depths")
-@click.option("--heads", "heads_list", default="128,16", show_default=True, help="seesaw: head counts")
-@click.option("--q-lens", "q_lens", default="1", show_default=True, help="seesaw: query tokens per sequence")
-@click.option("--kernel", "kernel_name", type=click.Choice([*KERNELS, "both", "seesaw"]), default="hopper",
+@click.option("--heads", "heads_list", default="128,16", show_default=True, help="seesaw, narrow: head counts")
+@click.option("--q-lens", "q_lens", default="1", show_default=True, help="seesaw, narrow: query tokens per sequence")
+@click.option("--kernel", "kernel_name", type=click.Choice([*KERNELS, "both", "seesaw", "narrow"]), default="hopper",
               show_default=True)
 @click.option("--fp8", is_flag=True, help="prefill: e4m3 operands (v transposed) instead of bf16")
 @click.option("--where-spills", is_flag=True, help="List the source lines of each configuration's spills (nvdisasm).")
@@ -220,6 +254,8 @@ def main(dims: str, block_ns: str, stage_counts: str, heads_list: str, q_lens: s
     print(f"triton {triton.__version__}")
     if kernel_name == "seesaw":
         failed = _seesaw_main(heads_list, q_lens, where_spills)
+    elif kernel_name == "narrow":
+        failed = _narrow_main(heads_list, q_lens, where_spills)
     else:
         failed = _prefill_main(dims, block_ns, stage_counts, kernel_name, where_spills,
                                hd.FP8_DTYPE if fp8 else torch.bfloat16)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mlakit.kernels import hopper_decode, hopper_prefill
+from mlakit.kernels import hopper_decode, hopper_narrow_decode, hopper_prefill
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gluon_compile_check.py"
 
@@ -33,6 +33,14 @@ def test_seesaw_arguments_fill_every_parameter(script, kv_dtype):
     assert len(arguments) == len(_runtime_parameters(kernel, constants))
     assert {"HEADS", "PAGE_SIZE", "KV_LORA_RANK", "ROPE_DIM", "MERGE"} <= set(constants)
     assert arguments[3].dtype == (torch.float32 if kv_dtype == hopper_decode.FP8_DTYPE else torch.int32)
+
+
+@pytest.mark.parametrize("page_size", [16, 64])
+def test_narrow_arguments_fill_every_parameter(script, page_size):
+    arguments, constants = script.narrow_arguments(16, 2, page_size)
+    kernel = hopper_narrow_decode.mla_decode_hopper_narrow_fp8_kernel
+    assert len(arguments) == len(_runtime_parameters(kernel, constants))
+    assert arguments[1].block_shape == [min(page_size, 64), 128] and arguments[3].dtype == torch.float32
 
 
 @pytest.mark.parametrize("kernel_name", ["hopper", "hopper_persistent"])

@@ -85,9 +85,8 @@ def prepare(key: Hashable, grid: tuple[int, int], q: torch.Tensor, pages: torch.
             kv_lora_rank: int) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, tuple], None]:
     """The split pass of one input layout (a call `supports` accepts) over 16-row tiles:
     `run(q, pages, kv_scale, shared_args)`, with `key` and `shared_args` as for `hopper_decode.prepare`."""
-    box_rows = min(pages.shape[1], BLOCK_N.value)
     rope_dim = pages.shape[-1] - kv_lora_rank
-    boxes = ((box_rows, min(kv_lora_rank, LATENT_CHUNK.value)), (box_rows, rope_dim))
+    boxes = tma_boxes(pages.shape[1], kv_lora_rank, rope_dim)
     evict_first = streams_evict_first(grid[0])
     constants = dict(HEADS=q.shape[1], PAGE_SIZE=pages.shape[1], KV_LORA_RANK=kv_lora_rank, ROPE_DIM=rope_dim,
                      EVICT_FIRST=evict_first, num_warps=NUM_WARPS)
@@ -98,6 +97,16 @@ def prepare(key: Hashable, grid: tuple[int, int], q: torch.Tensor, pages: torch.
         NARROW(narrow_key, (*grid, 1), (q, *row_descriptors(pages, boxes), kv_scale, *shared_args), constants)
 
     return run
+
+
+def tma_boxes(page_size: int, kv_lora_rank: int, rope_dim: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The kernel's TMA boxes (rows, columns) of the latent and rope columns: a page's rows at most, a tile's at most.
+
+    >>> tma_boxes(16, 512, 64)
+    ((16, 128), (16, 64))
+    """
+    box_rows = min(page_size, BLOCK_N.value)
+    return (box_rows, min(kv_lora_rank, LATENT_CHUNK.value)), (box_rows, rope_dim)
 
 
 @gluon.constexpr_function
