@@ -74,6 +74,15 @@ def make_paged_batch(
     )
 
 
+# Query rows' magnitudes for `with_query_magnitudes` (powers of two, per head in turn): bf16 from 2^-17 to 2^17; fp16
+# from near its largest value (N(0, 1) x 2^13 reaches ~2^15) to its subnormals.
+QUERY_EXPONENTS = {torch.bfloat16: [-17.0, -8.0, 0.0, 6.0, 12.0, 17.0, 1.0, -1.0],
+                   torch.float16: [-22.0, -17.0, 0.0, 6.0, 13.0, 13.0, 1.0, -1.0]}
+# The e4m3-scores runs' (NOTES.md v63): fp16 rows from 2^-17 to 2^13.
+E4M3_QUERY_EXPONENTS = {torch.bfloat16: QUERY_EXPONENTS[torch.bfloat16],
+                        torch.float16: [-17.0, -8.0, 0.0, 6.0, 12.0, 13.0, 1.0, -1.0]}
+
+
 def with_query_magnitudes(batch: PagedBatch, exponents: list[float]) -> PagedBatch:
     """The batch with head h's query rows scaled by 2^exponents[h % len(exponents)] (in the queries' dtype), head 3's
     all zero, and the softmax scale lowered by 2^-8 so that the largest rows' scores stay finite."""

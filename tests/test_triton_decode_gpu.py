@@ -11,7 +11,8 @@ import torch
 import mlakit
 from mlakit.graphs import capture_graph
 from mlakit.kernels.triton_decode import triton_mla_decode
-from paged_inputs import assert_lse_close, make_paged_batch, relative_error, with_query_magnitudes, with_subnormal_pages
+from paged_inputs import (E4M3_QUERY_EXPONENTS, QUERY_EXPONENTS, assert_lse_close, make_paged_batch, relative_error,
+                          with_query_magnitudes, with_subnormal_pages)
 
 pytestmark = pytest.mark.gpu
 
@@ -169,10 +170,6 @@ def test_short_ragged_extend_segments_on_the_narrow_fp8_kernel(page_size):
     assert_lse_close(lse, ref_lse, atol=3e-2)
 
 
-# Query rows' magnitudes (powers of two, per head in turn): bf16 from 2^-17 to 2^17; fp16 from near its largest value
-# (N(0, 1) x 2^13 reaches ~2^15) to its subnormals.
-QUERY_EXPONENTS = {torch.bfloat16: [-17.0, -8.0, 0.0, 6.0, 12.0, 17.0, 1.0, -1.0],
-                   torch.float16: [-22.0, -17.0, 0.0, 6.0, 13.0, 13.0, 1.0, -1.0]}
 HOPPER_CASES = [  # heads, q_len, page_size, (kv_lora_rank, rope_dim), q_dtype
     (128, 1, 64, (512, 64), torch.bfloat16), (128, 2, 1, (512, 64), torch.bfloat16), (64, 1, 16, (512, 64), torch.float16),
     (40, 2, 128, (256, 32), torch.bfloat16), (5, 8, 32, (512, 64), torch.bfloat16), (20, 4, 64, (128, 16), torch.float16),
@@ -307,8 +304,7 @@ def test_e4m3_scores_keep_query_rows_of_any_magnitude_and_subnormal_pages(q_dtyp
 
     batch = make_paged_batch([900, 5, 64], heads=128, q_len=1, page_size=64, kv_lora_rank=512, rope_dim=64,
                              kv_dtype="fp8_e4m3", q_dtype=q_dtype, device="cuda", seed=21)
-    exponents = [-17.0, -8.0, 0.0, 6.0, 12.0, 13.0 if q_dtype == torch.float16 else 17.0, 1.0, -1.0]
-    batch = with_query_magnitudes(batch, exponents)
+    batch = with_query_magnitudes(batch, E4M3_QUERY_EXPONENTS[q_dtype])
     plan = plan_decode(batch.cache_seqlens, q_len=1, heads=128, kv_dtype=batch.kv_cache.dtype, e4m3_scores=True)
     _check_e4m3_scores(batch, plan)
     subnormal = with_subnormal_pages(batch, seed=4)

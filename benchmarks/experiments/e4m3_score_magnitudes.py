@@ -7,13 +7,13 @@ Usage: PYTHONPATH=src:tests python benchmarks/experiments/e4m3_score_magnitudes.
 """
 
 import torch
-from paged_inputs import make_paged_batch, with_query_magnitudes
+from paged_inputs import E4M3_QUERY_EXPONENTS, make_paged_batch, with_query_magnitudes
 
 from mlakit.kernels.triton_decode import plan_decode, triton_mla_decode
 from mlakit.reference import e4m3_rounded_queries, reference_decode
 
 for q_dtype in (torch.bfloat16, torch.float16):
-    exponents = [-17.0, -8.0, 0.0, 6.0, 12.0, 13.0 if q_dtype == torch.float16 else 17.0, 1.0, -1.0]
+    exponents = E4M3_QUERY_EXPONENTS[q_dtype]
     batch = with_query_magnitudes(make_paged_batch([900, 5, 64], heads=128, q_len=1, page_size=64, kv_lora_rank=512,
                                                    rope_dim=64, kv_dtype="fp8_e4m3", q_dtype=q_dtype, device="cuda",
                                                    seed=21), exponents)

@@ -16,39 +16,30 @@ import torch
 from decode_case import decode_call, interleaved_times, parse_case
 
 from mlakit.bench.ceilings import measure_ceilings
-from mlakit.bench.decode import case_cost, environment, make_inputs
+from mlakit.bench.decode import case_cost, check_against_reference, environment, make_inputs
 from mlakit.kernels.triton_decode import plan_decode
-from mlakit.reference import e4m3_rounded_queries, reference_decode
+from mlakit.reference import e4m3_rounded_queries
 
 VARIANTS = ("bf16", "fp8", "fp8_e4m3_scores")
-CHECK_TOKENS = 1 << 19
 
 
-def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((out.float() - ref).norm() / ref.norm())
+def our_kernel(e4m3_scores: bool):
+    """`check_against_reference`'s factory of our decode, with a plan of its inputs' own."""
+    def factory(inputs):
+        plan = plan_decode(inputs.cache_seqlens, q_len=inputs.q.shape[1], heads=inputs.q.shape[2],
+                           kv_dtype=inputs.kv_cache.dtype, e4m3_scores=e4m3_scores)
+        return decode_call(inputs, plan)
+
+    return factory
 
 
-def errors(inputs, plan) -> dict[str, float]:
+def errors(inputs) -> dict[str, float]:
     """The e4m3-scores call's error against the reference on rounded and on given queries, and the default fp8 call's
-    against the latter, over the first sequences (at most CHECK_TOKENS of them)."""
-    keep = max(1, int((inputs.cache_seqlens.cumsum(0) <= CHECK_TOKENS).sum()))
-    sub = dataclasses.replace(inputs, q=inputs.q[:keep], block_table=inputs.block_table[:keep],
-                              cache_seqlens=inputs.cache_seqlens[:keep])
-    q_len, heads = sub.q.shape[1], sub.q.shape[2]
-
-    def reference(q):
-        return reference_decode(q, sub.kv_cache, sub.block_table, sub.cache_seqlens, kv_lora_rank=512,
-                                softmax_scale=sub.softmax_scale, kv_scale=sub.kv_scale)[0]
-
-    def ours(e4m3_scores):
-        plan = plan_decode(sub.cache_seqlens, q_len=q_len, heads=heads, kv_dtype=sub.kv_cache.dtype,
-                           e4m3_scores=e4m3_scores)
-        return decode_call(sub, plan)()[0]
-
-    exact = reference(sub.q)
-    scored = ours(True)
-    return {"e4m3_vs_rounded_reference": relative_error(scored, reference(e4m3_rounded_queries(sub.q))),
-            "e4m3_vs_reference": relative_error(scored, exact), "fp8_vs_reference": relative_error(ours(False), exact)}
+    against the latter, over the first sequences (`check_against_reference`'s)."""
+    return {"e4m3_vs_rounded_reference": check_against_reference(our_kernel(True), inputs,
+                                                                 reference_queries=e4m3_rounded_queries),
+            "e4m3_vs_reference": check_against_reference(our_kernel(True), inputs),
+            "fp8_vs_reference": check_against_reference(our_kernel(False), inputs)}
 
 
 arguments = sys.argv[1:]
@@ -65,12 +56,10 @@ for spec in arguments:
         kv_dtype = "bf16" if variant == "bf16" else "fp8_e4m3"
         variant_case = dataclasses.replace(case, kv_dtype=kv_dtype)
         inputs = make_inputs(variant_case, device)
-        plan = plan_decode(inputs.cache_seqlens, q_len=case.q_len, heads=case.heads, kv_dtype=inputs.kv_cache.dtype,
-                           e4m3_scores=variant == "fp8_e4m3_scores")
-        calls[spec, variant] = decode_call(inputs, plan)
+        calls[spec, variant] = our_kernel(variant == "fp8_e4m3_scores")(inputs)
         costs[spec, variant] = case_cost(variant_case)
         if variant == "fp8_e4m3_scores":
-            print(f"{spec} errors: " + ", ".join(f"{k} {v:.2e}" for k, v in errors(inputs, plan).items()), flush=True)
+            print(f"{spec} errors: " + ", ".join(f"{k} {v:.2e}" for k, v in errors(inputs).items()), flush=True)
 rows = []
 for timing in ("clean-l2", "flushed"):
     times = interleaved_times(list(VARIANTS), arguments, lambda variant, spec: calls[spec, variant], rounds=2,

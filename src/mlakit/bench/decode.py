@@ -149,8 +149,11 @@ def time_graph_replay(call: DecodeCall, timing: str = "flushed") -> float:
     return REPLAY_TIMERS[timing](graph.replay) * 1e3
 
 
-def check_against_reference(factory: KernelFactory, inputs: DecodeInputs, max_tokens: int = 1 << 19) -> float:
-    """Relative error of the kernel against the fp32 reference on the first sequences (bounded work)."""
+def check_against_reference(factory: KernelFactory, inputs: DecodeInputs, max_tokens: int = 1 << 19,
+                            reference_queries: Callable[[torch.Tensor], torch.Tensor] | None = None) -> float:
+    """Relative error of the kernel against the fp32 reference on the first sequences (bounded work); the reference
+    sees `reference_queries(q)` where given (e.g. `mlakit.reference.e4m3_rounded_queries`: what a kernel that
+    rounds its queries computes)."""
     from mlakit.reference import reference_decode
 
     keep = max(1, int((inputs.cache_seqlens.cumsum(0) <= max_tokens).sum()))
@@ -159,7 +162,7 @@ def check_against_reference(factory: KernelFactory, inputs: DecodeInputs, max_to
     )
     out, _ = factory(sub)()
     ref, _ = reference_decode(
-        sub.q, sub.kv_cache, sub.block_table, sub.cache_seqlens,
+        sub.q if reference_queries is None else reference_queries(sub.q), sub.kv_cache, sub.block_table, sub.cache_seqlens,
         kv_lora_rank=KV_LORA_RANK, softmax_scale=sub.softmax_scale, kv_scale=sub.kv_scale,
     )
     return float((out.float() - ref).norm() / ref.norm())
