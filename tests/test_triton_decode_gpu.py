@@ -255,9 +255,10 @@ def test_fp8_kernels_with_fp16_mmas_keep_query_rows_of_any_magnitude(q_dtype, q_
     _check(batch, plan=plan)
 
 
-E4M3_SCORE_CASES = [  # heads, q_len, page_size, q_dtype: each takes the seesaw kernel (more than 32 query rows)
+E4M3_SCORE_CASES = [  # heads, q_len, page_size, q_dtype: the seesaw kernel (more than 32 query rows), then the narrow one
     (128, 1, 64, torch.bfloat16), (128, 2, 128, torch.float16), (64, 2, 64, torch.bfloat16), (33, 3, 64, torch.bfloat16),
     (20, 4, 256, torch.bfloat16), (40, 1, 64, torch.float16),
+    (16, 1, 64, torch.bfloat16), (16, 2, 32, torch.float16), (5, 3, 16, torch.bfloat16), (1, 1, 128, torch.bfloat16),
 ]
 
 
@@ -268,7 +269,7 @@ def _check_e4m3_scores(batch, plan, rounding_shows=True):
 
     out, lse = triton_mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens, plan=plan,
                                  kv_lora_rank=batch.kv_lora_rank, softmax_scale=batch.softmax_scale, kv_scale=batch.kv_scale)
-    assert _split_kernel(batch, plan) == "hopper"
+    assert _split_kernel(batch, plan) == ("narrow" if batch.q.shape[1] * batch.q.shape[2] <= 32 else "hopper")
     assert torch.isfinite(out.float()).all()
     rounded_out, rounded_lse = _reference(dataclasses.replace(batch, q=e4m3_rounded_queries(batch.q)))
     exact_out, _ = _reference(batch)

@@ -19,6 +19,9 @@ BLOCK_N = gl.constexpr(64)
 SMALLEST_NORMAL = gl.constexpr(1.1754943508222875e-38)
 KV_LORA_RANKS = frozenset({64, 128, 256, 512})
 ROPE_DIMS = frozenset({16, 32, 64})
+# DeepSeek's latent and rope widths: the seesaw takes fp8 pages only at these, and S runs on 8-bit tensor cores
+# (`e4m3_scores`) only at these in either kernel.
+DEEPSEEK_WIDTHS = (512, 64)
 LN2 = gl.constexpr(0.6931471805599453)
 GLUON_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 

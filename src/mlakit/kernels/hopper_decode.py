@@ -55,6 +55,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from mlakit.kernels.hopper_common import (
     BLOCK_N,
+    DEEPSEEK_WIDTHS,
     E4M3_QUERY_EXPONENT,
     FP16_QUERY_EXPONENT,
     GLUON_DTYPES,
@@ -108,8 +109,6 @@ MERGE_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0]))
 EARLY_TRIGGER_MAX_SPLITS = gl.constexpr(32)
 # A prepared split pass: run(q, pages, kv_scale, shared_args).
 SplitPass = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", tuple], None]
-# The latent and rope widths the seesaw kernel takes fp8 pages at (DeepSeek's).
-FP8_SEESAW_WIDTHS = (512, 64)
 # A warpgroup's share of 64 query columns (16-bit), 16 bytes per thread and row.
 QUERY_BLOCK = gl.constexpr(gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0]))
 # One warpgroup's words of an fp8 `[BLOCK_N, TMA_CHUNK]` box (16 per row), 16 bytes per thread and row.
@@ -190,7 +189,7 @@ def _seesaw_takes(page_size: int, kv_lora_rank: int, rope_dim: int, fp8: bool) -
     """Whether the seesaw kernel serves these pages: whole 64-token tiles per page and at least two latent
     chunks; fp8 only at 512 + 64 (its chunks and rope convert in place as 64-column blocks)."""
     whole_tiles = page_size % BLOCK_N.value == 0 and kv_lora_rank >= 2 * TMA_CHUNK.value
-    return whole_tiles and (not fp8 or (kv_lora_rank, rope_dim) == FP8_SEESAW_WIDTHS)
+    return whole_tiles and (not fp8 or (kv_lora_rank, rope_dim) == DEEPSEEK_WIDTHS)
 
 
 def rows_are_contiguous(pages: torch.Tensor) -> bool:

@@ -33,6 +33,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from mlakit.kernels.hopper_common import (
     BLOCK_N,
+    DEEPSEEK_WIDTHS,
+    E4M3_QUERY_EXPONENT,
     FP16_QUERY_EXPONENT,
     KV_LORA_RANKS,
     ROPE_DIMS,
@@ -81,17 +83,19 @@ def supports(q_dtype: torch.dtype, pages: torch.Tensor, scale_mode: int, kv_lora
     )
 
 
-def prepare(key: Hashable, grid: tuple[int, int], q: torch.Tensor, pages: torch.Tensor,
-            kv_lora_rank: int) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, tuple], None]:
+def prepare(key: Hashable, grid: tuple[int, int], q: torch.Tensor, pages: torch.Tensor, kv_lora_rank: int,
+            e4m3_scores: bool = False) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, tuple], None]:
     """The split pass of one input layout (a call `supports` accepts) over 16-row tiles:
-    `run(q, pages, kv_scale, shared_args)`, with `key` and `shared_args` as for `hopper_decode.prepare`."""
+    `run(q, pages, kv_scale, shared_args)`, with `key`, `shared_args` and `e4m3_scores` (at DeepSeek's 512 + 64
+    widths: S^T on 8-bit tensor cores over the cache's boxes and Q rounded to e4m3) as for `hopper_decode.prepare`."""
     rope_dim = pages.shape[-1] - kv_lora_rank
     boxes = tma_boxes(pages.shape[1], kv_lora_rank, rope_dim)
     evict_first = streams_evict_first(grid[0])
+    e4m3 = e4m3_scores and (kv_lora_rank, rope_dim) == DEEPSEEK_WIDTHS
     constants = dict(HEADS=q.shape[1], PAGE_SIZE=pages.shape[1], KV_LORA_RANK=kv_lora_rank, ROPE_DIM=rope_dim,
-                     EVICT_FIRST=evict_first, num_warps=NUM_WARPS)
+                     EVICT_FIRST=evict_first, E4M3_SCORES=e4m3, num_warps=NUM_WARPS)
     # The hint follows from the row tiles and a module setting (an experiment's): named in the key.
-    narrow_key = (key, evict_first)
+    narrow_key = (key, evict_first, e4m3)
 
     def run(q, pages, kv_scale, shared_args) -> None:
         NARROW(narrow_key, (*grid, 1), (q, *row_descriptors(pages, boxes), kv_scale, *shared_args), constants)
@@ -110,9 +114,10 @@ def tma_boxes(page_size: int, kv_lora_rank: int, rope_dim: int) -> tuple[tuple[i
 
 
 @gluon.constexpr_function
-def _transposed_layout():
-    """Register layout of S^T `[BLOCK_N, ROWS]` and O^T `[kv_lora_rank, ROWS]` (wgmma accumulators, N = ROWS)."""
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, ROWS.value, 16])
+def _transposed_layout(e4m3=False):
+    """Register layout of S^T `[BLOCK_N, ROWS]` and O^T `[kv_lora_rank, ROWS]` (wgmma accumulators, N = ROWS; of
+    8-bit operands where `e4m3`, whose instructions take 32 columns of K)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, ROWS.value, 32 if e4m3 else 16])
 
 
 @gluon.constexpr_function
@@ -175,7 +180,8 @@ def _output_rows(acc):
 def _load_query(q_lat_smem, q_rope_smem, Q, tile, first_token, q_len, Q_STRIDES,
                 HEADS: gl.constexpr, LATENT_WIDTH: gl.constexpr):
     """The tile's query rows scaled per row by a power of two (largest magnitude in [2^14, 2^15)),
-    in fp16 with columns relabelled as the K chunks are; returns the per-row factor undoing it."""
+    in fp16 with columns relabelled as the K chunks are, or, into e4m3 buffers, rounded to e4m3 with their largest
+    magnitude in [2^7, 2^8) and columns in the cache's order; returns the per-row factor undoing it."""
     rows: gl.constexpr = q_lat_smem.shape[0]
     rank: gl.constexpr = q_lat_smem.shape[1]
     rope_dim: gl.constexpr = q_rope_smem.shape[1]
@@ -188,9 +194,14 @@ def _load_query(q_lat_smem, q_rope_smem, Q, tile, first_token, q_len, Q_STRIDES,
     lat = gl.load(Q + base[:, None] + lat_cols[None, :], mask=row_ok, other=0.0).to(gl.float32)
     rope = gl.load(Q + base[:, None] + rope_cols[None, :], mask=row_ok, other=0.0).to(gl.float32)
     amax = gl.maximum(gl.max(gl.abs(lat), 1), gl.max(gl.abs(rope), 1))
-    factor = query_row_factor(amax, FP16_QUERY_EXPONENT)
-    q_lat_smem.store(_relabel_columns((lat * factor[:, None]).to(gl.float16), LATENT_WIDTH))
-    q_rope_smem.store(_relabel_columns((rope * factor[:, None]).to(gl.float16), rope_dim))
+    if q_lat_smem.dtype == gl.float8e4nv:
+        factor = query_row_factor(amax, E4M3_QUERY_EXPONENT)
+        q_lat_smem.store((lat * factor[:, None]).to(gl.float8e4nv))
+        q_rope_smem.store((rope * factor[:, None]).to(gl.float8e4nv))
+    else:
+        factor = query_row_factor(amax, FP16_QUERY_EXPONENT)
+        q_lat_smem.store(_relabel_columns((lat * factor[:, None]).to(gl.float16), LATENT_WIDTH))
+        q_rope_smem.store(_relabel_columns((rope * factor[:, None]).to(gl.float16), rope_dim))
     return 1.0 / factor
 
 
@@ -224,7 +235,12 @@ def _key_operand(chunk, A_LAYOUT: gl.constexpr):
 @gluon.jit
 def _transposed_scores(k_lat, k_rope, q_lat_smem, q_rope_smem, s_zero, LATENT_WIDTH: gl.constexpr):
     """S^T = K . Q^T `[BLOCK_N, rows]` of one tile, chunk by chunk: a chunk loads while the previous
-    one's MMA runs (at most two in flight, each holding its register operand)."""
+    one's MMA runs (at most two in flight, each holding its register operand). With e4m3 Q buffers the MMAs read the
+    fp8 tile from shared memory as it landed, on 8-bit tensor cores."""
+    if q_lat_smem.dtype == gl.float8e4nv:
+        s = warpgroup_mma(k_lat, q_lat_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma(k_rope, q_rope_smem.permute((1, 0)), s, is_async=True)
+        return warpgroup_mma_wait(num_outstanding=0, deps=[s])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_zero.type.layout, k_width=2)
     s = s_zero
     for c in gl.static_range(k_lat.shape[1] // LATENT_WIDTH):
@@ -258,11 +274,12 @@ def mla_decode_hopper_narrow_fp8_kernel(
     scale_log2,
     Q_STRIDES, KV_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr,
-    EVICT_FIRST: gl.constexpr,
+    EVICT_FIRST: gl.constexpr, E4M3_SCORES: gl.constexpr,
 ):
     """One warpgroup per (sequence, 16-row tile, split), STAGES tiles in flight, over an fp8 (e4m3) cache
     with the one-element per-tensor scale KV_SCALE, read through the TMA descriptors of `launch` (with
-    EVICT_FIRST under an L2 evict-first policy, `l2_evict_first`). Other arguments as
+    EVICT_FIRST under an L2 evict-first policy, `l2_evict_first`; with E4M3_SCORES S^T on 8-bit tensor cores, Q
+    rounded to e4m3). Other arguments as
     `hopper_decode.mla_decode_hopper_split_kernel`'s (KV_STRIDES unused: the descriptors hold them)."""
     if EVICT_FIRST:
         mark_evict_first()
@@ -274,15 +291,17 @@ def mla_decode_hopper_narrow_fp8_kernel(
     start, end, num_tiles = split_range(seqlen, split, num_splits)
     latent_width: gl.constexpr = LATENT_DESC.block_type.shape[1]
     layout: gl.constexpr = _transposed_layout()
+    s_layout: gl.constexpr = _transposed_layout(E4M3_SCORES)
+    q_dtype: gl.constexpr = gl.float8e4nv if E4M3_SCORES else gl.float16
 
     fp8_lat_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, latent_width], gl.float8e4nv)
     fp8_rope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, ROPE_DIM], gl.float8e4nv)
     k_lat_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, KV_LORA_RANK], fp8_lat_layout)
     k_rope_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, ROPE_DIM], fp8_rope_layout)
-    q_lat_smem = gl.allocate_shared_memory(gl.float16, [ROWS, KV_LORA_RANK],
-                                           gl.NVMMASharedLayout.get_default_for([ROWS, KV_LORA_RANK], gl.float16))
-    q_rope_smem = gl.allocate_shared_memory(gl.float16, [ROWS, ROPE_DIM],
-                                            gl.NVMMASharedLayout.get_default_for([ROWS, ROPE_DIM], gl.float16))
+    q_lat_smem = gl.allocate_shared_memory(q_dtype, [ROWS, KV_LORA_RANK],
+                                           gl.NVMMASharedLayout.get_default_for([ROWS, KV_LORA_RANK], q_dtype))
+    q_rope_smem = gl.allocate_shared_memory(q_dtype, [ROWS, ROPE_DIM],
+                                            gl.NVMMASharedLayout.get_default_for([ROWS, ROPE_DIM], q_dtype))
     p_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_N, ROWS],
                                        gl.NVMMASharedLayout.get_default_for([BLOCK_N, ROWS], gl.float16))
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -298,12 +317,12 @@ def mla_decode_hopper_narrow_fp8_kernel(
     fence_async_shared()
     gl.thread_barrier()
 
-    rows = tile * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(0, layout))
+    rows = tile * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(0, s_layout))
     visible = seqlen - q_len + rows // HEADS + 1
-    row_scale = gl.convert_layout(unscale, gl.SliceLayout(0, layout)) * (scale_log2 * kv_scale)
-    m_i, l_i = no_keys_yet(ROWS, gl.SliceLayout(0, layout))
+    row_scale = gl.convert_layout(unscale, gl.SliceLayout(0, s_layout)) * (scale_log2 * kv_scale)
+    m_i, l_i = no_keys_yet(ROWS, gl.SliceLayout(0, s_layout))
     acc = gl.zeros([KV_LORA_RANK, ROWS], gl.float32, layout=layout)
-    s_zero = gl.zeros([BLOCK_N, ROWS], gl.float32, layout=layout)
+    s_zero = gl.zeros([BLOCK_N, ROWS], gl.float32, layout=s_layout)
     for t in range(num_tiles):
         tok0 = start + t * BLOCK_N
         stage = t % STAGES
@@ -314,12 +333,12 @@ def mla_decode_hopper_narrow_fp8_kernel(
             zero_rows_from(k_lat, end - tok0, latent_width, ZEROING_LAYOUT)
             gl.thread_barrier()
         s = _transposed_scores(k_lat, k_rope_smem.index(stage), q_lat_smem, q_rope_smem, s_zero, latent_width)
-        toks = tok0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
+        toks = tok0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
         s = gl.where((toks[:, None] < end) & (toks[:, None] < visible[None, :]), s * row_scale[None, :],
                      float("-inf"))
         p, alpha, m_i = online_softmax(s, m_i, 0)
         l_i = l_i * alpha + gl.sum(p, 0)
-        acc = acc * alpha[None, :]
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, layout))[None, :]
         p_smem.store(p.to(gl.float16))
         fence_async_shared()
         gl.thread_barrier()
@@ -330,7 +349,7 @@ def mla_decode_hopper_narrow_fp8_kernel(
                    k_lat, k_rope_smem.index(stage), t + STAGES < num_tiles, PAGE_SIZE)
 
     lse, inv_l = finish_rows(m_i, l_i)
-    out = _output_rows(acc * (inv_l * kv_scale)[None, :])
+    out = _output_rows(acc * gl.convert_layout(inv_l * kv_scale, gl.SliceLayout(0, layout))[None, :])
     out_rows = tile * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, out.type.layout))
     cols = gl.arange(0, KV_LORA_RANK, layout=gl.SliceLayout(0, out.type.layout))
     store_output(out, out_rows[:, None], cols[None, :], OUT, PART_OUT, first_token, b, split, num_splits, q_len,

@@ -680,7 +680,7 @@ def _prepare_launch(
 
     merged = False
     if kernel == "narrow":
-        split = hopper_narrow_decode.prepare(key, grid, q, pages, kv_lora_rank)
+        split = hopper_narrow_decode.prepare(key, grid, q, pages, kv_lora_rank, plan.e4m3_scores)
     elif kernel == "hopper":
         split, merged = hopper_decode.prepare(key, grid, q, pages, kv_lora_rank, plan.work_state, plan.merge_state,
                                               geometry.max_splits, plan.e4m3_scores)
