@@ -6,10 +6,11 @@ accumulation (`fp8_mha_prefill`); the passes merge as the `triton` backend's do.
 5e-2 of the output's scale against bf16's 2e-3 (benchmarks/NOTES.md, "FP8 prefill").
 
 Decode and latent extend (fp8_e4m3 caches only): the `triton` backend's kernels with `DecodePlan.e4m3_scores`:
-where the Hopper seesaw kernel serves the call (latent 512 + rope 64, one per-tensor scale, pages of whole 64-token
-tiles, more than 32 query rows a sequence), each query row is rounded to e4m3 under its own power-of-two scale and S
-runs on 8-bit tensor cores over the cache's bytes; elsewhere the `triton` backend's fp8 kernels run unchanged. Error about 3.6e-2 of the output's scale against
-the unrounded queries (fp16 MMAs: 1.7e-3; NOTES.md v63).
+where a Hopper kernel serves the call at latent 512 + rope 64 with one per-tensor scale (the seesaw: pages of whole
+64-token tiles, more than 32 query rows a sequence; the narrow kernel: at most 32), each query row is rounded to e4m3
+under its own power-of-two scale and S runs on 8-bit tensor cores over the cache's bytes; elsewhere the `triton`
+backend's fp8 kernels run unchanged. Error about 3.6e-2 of the output's scale against the unrounded queries (fp16
+MMAs: 1.7e-3; NOTES.md v63, v64).
 
 `auto` never picks it, and naming it for decode leaves the prefill to the automatic choice: name it for each phase
 (`prefill_backend="triton_fp8"`, `decode_backend="triton_fp8"`, or `attention_backend` for both) where that accuracy

@@ -23,6 +23,14 @@ ROPE_DIMS = frozenset({16, 32, 64})
 # (`e4m3_scores`) only at these in either kernel.
 DEEPSEEK_WIDTHS = (512, 64)
 LN2 = gl.constexpr(0.6931471805599453)
+
+
+@gluon.constexpr_function
+def wgmma_k(e4m3):
+    """The reduction columns one wgmma instruction takes (an accumulator layout's instr_shape[2]): 32 of 8-bit
+    operands (`e4m3`), 16 of 16-bit ones."""
+    return 32 if e4m3 else 16
+
 GLUON_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 

@@ -76,6 +76,7 @@ from mlakit.kernels.hopper_common import (
     store_output,
     take_over,
     take_unit,
+    wgmma_k,
     work_item,
     zero_rows_from,
 )
@@ -201,7 +202,7 @@ def rows_are_contiguous(pages: torch.Tensor) -> bool:
 def _score_layout(e4m3=False):
     """Register layout of one warpgroup's S tile `[BLOCK_M, BLOCK_N]` (a wgmma accumulator; of 8-bit operands
     where `e4m3`, whose instructions take 32 columns of K)."""
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N.value, 32 if e4m3 else 16])
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N.value, wgmma_k(e4m3)])
 
 
 @gluon.constexpr_function

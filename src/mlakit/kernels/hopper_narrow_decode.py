@@ -47,6 +47,7 @@ from mlakit.kernels.hopper_common import (
     split_range,
     store_lse,
     store_output,
+    wgmma_k,
     work_item,
     zero_rows_from,
 )
@@ -117,8 +118,7 @@ def tma_boxes(page_size: int, kv_lora_rank: int, rope_dim: int) -> tuple[tuple[i
 def _transposed_layout(e4m3=False):
     """Register layout of S^T `[BLOCK_N, ROWS]` and O^T `[kv_lora_rank, ROWS]` (wgmma accumulators, N = ROWS; of
     8-bit operands where `e4m3`, whose instructions take 32 columns of K)."""
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                     instr_shape=[16, ROWS.value, 32 if e4m3 else 16])
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, ROWS.value, wgmma_k(e4m3)])
 
 
 @gluon.constexpr_function

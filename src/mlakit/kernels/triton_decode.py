@@ -352,8 +352,9 @@ class DecodePlan:
     tile, chosen because device and cache dtype suit that tier; a call its kernel does not take
     after all (a page size the narrow kernel cannot box, per-group fp8 scales, odd strides) runs
     the 64-row Hopper kernel, else the portable kernel with its default tile, over the same split
-    counts (`split_kernel_for`; unless the tuning's tier was set to "portable"). `e4m3_scores`: where the seesaw kernel
-    takes fp8 pages, it rounds the query rows to e4m3 and computes S on 8-bit tensor cores (`hopper_decode.prepare`)."""
+    counts (`split_kernel_for`; unless the tuning's tier was set to "portable"). `e4m3_scores`: where a Hopper kernel
+    takes fp8 pages at DeepSeek's widths (the seesaw or the narrow one), it rounds the query rows to e4m3 and computes
+    S on 8-bit tensor cores (`hopper_decode.prepare`, `hopper_narrow_decode.prepare`)."""
 
     tuning: DecodeTuning
     geometry: SplitGeometry

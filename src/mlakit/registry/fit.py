@@ -67,9 +67,10 @@ def backend_problems(record: BackendRecord, phase: Phase, req: Requirements, par
         problems.append(f"needs package {', '.join(missing)}, not installed here ({record.install_hint})")
     if req.page_size is not None and not record.page_sizes.accepts(req.page_size):
         problems.append(f"page_size {req.page_size} is not supported; allowed page sizes: {record.page_sizes.describe()}")
-    if req.kv_dtype is not None and req.kv_dtype not in record.kv_dtypes_for(phase):
-        allowed = [d for d in KV_DTYPES if d in record.kv_dtypes_for(phase)]
-        in_phase = f" in {phase}" if record.kv_dtypes_for(phase) != record.kv_dtypes else ""
+    phase_kv_dtypes = record.kv_dtypes_for(phase)
+    if req.kv_dtype is not None and req.kv_dtype not in phase_kv_dtypes:
+        allowed = [d for d in KV_DTYPES if d in phase_kv_dtypes]
+        in_phase = f" in {phase}" if phase_kv_dtypes != record.kv_dtypes else ""
         problems.append(f"kv_cache_dtype {req.kv_dtype!r} is not supported{in_phase}; allowed: {allowed}")
     for dtype, floor in record.kv_dtype_min_capability:
         capability = req.device.compute_capability
@@ -111,7 +112,7 @@ def backend_problems(record: BackendRecord, phase: Phase, req: Requirements, par
         other: Phase = "prefill" if phase == "decode" else "decode"
         decode, prefill = (record, partner) if phase == "decode" else (partner, record)
         if not common_kv_dtypes(decode, prefill, req.kv_dtype):
-            problems.append(f"shares no KV dtype with {partner.name} ({sorted(record.kv_dtypes_for(phase))} vs "
+            problems.append(f"shares no KV dtype with {partner.name} ({sorted(phase_kv_dtypes)} vs "
                             f"{sorted(partner.kv_dtypes_for(other))})")
     return problems
 
