@@ -1,0 +1,40 @@
+"""Device experiment: `e4m3_scores_ab.py` with the seesaw's per-tile value preparation skipped (v64's conversion of
+the fp8 values to fp16 in place, or, on the v66 patches' trees, the transposes into tokens-contiguous rows): the time
+the 128-head fp8 kernel would take were that work free. The values are then wrong (the output is meaningless, the
+errors printed are too); only the times count (NOTES.md "v66c / v66d", value preparation).
+
+Usage, from benchmarks/experiments on a GPU machine:
+    PYTHONPATH=SRC python value_prep_skip_ab.py skip|keep [--json PATH] HEADS,BATCH,SEQLEN|ragged,Q_LEN [...]
+"""
+
+import runpy
+import sys
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared
+
+from mlakit.kernels import hopper_decode as hd
+
+
+@gluon.jit
+def _skip_transpose(buffer, half: gl.constexpr, valid_rows):
+    fence_async_shared()
+    gl.thread_barrier()
+
+
+@gluon.jit
+def _skip_conversion(buffer, FIRST: gl.constexpr, valid_rows):
+    fence_async_shared()
+    gl.thread_barrier()
+
+
+mode = sys.argv.pop(1)
+if mode == "skip":
+    if hasattr(hd, "_transpose_half_values"):
+        hd._transpose_half_values = _skip_transpose
+    else:
+        hd._convert_four_blocks_in_place = _skip_conversion
+sys.argv[0] = "e4m3_scores_ab.py"
+sys.path.insert(0, ".")
+runpy.run_path("e4m3_scores_ab.py", run_name="__main__")
