@@ -1,7 +1,8 @@
 """Device probe of the v66 patches' NaN (seesaw with e4m3 P . V, `patches/v66d-...diff` applied): fp8 pages with
 e4m3 scores on small cases, one variant a process, printing the share of NaN outputs by column half, by 64-head tile
 and by sequence. Variants: `base` (also its error against the reference on rounded queries); `constp` (P = 1/64 for
-every token, own and handed: one tile's output is then its mean value row times 1/l: prints the least cosine to it);
+every token, own and handed, its e4m3 written as bits: one tile's output is then its mean value row times 1/l: prints
+the least cosine to it; the recorded runs predate the bits and their constant P was corrupt, NOTES.md "The v66 NaN");
 `zerov` (values transposed as zeros: the output must be zero); `nohand` / `noown` (the handed / own P . V skipped).
 
 Usage, from the repository root: PYTHONPATH=src python benchmarks/experiments/e4m3_values_nan_probe.py VARIANT CASE...
@@ -25,14 +26,21 @@ from mlakit.reference import e4m3_rounded_queries  # noqa: E402
 
 
 @gluon.jit
+def _four(p):
+    """4.0 in e4m3 wherever p is, written as bits: a converted constant meets ptxas' fold of broadcast e4m3 pairs
+    (NOTES.md p32b, "The v66 NaN")."""
+    return gl.full_like(p, 0x48, dtype=gl.int8).to(gl.float8e4nv, bitcast=True)
+
+
+@gluon.jit
 def _constant_p_values_mma(p, k_lat, half: gl.constexpr, acc, P_LAYOUT: gl.constexpr, E4M3: gl.constexpr):
-    a = gl.convert_layout(gl.full_like(p, 4.0).to(gl.float8e4nv), P_LAYOUT)
+    a = gl.convert_layout(_four(p), P_LAYOUT)
     return warpgroup_mma(a, hd._e4m3_values(k_lat, half).permute((1, 0)), acc, is_async=True)
 
 
 @gluon.jit
 def _constant_p_hand(slot, p, E4M3: gl.constexpr):
-    hd._fp8_block(slot, 0, gl.float8e4nv).store(gl.full_like(p, 4.0).to(gl.float8e4nv))
+    hd._fp8_block(slot, 0, gl.float8e4nv).store(_four(p))
 
 
 @gluon.jit
