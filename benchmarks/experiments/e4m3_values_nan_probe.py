@@ -92,9 +92,10 @@ for spec in sys.argv[2:]:
     nan = torch.isnan(out)
     line = f"{variant} {spec}: nan {nan.float().mean().item():.3f}"
     if nan.any():
-        line += (f" | by half-columns {nan[..., :256].float().mean().item():.3f} "
-                 f"{nan[..., 256:].float().mean().item():.3f} | heads 0-63 {nan[:, :, :64].float().mean().item():.3f}"
-                 f" 64+ {nan[:, :, 64:].float().mean().item():.3f} | seqs {nan.flatten(1).any(1).float().mean().item():.3f}")
+        share = lambda part: part.float().mean().item()  # noqa: E731
+        line += (f" | by half-columns {share(nan[..., :256]):.3f} {share(nan[..., 256:]):.3f}"
+                 f" | heads 0-63 {share(nan[:, :, :64]):.3f} 64+ {share(nan[:, :, 64:]):.3f}"
+                 f" | seqs {share(nan.flatten(1).any(1)):.3f}")
     if variant == "base":
         error = check_against_reference(e4m3_call, inputs, reference_queries=e4m3_rounded_queries)
         line += f" | err vs rounded ref {error:.3e}"
