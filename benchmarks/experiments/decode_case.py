@@ -52,6 +52,17 @@ def decode_call(inputs: DecodeInputs, plan: DecodePlan) -> Callable:
     return call
 
 
+def own_plan_kernel(e4m3_scores: bool = False) -> Callable[[DecodeInputs], Callable]:
+    """`check_against_reference`'s factory of our decode: each inputs' call with a plan of its own (with
+    `e4m3_scores`, `DecodePlan.e4m3_scores`)."""
+    def factory(inputs: DecodeInputs) -> Callable:
+        plan = plan_decode(inputs.cache_seqlens, q_len=inputs.q.shape[1], heads=inputs.q.shape[2],
+                           kv_dtype=inputs.kv_cache.dtype, e4m3_scores=e4m3_scores)
+        return decode_call(inputs, plan)
+
+    return factory
+
+
 def interleaved_times(variants: list[str], cases: list, call_for: Callable, rounds: int = 3,
                       timing: str = "flushed") -> dict[tuple, list[float]]:
     """Each (case, variant)'s call timed as the benchmark times it (`timing`, as `time_graph_replay` names it),

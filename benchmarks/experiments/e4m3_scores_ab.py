@@ -13,33 +13,22 @@ import sys
 from pathlib import Path
 
 import torch
-from decode_case import decode_call, interleaved_times, parse_case
+from decode_case import interleaved_times, own_plan_kernel, parse_case
 
 from mlakit.bench.ceilings import measure_ceilings
 from mlakit.bench.decode import case_cost, check_against_reference, environment, make_inputs
-from mlakit.kernels.triton_decode import plan_decode
 from mlakit.reference import e4m3_rounded_queries
 
 VARIANTS = ("bf16", "fp8", "fp8_e4m3_scores")
 
 
-def our_kernel(e4m3_scores: bool):
-    """`check_against_reference`'s factory of our decode, with a plan of its inputs' own."""
-    def factory(inputs):
-        plan = plan_decode(inputs.cache_seqlens, q_len=inputs.q.shape[1], heads=inputs.q.shape[2],
-                           kv_dtype=inputs.kv_cache.dtype, e4m3_scores=e4m3_scores)
-        return decode_call(inputs, plan)
-
-    return factory
-
-
 def errors(inputs) -> dict[str, float]:
     """The e4m3-scores call's error against the reference on rounded and on given queries, and the default fp8 call's
     against the latter, over the first sequences (`check_against_reference`'s)."""
-    return {"e4m3_vs_rounded_reference": check_against_reference(our_kernel(True), inputs,
+    return {"e4m3_vs_rounded_reference": check_against_reference(own_plan_kernel(True), inputs,
                                                                  reference_queries=e4m3_rounded_queries),
-            "e4m3_vs_reference": check_against_reference(our_kernel(True), inputs),
-            "fp8_vs_reference": check_against_reference(our_kernel(False), inputs)}
+            "e4m3_vs_reference": check_against_reference(own_plan_kernel(True), inputs),
+            "fp8_vs_reference": check_against_reference(own_plan_kernel(False), inputs)}
 
 
 arguments = sys.argv[1:]
@@ -56,7 +45,7 @@ for spec in arguments:
         kv_dtype = "bf16" if variant == "bf16" else "fp8_e4m3"
         variant_case = dataclasses.replace(case, kv_dtype=kv_dtype)
         inputs = make_inputs(variant_case, device)
-        calls[spec, variant] = our_kernel(variant == "fp8_e4m3_scores")(inputs)
+        calls[spec, variant] = own_plan_kernel(variant == "fp8_e4m3_scores")(inputs)
         costs[spec, variant] = case_cost(variant_case)
         if variant == "fp8_e4m3_scores":
             print(f"{spec} errors: " + ", ".join(f"{k} {v:.2e}" for k, v in errors(inputs).items()), flush=True)

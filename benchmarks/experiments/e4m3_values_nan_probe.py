@@ -17,11 +17,10 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
 sys.path.insert(0, "benchmarks/experiments")
-from decode_case import decode_call, parse_case  # noqa: E402
+from decode_case import own_plan_kernel, parse_case  # noqa: E402
 
 from mlakit.bench.decode import check_against_reference, make_inputs  # noqa: E402
 from mlakit.kernels import hopper_decode as hd  # noqa: E402
-from mlakit.kernels.triton_decode import plan_decode  # noqa: E402
 from mlakit.reference import e4m3_rounded_queries  # noqa: E402
 
 
@@ -60,13 +59,6 @@ def _skip_own(p, k_lat, half: gl.constexpr, acc, P_LAYOUT: gl.constexpr, E4M3: g
     return acc
 
 
-def e4m3_call(inputs):
-    """The decode of `inputs` with e4m3 scores (and, on the patched tree, e4m3 P . V)."""
-    plan = plan_decode(inputs.cache_seqlens, q_len=inputs.q.shape[1], heads=inputs.q.shape[2],
-                       kv_dtype=inputs.kv_cache.dtype, e4m3_scores=True)
-    return decode_call(inputs, plan)
-
-
 def least_cosine_to_mean_values(out: torch.Tensor, inputs, page_size: int) -> float:
     """The least cosine between an output row and its sequence's mean value row (the constant-P expectation)."""
     cosines = []
@@ -88,7 +80,7 @@ device = torch.device("cuda")
 for spec in sys.argv[2:]:
     case = dataclasses.replace(parse_case(spec), kv_dtype="fp8_e4m3")
     inputs = make_inputs(case, device)
-    out = e4m3_call(inputs)()[0].float()
+    out = own_plan_kernel(True)(inputs)()[0].float()
     nan = torch.isnan(out)
     line = f"{variant} {spec}: nan {nan.float().mean().item():.3f}"
     if nan.any():
@@ -97,7 +89,7 @@ for spec in sys.argv[2:]:
                  f" | heads 0-63 {share(nan[:, :, :64]):.3f} 64+ {share(nan[:, :, 64:]):.3f}"
                  f" | seqs {share(nan.flatten(1).any(1)):.3f}")
     if variant == "base":
-        error = check_against_reference(e4m3_call, inputs, reference_queries=e4m3_rounded_queries)
+        error = check_against_reference(own_plan_kernel(True), inputs, reference_queries=e4m3_rounded_queries)
         line += f" | err vs rounded ref {error:.3e}"
     elif variant == "constp":
         line += f" | min cos to mean V {least_cosine_to_mean_values(out, inputs, case.page_size):.4f}"
