@@ -1,7 +1,8 @@
 """Device experiment: `e4m3_scores_ab.py` with the seesaw's per-tile value preparation skipped (v64's conversion of
-the fp8 values to fp16 in place, or, on the v66 patches' trees, the transposes into tokens-contiguous rows): the time
+the fp8 values to fp16 in place; on the v66 patches' trees the transposes into tokens-contiguous rows; on v67's the
+byte permutes and conversions of the register operand, its words then taken as fp16 bits as they are): the time
 the 128-head fp8 kernel would take were that work free. The values are then wrong (the output is meaningless, the
-errors printed are too); only the times count (NOTES.md "v66c / v66d", value preparation).
+errors printed are too); only the times count (NOTES.md "What the value preparation costs", "v67 / v67b measured").
 
 Usage, from benchmarks/experiments on a GPU machine:
     PYTHONPATH=SRC python value_prep_skip_ab.py skip|keep [--json PATH] HEADS,BATCH,SEQLEN|ragged,Q_LEN [...]
@@ -29,9 +30,19 @@ def _skip_conversion(buffer, FIRST: gl.constexpr, valid_rows):
     gl.thread_barrier()
 
 
+# two tokens' words in, their four halves each out twice: the operand's registers filled without permutes or conversions
+_WORDS_AS_F16 = gl.constexpr("""{
+mov.b32 {$0, $1}, $8;
+mov.b32 {$2, $3}, $9;
+mov.b32 {$4, $5}, $8;
+mov.b32 {$6, $7}, $9;
+}""")
+
 mode = sys.argv.pop(1)
 if mode == "skip":
-    if hasattr(hd, "_transpose_half_values"):
+    if hasattr(hd, "_TOKEN_PAIRS_TO_F16"):
+        hd._TOKEN_PAIRS_TO_F16 = _WORDS_AS_F16
+    elif hasattr(hd, "_transpose_half_values"):
         hd._transpose_half_values = _skip_transpose
     else:
         hd._convert_four_blocks_in_place = _skip_conversion
