@@ -1,6 +1,7 @@
 """Device experiment: `e4m3_scores_ab.py` with the seesaw's per-tile value preparation skipped (v64's conversion of
 the fp8 values to fp16 in place; on the v66 patches' trees the transposes into tokens-contiguous rows; on v67's the
-byte permutes and conversions of the register operand, its words then taken as fp16 bits as they are): the time
+byte permutes and conversions of the register operand, its words then taken as fp16 bits as they are; on v68's the
+converter warpgroup's conversions, its waits and arrivals kept): the time
 the 128-head fp8 kernel would take were that work free. The values are then wrong (the output is meaningless, the
 errors printed are too); only the times count (NOTES.md "What the value preparation costs", "v67 / v67b measured").
 
@@ -25,6 +26,12 @@ def _skip_transpose(buffer, half: gl.constexpr, valid_rows):
 
 
 @gluon.jit
+def _skip_block_conversion(buffer, block: gl.constexpr, valid_rows):
+    fence_async_shared()
+    gl.thread_barrier()
+
+
+@gluon.jit
 def _skip_conversion(buffer, FIRST: gl.constexpr, valid_rows):
     fence_async_shared()
     gl.thread_barrier()
@@ -40,7 +47,9 @@ mov.b32 {$6, $7}, $9;
 
 mode = sys.argv.pop(1)
 if mode == "skip":
-    if hasattr(hd, "_TOKEN_PAIRS_TO_F16"):
+    if hasattr(hd, "_seesaw_convert_partition"):
+        hd._convert_block_in_place = _skip_block_conversion
+    elif hasattr(hd, "_TOKEN_PAIRS_TO_F16"):
         hd._TOKEN_PAIRS_TO_F16 = _WORDS_AS_F16
     elif hasattr(hd, "_transpose_half_values"):
         hd._transpose_half_values = _skip_transpose
