@@ -20,19 +20,9 @@ from mlakit.kernels import hopper_decode as hd
 
 
 @gluon.jit
-def _skip_transpose(buffer, half: gl.constexpr, valid_rows):
-    fence_async_shared()
-    gl.thread_barrier()
-
-
-@gluon.jit
-def _skip_block_conversion(buffer, block: gl.constexpr, valid_rows):
-    fence_async_shared()
-    gl.thread_barrier()
-
-
-@gluon.jit
-def _skip_conversion(buffer, FIRST: gl.constexpr, valid_rows):
+def _fence_and_sync_only(buffer, part: gl.constexpr, valid_rows):
+    """Stands in for any of the preparations below (each takes a buffer, a constexpr part of it and the valid rows):
+    their fence and barrier without their work."""
     fence_async_shared()
     gl.thread_barrier()
 
@@ -48,13 +38,13 @@ mov.b32 {$6, $7}, $9;
 mode = sys.argv.pop(1)
 if mode == "skip":
     if hasattr(hd, "_seesaw_convert_partition"):
-        hd._convert_block_in_place = _skip_block_conversion
+        hd._convert_block_in_place = _fence_and_sync_only
     elif hasattr(hd, "_TOKEN_PAIRS_TO_F16"):
         hd._TOKEN_PAIRS_TO_F16 = _WORDS_AS_F16
     elif hasattr(hd, "_transpose_half_values"):
-        hd._transpose_half_values = _skip_transpose
+        hd._transpose_half_values = _fence_and_sync_only
     else:
-        hd._convert_four_blocks_in_place = _skip_conversion
+        hd._convert_four_blocks_in_place = _fence_and_sync_only
 sys.argv[0] = "e4m3_scores_ab.py"
 sys.path.insert(0, ".")
 runpy.run_path("e4m3_scores_ab.py", run_name="__main__")
