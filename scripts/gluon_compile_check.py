@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Compiles the Gluon kernels for sm_90a without a GPU, specialized as a launch would specialize them (argument
 dtypes, 16-byte alignment and divisibility, constexprs), and reports per configuration shared memory, spills
-(ptxas -v) and the PTX's barrier, wgmma and wgmma-wait counts.
+(ptxas -v) the PTX's barrier, wgmma and wgmma-wait counts and a digest of the SASS.
 
     python scripts/gluon_compile_check.py                      # the prefill kernel, with the installed triton
     python scripts/gluon_compile_check.py --kernel hopper_persistent   # its persistent form (or: both)
@@ -16,6 +16,7 @@ shapes, shared memory over the limit) and register spills before device time is 
 from __future__ import annotations
 
 import collections
+import hashlib
 import itertools
 import re
 import subprocess
@@ -52,16 +53,31 @@ def compile_like_launch(fn: object, args: list[object], constants: dict[str, obj
     return triton.compile(GluonASTSource(fn, signature, constexprs, attrs), target=SM90, options=options.__dict__)
 
 
-def spill_lines(kernel: object) -> list[tuple[str, str, int]]:
-    """Where a compiled kernel's spill stores and loads (SASS STL / LDL) come from: (source file:line, STL or LDL,
-    count), most first, from nvdisasm's line information."""
+def disassembly(kernel: object, line_info: bool = False) -> str:
+    """A compiled kernel's SASS (nvdisasm; with `line_info`, its source-line comments)."""
     nvdisasm = str(Path(get_ptxas(90).path).with_name("nvdisasm"))
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp, "k.cubin")
         cubin.write_bytes(kernel.asm["cubin"])
-        sass = subprocess.run([nvdisasm, "-g", "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
+        return subprocess.run([nvdisasm, *(["-g"] if line_info else []), "-c", str(cubin)], capture_output=True,
+                              text=True, check=True).stdout
+
+
+def instruction_digest(sass: str) -> tuple[int, str]:
+    """An nvdisasm listing's instruction count and a digest of its instructions with addresses, branch targets,
+    register numbers and reuse flags left out: two builds with equal digests run the same instructions in the same
+    order (how a landed version is checked against the tree that was measured)."""
+    instructions = [line.split("*/", 1)[1].split(";")[0].strip() for line in sass.splitlines()
+                    if re.match(r"\s*/\*[0-9a-f]{4,}\*/", line) and ";" in line]
+    text = re.sub(r"\b(U?R|U?P)\d+\b|\.reuse\b|`\(\.L_x_\d+\)|0x7f[0-9a-f]+", r"\1", "\n".join(instructions))
+    return len(instructions), hashlib.md5(text.encode()).hexdigest()[:10]
+
+
+def spill_lines(kernel: object) -> list[tuple[str, str, int]]:
+    """Where a compiled kernel's spill stores and loads (SASS STL / LDL) come from: (source file:line, STL or LDL,
+    count), most first, from nvdisasm's line information."""
     where, counts = "?", collections.Counter()
-    for line in sass.splitlines():
+    for line in disassembly(kernel, line_info=True).splitlines():
         source = re.search(r'//## File "([^"]+)", line (\d+)', line)
         if source:
             where = f"{Path(source.group(1)).name}:{source.group(2)}"
@@ -89,8 +105,9 @@ def report(compile_kernel: Callable[[], object], where_spills: bool = False) -> 
     barriers = len(re.findall(r"^\s*(?:@%p\d+\s+)?(?:bar|barrier)\.", ptx, re.M))
     mmas, waits = len(re.findall(r"wgmma\.mma_async", ptx)), len(re.findall(r"wgmma\.wait_group", ptx))
     hinted = len(re.findall(r"cp\.async\.bulk\.tensor\S*\.L2::cache_hint", ptx))
+    count, digest = instruction_digest(disassembly(kernel))
     line = (f"ok: shared {kernel.metadata.shared} B, spills (stores, loads) {spills}, barriers {barriers}, "
-            f"wgmma {mmas}, wgmma waits {waits}, TMA loads with an L2 hint {hinted}")
+            f"wgmma {mmas}, wgmma waits {waits}, TMA loads with an L2 hint {hinted}, SASS {count} digest {digest}")
     if where_spills:
         line += "".join(f"\n    {n:4d} {op} {where}" for where, op, n in spill_lines(kernel))
     return line

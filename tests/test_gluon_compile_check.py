@@ -53,3 +53,19 @@ def test_prefill_arguments_fill_every_parameter(script, kernel_name):
               "hopper_persistent": hopper_prefill.mha_prefill_hopper_persistent_kernel}[kernel_name]
     assert script.KERNELS[kernel_name] is kernel
     assert len(arguments) == len(_runtime_parameters(kernel, constexprs))
+
+
+def test_instruction_digest_ignores_register_numbers_and_addresses_but_not_order(script):
+    listing = """
+        /*0000*/                   LDC R1, c[0x0][0x28] ;
+        /*0010*/                   IMAD.MOV.U32 R4, RZ, RZ, R2.reuse ;
+        /*0020*/               @P0 BRA `(.L_x_3) ;
+    """
+    renamed = listing.replace("R4", "R7").replace("R2.reuse", "R9").replace("P0", "P2").replace("L_x_3", "L_x_8")
+    reordered = "\n".join(listing.splitlines()[:1] + listing.splitlines()[2:3] + listing.splitlines()[1:2]
+                          + listing.splitlines()[3:])
+    count, digest = script.instruction_digest(listing)
+    assert count == 3
+    assert script.instruction_digest(renamed) == (3, digest)
+    assert script.instruction_digest(reordered)[1] != digest
+    assert script.instruction_digest(listing.replace("IMAD.MOV.U32", "MOV"))[1] != digest

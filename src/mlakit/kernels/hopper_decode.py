@@ -95,6 +95,7 @@ EVEN_MAX_READY = gl.constexpr(10)
 ODD_MAX_READY = gl.constexpr(11)
 EVEN_P_READY = gl.constexpr(12)
 ROW_SUMS_READY = gl.constexpr(13)
+RIGHT_VALUES_ISSUED = gl.constexpr(14)
 # One warpgroup's rows in 16-byte pieces (query loads, zeroing the rows past a sequence's end).
 WARPGROUP_ROWS = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
 # The persistent seesaw merges its split sequences' partials itself when the plan has at most this many
@@ -877,6 +878,8 @@ def _seesaw_even_partition(
         hand_over(EVEN_P_READY)
         l_i = (l_i * scale0 + gl.sum(p0, 1)) * scale1 + odd_sum
 
+        if not FP8:  # 16-bit pages: warpgroup 1's two P . V go to the tensor cores first (NOTES.md v69)
+            take_over(RIGHT_VALUES_ISSUED)
         if has_odd:
             if E4M3:  # warpgroup 1's S of the odd tile is done: it handed over its max
                 _convert_four_blocks_in_place(k1, 0, end - tok0 - BLOCK_N)
@@ -910,8 +913,10 @@ def _seesaw_odd_partition(
 ):
     """Warpgroup 1: S and the softmax of the odd tiles (stage 1, computed while warpgroup 0 does its
     softmax), output columns of the right half: O_R = O_R x scale0 x scale1 + P1 . V1_R (P1 from
-    registers), then + P0' . V0_R with warpgroup 0's rescaled P0. Scores of fp8 pages, and E4M3's conversions, as in
-    warpgroup 0."""
+    registers), then + P0' . V0_R with warpgroup 0's rescaled P0. On 16-bit pages the second P . V is issued before
+    the first is waited for, and warpgroup 0 issues its P1 . V1_L only behind both: the tensor cores take MMAs in
+    issue order, and the even stage's right half, which warpgroup 0's next S reads, is reloaded once they are done
+    (NOTES.md v69). Scores of fp8 pages, and E4M3's conversions, as in warpgroup 0."""
     half: gl.constexpr = KV_LORA_RANK // 2
     lat_chunks: gl.constexpr = KV_LORA_RANK // TMA_CHUNK
     FP8: gl.constexpr = CHUNK_DESC.block_type.element_ty.is_fp8()
@@ -956,18 +961,26 @@ def _seesaw_odd_partition(
             if E4M3:
                 _convert_four_blocks_in_place(k1, lat_chunks // 2, end - tok1)
             acc = acc * _row_vector(scale0 * scale1, o_layout)[:, None]
-            acc = warpgroup_mma(gl.convert_layout(p1.to(dtype), p_layout), k1.slice(half, half, dim=1), acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+            p1_operand = gl.convert_layout(p1.to(dtype), p_layout)
+            if FP8:
+                acc = warpgroup_mma(p1_operand, k1.slice(half, half, dim=1), acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+            else:  # the second P . V issued before the first is waited for (NOTES.md v69)
+                pending = warpgroup_mma(p1_operand, k1.slice(half, half, dim=1), acc, is_async=True)
+                pending = _even_right_values(slots, k0, pending, end - tok1 + BLOCK_N, half, E4M3, True)
+                warpgroup_mma_wait(num_outstanding=1, deps=[p1_operand])
             gl.thread_barrier()
             _load_chunks(CHUNK_DESC, ROPE_DESC, next_odd, chunk_ready, 1, k1, slots.index(1), lat_chunks // 2,
                          lat_chunks // 2, False, t1 + 2 < num_tiles)
         else:
-            acc = acc * _row_vector(scale0, o_layout)[:, None]
-        take_over(EVEN_P_READY)
-        if E4M3:  # warpgroup 0's S of the even tile is done: it handed over its max
-            _convert_four_blocks_in_place(k0, lat_chunks // 2, end - tok1 + BLOCK_N)
-        acc = warpgroup_mma(slots.index(0), k0.slice(half, half, dim=1), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+            if FP8:
+                acc = acc * _row_vector(scale0, o_layout)[:, None]
+            else:
+                pending = _even_right_values(slots, k0, acc * _row_vector(scale0, o_layout)[:, None],
+                                             end - tok1 + BLOCK_N, half, E4M3, True)
+        if FP8:  # fp8 pages: the first P . V waited for before the second is issued (5% faster there, NOTES.md v69)
+            pending = _even_right_values(slots, k0, acc, end - tok1 + BLOCK_N, half, E4M3, False)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=[pending])
         gl.thread_barrier()
         _load_chunks(CHUNK_DESC, ROPE_DESC, next_even, chunk_ready, 0, k0, slots.index(0), lat_chunks // 2,
                      lat_chunks // 2, True, t1 + 1 < num_tiles)
@@ -975,6 +988,20 @@ def _seesaw_odd_partition(
     inv_l = final_rows.load(gl.SliceLayout(1, o_layout))
     _store_half(acc * inv_l[:, None], half, q_lat_all, OUT, PART_OUT, first_token, b, split, num_splits, tile, q_len,
                 OUT_STRIDES, PART_STRIDES, HEADS, o_layout)
+
+
+@gluon.jit
+def _even_right_values(slots, k0, acc, valid_rows, half: gl.constexpr, E4M3: gl.constexpr, ANNOUNCE: gl.constexpr):
+    """Warpgroup 1's O_R += P0' . V0_R, issued once warpgroup 0 has handed P0' over (E4M3: V0_R converted first;
+    warpgroup 0's S of the even tile is done by then), and with ANNOUNCE the hand-over that lets warpgroup 0 issue its
+    P1 . V1_L behind it. Returns the MMA in flight: the caller waits."""
+    take_over(EVEN_P_READY)
+    if E4M3:
+        _convert_four_blocks_in_place(k0, k0.shape[1] // TMA_CHUNK // 2, valid_rows)
+    pending = warpgroup_mma(slots.index(0), k0.slice(half, half, dim=1), acc, is_async=True)
+    if ANNOUNCE:
+        hand_over(RIGHT_VALUES_ISSUED)
+    return pending
 
 
 @gluon.jit
