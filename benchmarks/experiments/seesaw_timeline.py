@@ -43,9 +43,9 @@ EDITS = (
     ("               LSE_STRIDES, PART_STRIDES, HEADS)\n\n\n@gluon.jit\ndef _seesaw_odd_partition(",
      "               LSE_STRIDES, PART_STRIDES, HEADS)\n    _stamp(TL, slot, 5)\n\n\n@gluon.jit\ndef _seesaw_odd_partition("),
     ("    take_over(ROW_SUMS_READY)\n", "    _stamp(TL, slot, 4)\n    take_over(ROW_SUMS_READY)\n"),
-    ("                OUT_STRIDES, PART_STRIDES, HEADS, o_layout)\n\n\n@gluon.jit\ndef _store_half(",
+    ("                OUT_STRIDES, PART_STRIDES, HEADS, o_layout)\n\n\n@gluon.jit\ndef _even_right_values(",
      "                OUT_STRIDES, PART_STRIDES, HEADS, o_layout)\n    _stamp(TL, slot, 6)\n\n\n"
-     "@gluon.jit\ndef _store_half("),
+     "@gluon.jit\ndef _even_right_values("),
     ("        last = (next_unit >= units) & (not ragged) & (num_splits <= EARLY_TRIGGER_MAX_SPLITS)\n        if split < num_splits and tile * BLOCK_M < q_len * HEADS:\n",
      "        last = (next_unit >= units) & (not ragged) & (num_splits <= EARLY_TRIGGER_MAX_SPLITS)\n        slot = gl.program_id(0) * 2 + gl.minimum(units_done - 1, 1)\n"
      "        _stamp(KV_SCALE, slot, 0)\n"
