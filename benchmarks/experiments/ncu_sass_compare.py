@@ -23,29 +23,23 @@ def loop_executions(instructions: list[Instruction]) -> int:
     return counts.most_common(1)[0][0]
 
 
-def loop_opcodes(instructions: list[Instruction]) -> collections.Counter:
-    """The tile loop's instructions by opcode, wgmma shapes and barrier kinds kept apart."""
-    loop = loop_executions(instructions)
-    counts = collections.Counter()
-    for i in instructions:
-        if i.executed == loop:
-            words = i.source.split()
-            word = words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
-            counts[word if word.startswith(("HGMMA", "BAR.", "WARPGROUP")) else word.split(".")[0]] += 1
-    return counts
+def loop_opcodes(instructions: list[Instruction], loop: int) -> collections.Counter:
+    """The instructions run `loop` times (the tile loop's) by opcode, wgmma shapes and barrier kinds kept apart."""
+    return collections.Counter(i.mnemonic if i.opcode in ("HGMMA", "BAR", "WARPGROUP") else i.opcode
+                               for i in instructions if i.executed == loop)
 
 
-def wait_sites(instructions: list[Instruction]) -> tuple[list[str], collections.Counter]:
-    """Each loop `WARPGROUP.DEPBAR` with its share of the samples and the last MMA shape before it, and the samples
-    stalled on "barrier" by where they wait: a wgmma wait (the DEPBAR's own) or the `BAR.SYNC` before them (by id)."""
+def wait_sites(instructions: list[Instruction], loop: int) -> tuple[list[str], collections.Counter]:
+    """Each `WARPGROUP.DEPBAR` run `loop` times with its share of the samples and the last MMA shape before it, and
+    the samples stalled on "barrier" by where they wait: a wgmma wait (the DEPBAR's own) or the `BAR.SYNC` before them
+    (by id)."""
     total = sum(i.samples for i in instructions) or 1
-    loop = loop_executions(instructions)
     depbars, waits = [], collections.Counter()
     last_mma, since, site = "-", 0, None
     for i in instructions:
         since += 1
-        if "HGMMA" in i.source:
-            last_mma, since = i.source.split()[0], 0
+        if i.opcode == "HGMMA":
+            last_mma, since = i.mnemonic, 0
         if "DEPBAR" in i.source:
             site = "wgmma wait"
             if i.executed == loop:
@@ -63,14 +57,15 @@ def wait_sites(instructions: list[Instruction]) -> tuple[list[str], collections.
 @click.argument("first")
 @click.argument("second")
 def main(export: Path, first: str, second: str) -> None:
-    kernels = [kernel_instructions(export, name) for name in (first, second)]
-    counts = [loop_opcodes(instructions) for _, instructions in kernels]
+    kernels = [instructions for _, instructions in (kernel_instructions(export, name) for name in (first, second))]
+    loops = [loop_executions(instructions) for instructions in kernels]
+    counts = [loop_opcodes(instructions, loop) for instructions, loop in zip(kernels, loops)]
     print(f"loop instructions by opcode: {first} / {second}")
-    for op in sorted(set(counts[0]) | set(counts[1]), key=lambda op: -(counts[0][op] + counts[1][op])):
+    for op in sorted(set(counts[0]) | set(counts[1]), key=lambda op: (-(counts[0][op] + counts[1][op]), op)):
         print(f"  {op:34s} {counts[0][op]:5d} {counts[1][op]:5d}")
     print(f"  {'total':34s} {sum(counts[0].values()):5d} {sum(counts[1].values()):5d}")
-    for name, (_, instructions) in zip((first, second), kernels):
-        depbars, named = wait_sites(instructions)
+    for name, instructions, loop in zip((first, second), kernels, loops):
+        depbars, named = wait_sites(instructions, loop)
         print(f"{name}: wgmma waits in the loop (share of samples)")
         print("\n".join(f"  {line}" for line in depbars))
         print(f"{name}: barrier stalls by where they wait: "

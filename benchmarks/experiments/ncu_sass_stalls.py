@@ -30,10 +30,14 @@ class Instruction:
     stalls: dict[str, int]
 
     @property
-    def opcode(self) -> str:
+    def mnemonic(self) -> str:
+        """The instruction with its modifiers, without its predicate (e.g. `HGMMA.64x64x16.F32.BF16`)."""
         words = self.source.split()
-        word = words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
-        return word.split(".")[0]
+        return words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
+
+    @property
+    def opcode(self) -> str:
+        return self.mnemonic.split(".")[0]
 
 
 def kernel_instructions(export: Path, kernel: str) -> tuple[str, list[Instruction]]:
