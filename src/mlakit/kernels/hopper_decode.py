@@ -55,6 +55,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from mlakit.kernels.hopper_common import (
     BLOCK_N,
+    MAX_DESCRIPTORS,
+    _Address,
     DEEPSEEK_WIDTHS,
     E4M3_QUERY_EXPONENT,
     FP16_QUERY_EXPONENT,
@@ -136,9 +138,34 @@ def supports(q_dtype: torch.dtype, pages: torch.Tensor, scale_mode: int, kv_lora
 
 def chunk_descriptors(pages: torch.Tensor, kv_lora_rank: int) -> tuple[TensorDescriptor, TensorDescriptor]:
     """TMA descriptors of the cache rows `[pages x page_size, dim]` in `[BLOCK_N, TMA_CHUNK]` latent chunks
-    and `[BLOCK_N, rope_dim]` rope blocks (row-contiguous pages: `rows_are_contiguous`)."""
+    and `[BLOCK_N, rope_dim]` rope blocks (row-contiguous pages: `rows_are_contiguous`). 16-bit pages with an even
+    number of latent chunks get a half-tile descriptor instead (`half_tile_descriptor`)."""
     rope_dim = pages.shape[-1] - kv_lora_rank
-    return row_descriptors(pages, ((BLOCK_N.value, TMA_CHUNK.value), (BLOCK_N.value, rope_dim)))
+    if pages.dtype == FP8_DTYPE or (kv_lora_rank // TMA_CHUNK.value) % 2:
+        return row_descriptors(pages, ((BLOCK_N.value, TMA_CHUNK.value), (BLOCK_N.value, rope_dim)))
+    return half_tile_descriptor(pages, kv_lora_rank), row_descriptors(pages, ((BLOCK_N.value, rope_dim),))[0]
+
+
+_HALF_TILE_DESCRIPTORS: dict[tuple, TensorDescriptor] = {}
+
+
+def half_tile_descriptor(pages: torch.Tensor, kv_lora_rank: int) -> TensorDescriptor:
+    """The latent columns of the cache rows seen as `[chunks, rows, TMA_CHUNK]` (a chunk's stride is TMA_CHUNK
+    elements, a row's the row stride), read in `[chunks / 2, BLOCK_N, TMA_CHUNK]` boxes: one TMA copy lands half a
+    tile as the chunk-major blocks the swizzled stage buffer holds (NOTES.md v70)."""
+    key = (pages.data_ptr(), pages.shape, pages.stride(), pages.dtype, kv_lora_rank)
+    found = _HALF_TILE_DESCRIPTORS.get(key)
+    if found is None:
+        rows = pages.reshape(-1, pages.shape[-1])
+        chunks = kv_lora_rank // TMA_CHUNK.value
+        layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=rows.element_size() * 8, rank=3)
+        found = TensorDescriptor(_Address(rows.data_ptr(), rows.dtype), [chunks, rows.shape[0], TMA_CHUNK.value],
+                                 [TMA_CHUNK.value, rows.stride(0), 1], [chunks // 2, BLOCK_N.value, TMA_CHUNK.value],
+                                 layout)
+        if len(_HALF_TILE_DESCRIPTORS) >= MAX_DESCRIPTORS:
+            _HALF_TILE_DESCRIPTORS.clear()
+        _HALF_TILE_DESCRIPTORS[key] = found
+    return found
 
 
 def prepare(key: Hashable, grid: tuple[int, int], q: torch.Tensor, pages: torch.Tensor, kv_lora_rank: int,
@@ -630,8 +657,19 @@ def _separate_barriers(COUNT: gl.constexpr):
 
 @gluon.jit
 def _chunk_barrier(chunk_ready, k_lat, stage: gl.constexpr, c: gl.constexpr):
-    """The barrier of chunk c of the stage (latent chunks 0 .., then the rope as the last one)."""
-    return chunk_ready[stage * (k_lat.shape[1] // TMA_CHUNK + 1) + c]
+    """The barrier chunk c of the stage lands on (latent chunks 0 .., then the rope as the last one): its own, or with
+    half-tile copies (three barriers a stage) its half's."""
+    per_stage: gl.constexpr = len(chunk_ready) // 2
+    return chunk_ready[stage * per_stage + c * (per_stage - 1) // (k_lat.shape[1] // TMA_CHUNK)]
+
+
+@gluon.constexpr_function
+def _waits_for(barriers_per_stage, lat_chunks, c):
+    """Whether chunk c (of lat_chunks, the rope as chunk lat_chunks) is the first to land on its barrier in a stage of
+    barriers_per_stage barriers, so that a reader of the chunks in order waits there (waiting twice on one barrier
+    makes the compiler put a warpgroup sync between the waits)."""
+    index = c * (barriers_per_stage - 1) // lat_chunks
+    return c == 0 or index != (c - 1) * (barriers_per_stage - 1) // lat_chunks
 
 
 @gluon.jit
@@ -639,16 +677,27 @@ def _load_chunks(chunk_desc, rope_desc, row, chunk_ready, stage: gl.constexpr, k
                  FIRST: gl.constexpr, COUNT: gl.constexpr, WITH_ROPE: gl.constexpr, pred):
     """TMA loads of cache rows row .. row + BLOCK_N into the stage: latent chunks FIRST .. FIRST + COUNT
     (TMA_CHUNK columns each) and, WITH_ROPE, the rope columns into the stage's slot; each chunk
-    completes on its own barrier. Nothing is issued where `pred` is false."""
+    completes on its own barrier, or with a half-tile descriptor each half on its half's. Nothing is issued where
+    `pred` is false."""
     FP8: gl.constexpr = chunk_desc.block_type.element_ty.is_fp8()
-    for c in gl.static_range(FIRST, FIRST + COUNT):
-        bar = _chunk_barrier(chunk_ready, k_lat, stage, c)
-        mbarrier.expect(bar, chunk_desc.block_type.nbytes, pred=pred)
-        if FP8:
-            dst = _fp8_block(k_lat, c, chunk_desc.block_type.element_ty)
-        else:
-            dst = k_lat.slice(c * TMA_CHUNK, TMA_CHUNK, dim=1)
-        tma.async_copy_global_to_shared(chunk_desc, [row, c * TMA_CHUNK], bar, dst, pred=pred)
+    if len(chunk_desc.block_type.shape) == 3:  # half-tile copies: FIRST and COUNT are whole halves
+        per_copy: gl.constexpr = chunk_desc.block_type.shape[0]
+        gl.static_assert(FIRST % per_copy == 0 and COUNT % per_copy == 0, "half-tile copies load whole halves")
+        blocks = k_lat._reinterpret(k_lat.dtype, [k_lat.shape[1] // TMA_CHUNK, BLOCK_N, TMA_CHUNK], chunk_desc.layout)
+        for h in gl.static_range(FIRST // per_copy, (FIRST + COUNT) // per_copy):
+            bar = _chunk_barrier(chunk_ready, k_lat, stage, h * per_copy)
+            mbarrier.expect(bar, chunk_desc.block_type.nbytes, pred=pred)
+            tma.async_copy_global_to_shared(chunk_desc, [h * per_copy, row, 0], bar,
+                                            blocks.slice(h * per_copy, per_copy, dim=0), pred=pred)
+    else:
+        for c in gl.static_range(FIRST, FIRST + COUNT):
+            bar = _chunk_barrier(chunk_ready, k_lat, stage, c)
+            mbarrier.expect(bar, chunk_desc.block_type.nbytes, pred=pred)
+            if FP8:
+                dst = _fp8_block(k_lat, c, chunk_desc.block_type.element_ty)
+            else:
+                dst = k_lat.slice(c * TMA_CHUNK, TMA_CHUNK, dim=1)
+            tma.async_copy_global_to_shared(chunk_desc, [row, c * TMA_CHUNK], bar, dst, pred=pred)
     if WITH_ROPE:
         bar = _chunk_barrier(chunk_ready, k_lat, stage, k_lat.shape[1] // TMA_CHUNK)
         mbarrier.expect(bar, rope_desc.block_type.nbytes, pred=pred)
@@ -721,8 +770,10 @@ def _half_scores(q_lat_smem, k_lat, chunk_ready, stage: gl.constexpr, phase, s, 
 @gluon.jit
 def _score_chunk(q_lat_smem, k_lat, chunk_ready, stage: gl.constexpr, phase, s, c: gl.constexpr,
                  use_acc: gl.constexpr, E4M3: gl.constexpr):
-    """S += Q . K^T over latent chunk c, issued once the chunk has landed (E4M3: over the chunk's and Q's e4m3 boxes)."""
-    mbarrier.wait(_chunk_barrier(chunk_ready, k_lat, stage, c), phase)
+    """S += Q . K^T over latent chunk c, issued once the chunk has landed (E4M3: over the chunk's and Q's e4m3 boxes;
+    with half-tile copies the wait is at the half's first chunk, which its reader takes first)."""
+    if _waits_for(len(chunk_ready) // 2, k_lat.shape[1] // TMA_CHUNK, c):
+        mbarrier.wait(_chunk_barrier(chunk_ready, k_lat, stage, c), phase)
     if E4M3:
         q_chunk = _fp8_block(q_lat_smem, c, gl.float8e4nv)
         k_chunk = _fp8_block(k_lat, c, gl.float8e4nv)
@@ -749,7 +800,8 @@ def _fp8_block(buffer, block: gl.constexpr, element_ty: gl.constexpr):
 def _wait_chunk_range(chunk_ready, k_lat, stage: gl.constexpr, phase, FIRST: gl.constexpr, COUNT: gl.constexpr):
     """Waits for chunks FIRST .. FIRST + COUNT of the stage's tile (the rope is the last chunk)."""
     for c in gl.static_range(FIRST, FIRST + COUNT):
-        mbarrier.wait(_chunk_barrier(chunk_ready, k_lat, stage, c), phase)
+        if c == FIRST or _waits_for(len(chunk_ready) // 2, k_lat.shape[1] // TMA_CHUNK, c):
+            mbarrier.wait(_chunk_barrier(chunk_ready, k_lat, stage, c), phase)
 
 
 @gluon.jit
@@ -1077,7 +1129,10 @@ def mla_decode_hopper_seesaw_kernel(
     row_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     rows_smem = gl.allocate_shared_memory(gl.float32, [7, BLOCK_M], row_layout)
     chunks: gl.constexpr = KV_LORA_RANK // TMA_CHUNK + 1
-    chunk_ready = _separate_barriers(2 * chunks)
+    if len(CHUNK_DESC.block_type.shape) == 3:  # half-tile copies: one barrier a half and one for the rope
+        chunk_ready = _separate_barriers(2 * 3)
+    else:
+        chunk_ready = _separate_barriers(2 * chunks)
 
     if FP8:
         kv_scale = gl.load(KV_SCALE)
@@ -1239,7 +1294,7 @@ def _seesaw_unit(
     invalidated after it: Q and the first two tiles loaded, then the two warpgroups' partitions."""
     start, end, num_tiles = split_range(seqlen, split, num_splits)
     chunks: gl.constexpr = KV_LORA_RANK // TMA_CHUNK + 1
-    for c in gl.static_range(2 * chunks):
+    for c in gl.static_range(len(chunk_ready)):
         mbarrier.init(chunk_ready[c], count=1)
     FP8: gl.constexpr = CHUNK_DESC.block_type.element_ty.is_fp8()
     q_dtype: gl.constexpr = Q.dtype.element_ty
@@ -1277,7 +1332,7 @@ def _seesaw_unit(
             num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES,
             HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3)),
     ], [4], [248])
-    for c in gl.static_range(2 * chunks):
+    for c in gl.static_range(len(chunk_ready)):
         mbarrier.invalidate(chunk_ready[c])
 
 
