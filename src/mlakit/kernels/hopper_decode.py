@@ -138,10 +138,10 @@ def supports(q_dtype: torch.dtype, pages: torch.Tensor, scale_mode: int, kv_lora
 
 def chunk_descriptors(pages: torch.Tensor, kv_lora_rank: int) -> tuple[TensorDescriptor, TensorDescriptor]:
     """TMA descriptors of the cache rows `[pages x page_size, dim]` in `[BLOCK_N, TMA_CHUNK]` latent chunks
-    and `[BLOCK_N, rope_dim]` rope blocks (row-contiguous pages: `rows_are_contiguous`). 16-bit pages with an even
-    number of latent chunks get a half-tile descriptor instead (`half_tile_descriptor`)."""
+    and `[BLOCK_N, rope_dim]` rope blocks (row-contiguous pages: `rows_are_contiguous`). Pages with an even number
+    of latent chunks get a half-tile descriptor instead (`half_tile_descriptor`)."""
     rope_dim = pages.shape[-1] - kv_lora_rank
-    if pages.dtype == FP8_DTYPE or (kv_lora_rank // TMA_CHUNK.value) % 2:
+    if (kv_lora_rank // TMA_CHUNK.value) % 2:
         return row_descriptors(pages, ((BLOCK_N.value, TMA_CHUNK.value), (BLOCK_N.value, rope_dim)))
     return half_tile_descriptor(pages, kv_lora_rank), row_descriptors(pages, ((BLOCK_N.value, rope_dim),))[0]
 
@@ -152,16 +152,25 @@ _HALF_TILE_DESCRIPTORS: dict[tuple, TensorDescriptor] = {}
 def half_tile_descriptor(pages: torch.Tensor, kv_lora_rank: int) -> TensorDescriptor:
     """The latent columns of the cache rows seen as `[chunks, rows, TMA_CHUNK]` (a chunk's stride is TMA_CHUNK
     elements, a row's the row stride), read in `[chunks / 2, BLOCK_N, TMA_CHUNK]` boxes: one TMA copy lands half a
-    tile as the chunk-major blocks the swizzled stage buffer holds (NOTES.md v70)."""
+    tile as the chunk-major blocks the swizzled stage buffer holds (NOTES.md v70). fp8 pages, whose chunks land in
+    the first half of their 16-bit blocks (`_fp8_block`), get a size-one dimension before the rows, read two deep:
+    TMA fills each block's second half with zeros, which costs no reads (NOTES.md v71)."""
     key = (pages.data_ptr(), pages.shape, pages.stride(), pages.dtype, kv_lora_rank)
     found = _HALF_TILE_DESCRIPTORS.get(key)
     if found is None:
         rows = pages.reshape(-1, pages.shape[-1])
         chunks = kv_lora_rank // TMA_CHUNK.value
-        layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=rows.element_size() * 8, rank=3)
-        found = TensorDescriptor(_Address(rows.data_ptr(), rows.dtype), [chunks, rows.shape[0], TMA_CHUNK.value],
-                                 [TMA_CHUNK.value, rows.stride(0), 1], [chunks // 2, BLOCK_N.value, TMA_CHUNK.value],
-                                 layout)
+        shape, strides = [chunks, rows.shape[0], TMA_CHUNK.value], [TMA_CHUNK.value, rows.stride(0), 1]
+        box = [chunks // 2, BLOCK_N.value, TMA_CHUNK.value]
+        swizzle = 128
+        if pages.dtype == FP8_DTYPE:
+            shape.insert(1, 1)
+            strides.insert(1, 16)
+            box.insert(1, 2)
+            swizzle = 64
+        layout = gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=rows.element_size() * 8,
+                                      rank=len(shape))
+        found = TensorDescriptor(_Address(rows.data_ptr(), rows.dtype), shape, strides, box, layout)
         if len(_HALF_TILE_DESCRIPTORS) >= MAX_DESCRIPTORS:
             _HALF_TILE_DESCRIPTORS.clear()
         _HALF_TILE_DESCRIPTORS[key] = found
@@ -677,27 +686,29 @@ def _load_chunks(chunk_desc, rope_desc, row, chunk_ready, stage: gl.constexpr, k
                  FIRST: gl.constexpr, COUNT: gl.constexpr, WITH_ROPE: gl.constexpr, pred):
     """TMA loads of cache rows row .. row + BLOCK_N into the stage: latent chunks FIRST .. FIRST + COUNT
     (TMA_CHUNK columns each) and, WITH_ROPE, the rope columns into the stage's slot; each chunk
-    completes on its own barrier, or with a half-tile descriptor each half on its half's. Nothing is issued where
-    `pred` is false."""
+    completes on its own barrier, or with a half-tile descriptor each half on its half's (fp8: each box with the
+    zeros that fill its block's second half). Nothing is issued where `pred` is false."""
     FP8: gl.constexpr = chunk_desc.block_type.element_ty.is_fp8()
-    if len(chunk_desc.block_type.shape) == 3:  # half-tile copies: FIRST and COUNT are whole halves
-        per_copy: gl.constexpr = chunk_desc.block_type.shape[0]
+    if len(chunk_desc.block_type.shape) >= 3:  # half-tile copies: FIRST and COUNT are whole halves
+        box: gl.constexpr = chunk_desc.block_type
+        per_copy: gl.constexpr = box.shape[0]
         gl.static_assert(FIRST % per_copy == 0 and COUNT % per_copy == 0, "half-tile copies load whole halves")
-        blocks = k_lat._reinterpret(k_lat.dtype, [k_lat.shape[1] // TMA_CHUNK, BLOCK_N, TMA_CHUNK], chunk_desc.layout)
+        blocks = k_lat._reinterpret(box.element_ty, [k_lat.shape[1] // TMA_CHUNK] + box.shape[1:], chunk_desc.layout)
         for h in gl.static_range(FIRST // per_copy, (FIRST + COUNT) // per_copy):
             bar = _chunk_barrier(chunk_ready, k_lat, stage, h * per_copy)
-            mbarrier.expect(bar, chunk_desc.block_type.nbytes, pred=pred)
-            tma.async_copy_global_to_shared(chunk_desc, [h * per_copy, row, 0], bar,
-                                            blocks.slice(h * per_copy, per_copy, dim=0), pred=pred)
-    else:
+            mbarrier.expect(bar, box.nbytes, pred=pred)
+            if FP8:
+                coordinates = [h * per_copy, 0, row, 0]
+            else:
+                coordinates = [h * per_copy, row, 0]
+            tma.async_copy_global_to_shared(chunk_desc, coordinates, bar, blocks.slice(h * per_copy, per_copy, dim=0),
+                                            pred=pred)
+    else:  # 16-bit pages with an odd number of latent chunks (fp8 pages take the seesaw at 512 columns only)
         for c in gl.static_range(FIRST, FIRST + COUNT):
             bar = _chunk_barrier(chunk_ready, k_lat, stage, c)
             mbarrier.expect(bar, chunk_desc.block_type.nbytes, pred=pred)
-            if FP8:
-                dst = _fp8_block(k_lat, c, chunk_desc.block_type.element_ty)
-            else:
-                dst = k_lat.slice(c * TMA_CHUNK, TMA_CHUNK, dim=1)
-            tma.async_copy_global_to_shared(chunk_desc, [row, c * TMA_CHUNK], bar, dst, pred=pred)
+            tma.async_copy_global_to_shared(chunk_desc, [row, c * TMA_CHUNK], bar,
+                                            k_lat.slice(c * TMA_CHUNK, TMA_CHUNK, dim=1), pred=pred)
     if WITH_ROPE:
         bar = _chunk_barrier(chunk_ready, k_lat, stage, k_lat.shape[1] // TMA_CHUNK)
         mbarrier.expect(bar, rope_desc.block_type.nbytes, pred=pred)
@@ -1129,7 +1140,7 @@ def mla_decode_hopper_seesaw_kernel(
     row_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     rows_smem = gl.allocate_shared_memory(gl.float32, [7, BLOCK_M], row_layout)
     chunks: gl.constexpr = KV_LORA_RANK // TMA_CHUNK + 1
-    if len(CHUNK_DESC.block_type.shape) == 3:  # half-tile copies: one barrier a half and one for the rope
+    if len(CHUNK_DESC.block_type.shape) >= 3:  # half-tile copies: one barrier a half and one for the rope
         chunk_ready = _separate_barriers(2 * 3)
     else:
         chunk_ready = _separate_barriers(2 * chunks)
