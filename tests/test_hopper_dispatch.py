@@ -1,6 +1,10 @@
-"""Which pages the Hopper seesaw kernel takes (a host-side rule; the kernels themselves are GPU tests)."""
+"""Which pages the Hopper seesaw kernel takes and how its TMA descriptors cut them (host-side rules; the kernels
+themselves are GPU tests)."""
+
+import math
 
 import pytest
+import torch
 
 from mlakit.kernels import hopper_decode
 
@@ -16,3 +20,27 @@ from mlakit.kernels import hopper_decode
 )
 def test_seesaw_takes_whole_tile_pages_and_fp8_only_at_deepseek_widths(page_size, kv_lora_rank, rope_dim, fp8, seesaw):
     assert hopper_decode._seesaw_takes(page_size, kv_lora_rank, rope_dim, fp8) == seesaw
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, hopper_decode.FP8_DTYPE])
+def test_latent_columns_land_half_a_tile_a_copy(dtype):
+    """16-bit and fp8 pages at DeepSeek's widths get a half-tile descriptor whose box fills exactly half of a 16-bit
+    stage (fp8: each chunk's box followed by a block half TMA fills with zeros), and a rope descriptor of its own."""
+    pages = torch.empty(3, 64, 576, dtype=dtype)
+    chunks, rope = hopper_decode.chunk_descriptors(pages, 512)
+    if dtype == torch.bfloat16:
+        assert (chunks.shape, chunks.strides, chunks.block_shape) == ([8, 192, 64], [64, 576, 1], [4, 64, 64])
+        assert chunks.layout.swizzle_byte_width == 128
+    else:
+        assert (chunks.shape, chunks.strides, chunks.block_shape) == ([8, 1, 192, 64], [64, 16, 576, 1],
+                                                                      [4, 2, 64, 64])
+        assert chunks.layout.swizzle_byte_width == 64
+    half_stage_bytes = 64 * 256 * 2
+    assert math.prod(chunks.block_shape) * pages.element_size() == half_stage_bytes
+    assert list(rope.block_shape) == [64, 64] and chunks.base.data_ptr() == pages.data_ptr()
+    assert hopper_decode.chunk_descriptors(pages, 512)[0] is chunks
+
+
+def test_half_tiles_need_an_even_number_of_chunks():
+    with pytest.raises(ValueError, match="kv_lora_rank: expected a multiple of 128"):
+        hopper_decode.chunk_descriptors(torch.empty(2, 64, 192 + 32, dtype=torch.bfloat16), 192)

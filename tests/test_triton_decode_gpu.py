@@ -212,6 +212,29 @@ def test_hopper_kernel_matches_reference_and_portable_kernel(heads, q_len, page_
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_e4m3"])
+def test_seesaw_reads_cache_rows_padded_past_their_width(kv_dtype):
+    """Cache rows wider than the latent and rope columns (a view of a padded cache, NaN in the padding): the
+    seesaw's TMA descriptors take the row stride, not the width."""
+    from mlakit.kernels.triton_decode import plan_decode
+
+    batch = make_paged_batch([3000, 0, 1, 63, 700], heads=128, q_len=2, page_size=64, kv_lora_rank=512, rope_dim=64,
+                             kv_dtype=kv_dtype, device="cuda", seed=11)
+    pages, page_size, width = batch.kv_cache.shape
+    dtype = batch.kv_cache.dtype
+    nan_bytes = torch.full((pages, page_size, (width + 64) * dtype.itemsize), 0xFF, dtype=torch.uint8, device="cuda")
+    padded = nan_bytes.view(dtype)
+    padded[..., :width] = batch.kv_cache
+    view = dataclasses.replace(batch, kv_cache=padded[..., :width])
+    plan = plan_decode(batch.cache_seqlens, q_len=2, heads=128, kv_dtype=dtype)
+    assert view.kv_cache.stride(1) == width + 64 and _split_kernel(view, plan) == "hopper"
+    out, lse = _check(view, plan=plan)
+    ref_out, ref_lse = _check(batch, plan=plan)
+    assert relative_error(out, ref_out) < 1e-5
+    assert_lse_close(lse, ref_lse, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
 @pytest.mark.parametrize("kv_lora_rank, kv_dtype", [(448, "bf16"), (192, "fp8_e4m3"), (320, "bf16")])
 def test_latent_widths_the_hopper_kernel_cannot_tile_run_on_the_portable_kernel(kv_lora_rank, kv_dtype):
     from mlakit.kernels.triton_decode import plan_decode

@@ -12,10 +12,10 @@ shared memory, and V is the latent part of the same tile. Three kernels:
   softmax runs), against one running max handed over through shared memory (on named barriers:
   the giving warpgroup arrives and goes on, the taking one waits); each owns half of
   the output columns, multiplies its own P from registers and the other's from shared memory.
-  Tiles arrive as 64-column TMA chunks on their own barriers (S starts on the first one; a
-  split's partial 16-bit last tile waits for all of them, to zero its rows past the end), and
-  each chunk is reloaded as soon as its last reader is done with it. P goes into the tile's
-  rope columns, which S no longer needs. For batches that fill the GPU (few split sequences) the
+  Tiles arrive as two halves of the latent columns, one TMA copy and one barrier each, and the
+  rope on a third (S starts on the first half; a split's partial 16-bit last tile waits for all of
+  them, to zero its rows past the end); each half is reloaded as soon as its last reader is done
+  with it. P goes into the tile's rope columns, which S no longer needs. For batches that fill the GPU (few split sequences) the
   program that finishes a sequence's last split merges its partials, so no combine kernel runs.
   It also takes fp8 (e4m3) pages with one per-tensor scale at 512 + 64 widths: each chunk's fp8
   box lands in the first half of the chunk's 16-bit place and is converted there to fp16, half a
@@ -137,12 +137,9 @@ def supports(q_dtype: torch.dtype, pages: torch.Tensor, scale_mode: int, kv_lora
 
 
 def chunk_descriptors(pages: torch.Tensor, kv_lora_rank: int) -> tuple[TensorDescriptor, TensorDescriptor]:
-    """TMA descriptors of the cache rows `[pages x page_size, dim]` in `[BLOCK_N, TMA_CHUNK]` latent chunks
-    and `[BLOCK_N, rope_dim]` rope blocks (row-contiguous pages: `rows_are_contiguous`). Pages with an even number
-    of latent chunks get a half-tile descriptor instead (`half_tile_descriptor`)."""
+    """TMA descriptors of the cache rows `[pages x page_size, dim]` (row-contiguous pages: `rows_are_contiguous`):
+    the latent columns half a tile a copy (`half_tile_descriptor`) and `[BLOCK_N, rope_dim]` rope blocks."""
     rope_dim = pages.shape[-1] - kv_lora_rank
-    if (kv_lora_rank // TMA_CHUNK.value) % 2:
-        return row_descriptors(pages, ((BLOCK_N.value, TMA_CHUNK.value), (BLOCK_N.value, rope_dim)))
     return half_tile_descriptor(pages, kv_lora_rank), row_descriptors(pages, ((BLOCK_N.value, rope_dim),))[0]
 
 
@@ -155,6 +152,9 @@ def half_tile_descriptor(pages: torch.Tensor, kv_lora_rank: int) -> TensorDescri
     tile as the chunk-major blocks the swizzled stage buffer holds (NOTES.md v70). fp8 pages, whose chunks land in
     the first half of their 16-bit blocks (`_fp8_block`), get a size-one dimension before the rows, read two deep:
     TMA fills each block's second half with zeros, which costs no reads (NOTES.md v71)."""
+    if kv_lora_rank % (2 * TMA_CHUNK.value):
+        raise ValueError(f"kv_lora_rank: expected a multiple of {2 * TMA_CHUNK.value} (whole tile halves), got "
+                         f"{kv_lora_rank}")
     key = (pages.data_ptr(), pages.shape, pages.stride(), pages.dtype, kv_lora_rank)
     found = _HALF_TILE_DESCRIPTORS.get(key)
     if found is None:
@@ -666,49 +666,45 @@ def _separate_barriers(COUNT: gl.constexpr):
 
 @gluon.jit
 def _chunk_barrier(chunk_ready, k_lat, stage: gl.constexpr, c: gl.constexpr):
-    """The barrier chunk c of the stage lands on (latent chunks 0 .., then the rope as the last one): its own, or with
-    half-tile copies (three barriers a stage) its half's."""
-    per_stage: gl.constexpr = len(chunk_ready) // 2
-    return chunk_ready[stage * per_stage + c * (per_stage - 1) // (k_lat.shape[1] // TMA_CHUNK)]
+    """The barrier chunk c of the stage lands on (latent chunks 0 .., then the rope as the last one): its half's,
+    or the rope's (three barriers a stage)."""
+    return chunk_ready[3 * stage + _barrier_of(k_lat.shape[1] // TMA_CHUNK, c)]
 
 
 @gluon.constexpr_function
-def _waits_for(barriers_per_stage, lat_chunks, c):
-    """Whether chunk c (of lat_chunks, the rope as chunk lat_chunks) is the first to land on its barrier in a stage of
-    barriers_per_stage barriers, so that a reader of the chunks in order waits there (waiting twice on one barrier
-    makes the compiler put a warpgroup sync between the waits)."""
-    index = c * (barriers_per_stage - 1) // lat_chunks
-    return c == 0 or index != (c - 1) * (barriers_per_stage - 1) // lat_chunks
+def _barrier_of(lat_chunks, c):
+    """Which of a stage's three barriers chunk c (of lat_chunks, the rope as chunk lat_chunks) lands on."""
+    return 2 * c // lat_chunks
+
+
+@gluon.constexpr_function
+def _waits_for(lat_chunks, c):
+    """Whether chunk c is the first to land on its barrier, so that a reader of the chunks in order waits there
+    (waiting twice on one barrier makes the compiler put a warpgroup sync between the waits)."""
+    return c == 0 or _barrier_of(lat_chunks, c) != _barrier_of(lat_chunks, c - 1)
 
 
 @gluon.jit
 def _load_chunks(chunk_desc, rope_desc, row, chunk_ready, stage: gl.constexpr, k_lat, slot,
                  FIRST: gl.constexpr, COUNT: gl.constexpr, WITH_ROPE: gl.constexpr, pred):
-    """TMA loads of cache rows row .. row + BLOCK_N into the stage: latent chunks FIRST .. FIRST + COUNT
-    (TMA_CHUNK columns each) and, WITH_ROPE, the rope columns into the stage's slot; each chunk
-    completes on its own barrier, or with a half-tile descriptor each half on its half's (fp8: each box with the
-    zeros that fill its block's second half). Nothing is issued where `pred` is false."""
+    """TMA loads of cache rows row .. row + BLOCK_N into the stage: latent chunks FIRST .. FIRST + COUNT (TMA_CHUNK
+    columns each, whole halves of the tile: one copy a half, on the half's barrier; fp8: each chunk's box with the
+    zeros that fill its 16-bit block's second half) and, WITH_ROPE, the rope columns into the stage's slot on a
+    barrier of their own. Nothing is issued where `pred` is false."""
     FP8: gl.constexpr = chunk_desc.block_type.element_ty.is_fp8()
-    if len(chunk_desc.block_type.shape) >= 3:  # half-tile copies: FIRST and COUNT are whole halves
-        box: gl.constexpr = chunk_desc.block_type
-        per_copy: gl.constexpr = box.shape[0]
-        gl.static_assert(FIRST % per_copy == 0 and COUNT % per_copy == 0, "half-tile copies load whole halves")
-        blocks = k_lat._reinterpret(box.element_ty, [k_lat.shape[1] // TMA_CHUNK] + box.shape[1:], chunk_desc.layout)
-        for h in gl.static_range(FIRST // per_copy, (FIRST + COUNT) // per_copy):
-            bar = _chunk_barrier(chunk_ready, k_lat, stage, h * per_copy)
-            mbarrier.expect(bar, box.nbytes, pred=pred)
-            if FP8:
-                coordinates = [h * per_copy, 0, row, 0]
-            else:
-                coordinates = [h * per_copy, row, 0]
-            tma.async_copy_global_to_shared(chunk_desc, coordinates, bar, blocks.slice(h * per_copy, per_copy, dim=0),
-                                            pred=pred)
-    else:  # 16-bit pages with an odd number of latent chunks (fp8 pages take the seesaw at 512 columns only)
-        for c in gl.static_range(FIRST, FIRST + COUNT):
-            bar = _chunk_barrier(chunk_ready, k_lat, stage, c)
-            mbarrier.expect(bar, chunk_desc.block_type.nbytes, pred=pred)
-            tma.async_copy_global_to_shared(chunk_desc, [row, c * TMA_CHUNK], bar,
-                                            k_lat.slice(c * TMA_CHUNK, TMA_CHUNK, dim=1), pred=pred)
+    box: gl.constexpr = chunk_desc.block_type
+    per_copy: gl.constexpr = box.shape[0]
+    gl.static_assert(FIRST % per_copy == 0 and COUNT % per_copy == 0, "half-tile copies load whole halves")
+    blocks = k_lat._reinterpret(box.element_ty, [k_lat.shape[1] // TMA_CHUNK] + box.shape[1:], chunk_desc.layout)
+    for h in gl.static_range(FIRST // per_copy, (FIRST + COUNT) // per_copy):
+        bar = _chunk_barrier(chunk_ready, k_lat, stage, h * per_copy)
+        mbarrier.expect(bar, box.nbytes, pred=pred)
+        if FP8:
+            coordinates = [h * per_copy, 0, row, 0]
+        else:
+            coordinates = [h * per_copy, row, 0]
+        tma.async_copy_global_to_shared(chunk_desc, coordinates, bar, blocks.slice(h * per_copy, per_copy, dim=0),
+                                        pred=pred)
     if WITH_ROPE:
         bar = _chunk_barrier(chunk_ready, k_lat, stage, k_lat.shape[1] // TMA_CHUNK)
         mbarrier.expect(bar, rope_desc.block_type.nbytes, pred=pred)
@@ -783,7 +779,7 @@ def _score_chunk(q_lat_smem, k_lat, chunk_ready, stage: gl.constexpr, phase, s, 
                  use_acc: gl.constexpr, E4M3: gl.constexpr):
     """S += Q . K^T over latent chunk c, issued once the chunk has landed (E4M3: over the chunk's and Q's e4m3 boxes;
     with half-tile copies the wait is at the half's first chunk, which its reader takes first)."""
-    if _waits_for(len(chunk_ready) // 2, k_lat.shape[1] // TMA_CHUNK, c):
+    if _waits_for(k_lat.shape[1] // TMA_CHUNK, c):
         mbarrier.wait(_chunk_barrier(chunk_ready, k_lat, stage, c), phase)
     if E4M3:
         q_chunk = _fp8_block(q_lat_smem, c, gl.float8e4nv)
@@ -798,7 +794,9 @@ def _score_chunk(q_lat_smem, k_lat, chunk_ready, stage: gl.constexpr, phase, s, 
 def _fp8_block(buffer, block: gl.constexpr, element_ty: gl.constexpr):
     """Where an fp8 `[BLOCK_N, TMA_CHUNK]` box of 64-column block `block` of a 16-bit `[BLOCK_N, width]`
     buffer lands: the first half of that block's bytes (TMA's 64-byte swizzle), in `element_ty` (fp8 for
-    the copy, the 8-bit MMAs and Q's e4m3 stores; int32 words for the conversion)."""
+    the rope's copy, the 8-bit MMAs and Q's e4m3 stores; int32 words for the conversion). The latent chunks' copies
+    land through `half_tile_descriptor`'s `[chunks, 2, BLOCK_N, 64]` view, which addresses the same bytes (both
+    are 64-byte rows under one 64-byte swizzle)."""
     blocks: gl.constexpr = buffer.shape[1] // TMA_CHUNK
     per_row: gl.constexpr = TMA_CHUNK * 8 // element_ty.primitive_bitwidth
     layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=element_ty.primitive_bitwidth,
@@ -811,7 +809,7 @@ def _fp8_block(buffer, block: gl.constexpr, element_ty: gl.constexpr):
 def _wait_chunk_range(chunk_ready, k_lat, stage: gl.constexpr, phase, FIRST: gl.constexpr, COUNT: gl.constexpr):
     """Waits for chunks FIRST .. FIRST + COUNT of the stage's tile (the rope is the last chunk)."""
     for c in gl.static_range(FIRST, FIRST + COUNT):
-        if c == FIRST or _waits_for(len(chunk_ready) // 2, k_lat.shape[1] // TMA_CHUNK, c):
+        if c == FIRST or _waits_for(k_lat.shape[1] // TMA_CHUNK, c):
             mbarrier.wait(_chunk_barrier(chunk_ready, k_lat, stage, c), phase)
 
 
@@ -1103,8 +1101,8 @@ def mla_decode_hopper_seesaw_kernel(
     """Two warpgroups taking turns over tile pairs ("seesaw"), for 16-bit pages that hold whole tiles:
     even tiles in stage 0 (warpgroup 0's S and softmax), odd tiles in stage 1 (warpgroup 1's), each
     warpgroup owning half of the output columns and using the other's P through shared memory, so one
-    warpgroup's softmax runs while the other's MMAs do. Tiles arrive as latent chunks on their own
-    barriers. Persistent: a launch of at most one program per SM takes the plan's units (a work item's
+    warpgroup's softmax runs while the other's MMAs do. Tiles arrive as two latent halves and the rope,
+    each on its own barrier. Persistent: a launch of at most one program per SM takes the plan's units (a work item's
     row tile; WORK_STATE[0] items of row_tiles units each, in a plan of work_rows rows), unit p first for
     program p, so that no program waits behind programs that find no work; then, for a ragged batch
     (WORK_STATE[2]), the next untaken one as each program finishes one (`take_unit`: the shorter splits
@@ -1139,11 +1137,7 @@ def mla_decode_hopper_seesaw_kernel(
                                       gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype))
     row_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     rows_smem = gl.allocate_shared_memory(gl.float32, [7, BLOCK_M], row_layout)
-    chunks: gl.constexpr = KV_LORA_RANK // TMA_CHUNK + 1
-    if len(CHUNK_DESC.block_type.shape) >= 3:  # half-tile copies: one barrier a half and one for the rope
-        chunk_ready = _separate_barriers(2 * 3)
-    else:
-        chunk_ready = _separate_barriers(2 * chunks)
+    chunk_ready = _separate_barriers(2 * 3)  # a stage's two halves and its rope
 
     if FP8:
         kv_scale = gl.load(KV_SCALE)
