@@ -7,6 +7,8 @@ dtypes, 16-byte alignment and divisibility, constexprs), and reports per configu
     python scripts/gluon_compile_check.py --kernel hopper_persistent   # its persistent form (or: both)
     python scripts/gluon_compile_check.py --kernel seesaw      # the decode seesaw (`hopper_decode`)
     python scripts/gluon_compile_check.py --kernel narrow --heads 16 --q-lens 1,2   # the narrow fp8 decode kernel
+    python scripts/gluon_compile_check.py --kernel seesaw --heads 128 --q-lens 2 --loop-syncs   # + each inner loop's
+                                                               # warpgroup syncs by source line
     PYTHONPATH=/path/to/triton-3.6/site-packages python scripts/gluon_compile_check.py   # the device's version
 
 Gluon kernels do not run under the CPU interpreter; this catches what the compiler refuses (layouts,
@@ -16,6 +18,7 @@ shapes, shared memory over the limit) and register spills before device time is 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import hashlib
 import itertools
 import re
@@ -86,9 +89,42 @@ def spill_lines(kernel: object) -> list[tuple[str, str, int]]:
     return [(where, op, n) for (where, op), n in counts.most_common()]
 
 
-def report(compile_kernel: Callable[[], object], where_spills: bool = False) -> str:
+def loop_syncs(sass: str, min_size: int = 200) -> list[tuple[int, collections.Counter]]:
+    """The innermost loops of an nvdisasm listing with line information (`disassembly(kernel, line_info=True)`) of at
+    least `min_size` instructions: each loop's size and its warpgroup-wide syncs (`BAR.SYNC` of 128 threads: the
+    compiler's `gl.thread_barrier` and the ones its barrier analysis adds) by source line, in program order. A
+    branch to an earlier label closes a loop; a loop holding another is not innermost."""
+    where, labels, pending, rows = "?", {}, [], []
+    for line in sass.splitlines():
+        if source := re.search(r'//## File "([^"]+)", line (\d+)', line):
+            where = f"{Path(source.group(1)).name}:{source.group(2)}"
+        elif label := re.match(r"\s*(\.L_x_\d+):", line):
+            pending.append(label.group(1))
+        elif re.match(r"\s*/\*[0-9a-f]{4,}\*/", line) and ";" in line:
+            labels.update((name, len(rows)) for name in pending)
+            pending = []
+            rows.append((line.split("*/", 1)[1].split(";")[0].strip(), where))
+    loops = [(labels[target.group(1)], end) for end, (text, _) in enumerate(rows)
+             if (target := re.search(r"\bBRA\b.*?(\.L_x_\d+)", text)) and labels.get(target.group(1), end) < end]
+    innermost = [(first, last) for first, last in loops if last - first + 1 >= min_size
+                 and not any((a, b) != (first, last) and first <= a and b <= last for a, b in loops)]
+    return [(last - first + 1, collections.Counter(where for text, where in rows[first:last + 1]
+                                                   if re.search(r"\bBAR\.SYNC\b.*,\s*0x80\b", text)))
+            for first, last in sorted(innermost)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Details:
+    """What `report` adds to its line: the source lines of the spills, the innermost loops' warpgroup syncs."""
+
+    spills: bool = False
+    loop_syncs: bool = False
+
+
+def report(compile_kernel: Callable[[], object], details: Details = Details()) -> str:
     """A compiled kernel's shared memory, spills (ptxas -v) and PTX barrier / wgmma / wgmma-wait counts, or the
-    compiler's error (the innermost of its chain); with `where_spills`, the source lines of its spills."""
+    compiler's error (the innermost of its chain); with `details`, the source lines of its spills and its innermost
+    loops' warpgroup syncs by source line (`loop_syncs`)."""
     try:
         kernel = compile_kernel()
     except Exception as exc:
@@ -108,8 +144,12 @@ def report(compile_kernel: Callable[[], object], where_spills: bool = False) -> 
     count, digest = instruction_digest(disassembly(kernel))
     line = (f"ok: shared {kernel.metadata.shared} B, spills (stores, loads) {spills}, barriers {barriers}, "
             f"wgmma {mmas}, wgmma waits {waits}, TMA loads with an L2 hint {hinted}, SASS {count} digest {digest}")
-    if where_spills:
+    if details.spills:
         line += "".join(f"\n    {n:4d} {op} {where}" for where, op, n in spill_lines(kernel))
+    if details.loop_syncs:
+        for size, by_line in loop_syncs(disassembly(kernel, line_info=True)):
+            line += f"\n    loop of {size} instructions, {sum(by_line.values())} warpgroup syncs: " + ", ".join(
+                f"{where} x{n}" if n > 1 else where for where, n in by_line.items())
     return line
 
 
@@ -147,7 +187,7 @@ SCHEDULE = [1000, 10, 100, 7, torch.zeros(1, dtype=torch.int32)]
 
 
 def compile_one(nope: int, rope: int, v_dim: int, block_n: int, stages: int, causal: bool, merge: bool,
-                dtype: torch.dtype, kernel: str = "hopper", where_spills: bool = False) -> str:
+                dtype: torch.dtype, kernel: str = "hopper", details: Details = Details()) -> str:
     """One prefill configuration compiled to a cubin: `report`'s line."""
     arguments = _prefill_arguments(nope, rope, v_dim, block_n, dtype) + (SCHEDULE if kernel == "hopper_persistent"
                                                                          else [])
@@ -155,7 +195,7 @@ def compile_one(nope: int, rope: int, v_dim: int, block_n: int, stages: int, cau
                      MERGE=merge, num_warps=4)
     if kernel == "hopper_persistent":
         constants["Q_BUFFERS"] = hp.q_buffers(nope, rope, v_dim, block_n, stages, dtype.itemsize)
-    return report(lambda: compile_like_launch(KERNELS[kernel], arguments, constants), where_spills)
+    return report(lambda: compile_like_launch(KERNELS[kernel], arguments, constants), details)
 
 
 def seesaw_arguments(heads: int, q_len: int, kv_dtype: torch.dtype, merge: bool, batch: int = 64, page_size: int = 64,
@@ -203,7 +243,7 @@ def narrow_arguments(heads: int, q_len: int, page_size: int = 64, kv_lora_rank: 
     return [seesaw[0], *descriptors, *seesaw[3:18]], constants
 
 
-def _narrow_main(heads_list: str, q_lens: str, where_spills: bool) -> bool:
+def _narrow_main(heads_list: str, q_lens: str, details: Details) -> bool:
     """The narrow fp8 kernel for each head count and q_len with at most its 32 rows, page sizes 16 and 64; whether one
     failed."""
     failed = False
@@ -214,13 +254,13 @@ def _narrow_main(heads_list: str, q_lens: str, where_spills: bool) -> bool:
         arguments, constants = narrow_arguments(heads, q_len, page_size, e4m3_scores=e4m3)
         with nd.NARROW.compiling():
             line = report(lambda: compile_like_launch(nd.mla_decode_hopper_narrow_fp8_kernel, arguments, constants),
-                          where_spills)
+                          details)
         failed |= line.startswith("FAILED")
         print(f"narrow heads {heads} q_len {q_len} page {page_size} e4m3 S {e4m3}: {line}")
     return failed
 
 
-def _prefill_main(dims: str, block_ns: str, stage_counts: str, kernel_name: str, where_spills: bool,
+def _prefill_main(dims: str, block_ns: str, stage_counts: str, kernel_name: str, details: Details,
                   dtype: torch.dtype = torch.bfloat16) -> bool:
     """Every prefill configuration of the grid for `dtype` operands; whether one failed."""
     failed = False
@@ -233,13 +273,13 @@ def _prefill_main(dims: str, block_ns: str, stage_counts: str, kernel_name: str,
             continue
         for kernel, causal, merge in itertools.product(list(KERNELS) if kernel_name == "both" else [kernel_name],
                                                        (True, False), (False, True)):
-            line = compile_one(nope, rope, v_dim, block_n, stages, causal, merge, dtype, kernel, where_spills)
+            line = compile_one(nope, rope, v_dim, block_n, stages, causal, merge, dtype, kernel, details)
             failed |= line.startswith("FAILED")
             print(f"{kernel} {shape} causal {causal} merge {merge}: {line}")
     return failed
 
 
-def _seesaw_main(heads_list: str, q_lens: str, where_spills: bool) -> bool:
+def _seesaw_main(heads_list: str, q_lens: str, details: Details) -> bool:
     """The decode seesaw for each head count and q_len, 16-bit and fp8 pages (S in fp16 and in e4m3), with and without
     the in-kernel merge; whether one failed."""
     failed = False
@@ -249,7 +289,7 @@ def _seesaw_main(heads_list: str, q_lens: str, where_spills: bool) -> bool:
         arguments, constants = seesaw_arguments(heads, q_len, kv_dtype, merge, e4m3_scores=e4m3)
         with hd.SEESAW.compiling():
             line = report(lambda: compile_like_launch(hd.mla_decode_hopper_seesaw_kernel, arguments, constants),
-                          where_spills)
+                          details)
         failed |= line.startswith("FAILED")
         print(f"seesaw heads {heads} q_len {q_len} {str(kv_dtype).removeprefix('torch.')} e4m3 S {e4m3} merge {merge} "
               f"evict-first {constants['EVICT_FIRST']}: {line}")
@@ -266,15 +306,18 @@ def _seesaw_main(heads_list: str, q_lens: str, where_spills: bool) -> bool:
               show_default=True)
 @click.option("--fp8", is_flag=True, help="prefill: e4m3 operands (v transposed) instead of bf16")
 @click.option("--where-spills", is_flag=True, help="List the source lines of each configuration's spills (nvdisasm).")
+@click.option("--loop-syncs", is_flag=True,
+              help="List each configuration's innermost loops with their warpgroup syncs by source line (nvdisasm).")
 def main(dims: str, block_ns: str, stage_counts: str, heads_list: str, q_lens: str, kernel_name: str, fp8: bool,
-         where_spills: bool) -> None:
+         where_spills: bool, loop_syncs: bool) -> None:
     print(f"triton {triton.__version__}")
+    details = Details(where_spills, loop_syncs)
     if kernel_name == "seesaw":
-        failed = _seesaw_main(heads_list, q_lens, where_spills)
+        failed = _seesaw_main(heads_list, q_lens, details)
     elif kernel_name == "narrow":
-        failed = _narrow_main(heads_list, q_lens, where_spills)
+        failed = _narrow_main(heads_list, q_lens, details)
     else:
-        failed = _prefill_main(dims, block_ns, stage_counts, kernel_name, where_spills,
+        failed = _prefill_main(dims, block_ns, stage_counts, kernel_name, details,
                                hd.FP8_DTYPE if fp8 else torch.bfloat16)
     sys.exit(1 if failed else 0)
 

@@ -4,6 +4,7 @@ parameters (checked without compiling; the compile itself needs Triton 3.6 and r
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,8 +19,12 @@ SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gluon_compile_che
 def script():
     spec = importlib.util.spec_from_file_location("gluon_compile_check", SCRIPT)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    sys.modules[spec.name] = module  # its dataclass looks its module up there
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(spec.name, None)
 
 
 def _runtime_parameters(kernel, constants) -> list[str]:
@@ -69,3 +74,29 @@ def test_instruction_digest_ignores_register_numbers_and_addresses_but_not_order
     assert script.instruction_digest(renamed) == (3, digest)
     assert script.instruction_digest(reordered)[1] != digest
     assert script.instruction_digest(listing.replace("IMAD.MOV.U32", "MOV"))[1] != digest
+
+
+LISTING = """
+        //## File "/src/kernel.py", line 10
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_0:
+        //## File "/src/kernel.py", line 20
+        /*0010*/                   BAR.SYNC.DEFER_BLOCKING 0x0, 0x80 ;
+.L_x_1:
+        /*0020*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24 ;
+        //## File "/src/other.py", line 5
+        /*0030*/                   BAR.SYNC.DEFER_BLOCKING 0x2, 0x80 ;
+        /*0040*/                   BAR.SYNC.DEFER_BLOCKING 0x2, 0x80 ;
+        /*0050*/                   BAR.SYNC.DEFER_BLOCKING 0xa, 0x100 ;
+        /*0060*/              @P0 BRA `(.L_x_1) ;
+        /*0070*/                   BRA `(.L_x_0) ;
+        /*0080*/                   EXIT ;
+"""
+
+
+def test_loop_syncs_counts_warpgroup_syncs_of_innermost_loops_by_line(script):
+    """The inner loop (.L_x_1 .. its branch back) holds two 128-thread syncs from other.py:5; the named barrier of
+    256 threads and the sync before the inner loop's label are not counted, and the outer loop is not innermost."""
+    (size, by_line), = script.loop_syncs(LISTING, min_size=2)
+    assert size == 5 and dict(by_line) == {"other.py:5": 2}
+    assert script.loop_syncs(LISTING, min_size=6) == []
