@@ -54,7 +54,7 @@ _ROW_DESCRIPTORS: dict[tuple, tuple[TensorDescriptor, ...]] = {}
 
 
 @dataclasses.dataclass(frozen=True)
-class _Address:
+class TensorAddress:
     """What a TMA descriptor needs of the tensor it reads: its address and dtype. Held in place of the
     tensor, so that a kept descriptor does not keep a freed cache's memory alive."""
 
@@ -91,7 +91,7 @@ def matrix_descriptor(matrix: Matrix, box: tuple[int, int]) -> TensorDescriptor:
     found = _DESCRIPTORS.get(key)
     if found is None:
         address, dtype, shape, strides = matrix
-        found = TensorDescriptor(_Address(address, dtype), list(shape), list(strides), list(box),
+        found = TensorDescriptor(TensorAddress(address, dtype), list(shape), list(strides), list(box),
                                  gl.NVMMASharedLayout.get_default_for(list(box), _ELEMENTS[dtype]))
         if len(_DESCRIPTORS) >= MAX_DESCRIPTORS:
             _DESCRIPTORS.clear()

@@ -56,14 +56,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from mlakit.kernels.hopper_common import (
     BLOCK_N,
-    MAX_DESCRIPTORS,
-    _Address,
     DEEPSEEK_WIDTHS,
     E4M3_QUERY_EXPONENT,
     FP16_QUERY_EXPONENT,
     GLUON_DTYPES,
     KV_LORA_RANKS,
+    MAX_DESCRIPTORS,
     ROPE_DIMS,
+    TensorAddress,
     finish_rows,
     hand_over,
     launch_dependents,
@@ -171,7 +171,7 @@ def half_tile_descriptor(pages: torch.Tensor, kv_lora_rank: int) -> TensorDescri
             swizzle = 64
         layout = gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=rows.element_size() * 8,
                                       rank=len(shape))
-        found = TensorDescriptor(_Address(rows.data_ptr(), rows.dtype), shape, strides, box, layout)
+        found = TensorDescriptor(TensorAddress(rows.data_ptr(), rows.dtype), shape, strides, box, layout)
         if len(_HALF_TILE_DESCRIPTORS) >= MAX_DESCRIPTORS:
             _HALF_TILE_DESCRIPTORS.clear()
         _HALF_TILE_DESCRIPTORS[key] = found
