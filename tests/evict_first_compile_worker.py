@@ -43,6 +43,7 @@ def tile_copy(DESC, OUT, MARKED: gl.constexpr, PRINTS: gl.constexpr):
 def compile_tile_copy(marked: bool, prints: bool) -> object:
     spec = importlib.util.spec_from_file_location("gluon_compile_check", ROOT / "scripts" / "gluon_compile_check.py")
     check = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = check  # its dataclass looks its module up there
     spec.loader.exec_module(check)
     source = torch.empty(64, 64, dtype=torch.bfloat16)
     desc = matrix_descriptor((source.data_ptr(), source.dtype, tuple(source.shape), tuple(source.stride())), (64, 64))
