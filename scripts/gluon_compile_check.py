@@ -25,7 +25,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import click
@@ -66,44 +66,54 @@ def disassembly(kernel: object, line_info: bool = False) -> str:
                               text=True, check=True).stdout
 
 
+def instruction(line: str) -> str | None:
+    """The instruction of an nvdisasm listing line (`/*0a30*/  @P0 BRA ... ;` -> `@P0 BRA ...`), None for any other."""
+    if re.match(r"\s*/\*[0-9a-f]{4,}\*/", line) and ";" in line:
+        return line.split("*/", 1)[1].split(";")[0].strip()
+    return None
+
+
 def instruction_digest(sass: str) -> tuple[int, str]:
     """An nvdisasm listing's instruction count and a digest of its instructions with addresses, branch targets,
     register numbers and reuse flags left out: two builds with equal digests run the same instructions in the same
     order (how a landed version is checked against the tree that was measured)."""
-    instructions = [line.split("*/", 1)[1].split(";")[0].strip() for line in sass.splitlines()
-                    if re.match(r"\s*/\*[0-9a-f]{4,}\*/", line) and ";" in line]
+    instructions = [text for line in sass.splitlines() if (text := instruction(line))]
     text = re.sub(r"\b(U?R|U?P)\d+\b|\.reuse\b|`\(\.L_x_\d+\)|0x7f[0-9a-f]+", r"\1", "\n".join(instructions))
     return len(instructions), hashlib.md5(text.encode()).hexdigest()[:10]
 
 
-def spill_lines(kernel: object) -> list[tuple[str, str, int]]:
-    """Where a compiled kernel's spill stores and loads (SASS STL / LDL) come from: (source file:line, STL or LDL,
-    count), most first, from nvdisasm's line information."""
-    where, counts = "?", collections.Counter()
-    for line in disassembly(kernel, line_info=True).splitlines():
-        source = re.search(r'//## File "([^"]+)", line (\d+)', line)
-        if source:
+def located_lines(listing: str) -> Iterator[tuple[str, str]]:
+    """The lines of an nvdisasm listing with line information (`disassembly(kernel, line_info=True)`) but its
+    source-line comments, each with the source file:line it comes from ("?" before the first)."""
+    where = "?"
+    for line in listing.splitlines():
+        if source := re.search(r'//## File "([^"]+)", line (\d+)', line):
             where = f"{Path(source.group(1)).name}:{source.group(2)}"
-        elif spill := re.search(r"\b(STL|LDL)\b", line):
-            counts[where, spill.group(1)] += 1
+        else:
+            yield where, line
+
+
+def spill_lines(listing: str) -> list[tuple[str, str, int]]:
+    """Where a listing's spill stores and loads (SASS STL / LDL) come from (`located_lines`): (source file:line, STL
+    or LDL, count), most first."""
+    counts = collections.Counter((where, spill.group(1)) for where, line in located_lines(listing)
+                                 if (spill := re.search(r"\b(STL|LDL)\b", line)))
     return [(where, op, n) for (where, op), n in counts.most_common()]
 
 
-def loop_syncs(sass: str, min_size: int = 200) -> list[tuple[int, collections.Counter]]:
-    """The innermost loops of an nvdisasm listing with line information (`disassembly(kernel, line_info=True)`) of at
-    least `min_size` instructions: each loop's size and its warpgroup-wide syncs (`BAR.SYNC` of 128 threads: the
+def loop_syncs(listing: str, min_size: int = 200) -> list[tuple[int, collections.Counter]]:
+    """The innermost loops of an nvdisasm listing with line information (`located_lines`) of at least `min_size`
+    instructions: each loop's size and its warpgroup-wide syncs (`BAR.SYNC` of 128 threads: the
     compiler's `gl.thread_barrier` and the ones its barrier analysis adds) by source line, in program order. A
     branch to an earlier label closes a loop; a loop holding another is not innermost."""
-    where, labels, pending, rows = "?", {}, [], []
-    for line in sass.splitlines():
-        if source := re.search(r'//## File "([^"]+)", line (\d+)', line):
-            where = f"{Path(source.group(1)).name}:{source.group(2)}"
-        elif label := re.match(r"\s*(\.L_x_\d+):", line):
+    labels, pending, rows = {}, [], []
+    for where, line in located_lines(listing):
+        if label := re.match(r"\s*(\.L_x_\d+):", line):
             pending.append(label.group(1))
-        elif re.match(r"\s*/\*[0-9a-f]{4,}\*/", line) and ";" in line:
+        elif text := instruction(line):
             labels.update((name, len(rows)) for name in pending)
             pending = []
-            rows.append((line.split("*/", 1)[1].split(";")[0].strip(), where))
+            rows.append((text, where))
     loops = [(labels[target.group(1)], end) for end, (text, _) in enumerate(rows)
              if (target := re.search(r"\bBRA\b.*?(\.L_x_\d+)", text)) and labels.get(target.group(1), end) < end]
     innermost = [(first, last) for first, last in loops if last - first + 1 >= min_size
@@ -144,10 +154,11 @@ def report(compile_kernel: Callable[[], object], details: Details = Details()) -
     count, digest = instruction_digest(disassembly(kernel))
     line = (f"ok: shared {kernel.metadata.shared} B, spills (stores, loads) {spills}, barriers {barriers}, "
             f"wgmma {mmas}, wgmma waits {waits}, TMA loads with an L2 hint {hinted}, SASS {count} digest {digest}")
+    listing = disassembly(kernel, line_info=True) if details.spills or details.loop_syncs else ""
     if details.spills:
-        line += "".join(f"\n    {n:4d} {op} {where}" for where, op, n in spill_lines(kernel))
+        line += "".join(f"\n    {n:4d} {op} {where}" for where, op, n in spill_lines(listing))
     if details.loop_syncs:
-        for size, by_line in loop_syncs(disassembly(kernel, line_info=True)):
+        for size, by_line in loop_syncs(listing):
             line += f"\n    loop of {size} instructions, {sum(by_line.values())} warpgroup syncs: " + ", ".join(
                 f"{where} x{n}" if n > 1 else where for where, n in by_line.items())
     return line
