@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Hashable
+from typing import TypeVar
 
 import torch
 from triton.experimental import gluon
@@ -47,6 +49,8 @@ def capability(device: torch.device) -> tuple[int, int]:
 # A matrix as a TMA descriptor reads it: address, dtype, shape and strides.
 Matrix = tuple[int, torch.dtype, tuple[int, int], tuple[int, int]]
 
+T = TypeVar("T")
+
 # Descriptors kept in each memo (a model's layers x the descriptors of one call, with room to spare).
 MAX_DESCRIPTORS = 1024
 _DESCRIPTORS: dict[tuple, TensorDescriptor] = {}
@@ -65,6 +69,14 @@ class TensorAddress:
         return self.address
 
 
+def remember(memo: dict, key: Hashable, value: T) -> T:
+    """`value` kept in a descriptor memo under `key` (the memo emptied first once it holds MAX_DESCRIPTORS)."""
+    if len(memo) >= MAX_DESCRIPTORS:
+        memo.clear()
+    memo[key] = value
+    return value
+
+
 def row_descriptors(pages: torch.Tensor, boxes: tuple[tuple[int, int], ...]) -> tuple[TensorDescriptor, ...]:
     """TMA descriptors of the cache rows `[pages x page_size, dim]` (row-contiguous pages), one per box
     `(rows, columns)`: the rows read as `[rows, columns]` blocks (`matrix_descriptor`), kept as a tuple
@@ -74,10 +86,7 @@ def row_descriptors(pages: torch.Tensor, boxes: tuple[tuple[int, int], ...]) -> 
     if found is None:
         rows = pages.reshape(-1, pages.shape[-1])
         matrix = (rows.data_ptr(), rows.dtype, tuple(rows.shape), tuple(rows.stride()))
-        found = tuple(matrix_descriptor(matrix, box) for box in boxes)
-        if len(_ROW_DESCRIPTORS) >= MAX_DESCRIPTORS:
-            _ROW_DESCRIPTORS.clear()
-        _ROW_DESCRIPTORS[key] = found
+        found = remember(_ROW_DESCRIPTORS, key, tuple(matrix_descriptor(matrix, box) for box in boxes))
     return found
 
 
@@ -91,11 +100,9 @@ def matrix_descriptor(matrix: Matrix, box: tuple[int, int]) -> TensorDescriptor:
     found = _DESCRIPTORS.get(key)
     if found is None:
         address, dtype, shape, strides = matrix
-        found = TensorDescriptor(TensorAddress(address, dtype), list(shape), list(strides), list(box),
-                                 gl.NVMMASharedLayout.get_default_for(list(box), _ELEMENTS[dtype]))
-        if len(_DESCRIPTORS) >= MAX_DESCRIPTORS:
-            _DESCRIPTORS.clear()
-        _DESCRIPTORS[key] = found
+        found = remember(_DESCRIPTORS, key, TensorDescriptor(
+            TensorAddress(address, dtype), list(shape), list(strides), list(box),
+            gl.NVMMASharedLayout.get_default_for(list(box), _ELEMENTS[dtype])))
     return found
 
 

@@ -61,7 +61,6 @@ from mlakit.kernels.hopper_common import (
     FP16_QUERY_EXPONENT,
     GLUON_DTYPES,
     KV_LORA_RANKS,
-    MAX_DESCRIPTORS,
     ROPE_DIMS,
     TensorAddress,
     finish_rows,
@@ -70,6 +69,7 @@ from mlakit.kernels.hopper_common import (
     no_keys_yet,
     online_softmax,
     query_row_factor,
+    remember,
     row_descriptors,
     row_piece_layout,
     staged_in_row_pieces,
@@ -139,12 +139,18 @@ def supports(q_dtype: torch.dtype, pages: torch.Tensor, scale_mode: int, kv_lora
 
 def chunk_descriptors(pages: torch.Tensor, kv_lora_rank: int) -> tuple[TensorDescriptor, TensorDescriptor]:
     """TMA descriptors of the cache rows `[pages x page_size, dim]` (row-contiguous pages: `rows_are_contiguous`):
-    the latent columns half a tile a copy (`half_tile_descriptor`) and `[BLOCK_N, rope_dim]` rope blocks."""
-    rope_dim = pages.shape[-1] - kv_lora_rank
-    return half_tile_descriptor(pages, kv_lora_rank), row_descriptors(pages, ((BLOCK_N.value, rope_dim),))[0]
+    the latent columns half a tile a copy (`half_tile_descriptor`) and `[BLOCK_N, rope_dim]` rope blocks, kept by the
+    pages' address, shape, strides and dtype (one lookup a call)."""
+    key = (pages.data_ptr(), pages.shape, pages.stride(), pages.dtype, kv_lora_rank)
+    found = _CHUNK_DESCRIPTORS.get(key)
+    if found is None:
+        rope_dim = pages.shape[-1] - kv_lora_rank
+        found = remember(_CHUNK_DESCRIPTORS, key, (half_tile_descriptor(pages, kv_lora_rank),
+                                                   row_descriptors(pages, ((BLOCK_N.value, rope_dim),))[0]))
+    return found
 
 
-_HALF_TILE_DESCRIPTORS: dict[tuple, TensorDescriptor] = {}
+_CHUNK_DESCRIPTORS: dict[tuple, tuple[TensorDescriptor, TensorDescriptor]] = {}
 
 
 def half_tile_descriptor(pages: torch.Tensor, kv_lora_rank: int) -> TensorDescriptor:
@@ -156,26 +162,18 @@ def half_tile_descriptor(pages: torch.Tensor, kv_lora_rank: int) -> TensorDescri
     if kv_lora_rank % (2 * TMA_CHUNK.value):
         raise ValueError(f"kv_lora_rank: expected a multiple of {2 * TMA_CHUNK.value} (whole tile halves), got "
                          f"{kv_lora_rank}")
-    key = (pages.data_ptr(), pages.shape, pages.stride(), pages.dtype, kv_lora_rank)
-    found = _HALF_TILE_DESCRIPTORS.get(key)
-    if found is None:
-        rows = pages.reshape(-1, pages.shape[-1])
-        chunks = kv_lora_rank // TMA_CHUNK.value
-        shape, strides = [chunks, rows.shape[0], TMA_CHUNK.value], [TMA_CHUNK.value, rows.stride(0), 1]
-        box = [chunks // 2, BLOCK_N.value, TMA_CHUNK.value]
-        swizzle = 128
-        if pages.dtype == FP8_DTYPE:
-            shape.insert(1, 1)
-            strides.insert(1, 16)
-            box.insert(1, 2)
-            swizzle = 64
-        layout = gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=rows.element_size() * 8,
-                                      rank=len(shape))
-        found = TensorDescriptor(TensorAddress(rows.data_ptr(), rows.dtype), shape, strides, box, layout)
-        if len(_HALF_TILE_DESCRIPTORS) >= MAX_DESCRIPTORS:
-            _HALF_TILE_DESCRIPTORS.clear()
-        _HALF_TILE_DESCRIPTORS[key] = found
-    return found
+    rows = pages.reshape(-1, pages.shape[-1])
+    chunks = kv_lora_rank // TMA_CHUNK.value
+    shape, strides = [chunks, rows.shape[0], TMA_CHUNK.value], [TMA_CHUNK.value, rows.stride(0), 1]
+    box = [chunks // 2, BLOCK_N.value, TMA_CHUNK.value]
+    swizzle = 128
+    if pages.dtype == FP8_DTYPE:
+        shape.insert(1, 1)
+        strides.insert(1, 16)
+        box.insert(1, 2)
+        swizzle = 64
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=rows.element_size() * 8, rank=len(shape))
+    return TensorDescriptor(TensorAddress(rows.data_ptr(), rows.dtype), shape, strides, box, layout)
 
 
 def prepare(key: Hashable, grid: tuple[int, int], q: torch.Tensor, pages: torch.Tensor, kv_lora_rank: int,
