@@ -7,6 +7,7 @@ dtypes, 16-byte alignment and divisibility, constexprs), and reports per configu
     python scripts/gluon_compile_check.py --kernel hopper_persistent   # its persistent form (or: both)
     python scripts/gluon_compile_check.py --kernel seesaw      # the decode seesaw (`hopper_decode`)
     python scripts/gluon_compile_check.py --kernel narrow --heads 16 --q-lens 1,2   # the narrow fp8 decode kernel
+    python scripts/gluon_compile_check.py --kernel split       # the decode cp.async split kernel (or: fp8_split)
     python scripts/gluon_compile_check.py --kernel seesaw --heads 128 --q-lens 2 --loop-syncs   # + each inner loop's
                                                                # warpgroup syncs by source line
     PYTHONPATH=/path/to/triton-3.6/site-packages python scripts/gluon_compile_check.py   # the device's version
@@ -254,6 +255,21 @@ def narrow_arguments(heads: int, q_len: int, page_size: int = 64, kv_lora_rank: 
     return [seesaw[0], *descriptors, *seesaw[3:18]], constants
 
 
+def split_arguments(heads: int, q_len: int, kv_dtype: torch.dtype, page_size: int = 16, kv_lora_rank: int = 512,
+                    rope_dim: int = 64) -> tuple[object, list[object], dict[str, object]]:
+    """The split kernel `hopper_decode.prepare` launches for pages the seesaw does not take (the cp.async kernel for
+    16-bit pages, the fp8 kernel for fp8 ones), with stand-ins for its arguments and its constants: the seesaw's
+    with the pages in place of the descriptors, the scale for fp8 pages only, up to its plan state."""
+    seesaw, _ = seesaw_arguments(heads, q_len, kv_dtype, False, page_size=page_size, kv_lora_rank=kv_lora_rank,
+                                 rope_dim=rope_dim)
+    pages = torch.empty(256, page_size, kv_lora_rank + rope_dim, dtype=kv_dtype)
+    constants = dict(HEADS=heads, PAGE_SIZE=page_size, KV_LORA_RANK=kv_lora_rank, ROPE_DIM=rope_dim)
+    if kv_dtype == hd.FP8_DTYPE:
+        return hd.mla_decode_hopper_fp8_kernel, [seesaw[0], pages, *seesaw[3:18]], {**constants, "num_warps": 4}
+    return (hd.mla_decode_hopper_split_kernel, [seesaw[0], pages, *seesaw[4:18]],
+            {**constants, "num_warps": hd.NUM_WARPS.value})
+
+
 def _narrow_main(heads_list: str, q_lens: str, details: Details) -> bool:
     """The narrow fp8 kernel for each head count and q_len with at most its 32 rows, page sizes 16 and 64; whether one
     failed."""
@@ -268,6 +284,19 @@ def _narrow_main(heads_list: str, q_lens: str, details: Details) -> bool:
                           details)
         failed |= line.startswith("FAILED")
         print(f"narrow heads {heads} q_len {q_len} page {page_size} e4m3 S {e4m3}: {line}")
+    return failed
+
+
+def _split_main(heads_list: str, q_lens: str, kv_dtype: torch.dtype, details: Details) -> bool:
+    """The split kernel of `kv_dtype` pages (`split_arguments`) for each head count and q_len, page sizes 16 and 32;
+    whether one failed."""
+    failed = False
+    for heads, q_len, page_size in itertools.product(map(int, heads_list.split(",")), map(int, q_lens.split(",")),
+                                                     (16, 32)):
+        kernel, arguments, constants = split_arguments(heads, q_len, kv_dtype, page_size)
+        line = report(lambda: compile_like_launch(kernel, arguments, constants), details)
+        failed |= line.startswith("FAILED")
+        print(f"{kernel.__name__} heads {heads} q_len {q_len} page {page_size}: {line}")
     return failed
 
 
@@ -311,10 +340,10 @@ def _seesaw_main(heads_list: str, q_lens: str, details: Details) -> bool:
 @click.option("--dims", default="128,64,128;64,32,64", show_default=True, help="prefill: nope,rope,v sets, ';'-separated")
 @click.option("--block-n", "block_ns", default="64,128", show_default=True, help="prefill: key tile widths")
 @click.option("--stages", "stage_counts", default="2,3", show_default=True, help="prefill: ring depths")
-@click.option("--heads", "heads_list", default="128,16", show_default=True, help="seesaw, narrow: head counts")
-@click.option("--q-lens", "q_lens", default="1", show_default=True, help="seesaw, narrow: query tokens per sequence")
-@click.option("--kernel", "kernel_name", type=click.Choice([*KERNELS, "both", "seesaw", "narrow"]), default="hopper",
-              show_default=True)
+@click.option("--heads", "heads_list", default="128,16", show_default=True, help="decode kernels: head counts")
+@click.option("--q-lens", "q_lens", default="1", show_default=True, help="decode kernels: query tokens per sequence")
+@click.option("--kernel", "kernel_name", type=click.Choice([*KERNELS, "both", "seesaw", "narrow", "split", "fp8_split"]),
+              default="hopper", show_default=True)
 @click.option("--fp8", is_flag=True, help="prefill: e4m3 operands (v transposed) instead of bf16")
 @click.option("--where-spills", is_flag=True, help="List the source lines of each configuration's spills (nvdisasm).")
 @click.option("--loop-syncs", is_flag=True,
@@ -327,6 +356,9 @@ def main(dims: str, block_ns: str, stage_counts: str, heads_list: str, q_lens: s
         failed = _seesaw_main(heads_list, q_lens, details)
     elif kernel_name == "narrow":
         failed = _narrow_main(heads_list, q_lens, details)
+    elif kernel_name in ("split", "fp8_split"):
+        failed = _split_main(heads_list, q_lens, hd.FP8_DTYPE if kernel_name == "fp8_split" else torch.bfloat16,
+                             details)
     else:
         failed = _prefill_main(dims, block_ns, stage_counts, kernel_name, details,
                                hd.FP8_DTYPE if fp8 else torch.bfloat16)

@@ -40,6 +40,16 @@ def test_seesaw_arguments_fill_every_parameter(script, kv_dtype):
     assert arguments[3].dtype == (torch.float32 if kv_dtype == hopper_decode.FP8_DTYPE else torch.int32)
 
 
+@pytest.mark.parametrize("kv_dtype, kernel", [(torch.bfloat16, hopper_decode.mla_decode_hopper_split_kernel),
+                                              (hopper_decode.FP8_DTYPE, hopper_decode.mla_decode_hopper_fp8_kernel)])
+def test_split_arguments_fill_every_parameter(script, kv_dtype, kernel):
+    chosen, arguments, constants = script.split_arguments(16, 2, kv_dtype)
+    assert chosen is kernel
+    assert len(arguments) == len(_runtime_parameters(kernel, constants))
+    assert arguments[1].dtype == kv_dtype  # the pages, then the fp8 scale or the block table
+    assert arguments[2].dtype == (torch.float32 if kv_dtype == hopper_decode.FP8_DTYPE else torch.int32)
+
+
 @pytest.mark.parametrize("page_size", [16, 64])
 def test_narrow_arguments_fill_every_parameter(script, page_size):
     arguments, constants = script.narrow_arguments(16, 2, page_size)

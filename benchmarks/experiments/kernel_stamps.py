@@ -1,5 +1,5 @@
 """Shared by the in-kernel timeline experiments (`seesaw_timeline.py`, `prefill_timeline.py`): a copy of src/
-whose kernel module has globaltimer stamps inserted at named anchors.
+whose kernel modules have globaltimer stamps inserted at named anchors.
 
 A stamped kernel gets `_stamp(TL, slot, event)` (the globaltimer, in ns, into int64 `TL[slot * EVENTS + event]`;
 a negative slot records nothing) and `_record(TL, slot, event, value)` (a value instead of a time), where EVENTS is
@@ -32,20 +32,21 @@ def _record(TL, slot, event: gl.constexpr, value):
 '''
 
 
-def stamped_copy(destination: Path, kernel: str, edits: tuple[tuple[str, str], ...]) -> Path:
-    """Copies src/ to `destination`/src and applies `edits` ((anchor, replacement) pairs, in order) to its module
-    `kernel` (a path under src/mlakit/kernels); each anchor must occur exactly once, or it stops naming the anchor
-    (the kernel's text moved: update the anchors)."""
+def stamped_copy(destination: Path, edits: dict[str, tuple[tuple[str, str], ...]]) -> Path:
+    """Copies src/ to `destination`/src and applies `edits` to its modules: per module (a path under
+    src/mlakit/kernels), (anchor, replacement) pairs, in order; each anchor must occur exactly once in its module, or
+    it stops naming the anchor (the kernel's text moved: update the anchors)."""
     target = destination / "src"
     shutil.rmtree(target, ignore_errors=True)
     shutil.copytree(Path("src"), target, ignore=shutil.ignore_patterns("__pycache__"))
-    path = target / "mlakit" / "kernels" / kernel
-    text = path.read_text()
-    for anchor, replacement in edits:
-        if text.count(anchor) != 1:
-            raise SystemExit(f"anchor found {text.count(anchor)} times in {kernel} (expected once): {anchor!r}")
-        text = text.replace(anchor, replacement)
-    path.write_text(text)
+    for kernel, pairs in edits.items():
+        path = target / "mlakit" / "kernels" / kernel
+        text = path.read_text()
+        for anchor, replacement in pairs:
+            if text.count(anchor) != 1:
+                raise SystemExit(f"anchor found {text.count(anchor)} times in {kernel} (expected once): {anchor!r}")
+            text = text.replace(anchor, replacement)
+        path.write_text(text)
     print(f"stamped copy in {target}")
     return target
 

@@ -1,7 +1,7 @@
 """Device experiment: the persistent seesaw merging its split sequences' partials itself (NOTES.md v39)
 against the combine kernel, and fixed split counts merged in the kernel (NOTES.md v41), under the
 benchmark's method, the variants interleaved over several rounds (the run-to-run noise of one case
-reaches 4%). The combine runs where `hopper_decode.MERGE_MAX_SPLITS` is below the plan's split
+reaches 4%). The combine runs where `hopper_decode.dispatch.MERGE_MAX_SPLITS` is below the plan's split
 ceiling, so setting it to 1 turns the in-kernel merge off; a fixed-split plan's ceiling is its count.
 Every variant gets a plan of its own: a plan keeps the launches it prepared (and with them the merge
 decision), so variants sharing one would all run the first one's.
@@ -15,12 +15,12 @@ import sys
 import torch
 from decode_case import case_inputs, case_plan, decode_call, interleaved_times, parse_case
 
-from mlakit.kernels import hopper_decode
+from mlakit.kernels.hopper_decode import dispatch
 from mlakit.kernels.triton_decode import default_tuning
 
 # name: (MERGE_MAX_SPLITS, fixed split count or None for the default plan)
 VARIANTS = {
-    "default": (hopper_decode.MERGE_MAX_SPLITS, None),
+    "default": (dispatch.MERGE_MAX_SPLITS, None),
     "combine": (1, None),
     "merged": (1024, None),
     "fixed 2 merged": (1024, 2),
@@ -40,7 +40,7 @@ def plan_for(variant: str, spec: str):
 
 def call_for(variant: str, spec: str):
     """The case's call with the variant's plan and merge limit (the limit is read when the call launches)."""
-    hopper_decode.MERGE_MAX_SPLITS = VARIANTS[variant][0]
+    dispatch.MERGE_MAX_SPLITS = VARIANTS[variant][0]
     return decode_call(cases[spec][0], plans[spec, variant])
 
 

@@ -61,7 +61,7 @@ EDITS = (
 
 def stamp(destination: Path) -> None:
     """prefill_timeline's stamped copy under `destination`, with the per-tile stamps added."""
-    target = stamped_copy(destination, "hopper_prefill.py", prefill_timeline.EDITS + EDITS)
+    target = stamped_copy(destination, {"hopper_prefill.py": prefill_timeline.EDITS + EDITS})
     print(f"per-tile stamps in {target}")
 
 

@@ -80,7 +80,7 @@ PHASES = (
 
 def stamp(destination: Path) -> None:
     """A copy of src/ under `destination` whose persistent prefill kernel writes the timeline's stamps."""
-    stamped_copy(destination, "hopper_prefill.py", EDITS)
+    stamped_copy(destination, {"hopper_prefill.py": EDITS})
 
 
 def run(specs: list[str]) -> None:

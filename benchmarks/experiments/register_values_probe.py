@@ -25,7 +25,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from mlakit.bench.ceilings import measure_ceilings
 from mlakit.bench.decode import environment
-from mlakit.kernels import hopper_decode as hd
+from mlakit.kernels.hopper_decode import seesaw_fp8, seesaw_loads
 
 ROWS, TOKENS, COLUMNS = gl.constexpr(64), gl.constexpr(64), gl.constexpr(256)
 MODES = ("registers", "given", "converted")
@@ -105,14 +105,14 @@ def probe_kernel(V8, V16, P, OUT, iterations, MODE: gl.constexpr):
             values.store(gl.load(V16 + rows64[:, None] * COLUMNS + cols256[None, :]))
         else:
             for block in gl.static_range(4):
-                hd._fp8_block(values, block, gl.float8e4nv).store(
+                seesaw_loads._fp8_block(values, block, gl.float8e4nv).store(
                     gl.load(V8 + rows64[:, None] * COLUMNS + block * 64 + cols[None, :]))
         fence_async_shared()
         gl.thread_barrier()
         acc = gl.zeros([ROWS, 256], gl.float32, acc_layout)
         for _ in range(iterations):
             if MODE == 2:
-                hd._convert_four_blocks_in_place(values, 0, TOKENS)
+                seesaw_fp8._convert_four_blocks_in_place(values, 0, TOKENS)
             acc = warpgroup_mma(p_smem, values, acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
         out = acc

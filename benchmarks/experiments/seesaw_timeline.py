@@ -4,9 +4,10 @@ Usage, from the repository root on an SM90 device:
     python benchmarks/experiments/seesaw_timeline.py stamp .device/tl        # a stamped copy of src/ there
     PYTHONPATH=.device/tl/src:tests python benchmarks/experiments/seesaw_timeline.py run 128,64,1024,1 128,64,ragged,2
 
-`stamp` copies the package and inserts, into that copy's `hopper_decode.py`, eight globaltimer stamps per unit
-(unit start, prologue done, warpgroup 0's first softmax, each warpgroup's loop end and stores done, unit end),
-written to an int64 buffer passed as the seesaw's KV_SCALE argument (bf16 caches never read it). It fails,
+`stamp` copies the package and inserts, into that copy's `hopper_decode/seesaw_kernel.py` and
+`hopper_decode/seesaw_partitions.py`, eight globaltimer stamps per unit (unit start, prologue done, warpgroup 0's first
+softmax, each warpgroup's loop end and stores done, unit end), written to an int64 buffer (`hopper_decode/dispatch.py`'s
+TIMELINE) passed as the seesaw's KV_SCALE argument (bf16 caches never read it). It fails,
 naming the anchor, when the kernel's source no longer has the text it anchors on: update the anchors then.
 `run` times each case (CUDA-graph replay, as the benchmark does), then runs one eager call after an L2 flush
 and prints, per event, the min / median / max over programs (us from the first program's first stamp), for
@@ -23,61 +24,71 @@ from kernel_stamps import main, stamp_functions, stamped_copy
 
 EVENTS = ("unit start", "prologue", "S0 done(wg0)", "loop end wg0", "loop end wg1", "stored wg0", "stored wg1",
           "unit end")
-STAMP = ("TIMELINE = None  # seesaw_timeline.py: an int64 [programs * 2 * 8] tensor of stamps, passed as KV_SCALE "
-         "(bf16 only)\n\n\n" + stamp_functions(len(EVENTS)))
-# (anchor, replacement) pairs applied in order to hopper_decode.py; each anchor must occur exactly once.
-EDITS = (
-    ("@gluon.jit\ndef _separate_barriers(", STAMP + "@gluon.jit\ndef _separate_barriers("),
-    ("    while unit < units:\n", "    stamp_tiles = 0\n    while unit < units:\n"),
-    ("    num_splits, scale_log2, kv_scale, OUT, LSE, PART_OUT, PART_LSE, OUT_STRIDES, LSE_STRIDES, PART_STRIDES, last,\n"
-     "    HEADS: gl.constexpr,",
-     "    num_splits, scale_log2, kv_scale, OUT, LSE, PART_OUT, PART_LSE, OUT_STRIDES, LSE_STRIDES, PART_STRIDES, last,\n"
-     "    TL, slot, HEADS: gl.constexpr,"),
-    ("    num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES,\n    HEADS: gl.constexpr,",
-     "    num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES, TL, slot,\n    HEADS: gl.constexpr,"),
-    ("        p0, scale0, m_i = online_softmax(_masked_near_end(s, tok0, end, visible, unmasked_end), m_i, 1, scale_log2)\n",
-     "        p0, scale0, m_i = online_softmax(_masked_near_end(s, tok0, end, visible, unmasked_end), m_i, 1, scale_log2)\n"
-     "        if pair == 0:\n            _stamp(TL, slot, 2)\n"),
-    ("    lse, inv_l = finish_rows(m_i, l_i)\n    if FP8:\n",
-     "    _stamp(TL, slot, 3)\n    lse, inv_l = finish_rows(m_i, l_i)\n    if FP8:\n"),
-    ("               LSE_STRIDES, PART_STRIDES, HEADS)\n\n\n@gluon.jit\ndef _seesaw_odd_partition(",
-     "               LSE_STRIDES, PART_STRIDES, HEADS)\n    _stamp(TL, slot, 5)\n\n\n@gluon.jit\ndef _seesaw_odd_partition("),
-    ("    take_over(ROW_SUMS_READY)\n", "    _stamp(TL, slot, 4)\n    take_over(ROW_SUMS_READY)\n"),
-    ("                OUT_STRIDES, PART_STRIDES, HEADS, o_layout)\n\n\n@gluon.jit\ndef _even_right_values(",
-     "                OUT_STRIDES, PART_STRIDES, HEADS, o_layout)\n    _stamp(TL, slot, 6)\n\n\n"
-     "@gluon.jit\ndef _even_right_values("),
-    ("        last = (next_unit >= units) & (not ragged) & (num_splits <= EARLY_TRIGGER_MAX_SPLITS)\n        if split < num_splits and tile * BLOCK_M < q_len * HEADS:\n",
-     "        last = (next_unit >= units) & (not ragged) & (num_splits <= EARLY_TRIGGER_MAX_SPLITS)\n        slot = gl.program_id(0) * 2 + gl.minimum(units_done - 1, 1)\n"
-     "        _stamp(KV_SCALE, slot, 0)\n"
-     # Per program (slot 2 x programs + p): its units so far and their KV tiles (`split_range`'s).
-     "        _, _, stamp_unit_tiles = split_range(seqlen, split, num_splits)\n"
-     "        stamp_tiles += stamp_unit_tiles\n"
-     "        _record(KV_SCALE, 2 * programs + gl.program_id(0), 0, units_done)\n"
-     "        _record(KV_SCALE, 2 * programs + gl.program_id(0), 1, stamp_tiles)\n"
-     "        if split < num_splits and tile * BLOCK_M < q_len * HEADS:\n"),
-    ("                LSE_STRIDES, PART_STRIDES, last, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3_SCORES)\n            if MERGE",
-     "                LSE_STRIDES, PART_STRIDES, last, KV_SCALE, slot, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3_SCORES)\n"
-     "            if MERGE"),
-    ("    OUT, LSE, PART_OUT, PART_LSE, scale_log2, kv_scale, Q_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, "
-     "PART_STRIDES,\n    last, HEADS: gl.constexpr,",
-     "    OUT, LSE, PART_OUT, PART_LSE, scale_log2, kv_scale, Q_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, "
-     "PART_STRIDES,\n    last, TL, slot, HEADS: gl.constexpr,"),
-    ("    fence_async_shared()\n    gl.thread_barrier()\n\n    m_even, scale_even",
-     "    fence_async_shared()\n    gl.thread_barrier()\n    _stamp(TL, slot, 1)\n\n    m_even, scale_even"),
-    ("            PART_STRIDES, last, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3)),",
-     "            PART_STRIDES, last, TL, slot, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3)),"),
-    ("            num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES,\n            HEADS, PAGE_SIZE, "
-     "KV_LORA_RANK, E4M3)),",
-     "            num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES,\n            TL, slot, HEADS, "
-     "PAGE_SIZE, KV_LORA_RANK, E4M3)),"),
-    ("    ], [4], [248])\n", "    ], [4], [248])\n    _stamp(TL, slot, 7)\n"),
-    ("kv_scale if fp8 else work_state,", "kv_scale if fp8 else TIMELINE,"),
-)
+# `_stamp` and `_record`, put into each module that stamps.
+STAMPS = stamp_functions(len(EVENTS))
+# Per module of src/mlakit/kernels: (anchor, replacement) pairs applied in order; each anchor must occur exactly once.
+EDITS = {
+    "hopper_decode/seesaw_partitions.py": (
+        ("@gluon.jit\ndef _seesaw_even_partition(", STAMPS + "@gluon.jit\ndef _seesaw_even_partition("),
+        ("    num_splits, scale_log2, kv_scale, OUT, LSE, PART_OUT, PART_LSE, OUT_STRIDES, LSE_STRIDES, PART_STRIDES, last,\n"
+         "    HEADS: gl.constexpr,",
+         "    num_splits, scale_log2, kv_scale, OUT, LSE, PART_OUT, PART_LSE, OUT_STRIDES, LSE_STRIDES, PART_STRIDES, last,\n"
+         "    TL, slot, HEADS: gl.constexpr,"),
+        ("    num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES,\n    HEADS: gl.constexpr,",
+         "    num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES, TL, slot,\n    HEADS: gl.constexpr,"),
+        ("        p0, scale0, m_i = online_softmax(_masked_near_end(s, tok0, end, visible, unmasked_end), m_i, 1, scale_log2)\n",
+         "        p0, scale0, m_i = online_softmax(_masked_near_end(s, tok0, end, visible, unmasked_end), m_i, 1, scale_log2)\n"
+         "        if pair == 0:\n            _stamp(TL, slot, 2)\n"),
+        ("    lse, inv_l = finish_rows(m_i, l_i)\n    if FP8:\n",
+         "    _stamp(TL, slot, 3)\n    lse, inv_l = finish_rows(m_i, l_i)\n    if FP8:\n"),
+        ("               LSE_STRIDES, PART_STRIDES, HEADS)\n\n\n@gluon.jit\ndef _seesaw_odd_partition(",
+         "               LSE_STRIDES, PART_STRIDES, HEADS)\n    _stamp(TL, slot, 5)\n\n\n@gluon.jit\ndef _seesaw_odd_partition("),
+        ("    take_over(ROW_SUMS_READY)\n", "    _stamp(TL, slot, 4)\n    take_over(ROW_SUMS_READY)\n"),
+        ("                OUT_STRIDES, PART_STRIDES, HEADS, o_layout)\n\n\n@gluon.jit\ndef _even_right_values(",
+         "                OUT_STRIDES, PART_STRIDES, HEADS, o_layout)\n    _stamp(TL, slot, 6)\n\n\n"
+         "@gluon.jit\ndef _even_right_values("),
+    ),
+    "hopper_decode/seesaw_kernel.py": (
+        ("@gluon.jit(do_not_specialize=[\"stride_bt_b\", \"work_rows\"])\ndef mla_decode_hopper_seesaw_kernel(",
+         STAMPS + "@gluon.jit(do_not_specialize=[\"stride_bt_b\", \"work_rows\"])\ndef mla_decode_hopper_seesaw_kernel("),
+        ("    while unit < units:\n", "    stamp_tiles = 0\n    while unit < units:\n"),
+        ("        last = (next_unit >= units) & (not ragged) & (num_splits <= EARLY_TRIGGER_MAX_SPLITS)\n        if split < num_splits and tile * BLOCK_M < q_len * HEADS:\n",
+         "        last = (next_unit >= units) & (not ragged) & (num_splits <= EARLY_TRIGGER_MAX_SPLITS)\n        slot = gl.program_id(0) * 2 + gl.minimum(units_done - 1, 1)\n"
+         "        _stamp(KV_SCALE, slot, 0)\n"
+         # Per program (slot 2 x programs + p): its units so far and their KV tiles (`split_range`'s).
+         "        _, _, stamp_unit_tiles = split_range(seqlen, split, num_splits)\n"
+         "        stamp_tiles += stamp_unit_tiles\n"
+         "        _record(KV_SCALE, 2 * programs + gl.program_id(0), 0, units_done)\n"
+         "        _record(KV_SCALE, 2 * programs + gl.program_id(0), 1, stamp_tiles)\n"
+         "        if split < num_splits and tile * BLOCK_M < q_len * HEADS:\n"),
+        ("                LSE_STRIDES, PART_STRIDES, last, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3_SCORES)\n            if MERGE",
+         "                LSE_STRIDES, PART_STRIDES, last, KV_SCALE, slot, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3_SCORES)\n"
+         "            if MERGE"),
+        ("    OUT, LSE, PART_OUT, PART_LSE, scale_log2, kv_scale, Q_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, "
+         "PART_STRIDES,\n    last, HEADS: gl.constexpr,",
+         "    OUT, LSE, PART_OUT, PART_LSE, scale_log2, kv_scale, Q_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, "
+         "PART_STRIDES,\n    last, TL, slot, HEADS: gl.constexpr,"),
+        ("    fence_async_shared()\n    gl.thread_barrier()\n\n    m_even, scale_even",
+         "    fence_async_shared()\n    gl.thread_barrier()\n    _stamp(TL, slot, 1)\n\n    m_even, scale_even"),
+        ("            PART_STRIDES, last, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3)),",
+         "            PART_STRIDES, last, TL, slot, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3)),"),
+        ("            num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES,\n            HEADS, PAGE_SIZE, "
+         "KV_LORA_RANK, E4M3)),",
+         "            num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES,\n            TL, slot, HEADS, "
+         "PAGE_SIZE, KV_LORA_RANK, E4M3)),"),
+        ("    ], [4], [248])\n", "    ], [4], [248])\n    _stamp(TL, slot, 7)\n"),
+    ),
+    "hopper_decode/dispatch.py": (
+        ("MERGE_MAX_SPLITS = 4\n", "MERGE_MAX_SPLITS = 4\n# seesaw_timeline.py: an int64 [programs * 2 * 8] tensor of stamps, "
+         "passed as KV_SCALE (bf16 only)\nTIMELINE = None\n"),
+        ("kv_scale if fp8 else work_state,", "kv_scale if fp8 else TIMELINE,"),
+    ),
+}
 
 
 def stamp(destination: Path) -> None:
     """A copy of src/ under `destination` whose seesaw kernel writes the timeline's stamps."""
-    stamped_copy(destination, "hopper_decode.py", EDITS)
+    stamped_copy(destination, EDITS)
 
 
 def run(specs: list[str]) -> None:
@@ -88,24 +99,24 @@ def run(specs: list[str]) -> None:
     from decode_case import case_inputs, decode_call, parse_case
 
     from mlakit.bench.decode import time_graph_replay
-    from mlakit.kernels import hopper_decode
+    from mlakit.kernels.hopper_decode import dispatch
 
-    if not hasattr(hopper_decode, "TIMELINE"):
+    if not hasattr(dispatch, "TIMELINE"):
         raise SystemExit("not a stamped copy: run `stamp` first and put its src/ first on PYTHONPATH")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    hopper_decode.TIMELINE = torch.zeros(sms * 3 * 8, dtype=torch.int64, device="cuda")
+    dispatch.TIMELINE = torch.zeros(sms * 3 * 8, dtype=torch.int64, device="cuda")
     flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
     for spec in specs:
         inputs, plan = case_inputs(parse_case(spec))
         call = decode_call(inputs, plan)
         graph_us = time_graph_replay(call)
         torch.cuda.synchronize()
-        hopper_decode.TIMELINE.zero_()
+        dispatch.TIMELINE.zero_()
         flush.zero_()
         call()
         torch.cuda.synchronize()
-        stamps = hopper_decode.TIMELINE[: sms * 2 * 8].view(sms, 2, 8).cpu()
-        counts = hopper_decode.TIMELINE[sms * 2 * 8:].view(sms, 8)[:, :2].cpu()
+        stamps = dispatch.TIMELINE[: sms * 2 * 8].view(sms, 2, 8).cpu()
+        counts = dispatch.TIMELINE[sms * 2 * 8:].view(sms, 8)[:, :2].cpu()
         started = stamps[:, 0, 0] > 0
         first = stamps[started, 0, 0].min()
         print(f"{spec}: graph replay {graph_us:.1f} us, kernel span (stamps) {(stamps.max() - first) / 1000:.1f} us, "

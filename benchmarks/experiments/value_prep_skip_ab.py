@@ -43,8 +43,10 @@ if mode == "skip":
         hd._TOKEN_PAIRS_TO_F16 = _WORDS_AS_F16
     elif hasattr(hd, "_transpose_half_values"):
         hd._transpose_half_values = _fence_and_sync_only
-    else:
-        hd._convert_four_blocks_in_place = _fence_and_sync_only
+    else:  # today's package: the seesaw's partitions look the conversion up in their module
+        from mlakit.kernels.hopper_decode import seesaw_partitions
+
+        seesaw_partitions._convert_four_blocks_in_place = _fence_and_sync_only
 sys.argv[0] = "e4m3_scores_ab.py"
 sys.path.insert(0, ".")
 runpy.run_path("e4m3_scores_ab.py", run_name="__main__")

@@ -346,7 +346,7 @@ class DecodePlan:
     order, longest splits first: `decode_split_counts`; fixed-split plans keep batch order), the
     work state (their count, the persistent kernel's unit counter, the ragged flag) and the merge
     state (per sequence and 64-row tile, the splits written so far, for the kernel that merges its own
-    partials: `hopper_decode.launch`); every counter is back at zero after a launch,
+    partials: `hopper_decode.prepare`); every counter is back at zero after a launch,
     so the calls of one plan must run one after another, as a model's layers do. Build it once per step (`plan_decode`,
     `plan_extend`); every layer reuses it. `hopper_default`: the tuning is the Hopper tier's
     tile, chosen because device and cache dtype suit that tier; a call its kernel does not take

@@ -1,0 +1,106 @@
+"""Host side of the Hopper decode kernels: whether they take a call (`supports`, `rows_are_contiguous`), which of them
+serves a page layout (`_seesaw_takes`), and the split pass prepared per input layout (`prepare`), launched through
+the kernels' `CachedLaunch` objects."""
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+
+import torch
+
+from mlakit.cache.kv_quant import FP8_DTYPE, SCALE_PER_TENSOR
+from mlakit.device import sm_count
+from mlakit.kernels.hopper_common import BLOCK_N, DEEPSEEK_WIDTHS, GLUON_DTYPES, KV_LORA_RANKS, ROPE_DIMS, serves
+from mlakit.kernels.hopper_decode.constants import NUM_WARPS, TMA_CHUNK
+from mlakit.kernels.hopper_decode.descriptors import chunk_descriptors
+from mlakit.kernels.hopper_decode.fp8_split_kernel import mla_decode_hopper_fp8_kernel
+from mlakit.kernels.hopper_decode.seesaw_kernel import mla_decode_hopper_seesaw_kernel
+from mlakit.kernels.hopper_decode.split_kernel import mla_decode_hopper_split_kernel
+from mlakit.kernels.l2_evict_first import evict_first_tma_loads, streams_evict_first
+from mlakit.kernels.launch import CachedLaunch
+
+# A prepared split pass: run(q, pages, kv_scale, shared_args).
+SplitPass = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", tuple], None]
+# The persistent seesaw merges its split sequences' partials itself when the plan has at most this many
+# splits per sequence: batches that fill the GPU, whose few split sequences are merged while the other
+# programs work. Beyond it the combine kernel, whose many programs merge faster (NOTES.md v39).
+MERGE_MAX_SPLITS = 4
+
+
+def supports(q_dtype: torch.dtype, pages: torch.Tensor, scale_mode: int, kv_lora_rank: int, rope_dim: int) -> bool:
+    """Whether the Hopper kernel takes this call: an SM90 GPU; 16-bit queries and pages of the same
+    dtype, or fp8 pages with one per-tensor scale; a latent width of 64, 128, 256 or 512 (each
+    warpgroup's half of the output is a power-of-two tile) and a rope width of 16, 32 or 64."""
+    if pages.dtype == FP8_DTYPE:
+        cache_ok = scale_mode == SCALE_PER_TENSOR
+    else:
+        cache_ok = pages.dtype == q_dtype
+    return (
+        serves(pages.device, pages.dtype)
+        and q_dtype in GLUON_DTYPES
+        and cache_ok
+        and kv_lora_rank in KV_LORA_RANKS
+        and rope_dim in ROPE_DIMS
+    )
+
+
+def prepare(key: Hashable, grid: tuple[int, int], q: torch.Tensor, pages: torch.Tensor, kv_lora_rank: int,
+            work_state: torch.Tensor, merge_state: torch.Tensor, max_splits: int,
+            e4m3_scores: bool = False) -> tuple[SplitPass, bool]:
+    """The split pass of one input layout (a call `supports` accepts) over `grid` = (row tiles, rows of the
+    plan's work items): the persistent seesaw kernel for pages holding whole tiles (TMA loads) and latent
+    widths of at least 128, 16-bit or, at DeepSeek's 512 + 64 widths, fp8 with the one-element
+    `kv_scale`: one program per SM at most, over the plan's `work_state`; else the fp8 kernel for fp8
+    caches, the cp.async gather kernel for 16-bit ones. `key` fixes how Triton specializes the arguments
+    (`CachedLaunch`).
+
+    Returns `run(q, pages, kv_scale, shared_args)`, where `shared_args` are the portable split kernel's
+    arguments from the block table on, without the scale strides, and whether the kernel merges the split
+    sequences' partials itself (the seesaw, when the plan's split ceiling `max_splits` is at most
+    MERGE_MAX_SPLITS, counting splits in the plan's `merge_state`), so that no combine is needed.
+    `e4m3_scores`: fp8 pages on the seesaw compute S on 8-bit tensor cores, the query rows rounded to e4m3
+    (`E4M3_SCORES`); other kernels ignore it."""
+    rope_dim = q.shape[-1] - kv_lora_rank
+    constants = dict(HEADS=q.shape[1], PAGE_SIZE=pages.shape[1], KV_LORA_RANK=kv_lora_rank, ROPE_DIM=rope_dim)
+    fp8 = pages.dtype == FP8_DTYPE
+    if _seesaw_takes(pages.shape[1], kv_lora_rank, rope_dim, fp8):
+        row_tiles, work_rows = grid
+        programs = (min(sm_count(q.device), row_tiles * work_rows), 1, 1)
+        merge = 1 < max_splits <= MERGE_MAX_SPLITS
+        evict_first = streams_evict_first(row_tiles)
+        e4m3 = fp8 and e4m3_scores
+        constants.update(MERGE=merge, EVICT_FIRST=evict_first, E4M3_SCORES=e4m3, num_warps=4)
+        plan_args = (work_state, work_rows, row_tiles, merge_state)
+
+        # Both follow from the plan and a module setting; named in the key, a kernel compiled under another
+        # setting (an experiment's) is never launched in its place.
+        seesaw_key = (key, merge, evict_first, e4m3)
+
+        def seesaw(q, pages, kv_scale, shared_args) -> None:
+            # 16-bit pages never read KV_SCALE: any tensor fills it.
+            SEESAW(seesaw_key, programs, (q, *chunk_descriptors(pages, kv_lora_rank), kv_scale if fp8 else work_state,
+                                   *shared_args, *plan_args), constants)
+
+        return seesaw, merge
+    launch, constants["num_warps"] = (FP8_SPLIT, 4) if fp8 else (SPLIT, NUM_WARPS.value)
+
+    def split(q, pages, kv_scale, shared_args) -> None:
+        launch(key, (*grid, 1), (q, pages, kv_scale, *shared_args) if fp8 else (q, pages, *shared_args), constants)
+
+    return split, False
+
+
+def _seesaw_takes(page_size: int, kv_lora_rank: int, rope_dim: int, fp8: bool) -> bool:
+    """Whether the seesaw kernel serves these pages: whole 64-token tiles per page and at least two latent
+    chunks; fp8 only at 512 + 64 (its chunks and rope convert in place as 64-column blocks)."""
+    whole_tiles = page_size % BLOCK_N.value == 0 and kv_lora_rank >= 2 * TMA_CHUNK.value
+    return whole_tiles and (not fp8 or (kv_lora_rank, rope_dim) == DEEPSEEK_WIDTHS)
+
+
+def rows_are_contiguous(pages: torch.Tensor) -> bool:
+    """Whether `[num_pages, page_size, dim]` pages are one `[rows, dim]` matrix (what TMA reads)."""
+    return pages.stride(2) == 1 and pages.stride(0) == pages.shape[1] * pages.stride(1)
+
+
+SEESAW = CachedLaunch(mla_decode_hopper_seesaw_kernel, ptx_rewrite=evict_first_tma_loads)
+FP8_SPLIT = CachedLaunch(mla_decode_hopper_fp8_kernel)
+SPLIT = CachedLaunch(mla_decode_hopper_split_kernel)
