@@ -1,5 +1,8 @@
 """mla_decode: one entry point for every backend; auto selection and explicit choices."""
 
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -77,7 +80,9 @@ def test_reference_path_works_without_triton_installed():
         "record = mlakit.registry.get_backend('triton').record\n"
         "print(tuple(out.shape), record.missing_packages())\n"
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    source = str(Path(mlakit.__file__).resolve().parents[1])  # a checkout's src/ where mlakit is not installed
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, env=env)
     assert result.stdout.strip() == "(1, 1, 2, 512) ['triton']"
 
 
