@@ -183,6 +183,23 @@ def test_split_plan_balances_ragged_lengths_and_bounds_splits(kernel_device):
     assert big_batch.max_splits == 4
 
 
+def test_ragged_splits_hold_as_many_tiles_at_two_query_tokens_as_at_one(kernel_device):
+    """At 128 heads two query tokens double a sequence's row tiles; a ragged batch's splits aim at twice as many
+    programs then, so a split holds about the batch's KV tiles over its programs at one token and at two (below
+    the split ceilings: the longest sequence is capped, 25 splits at one token, 13 at two)."""
+    lengths = torch.tensor([8192] + [1024] * 7, dtype=torch.int32, device=kernel_device)
+    splits = {}
+    for q_len in (1, 2):
+        cu_seqlens_q = torch.arange(9, dtype=torch.int32, device=kernel_device) * q_len
+        geometry = split_geometry(batch=8, rows=128 * q_len, block_m=64, num_sms=132, programs_per_sm=1)
+        splits[q_len], _, state = decode_split_counts(lengths, cu_seqlens_q, 128, geometry, block_m=64, block_n=64,
+                                                      num_sms=132, programs_per_sm=1)
+        assert int(state[2]) == 1, "the batch is ragged"
+    # One token: 240 tiles x 2 row tiles over 2 x 132 programs, 2 tiles a split; two tokens: x 4 over 4 x 132.
+    assert splits[1].tolist() == [22] + [8] * 7
+    assert splits[2].tolist() == [13] + [8] * 7
+
+
 def _sequences_in_launch_order(splits: torch.Tensor, work: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
     """Checks the work items' layout (every split of every sequence once, a sequence's splits adjacent and
     in order, zeros past the last item) and returns the sequences in the order their splits come."""

@@ -17,10 +17,14 @@ import triton.language as tl
 OVERSUBSCRIPTION = 3
 MAX_SPLITS = 512
 # A batch is ragged when its busiest sequence has more than RAGGED_NUM / RAGGED_DEN of the mean work:
-# its splits then aim at RAGGED_PROGRAMS x the programs the GPU runs at once (NOTES.md, v15).
+# its splits then aim at RAGGED_PROGRAMS x the programs the GPU runs at once (NOTES.md v15), or at
+# WIDE_RAGGED_PROGRAMS x where a sequence spans WIDE_ROW_TILES row tiles or more (128 heads at two query tokens:
+# a split then holds about as many KV tiles as at one token, NOTES.md v76).
 RAGGED_NUM = tl.constexpr(5)
 RAGGED_DEN = tl.constexpr(4)
 RAGGED_PROGRAMS = tl.constexpr(2)
+WIDE_RAGGED_PROGRAMS = tl.constexpr(4)
+WIDE_ROW_TILES = tl.constexpr(4)
 # Batches of at least this many sequences with work take splits of `batched_min_tokens_per_split` (NOTES.md v62).
 BATCHED_SEQUENCES = tl.constexpr(16)
 # Larger batches keep batch order: the in-program sort takes 8 bytes of shared memory per sequence
@@ -82,12 +86,14 @@ def _split_counts_kernel(
     in_batch = offsets < batch
     tiles = tl.cdiv(tl.load(SEQLENS + offsets, mask=in_batch, other=0), BLOCK_N)
     q_lens = tl.load(CU_SEQLENS_Q + offsets + 1, mask=in_batch, other=0) - tl.load(CU_SEQLENS_Q + offsets, mask=in_batch, other=0)
-    seq_work = tiles * tl.cdiv(q_lens * HEADS, BLOCK_M)
+    row_tiles = tl.cdiv(q_lens * HEADS, BLOCK_M)
+    seq_work = tiles * row_tiles
     work = tl.sum(seq_work, 0)
     busy = tl.sum((seq_work > 0).to(tl.int32), 0)
     ragged = tl.max(seq_work, 0).to(tl.int64) * busy * RAGGED_DEN > work.to(tl.int64) * RAGGED_NUM
+    ragged_programs = tl.where(tl.max(row_tiles, 0) >= WIDE_ROW_TILES, WIDE_RAGGED_PROGRAMS, RAGGED_PROGRAMS)
     min_tiles = tl.where(busy >= BATCHED_SEQUENCES, batched_min_tiles, min_tiles)
-    tiles_per_split = tl.maximum(tl.cdiv(work, tl.where(ragged, RAGGED_PROGRAMS * programs, programs)), min_tiles)
+    tiles_per_split = tl.maximum(tl.cdiv(work, tl.where(ragged, ragged_programs * programs, programs)), min_tiles)
     splits = (tiles + tiles_per_split // 2) // tiles_per_split
     splits = tl.minimum(tl.maximum(splits, 1), max_splits)
     # The kernels give each split cdiv(tiles, splits) tiles: as many splits as that fills, none empty.
@@ -147,7 +153,8 @@ def decode_split_counts(
     over `block_m`); each split holds about the same number of KV tiles: the batch's work
     over the programs_per_sm x SMs programs that run at once, or over twice as many when
     the batch is ragged (its busiest sequence has more than 1.25x the mean work of the
-    non-empty ones), so that the long sequences' splits do not run alone at the end. A
+    non-empty ones; four times where a sequence spans 4 row tiles or more), so that the long
+    sequences' splits do not run alone at the end. A
     sequence's split count is rounded to the nearest whole number. A split holds at least
     `min_tokens_per_split` tokens, so its partial output (rows x kv_lora_rank floats,
     written and read again by the combine) stays small next to the KV it reads, and at least
