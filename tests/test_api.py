@@ -80,8 +80,9 @@ def test_reference_path_works_without_triton_installed():
         "record = mlakit.registry.get_backend('triton').record\n"
         "print(tuple(out.shape), record.missing_packages())\n"
     )
-    source = str(Path(mlakit.__file__).resolve().parents[1])  # a checkout's src/ where mlakit is not installed
-    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")]))}
+    source = Path(mlakit.__file__).resolve().parents[1]  # a checkout's src/, where mlakit may not be installed
+    paths = [str(source)] if source.name == "src" else []
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(paths + [p for p in [os.environ.get("PYTHONPATH")] if p])}
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, env=env)
     assert result.stdout.strip() == "(1, 1, 2, 512) ['triton']"
 

@@ -91,7 +91,8 @@ def _split_counts_kernel(
     work = tl.sum(seq_work, 0)
     busy = tl.sum((seq_work > 0).to(tl.int32), 0)
     ragged = tl.max(seq_work, 0).to(tl.int64) * busy * RAGGED_DEN > work.to(tl.int64) * RAGGED_NUM
-    ragged_programs = tl.where(tl.max(row_tiles, 0) >= WIDE_ROW_TILES, WIDE_RAGGED_PROGRAMS, RAGGED_PROGRAMS)
+    widest = tl.max(tl.where(seq_work > 0, row_tiles, 0), 0)
+    ragged_programs = tl.where(widest >= WIDE_ROW_TILES, WIDE_RAGGED_PROGRAMS, RAGGED_PROGRAMS)
     min_tiles = tl.where(busy >= BATCHED_SEQUENCES, batched_min_tiles, min_tiles)
     tiles_per_split = tl.maximum(tl.cdiv(work, tl.where(ragged, ragged_programs * programs, programs)), min_tiles)
     splits = (tiles + tiles_per_split // 2) // tiles_per_split

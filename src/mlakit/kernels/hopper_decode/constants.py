@@ -21,8 +21,9 @@ RIGHT_VALUES_ISSUED = gl.constexpr(14)
 # One warpgroup's rows in 16-byte pieces (query loads, zeroing the rows past a sequence's end).
 WARPGROUP_ROWS = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
 # The seesaw's own merges (`dispatch.MERGE_MAX_SPLITS`): latent columns per step and partials whose loads are in
-# flight together (128 x 2: a merge is a chain of dependent L2 round trips, half as many as with 64 x 4; the ragged
-# batch's programs spent 18-21 us in merges, NOTES.md v74).
+# flight together (128 x 2: a merge is a chain of dependent L2 round trips, half as many as with 64 x 4 for a
+# sequence of two splits, as many for three or four; the ragged batch's programs spent 18-21 us in merges, NOTES.md
+# v74).
 MERGE_COLUMNS = gl.constexpr(128)
 MERGE_SPLITS_PER_STEP = gl.constexpr(2)
 MERGE_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0]))

@@ -125,6 +125,7 @@ def _merge_if_last(WORK, unit, row_tiles, MERGE_STATE, OUT, LSE, PART_OUT, PART_
     gl.thread_barrier()
     if gl.atomic_add(arrivals, 1) == num_splits - 1:
         gl.store(arrivals, 0)
+        gl.static_assert(KV_LORA_RANK % MERGE_COLUMNS == 0, "the merge's blocks cover the latent columns")
         for block in range(KV_LORA_RANK // MERGE_COLUMNS):
             _merge_block(b, tile, block, num_splits, first_token, q_len, OUT, LSE, PART_OUT, PART_LSE,
                          OUT_STRIDES, LSE_STRIDES, PART_STRIDES, HEADS)
