@@ -1,6 +1,8 @@
 """mla_decode: one entry point for every backend; auto selection and explicit choices."""
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -69,9 +71,6 @@ def test_return_lse_false_gives_none():
 
 
 def test_reference_path_works_without_triton_installed():
-    import subprocess
-    import sys
-
     script = (
         "import sys; sys.modules['triton'] = None\n"
         "import torch, mlakit\n"
@@ -80,9 +79,10 @@ def test_reference_path_works_without_triton_installed():
         "record = mlakit.registry.get_backend('triton').record\n"
         "print(tuple(out.shape), record.missing_packages())\n"
     )
-    source = Path(mlakit.__file__).resolve().parents[1]  # a checkout's src/, where mlakit may not be installed
-    paths = [str(source)] if source.name == "src" else []
-    env = os.environ | {"PYTHONPATH": os.pathsep.join(paths + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+    source = Path(mlakit.__file__).resolve().parents[1]
+    checkout_src = [str(source)] if source.name == "src" else []  # a checkout where mlakit may not be installed
+    inherited = [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(checkout_src + inherited)}
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, env=env)
     assert result.stdout.strip() == "(1, 1, 2, 512) ['triton']"
 
