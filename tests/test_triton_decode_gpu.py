@@ -403,17 +403,19 @@ def test_persistent_kernel_takes_every_unit_and_leaves_its_counter_at_zero(heads
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
-@pytest.mark.parametrize("heads, q_len, copies, kv_dtype", [(16, 1, 15, "bf16"), (64, 3, 5, "bf16"), (128, 2, 4, "bf16"),
-                                                            (128, 2, 4, "fp8_e4m3")])
-def test_persistent_kernel_merges_its_splits_and_leaves_its_counters_at_zero(heads, q_len, copies, kv_dtype):
+@pytest.mark.parametrize("heads, q_len, copies, kv_dtype, kv_lora_rank, rope_dim", [
+    (16, 1, 15, "bf16", 512, 64), (64, 3, 5, "bf16", 512, 64), (128, 2, 4, "bf16", 512, 64),
+    (128, 2, 4, "fp8_e4m3", 512, 64), (128, 1, 8, "bf16", 256, 32), (16, 2, 15, "bf16", 128, 64)])
+def test_persistent_kernel_merges_its_splits_and_leaves_its_counters_at_zero(heads, q_len, copies, kv_dtype,
+                                                                             kv_lora_rank, rope_dim):
     """Batches that fill the GPU (a split ceiling of at most MERGE_MAX_SPLITS): the seesaw kernel merges
-    the few split sequences' partials itself (no combine launch), over several rounds of units taken
-    dynamically (ragged batches)."""
+    the few split sequences' partials itself (no combine launch), at latent widths 512, 256 and 128, over several
+    rounds of units taken dynamically (ragged batches)."""
     from mlakit.kernels.triton_decode import plan_decode
 
     lengths = [9000, 0, 4096, 1, 700, 16384, 65] * copies
-    batch = make_paged_batch(lengths, heads=heads, q_len=q_len, page_size=64, kv_lora_rank=512, rope_dim=64,
-                             kv_dtype=kv_dtype, device="cuda", seed=heads + q_len)
+    batch = make_paged_batch(lengths, heads=heads, q_len=q_len, page_size=64, kv_lora_rank=kv_lora_rank,
+                             rope_dim=rope_dim, kv_dtype=kv_dtype, device="cuda", seed=heads + q_len + kv_lora_rank)
     plan = plan_decode(batch.cache_seqlens, q_len=q_len, heads=heads, kv_dtype=batch.kv_cache.dtype)
     assert int(plan.num_splits.max()) > 1 and int(plan.work_state[2]) == 1
     _check_merged_in_kernel(batch, plan, launches=3)
