@@ -126,7 +126,7 @@ def test_a_marked_kernel_compiled_outside_the_scope_fails_instead_of_running_unh
                                                              (16, 2, "fp8_e4m3", "narrow")])
 def test_the_decode_kernels_stream_the_cache_evict_first_while_few_row_tiles_read_it(heads, q_len, kv_dtype, kernel):
     """The call's kernel is compiled with the hint exactly when its row tiles allow it (its launch key names the
-    choice, last), and every kernel the launch holds carries the hint exactly when its key says so."""
+    choice), and every kernel the launch holds carries the hint exactly when its key says so."""
     from mlakit.kernels import hopper_decode, hopper_narrow_decode
     from mlakit.kernels.triton_decode import plan_decode, triton_mla_decode
     from paged_inputs import make_paged_batch, relative_error
@@ -142,6 +142,6 @@ def test_the_decode_kernels_stream_the_cache_evict_first_while_few_row_tiles_rea
                                            kv_lora_rank=512, softmax_scale=batch.softmax_scale, kv_scale=batch.kv_scale)
     assert relative_error(out, reference) < 3e-2
     expected = streams_evict_first(-(-heads * q_len // rows))
-    assert any(key[-1] == expected for _, key in launch._compiled)
+    assert any(key.evict_first == expected for _, key in launch._compiled)
     for (_, key), (compiled, *_) in launch._compiled.items():
-        assert (".L2::cache_hint" in compiled.asm["ptx"]) == key[-1]
+        assert (".L2::cache_hint" in compiled.asm["ptx"]) == key.evict_first

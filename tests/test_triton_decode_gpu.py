@@ -463,7 +463,8 @@ def _check_merged_in_kernel(batch, plan, launches):
     assert 1 < plan.geometry.max_splits <= hopper_decode.MERGE_MAX_SPLITS
     assert int(plan.work_state[0]) * plan.geometry.row_tiles > torch.cuda.get_device_properties(0).multi_processor_count
     gen = torch.Generator(device="cuda").manual_seed(batch.q.shape[2])
-    with mock.patch.object(triton_decode, "_mla_decode_combine_kernel", None):
+    no_combine = mock.Mock(side_effect=AssertionError("the seesaw merges its splits itself: no combine launch"))
+    with mock.patch.object(triton_decode, "_COMBINE", no_combine):
         for _ in range(launches):
             batch.q.copy_(torch.randn(batch.q.shape, device="cuda", generator=gen).to(batch.q.dtype))
             _check(batch, plan=plan)

@@ -52,7 +52,7 @@ from mlakit.kernels.hopper_common import (
     zero_rows_from,
 )
 from mlakit.cache.kv_quant import FP8_DTYPE, SCALE_PER_TENSOR
-from mlakit.kernels.l2_evict_first import evict_first_tma_loads, mark_evict_first, streams_evict_first
+from mlakit.kernels.l2_evict_first import HintedKey, evict_first_tma_loads, mark_evict_first, streams_evict_first
 from mlakit.kernels.launch import CachedLaunch
 
 ROWS = gl.constexpr(16)
@@ -95,9 +95,8 @@ def prepare(key: Hashable, grid: tuple[int, int], q: torch.Tensor, pages: torch.
     e4m3 = e4m3_scores and (kv_lora_rank, rope_dim) == DEEPSEEK_WIDTHS
     constants = dict(HEADS=q.shape[1], PAGE_SIZE=pages.shape[1], KV_LORA_RANK=kv_lora_rank, ROPE_DIM=rope_dim,
                      EVICT_FIRST=evict_first, E4M3_SCORES=e4m3, num_warps=NUM_WARPS)
-    # The hint follows from the row tiles and a module setting (an experiment's): named in the key, last (where
-    # tests/test_l2_evict_first.py reads it).
-    narrow_key = (key, e4m3, evict_first)
+    # The hint follows from the row tiles and a module setting (an experiment's): named in the key.
+    narrow_key = HintedKey((key, e4m3), evict_first)
 
     def run(q, pages, kv_scale, shared_args) -> None:
         NARROW(narrow_key, (*grid, 1), (q, *row_descriptors(pages, boxes), kv_scale, *shared_args), constants)

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Hashable
 from pathlib import Path
+from typing import NamedTuple
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -48,6 +50,18 @@ def streams_evict_first(row_tiles: int) -> bool:
     (True, False)
     """
     return row_tiles <= EVICT_FIRST_MAX_ROW_TILES
+
+
+class HintedKey(NamedTuple):
+    """A `CachedLaunch` key of a kernel that may be marked: the call's other choices and whether its cache loads take
+    the hint (`streams_evict_first`), so that the two compiled kernels stay apart and a key says which one it holds.
+
+    >>> HintedKey(("layout", False), evict_first=True).evict_first
+    True
+    """
+
+    choices: Hashable
+    evict_first: bool
 
 
 def evict_first_tma_loads(ptx: str) -> str:

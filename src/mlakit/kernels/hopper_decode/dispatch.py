@@ -15,7 +15,7 @@ from mlakit.kernels.hopper_decode.descriptors import chunk_descriptors
 from mlakit.kernels.hopper_decode.fp8_split_kernel import mla_decode_hopper_fp8_kernel
 from mlakit.kernels.hopper_decode.seesaw_kernel import mla_decode_hopper_seesaw_kernel
 from mlakit.kernels.hopper_decode.split_kernel import mla_decode_hopper_split_kernel
-from mlakit.kernels.l2_evict_first import evict_first_tma_loads, streams_evict_first
+from mlakit.kernels.l2_evict_first import HintedKey, evict_first_tma_loads, streams_evict_first
 from mlakit.kernels.launch import CachedLaunch
 
 # A prepared split pass: run(q, pages, kv_scale, shared_args).
@@ -71,10 +71,9 @@ def prepare(key: Hashable, grid: tuple[int, int], q: torch.Tensor, pages: torch.
         constants.update(MERGE=merge, EVICT_FIRST=evict_first, E4M3_SCORES=e4m3, num_warps=4)
         plan_args = (work_state, work_rows, row_tiles, merge_state)
 
-        # Both follow from the plan and a module setting; named in the key, a kernel compiled under another
-        # setting (an experiment's) is never launched in its place. The hint comes last (where
-        # tests/test_l2_evict_first.py reads it).
-        seesaw_key = (key, merge, e4m3, evict_first)
+        # They follow from the plan, the call and a module setting; named in the key, a kernel compiled under another
+        # setting (an experiment's) is never launched in its place.
+        seesaw_key = HintedKey((key, merge, e4m3), evict_first)
 
         def seesaw(q, pages, kv_scale, shared_args) -> None:
             # 16-bit pages never read KV_SCALE: any tensor fills it.
