@@ -130,6 +130,17 @@ def split_range(seqlen, split, num_splits):
 
 
 @gluon.jit
+def grid_work(WORK, ROWS: gl.constexpr, HEADS: gl.constexpr):
+    """A grid program's unit (program ids: its tile of ROWS query rows, its plan row): the `work_item`, the row tile
+    and whether the program is idle (a split past its sequence's count, or no query rows in its tile), in which case
+    the kernel returns before loading anything else."""
+    b, split, num_splits, first_token, q_len = work_item(WORK, gl.program_id(1))
+    tile = gl.program_id(0)
+    idle = (split >= num_splits) | (tile * ROWS >= q_len * HEADS)
+    return b, split, num_splits, first_token, q_len, tile, idle
+
+
+@gluon.jit
 def no_keys_yet(ROWS: gl.constexpr, LAYOUT: gl.constexpr):
     """Running max (-inf) and sum (0) of ROWS rows before their first key, in layout LAYOUT."""
     return gl.full([ROWS], float("-inf"), gl.float32, layout=LAYOUT), gl.zeros([ROWS], gl.float32, layout=LAYOUT)

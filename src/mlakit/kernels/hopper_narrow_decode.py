@@ -39,6 +39,7 @@ from mlakit.kernels.hopper_common import (
     KV_LORA_RANKS,
     ROPE_DIMS,
     finish_rows,
+    grid_work,
     no_keys_yet,
     online_softmax,
     query_row_factor,
@@ -48,7 +49,6 @@ from mlakit.kernels.hopper_common import (
     store_lse,
     store_output,
     wgmma_k,
-    work_item,
     zero_rows_from,
 )
 from mlakit.cache.kv_quant import FP8_DTYPE, SCALE_PER_TENSOR
@@ -284,9 +284,8 @@ def mla_decode_hopper_narrow_fp8_kernel(
     `hopper_decode.mla_decode_hopper_split_kernel`'s (KV_STRIDES unused: the descriptors hold them)."""
     if EVICT_FIRST:
         mark_evict_first()
-    b, split, num_splits, first_token, q_len = work_item(WORK, gl.program_id(1))
-    tile = gl.program_id(0)
-    if split >= num_splits or tile * ROWS >= q_len * HEADS:
+    b, split, num_splits, first_token, q_len, tile, idle = grid_work(WORK, ROWS, HEADS)
+    if idle:
         return
     seqlen = gl.load(SEQLENS + b)
     start, end, num_tiles = split_range(seqlen, split, num_splits)

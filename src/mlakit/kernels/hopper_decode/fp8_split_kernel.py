@@ -9,8 +9,8 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from mlakit.kernels.hopper_common import (BLOCK_N, finish_rows, no_keys_yet, online_softmax, split_range, store_lse,
-                                          work_item)
+from mlakit.kernels.hopper_common import (BLOCK_N, finish_rows, grid_work, no_keys_yet, online_softmax, split_range,
+                                          store_lse)
 from mlakit.kernels.hopper_decode.constants import BLOCK_M, STAGES, WARPGROUP_ROWS, _half_output_layout, _score_layout
 from mlakit.kernels.hopper_decode.e4m3_words import _store_words_converted
 from mlakit.kernels.hopper_decode.tile_helpers import (_allocate_tiles, _load_query, _masked_scores, _row_vector,
@@ -166,9 +166,8 @@ def mla_decode_hopper_fp8_kernel(
     """Warp-specialized kernel for fp8 (e4m3) pages of any size with one per-tensor scale: launched with
     4 warps (the softmax warpgroup) plus a 4-warp worker (the value warpgroup, which also gathers and
     converts the tiles). Arguments as `mla_decode_hopper_split_kernel`'s, plus the one-element scale KV_SCALE."""
-    b, split, num_splits, first_token, q_len = work_item(WORK, gl.program_id(1))
-    tile = gl.program_id(0)
-    if split >= num_splits or tile * BLOCK_M >= q_len * HEADS:
+    b, split, num_splits, first_token, q_len, tile, idle = grid_work(WORK, BLOCK_M, HEADS)
+    if idle:
         return
     seqlen = gl.load(SEQLENS + b)
     start, end, num_tiles = split_range(seqlen, split, num_splits)

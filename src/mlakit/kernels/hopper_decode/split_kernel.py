@@ -7,7 +7,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
-from mlakit.kernels.hopper_common import BLOCK_N, finish_rows, online_softmax, split_range, store_lse, work_item
+from mlakit.kernels.hopper_common import BLOCK_N, finish_rows, grid_work, online_softmax, split_range, store_lse
 from mlakit.kernels.hopper_decode.constants import BLOCK_M, NUM_WARPS, STAGES
 from mlakit.kernels.hopper_decode.tile_helpers import (_allocate_tiles, _load_query, _masked_scores, _row_vector,
                                                        _store_columns)
@@ -36,9 +36,8 @@ def mla_decode_hopper_split_kernel(
     KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr,
 ):
     """Arguments as the portable split kernel's (`triton_decode._mla_decode_split_kernel`), without scales."""
-    b, split, num_splits, first_token, q_len = work_item(WORK, gl.program_id(1))
-    tile = gl.program_id(0)
-    if split >= num_splits or tile * BLOCK_M >= q_len * HEADS:
+    b, split, num_splits, first_token, q_len, tile, idle = grid_work(WORK, BLOCK_M, HEADS)
+    if idle:
         return
     seqlen = gl.load(SEQLENS + b)
     start, end, num_tiles = split_range(seqlen, split, num_splits)
