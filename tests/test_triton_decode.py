@@ -185,8 +185,9 @@ def test_split_plan_balances_ragged_lengths_and_bounds_splits(kernel_device):
 
 def test_ragged_splits_hold_as_many_tiles_at_two_query_tokens_as_at_one(kernel_device):
     """At 128 heads two query tokens double a sequence's row tiles; a ragged batch's splits aim at twice as many
-    programs then, so a split holds about the batch's KV tiles over its programs at one token and at two (below
-    the split ceilings: the longest sequence is capped, 25 splits at one token, 13 at two)."""
+    programs then, so a split holds about the batch's KV tiles over its programs at one token and at two (the short
+    sequences; the longest is capped by the split ceilings, 25 at one token and 13 at two, and then lowered to the
+    splits its tiles fill: 22 and 13)."""
     lengths = torch.tensor([8192] + [1024] * 7, dtype=torch.int32, device=kernel_device)
     splits = {}
     for q_len in (1, 2):
