@@ -1,0 +1,108 @@
+"""Device experiment (v79, NOTES.md): the persistent seesaw over an equal-share plan built on the host, against the
+default plan (interleaved in one process, clean L2), on a source tree with `patches/v79-seesaw-share-plan-ranges.diff`
+applied (plan rows carry each piece's tile range; the seesaw reads them and walks a share plan in lockstep when
+`WORK_STATE[2] == 2`: program p takes row tile p % R of its part p // R's pieces, parts = programs // R). 128-head
+cases only: the 16-head narrow kernel does not read the ranges.
+
+The share plan: the batch's KV tiles laid end to end and cut into `parts` equal shares, each sequence cut at the
+share boundaries inside it (a piece per share it meets); a part walks its pieces in batch order, except that a
+piece cut at the part's end goes first, so both pieces of a cut sequence run early and its merge (by the program
+writing the last piece) comes early. Prints each case's share plan, the largest difference between the two plans'
+outputs and lse, and the times.
+
+Usage: PYTHONPATH=build/dev/shares/src:benchmarks/experiments python benchmarks/experiments/share_plan_probe.py \
+    128,64,16384,2 128,64,ragged,1 ...
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import sys
+
+import torch
+from decode_case import case_inputs, case_plan, decode_call, interleaved_times, parse_case
+
+from mlakit.device import sm_count
+from mlakit.kernels.decode_split_plan import WORK_FIELDS, SplitGeometry
+from mlakit.kernels.triton_decode import DecodePlan
+
+TILE = 64
+OPEN_END = 1 << 24
+
+
+def share_items(tiles: list[int], row_tiles: int, programs: int) -> tuple[list[list[int]], list[int], int]:
+    """The share plan's rows (round-major: row k x parts + j holds part j's k-th piece; rows past a part's pieces
+    all zeros, which no program runs), the pieces per sequence and the number of parts."""
+    parts = programs // row_tiles
+    total = sum(tiles)
+    bounds = [j * total // parts for j in range(parts + 1)]
+    by_part: list[list[tuple[int, int, int, int, bool]]] = [[] for _ in range(parts)]
+    pieces = [0] * len(tiles)
+    start = 0
+    for b, n in enumerate(tiles):
+        end = start + n
+        for j in range(min(bisect.bisect_right(bounds, start) - 1, parts - 1), parts):
+            lo, hi = max(start, bounds[j]), min(end, bounds[j + 1])
+            if lo < hi or n == 0:  # a sequence without tiles still gets a piece (its rows' empty result)
+                by_part[j].append((b, pieces[b], lo - start, hi - start, hi < end))
+                pieces[b] += 1
+            if bounds[j + 1] >= end:
+                break
+        start = end
+    rounds = max(len(part) for part in by_part)
+    items = [[0] * WORK_FIELDS for _ in range(rounds * parts)]
+    for j, part in enumerate(by_part):
+        if part and part[-1][4]:
+            part = [part[-1]] + part[:-1]
+        for k, (b, i, lo, hi, _) in enumerate(part):
+            items[k * parts + j] = [b, i, pieces[b], 0, 0, lo, OPEN_END if i == pieces[b] - 1 else hi]
+    return items, pieces, parts
+
+
+def share_plan(plan: DecodePlan, seqlens: list[int], q_len: int, row_tiles: int,
+               programs: int) -> tuple[DecodePlan, str]:
+    """`plan` with its work items, work state (lockstep mode), split counts and ceiling replaced by the share plan's,
+    and a line describing it."""
+    tiles = [-(-n // TILE) for n in seqlens]
+    items, pieces, parts = share_items(tiles, row_tiles, programs)
+    for item in items:
+        if item[2]:
+            item[3], item[4] = item[0] * q_len, q_len
+    device = plan.work.device
+    work = torch.tensor(items, dtype=torch.int32, device=device)
+    state = torch.tensor([len(items), 0, 2], dtype=torch.int32, device=device)
+    geometry = SplitGeometry(row_tiles, max(2, max(pieces)))
+    summary = (f"{parts} parts, {len(items) // parts} rounds, pieces per sequence {min(pieces)}-{max(pieces)}, "
+               f"{sum(p > 1 for p in pieces)} cut, share {sum(tiles) / parts:.1f} tiles")
+    return dataclasses.replace(plan, geometry=geometry, work=work, work_state=state,
+                               num_splits=torch.tensor(pieces, dtype=torch.int32, device=device)), summary
+
+
+def main(cases: list[str]) -> None:
+    """Each case's two plans checked against each other, then timed."""
+    calls = {}
+    for spec in cases:
+        case = parse_case(spec)
+        inputs, plan = case_inputs(case)
+        shared, summary = share_plan(case_plan(case, inputs), inputs.cache_seqlens.tolist(), case.q_len,
+                                     plan.geometry.row_tiles, sm_count(inputs.q.device))
+        default_out, default_lse = decode_call(inputs, plan)()
+        share_out, share_lse = decode_call(inputs, shared)()
+        out_diff = (default_out.float() - share_out.float()).abs().max().item()
+        lse_diff = (default_lse - share_lse).abs().max().item()
+        print(f"{spec}: default units {int(plan.work_state[0]) * plan.geometry.row_tiles} (splits "
+              f"{int(plan.num_splits.min())}-{int(plan.num_splits.max())}); shares: {summary}; max |out diff| {out_diff:.2e}, "
+              f"|lse diff| {lse_diff:.2e}", flush=True)
+        calls[spec, "default"] = decode_call(inputs, plan)
+        calls[spec, "shares"] = decode_call(inputs, shared)
+    times = interleaved_times(["default", "shares"], cases, lambda variant, spec: calls[spec, variant], rounds=3,
+                              timing="clean-l2")
+    for spec in cases:
+        base, share = min(times[spec, "default"]), min(times[spec, "shares"])
+        print(f"{spec:<20} default {base:8.1f} us | shares {share:8.1f} us ({share / base:.3f})  all: "
+              f"{[round(t, 1) for t in times[spec, 'default']]} {[round(t, 1) for t in times[spec, 'shares']]}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
