@@ -8,7 +8,8 @@ The share plan: the batch's KV tiles laid end to end and cut into `parts` equal 
 share boundaries inside it (a piece per share it meets); a part walks its pieces in batch order, except that a
 piece cut at the part's end goes first, so both pieces of a cut sequence run early and its merge (by the program
 writing the last piece) comes early. Prints each case's share plan, the largest difference between the two plans'
-outputs and lse, and the times.
+outputs and lse, and the times; a third variant leaves the share plan's merges to the combine kernel (its split
+ceiling above `MERGE_MAX_SPLITS`).
 
 Usage: PYTHONPATH=build/dev/shares/src:benchmarks/experiments python benchmarks/experiments/share_plan_probe.py \
     128,64,16384,2 128,64,ragged,1 ...
@@ -25,6 +26,7 @@ from decode_case import case_inputs, case_plan, decode_call, interleaved_times, 
 
 from mlakit.device import sm_count
 from mlakit.kernels.decode_split_plan import WORK_FIELDS, SplitGeometry
+from mlakit.kernels.hopper_decode.dispatch import MERGE_MAX_SPLITS
 from mlakit.kernels.triton_decode import DecodePlan
 
 TILE = 64
@@ -60,10 +62,11 @@ def share_items(tiles: list[int], row_tiles: int, programs: int) -> tuple[list[l
     return items, pieces, parts
 
 
-def share_plan(plan: DecodePlan, seqlens: list[int], q_len: int, row_tiles: int,
-               programs: int) -> tuple[DecodePlan, str]:
+def share_plan(plan: DecodePlan, seqlens: list[int], q_len: int, row_tiles: int, programs: int,
+               min_ceiling: int = 2) -> tuple[DecodePlan, str]:
     """`plan` with its work items, work state (lockstep mode), split counts and ceiling replaced by the share plan's,
-    and a line describing it."""
+    and a line describing it. A ceiling (`min_ceiling` at least) above `dispatch.MERGE_MAX_SPLITS` leaves the merges
+    to the combine kernel."""
     tiles = [-(-n // TILE) for n in seqlens]
     items, pieces, parts = share_items(tiles, row_tiles, programs)
     for item in items:
@@ -72,7 +75,7 @@ def share_plan(plan: DecodePlan, seqlens: list[int], q_len: int, row_tiles: int,
     device = plan.work.device
     work = torch.tensor(items, dtype=torch.int32, device=device)
     state = torch.tensor([len(items), 0, 2], dtype=torch.int32, device=device)
-    geometry = SplitGeometry(row_tiles, max(2, max(pieces)))
+    geometry = SplitGeometry(row_tiles, max(min_ceiling, max(pieces)))
     summary = (f"{parts} parts, {len(items) // parts} rounds, pieces per sequence {min(pieces)}-{max(pieces)}, "
                f"{sum(p > 1 for p in pieces)} cut, share {sum(tiles) / parts:.1f} tiles")
     return dataclasses.replace(plan, geometry=geometry, work=work, work_state=state,
@@ -94,14 +97,21 @@ def main(cases: list[str]) -> None:
         print(f"{spec}: default units {int(plan.work_state[0]) * plan.geometry.row_tiles} (splits "
               f"{int(plan.num_splits.min())}-{int(plan.num_splits.max())}); shares: {summary}; max |out diff| {out_diff:.2e}, "
               f"|lse diff| {lse_diff:.2e}", flush=True)
+        combined, _ = share_plan(case_plan(case, inputs), inputs.cache_seqlens.tolist(), case.q_len,
+                                 plan.geometry.row_tiles, sm_count(inputs.q.device), MERGE_MAX_SPLITS + 1)
+        combine_out, _ = decode_call(inputs, combined)()
+        print(f"{spec}: shares merged by the combine, max |out diff| "
+              f"{(default_out.float() - combine_out.float()).abs().max().item():.2e}", flush=True)
         calls[spec, "default"] = decode_call(inputs, plan)
         calls[spec, "shares"] = decode_call(inputs, shared)
-    times = interleaved_times(["default", "shares"], cases, lambda variant, spec: calls[spec, variant], rounds=3,
+        calls[spec, "shares+combine"] = decode_call(inputs, combined)
+    times = interleaved_times(["default", "shares", "shares+combine"], cases, lambda variant, spec: calls[spec, variant], rounds=3,
                               timing="clean-l2")
     for spec in cases:
-        base, share = min(times[spec, "default"]), min(times[spec, "shares"])
-        print(f"{spec:<20} default {base:8.1f} us | shares {share:8.1f} us ({share / base:.3f})  all: "
-              f"{[round(t, 1) for t in times[spec, 'default']]} {[round(t, 1) for t in times[spec, 'shares']]}")
+        base, share, combine = (min(times[spec, variant]) for variant in ("default", "shares", "shares+combine"))
+        print(f"{spec:<20} default {base:8.1f} us | shares {share:8.1f} us ({share / base:.3f}) | shares+combine "
+              f"{combine:8.1f} us ({combine / base:.3f})  all: {[round(t, 1) for t in times[spec, 'default']]} "
+              f"{[round(t, 1) for t in times[spec, 'shares']]} {[round(t, 1) for t in times[spec, 'shares+combine']]}")
 
 
 if __name__ == "__main__":
