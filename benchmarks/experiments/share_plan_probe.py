@@ -6,9 +6,9 @@ cases only: the 16-head narrow kernel does not read the ranges.
 
 The share plan: the batch's KV tiles laid end to end and cut into `parts` equal shares, each sequence cut at the
 share boundaries inside it (a piece per share it meets); a part walks its pieces in batch order, except that a
-piece cut at the part's end goes first, so both pieces of a cut sequence run early and its merge (by the program
-writing the last piece) comes early. Prints each case's share plan, the largest difference between the two plans'
-outputs and lse, and the times; a third variant leaves the share plan's merges to the combine kernel (its split
+piece cut at the part's end goes first, so both pieces of a cut sequence run early and its merge (in the kernel, by
+whichever of its programs finishes last) comes early. Prints each case's share plan, the largest difference between
+its outputs and lse and the default plan's, and the times; a third variant leaves the share plan's merges to the combine kernel (its split
 ceiling above `MERGE_MAX_SPLITS`).
 
 Usage: PYTHONPATH=build/dev/shares/src:benchmarks/experiments python benchmarks/experiments/share_plan_probe.py \
@@ -20,22 +20,26 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import sys
+from collections.abc import Callable
 
 import torch
 from decode_case import case_inputs, case_plan, decode_call, interleaved_times, parse_case
 
 from mlakit.device import sm_count
-from mlakit.kernels.decode_split_plan import WORK_FIELDS, SplitGeometry
+from mlakit.kernels.decode_split_plan import OPEN_END_TILE, WORK_FIELDS, SplitGeometry
 from mlakit.kernels.hopper_decode.dispatch import MERGE_MAX_SPLITS
+from mlakit.kernels.hopper_common import BLOCK_N
 from mlakit.kernels.triton_decode import DecodePlan
 
-TILE = 64
-OPEN_END = 1 << 24
+assert WORK_FIELDS == 7, "run on a tree with patches/v79-seesaw-share-plan-ranges.diff applied (PYTHONPATH first)"
+FIELDS = int(WORK_FIELDS)
 
 
-def share_items(tiles: list[int], row_tiles: int, programs: int) -> tuple[list[list[int]], list[int], int]:
-    """The share plan's rows (round-major: row k x parts + j holds part j's k-th piece; rows past a part's pieces
-    all zeros, which no program runs), the pieces per sequence and the number of parts."""
+def share_items(tiles: list[int], q_len: int, row_tiles: int,
+                programs: int) -> tuple[list[list[int]], list[int], int]:
+    """The share plan's rows for sequences of `tiles` KV tiles and `q_len` query tokens each (round-major: row
+    k x parts + j holds part j's k-th piece; rows past a part's pieces all zeros, which no program runs), the pieces
+    per sequence and the number of parts."""
     parts = programs // row_tiles
     total = sum(tiles)
     bounds = [j * total // parts for j in range(parts + 1)]
@@ -53,12 +57,12 @@ def share_items(tiles: list[int], row_tiles: int, programs: int) -> tuple[list[l
                 break
         start = end
     rounds = max(len(part) for part in by_part)
-    items = [[0] * WORK_FIELDS for _ in range(rounds * parts)]
+    items = [[0] * FIELDS for _ in range(rounds * parts)]
     for j, part in enumerate(by_part):
         if part and part[-1][4]:
             part = [part[-1]] + part[:-1]
         for k, (b, i, lo, hi, _) in enumerate(part):
-            items[k * parts + j] = [b, i, pieces[b], 0, 0, lo, OPEN_END if i == pieces[b] - 1 else hi]
+            items[k * parts + j] = [b, i, pieces[b], b * q_len, q_len, lo, int(OPEN_END_TILE) if i == pieces[b] - 1 else hi]
     return items, pieces, parts
 
 
@@ -67,11 +71,8 @@ def share_plan(plan: DecodePlan, seqlens: list[int], q_len: int, row_tiles: int,
     """`plan` with its work items, work state (lockstep mode), split counts and ceiling replaced by the share plan's,
     and a line describing it. A ceiling (`min_ceiling` at least) above `dispatch.MERGE_MAX_SPLITS` leaves the merges
     to the combine kernel."""
-    tiles = [-(-n // TILE) for n in seqlens]
-    items, pieces, parts = share_items(tiles, row_tiles, programs)
-    for item in items:
-        if item[2]:
-            item[3], item[4] = item[0] * q_len, q_len
+    tiles = [-(-n // int(BLOCK_N)) for n in seqlens]
+    items, pieces, parts = share_items(tiles, q_len, row_tiles, programs)
     device = plan.work.device
     work = torch.tensor(items, dtype=torch.int32, device=device)
     state = torch.tensor([len(items), 0, 2], dtype=torch.int32, device=device)
@@ -83,8 +84,9 @@ def share_plan(plan: DecodePlan, seqlens: list[int], q_len: int, row_tiles: int,
 
 
 def main(cases: list[str]) -> None:
-    """Each case's two plans checked against each other, then timed."""
-    calls = {}
+    """Each case's share plans (merged in the kernel, by the combine) checked against its default plan, then the three
+    timed."""
+    calls: dict[tuple[str, str], Callable] = {}
     for spec in cases:
         case = parse_case(spec)
         inputs, plan = case_inputs(case)
