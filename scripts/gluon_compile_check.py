@@ -241,15 +241,16 @@ def seesaw_arguments(heads: int, q_len: int, kv_dtype: torch.dtype, merge: bool,
 
 
 def narrow_arguments(heads: int, q_len: int, page_size: int = 64, kv_lora_rank: int = 512,
-                     rope_dim: int = 64, e4m3_scores: bool = False) -> tuple[list[object], dict[str, object]]:
-    """Stand-ins for the narrow fp8 kernel's arguments and constants (`hopper_narrow_decode.prepare`'s launch): the
-    seesaw's over fp8 pages, with the narrow kernel's TMA boxes."""
+                     rope_dim: int = 64, e4m3_scores: bool = False,
+                     rows: int = nd.ROWS.value) -> tuple[list[object], dict[str, object]]:
+    """Stand-ins for the narrow fp8 kernel's arguments and constants (`hopper_narrow_decode.prepare`'s launch over
+    tiles of `rows` query rows): the seesaw's over fp8 pages, with the narrow kernel's TMA boxes."""
     seesaw, _ = seesaw_arguments(heads, q_len, hd.FP8_DTYPE, False, page_size=page_size, kv_lora_rank=kv_lora_rank,
                                  rope_dim=rope_dim)
     pages = torch.empty(256, page_size, kv_lora_rank + rope_dim, dtype=hd.FP8_DTYPE)
     descriptors = row_descriptors(pages, nd.tma_boxes(page_size, kv_lora_rank, rope_dim))
-    row_tiles = -(-q_len * heads // nd.ROWS.value)
-    constants = dict(HEADS=heads, PAGE_SIZE=page_size, KV_LORA_RANK=kv_lora_rank, ROPE_DIM=rope_dim,
+    row_tiles = -(-q_len * heads // rows)
+    constants = dict(HEADS=heads, PAGE_SIZE=page_size, KV_LORA_RANK=kv_lora_rank, ROPE_DIM=rope_dim, ROWS=rows,
                      EVICT_FIRST=streams_evict_first(row_tiles), E4M3_SCORES=e4m3_scores, num_warps=nd.NUM_WARPS)
     # The seesaw's from its scale on, up to its plan state (the narrow kernel takes no persistent plan).
     return [seesaw[0], *descriptors, *seesaw[3:18]], constants
@@ -271,19 +272,21 @@ def split_arguments(heads: int, q_len: int, kv_dtype: torch.dtype, page_size: in
 
 
 def _narrow_main(heads_list: str, q_lens: str, details: Details) -> bool:
-    """The narrow fp8 kernel for each head count and q_len with at most its 32 rows, page sizes 16 and 64; whether one
-    failed."""
+    """The narrow fp8 kernel for each head count and q_len with at most its 32 rows, page sizes 16 and 64, in 16-row
+    tiles and, with e4m3 scores over more than 16 rows, in 32-row ones; whether one failed."""
     failed = False
     for heads, q_len, page_size, e4m3 in itertools.product(map(int, heads_list.split(",")),
                                                            map(int, q_lens.split(",")), (16, 64), (False, True)):
         if heads * q_len > nd.MAX_ROWS:
             continue
-        arguments, constants = narrow_arguments(heads, q_len, page_size, e4m3_scores=e4m3)
-        with nd.NARROW.compiling():
-            line = report(lambda: compile_like_launch(nd.mla_decode_hopper_narrow_fp8_kernel, arguments, constants),
-                          details)
-        failed |= line.startswith("FAILED")
-        print(f"narrow heads {heads} q_len {q_len} page {page_size} e4m3 S {e4m3}: {line}")
+        wide = e4m3 and heads * q_len > nd.ROWS.value
+        for rows in (nd.ROWS.value, nd.E4M3_ROWS.value) if wide else (nd.ROWS.value,):
+            arguments, constants = narrow_arguments(heads, q_len, page_size, e4m3_scores=e4m3, rows=rows)
+            with nd.NARROW.compiling():
+                line = report(lambda: compile_like_launch(nd.mla_decode_hopper_narrow_fp8_kernel, arguments,
+                                                          constants), details)
+            failed |= line.startswith("FAILED")
+            print(f"narrow heads {heads} q_len {q_len} rows {rows} page {page_size} e4m3 S {e4m3}: {line}")
     return failed
 
 

@@ -10,6 +10,7 @@ import torch
 
 import mlakit
 from mlakit import ConfigError
+from mlakit.attention.functional import mla_extend_metadata
 from paged_inputs import assert_lse_close, make_paged_batch, naive_decode, relative_error
 
 
@@ -138,3 +139,30 @@ def test_decode_metadata_built_once_serves_every_layer_and_must_match_the_call(k
     assert relative_error(out, plain) < 1e-2
     with pytest.raises(mlakit.MLAInputError, match=r"kv_cache_dtype: expected one of \['bf16', .*\], got 'int8'"):
         mlakit.mla_decode_metadata(batch.cache_seqlens, q_len=2, heads=5, backend=backend, kv_cache_dtype="int8")
+
+
+@pytest.mark.parametrize("hint", [-1, 1.5, "4096", True])
+def test_decode_metadata_refuses_a_hint_that_is_not_a_token_count(hint):
+    lengths = torch.tensor([20, 3], dtype=torch.int32)
+    for build in (lambda: mlakit.mla_decode_metadata(lengths, q_len=1, heads=4, backend="reference", kv_tokens_hint=hint),
+                  lambda: mla_extend_metadata(lengths, torch.tensor([0, 1, 2], dtype=torch.int32), max_q_len=1,
+                                                     heads=4, backend="reference", kv_tokens_hint=hint)):
+        with pytest.raises(mlakit.MLAInputError, match=r"kv_tokens_hint: expected None or a non-negative int .*, got "):
+            build()
+
+
+def test_decode_metadata_hands_the_hint_to_the_split_plan(monkeypatch):
+    """The triton backends' builders pass `kv_tokens_hint` on to the plan (which picks tiles by it, `wide_narrow_tile`)."""
+    from mlakit.kernels import triton_decode
+
+    seen = []
+    for name in ("plan_decode", "plan_extend"):
+        original = getattr(triton_decode, name)
+        monkeypatch.setattr(triton_decode, name, lambda *args, _original=original, **kwargs:
+                            seen.append(kwargs["kv_tokens_hint"]) or _original(*args, **kwargs))
+    lengths = torch.tensor([20, 3], dtype=torch.int32)
+    mlakit.mla_decode_metadata(lengths, q_len=1, heads=4, backend="triton", kv_tokens_hint=23)
+    mla_extend_metadata(lengths, torch.tensor([0, 1, 2], dtype=torch.int32), max_q_len=1, heads=4,
+                               backend="triton", kv_tokens_hint=23)
+    mlakit.mla_decode_metadata(lengths, q_len=1, heads=4, backend="triton")
+    assert seen == [23, 23, None]

@@ -384,3 +384,22 @@ def _plan_with(**overrides):
 def test_plan_refusals_name_the_argument(name, overrides):
     with pytest.raises(MLAInputError, match=f"^{name}:"):
         _plan_with(**overrides)
+
+
+@pytest.mark.parametrize(("q_lens", "causal", "tokens"), [([1, 1, 1], True, 48), ([3, 1, 2], True, 48),
+                                                           ([3, 1, 2], False, 30 * 3 + 0 * 1 + 18 * 2)])
+def test_plan_hints_the_steps_cached_tokens_from_its_host_lengths(monkeypatch, q_lens, causal, tokens):
+    """`plan` knows the lengths on the host: the metadata builders get their sum (each row's, where a non-causal step
+    runs one row per query token) as `kv_tokens_hint`, with no device read."""
+    from mlakit.compat import flashinfer
+
+    hints = []
+    for name in ("mla_decode_metadata", "mla_extend_metadata"):
+        original = getattr(flashinfer, name)
+        monkeypatch.setattr(flashinfer, name,
+                            lambda *args, _original=original, **kwargs: hints.append(kwargs["kv_tokens_hint"])
+                            or _original(*args, **kwargs))
+    step = make_step([30, 0, 18], q_lens, heads=4, page_size=16, seed=5)
+    out, lse = run_legacy(planned(step, causal=causal), step, return_lse=True)
+    assert hints == [tokens]
+    assert_matches(out, lse, reference(step, causal=causal))

@@ -362,3 +362,23 @@ def test_triton_decode_uses_each_groups_own_fp8_scale(q_len, kernel_device):
     expected_out, expected_lse = naive_decode(batch)
     assert relative_error(out, expected_out) < 3e-2
     assert_lse_close(lse, expected_lse, atol=3e-2)
+
+
+def test_the_narrow_kernels_wide_tile_takes_only_large_hinted_batches_of_17_to_32_rows():
+    """`wide_narrow_tile`: the 32-row tile where a hint gives every program 12 KV tiles or more, on the narrow tile only,
+    for 17-32 rows a sequence; the threshold scales with the SMs."""
+    from mlakit.kernels.triton_decode import default_tuning, wide_narrow_tile
+
+    narrow = default_tuning(32, hopper_tier=True, kv_dtype=torch.float8_e4m3fn)
+    enough = 12 * narrow.programs_per_sm * 132 * 64
+    for rows, hint, sms, block_m in ((32, enough, 132, 32), (17, enough, 132, 32), (32, enough - 64, 132, 16),
+                                     (32, enough, 133, 16), (16, enough, 132, 16), (32, None, 132, 16)):
+        assert wide_narrow_tile(narrow, rows, hint, sms).block_m == block_m, (rows, hint, sms)
+    seesaw = default_tuning(32, hopper_tier=True, kv_dtype=torch.bfloat16)
+    assert wide_narrow_tile(seesaw, 32, enough, 132) == seesaw
+    assert wide_narrow_tile(dataclasses.replace(narrow, num_warps=8), 32, enough, 132).block_m == 16
+
+
+def test_plan_refuses_a_negative_token_hint():
+    with pytest.raises(ValueError, match="kv_tokens_hint: expected None or a non-negative int"):
+        plan_decode(torch.tensor([5], dtype=torch.int32), q_len=1, heads=4, kv_tokens_hint=-5)

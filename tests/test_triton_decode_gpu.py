@@ -319,6 +319,49 @@ def test_e4m3_scores_match_the_reference_on_rounded_queries(heads, q_len, page_s
     _check_e4m3_scores(batch, plan)
 
 
+WIDE_NARROW_CASES = [  # heads, q_len, page_size, q_dtype: 17-32 query rows a sequence
+    (16, 2, 64, torch.bfloat16), (9, 2, 16, torch.float16), (17, 1, 32, torch.bfloat16), (10, 3, 128, torch.bfloat16),
+    (32, 1, 64, torch.float16),
+]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
+@pytest.mark.parametrize("heads, q_len, page_size, q_dtype", WIDE_NARROW_CASES)
+@pytest.mark.parametrize("num_sms", [None, 2])
+def test_e4m3_scores_in_the_narrow_kernels_32_row_tile(heads, q_len, page_size, q_dtype, num_sms):
+    """A hint of a large batch gives 17-32 query rows a sequence one 32-row tile of the narrow kernel (over 2 SMs the
+    long sequences take many splits, merged by the combine)."""
+    from mlakit.kernels.triton_decode import plan_decode
+
+    batch = make_paged_batch([3000, 0, 1, 63, 700, 129], heads=heads, q_len=q_len, page_size=page_size,
+                             kv_lora_rank=512, rope_dim=64, kv_dtype="fp8_e4m3", q_dtype=q_dtype, device="cuda",
+                             seed=heads * q_len)
+    plan = plan_decode(batch.cache_seqlens, q_len=q_len, heads=heads, kv_dtype=batch.kv_cache.dtype, num_sms=num_sms,
+                       e4m3_scores=True, kv_tokens_hint=1 << 30)
+    assert (plan.tuning.block_m, plan.geometry.row_tiles) == (32, 1)
+    if num_sms == 2:
+        assert plan.num_splits.max().item() > 1
+    _check_e4m3_scores(batch, plan)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
+def test_a_wide_narrow_plan_at_other_widths_runs_on_the_64_row_kernel():
+    """The plan does not know the latent width: a 32-row plan at 256 + 32 (where the narrow kernel keeps 16-row tiles
+    and S in fp16) runs on the 64-row fp8 kernel, exactly."""
+    from mlakit.kernels.triton_decode import plan_decode
+
+    batch = make_paged_batch([700, 0, 65], heads=16, q_len=2, page_size=64, kv_lora_rank=256, rope_dim=32,
+                             kv_dtype="fp8_e4m3", device="cuda", seed=8)
+    plan = plan_decode(batch.cache_seqlens, q_len=2, heads=16, kv_dtype=batch.kv_cache.dtype, e4m3_scores=True,
+                       kv_tokens_hint=1 << 30)
+    assert plan.tuning.block_m == 32 and _split_kernel(batch, plan) == "hopper"
+    out, lse = triton_mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens, plan=plan,
+                                 kv_lora_rank=256, softmax_scale=batch.softmax_scale, kv_scale=batch.kv_scale)
+    expected_out, expected_lse = _reference(batch)
+    assert relative_error(out, expected_out) < 1e-2
+    assert_lse_close(lse, expected_lse, atol=1e-3)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
 @pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16])
 def test_e4m3_scores_keep_query_rows_of_any_magnitude_and_subnormal_pages(q_dtype):

@@ -52,12 +52,14 @@ def decode_call(inputs: DecodeInputs, plan: DecodePlan) -> Callable:
     return call
 
 
-def own_plan_kernel(e4m3_scores: bool = False) -> Callable[[DecodeInputs], Callable]:
+def own_plan_kernel(e4m3_scores: bool = False, hinted: bool = False) -> Callable[[DecodeInputs], Callable]:
     """`check_against_reference`'s factory of our decode: each inputs' call with a plan of its own (with
-    `e4m3_scores`, `DecodePlan.e4m3_scores`)."""
+    `e4m3_scores`, `DecodePlan.e4m3_scores`; `hinted`: the plan told the batch's cached tokens, `plan_decode`'s
+    `kv_tokens_hint`)."""
     def factory(inputs: DecodeInputs) -> Callable:
+        hint = int(inputs.cache_seqlens.sum()) if hinted else None
         plan = plan_decode(inputs.cache_seqlens, q_len=inputs.q.shape[1], heads=inputs.q.shape[2],
-                           kv_dtype=inputs.kv_cache.dtype, e4m3_scores=e4m3_scores)
+                           kv_dtype=inputs.kv_cache.dtype, e4m3_scores=e4m3_scores, kv_tokens_hint=hint)
         return decode_call(inputs, plan)
 
     return factory

@@ -82,13 +82,17 @@ _RESOLVED: dict[tuple, _ResolvedCall] = {}
 
 
 def mla_decode_metadata(
-    cache_seqlens: torch.Tensor, *, q_len: int, heads: int, backend: str, kv_cache_dtype: str = "bf16"
+    cache_seqlens: torch.Tensor, *, q_len: int, heads: int, backend: str, kv_cache_dtype: str = "bf16",
+    kv_tokens_hint: int | None = None,
 ) -> DecodeMetadata:
     """What `backend` computes once per decode step from the lengths alone (the triton backend's
     split plan: one small launch, no host sync), for reuse by every layer. `kv_cache_dtype`
     ("bf16", "fp16" or "fp8_e4m3", as FlashMLA's `is_fp8_kvcache`) is the cache's storage
     dtype: the kernel, hence the plan, depends on it. The triton backend's plan only balances
     the work: a call whose lengths have changed since (a sequence grew) still reads every token.
+    `kv_tokens_hint`: the sum of `cache_seqlens` where the caller knows it on the host (an engine's running total,
+    e.g. SGLang's `seq_lens_sum`); it lets a backend pick tiles that pay only on large batches (the triton_fp8
+    backend's 32-row tile for 17-32 query rows a sequence); without it the choice stays the safe one.
 
     >>> md = mla_decode_metadata(torch.tensor([20, 3], dtype=torch.int32), q_len=1, heads=4, backend="reference")
     >>> md.backend, md.kv_cache_dtype, md.data is None
@@ -96,7 +100,9 @@ def mla_decode_metadata(
     """
     _check_storage_name(kv_cache_dtype)
     builder = get_backend(backend).decode_metadata
-    data = None if builder is None else builder(cache_seqlens, q_len=q_len, heads=heads, kv_cache_dtype=kv_cache_dtype)
+    _check_kv_tokens_hint(kv_tokens_hint)
+    data = None if builder is None else builder(cache_seqlens, q_len=q_len, heads=heads, kv_cache_dtype=kv_cache_dtype,
+                                                kv_tokens_hint=kv_tokens_hint)
     return DecodeMetadata(backend, cache_seqlens.shape[0], q_len, heads, kv_cache_dtype, data)
 
 
@@ -108,12 +114,13 @@ def mla_extend_metadata(
     heads: int,
     backend: str,
     kv_cache_dtype: str = "bf16",
+    kv_tokens_hint: int | None = None,
 ) -> ExtendMetadata:
     """What `backend` computes once per extend step from the lengths and the new tokens' offsets
     (the triton backend's split plan, no host sync), for every layer's `mla_extend`. The plan
     reads `cu_seqlens_q`'s values now: calls must pass this same tensor with the same values
     (as FlashInfer's `plan`); `mla_extend` refuses another tensor and, with `check_inputs=True`,
-    changed values.
+    changed values. `kv_tokens_hint` as `mla_decode_metadata`'s.
 
     >>> md = mla_extend_metadata(torch.tensor([20, 3], dtype=torch.int32), torch.tensor([0, 2, 3], dtype=torch.int32),
     ...     max_q_len=2, heads=4, backend="reference")
@@ -122,8 +129,9 @@ def mla_extend_metadata(
     """
     _check_storage_name(kv_cache_dtype)
     builder = get_backend(backend).extend_metadata
+    _check_kv_tokens_hint(kv_tokens_hint)
     data = None if builder is None else builder(cache_seqlens, cu_seqlens_q, max_q_len=max_q_len, heads=heads,
-                                                kv_cache_dtype=kv_cache_dtype)
+                                                kv_cache_dtype=kv_cache_dtype, kv_tokens_hint=kv_tokens_hint)
     return ExtendMetadata(backend, max_q_len, heads, kv_cache_dtype, cu_seqlens_q, cu_seqlens_q.clone(), data)
 
 
@@ -428,6 +436,12 @@ def _copied_into(out: torch.Tensor | None, lse: torch.Tensor | None, result_out:
 def _check_storage_name(kv_cache_dtype: object) -> None:
     if kv_cache_dtype not in STORAGE_DTYPES:
         raise MLAInputError(f"kv_cache_dtype: expected one of {sorted(STORAGE_DTYPES)}, got {kv_cache_dtype!r}")
+
+
+def _check_kv_tokens_hint(kv_tokens_hint: object) -> None:
+    if kv_tokens_hint is not None and (type(kv_tokens_hint) is not int or kv_tokens_hint < 0):
+        raise MLAInputError(f"kv_tokens_hint: expected None or a non-negative int (the batch's cached tokens), "
+                            f"got {kv_tokens_hint!r}")
 
 
 def mla_prefill(

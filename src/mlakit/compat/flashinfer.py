@@ -797,18 +797,21 @@ def _plan_step(requests: StepRequests, config: PlanConfig, backend: str) -> Plan
     device = requests.block_table.device
     table = requests.block_table
     lengths = torch.tensor(requests.kv_lens, dtype=torch.int32, device=device)
+    kv_tokens = sum(requests.kv_lens)
     if not config.causal and max(q_lens) > 1:
+        kv_tokens = sum(n * q for n, q in zip(requests.kv_lens, q_lens))
         per_token = torch.tensor(q_lens, dtype=torch.long, device=device)
         table = table.repeat_interleave(per_token, dim=0, output_size=offsets[-1])
         lengths = lengths.repeat_interleave(per_token, output_size=offsets[-1])
         q_lens = [1] * offsets[-1]
     if len(set(q_lens)) == 1:
         metadata = mla_decode_metadata(lengths, q_len=q_lens[0], heads=config.num_heads, backend=backend,
-                                       kv_cache_dtype=storage_name(config.kv_data_type))
+                                       kv_cache_dtype=storage_name(config.kv_data_type),
+                                       kv_tokens_hint=kv_tokens)
         return PlannedStep(offsets, table, lengths, q_lens[0], None, metadata, requests.largest_page)
     cu_seqlens_q = torch.tensor(offsets, dtype=torch.int32, device=device)
     metadata = mla_extend_metadata(lengths, cu_seqlens_q, max_q_len=max(q_lens), heads=config.num_heads, backend=backend,
-                                   kv_cache_dtype=storage_name(config.kv_data_type))
+                                   kv_cache_dtype=storage_name(config.kv_data_type), kv_tokens_hint=kv_tokens)
     return PlannedStep(offsets, table, lengths, 0, cu_seqlens_q, metadata, requests.largest_page)
 
 

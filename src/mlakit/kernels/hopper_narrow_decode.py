@@ -56,6 +56,13 @@ from mlakit.kernels.l2_evict_first import HintedKey, evict_first_tma_loads, mark
 from mlakit.kernels.launch import CachedLaunch
 
 ROWS = gl.constexpr(16)
+# With S on 8-bit tensor cores (DeepSeek's widths) a sequence of 17-32 rows may take one tile of this many rows, each
+# KV tile read and multiplied once instead of by two 16-row programs: the plan takes it where the caller's hint of the
+# batch's cached tokens gives each program WIDE_MIN_TILES_PER_PROGRAM KV tiles or more (`triton_decode`; H100: 16h q2
+# 8-25% faster on 64 x 4096 to 128 x 16384, 4-37% slower on smaller batches, whose programs it halves; NOTES.md v65,
+# v81). With fp16 MMAs two 16-row tiles (v47: a 32-row tile spills).
+E4M3_ROWS = gl.constexpr(32)
+WIDE_MIN_TILES_PER_PROGRAM = 12
 # Sequences with more query rows than this take the 64-row kernels (measured: two 16-row tiles beat one
 # 32-row tile of two warpgroups at 32 rows, four lost to the 64-row kernel at 64; NOTES.md v27).
 MAX_ROWS = 32
@@ -85,16 +92,18 @@ def supports(q_dtype: torch.dtype, pages: torch.Tensor, scale_mode: int, kv_lora
 
 
 def prepare(key: Hashable, grid: tuple[int, int], q: torch.Tensor, pages: torch.Tensor, kv_lora_rank: int,
-            e4m3_scores: bool = False) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, tuple], None]:
-    """The split pass of one input layout (a call `supports` accepts) over 16-row tiles:
-    `run(q, pages, kv_scale, shared_args)`, with `key`, `shared_args` and `e4m3_scores` (at DeepSeek's 512 + 64
-    widths: S^T on 8-bit tensor cores over the cache's boxes and Q rounded to e4m3) as for `hopper_decode.prepare`."""
+            e4m3_scores: bool = False, rows: int = ROWS.value
+            ) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, tuple], None]:
+    """The split pass of one input layout (a call `supports` accepts) over tiles of `rows` query rows (ROWS, or
+    E4M3_ROWS where `takes_rows` says so): `run(q, pages, kv_scale, shared_args)`, with `key`, `shared_args` and
+    `e4m3_scores` (at DeepSeek's 512 + 64 widths: S^T on 8-bit tensor cores over the cache's boxes and Q rounded to
+    e4m3) as for `hopper_decode.prepare`."""
     rope_dim = pages.shape[-1] - kv_lora_rank
     boxes = tma_boxes(pages.shape[1], kv_lora_rank, rope_dim)
     evict_first = streams_evict_first(grid[0])
     e4m3 = e4m3_scores and (kv_lora_rank, rope_dim) == DEEPSEEK_WIDTHS
     constants = dict(HEADS=q.shape[1], PAGE_SIZE=pages.shape[1], KV_LORA_RANK=kv_lora_rank, ROPE_DIM=rope_dim,
-                     EVICT_FIRST=evict_first, E4M3_SCORES=e4m3, num_warps=NUM_WARPS)
+                     ROWS=rows, EVICT_FIRST=evict_first, E4M3_SCORES=e4m3, num_warps=NUM_WARPS)
     # The hint follows from the row tiles and a module setting (an experiment's): named in the key.
     narrow_key = HintedKey((key, e4m3), evict_first)
 
@@ -102,6 +111,16 @@ def prepare(key: Hashable, grid: tuple[int, int], q: torch.Tensor, pages: torch.
         NARROW(narrow_key, (*grid, 1), (q, *row_descriptors(pages, boxes), kv_scale, *shared_args), constants)
 
     return run
+
+
+def takes_rows(rows: int, kv_lora_rank: int, rope_dim: int) -> bool:
+    """Whether the kernel takes row tiles of `rows`: ROWS always, E4M3_ROWS at DeepSeek's widths (where its S runs
+    on 8-bit tensor cores with e4m3 scores).
+
+    >>> takes_rows(32, 512, 64), takes_rows(32, 256, 32), takes_rows(16, 256, 32)
+    (True, False, True)
+    """
+    return rows == ROWS.value or (rows == E4M3_ROWS.value and (kv_lora_rank, rope_dim) == DEEPSEEK_WIDTHS)
 
 
 def tma_boxes(page_size: int, kv_lora_rank: int, rope_dim: int) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -115,10 +134,10 @@ def tma_boxes(page_size: int, kv_lora_rank: int, rope_dim: int) -> tuple[tuple[i
 
 
 @gluon.constexpr_function
-def _transposed_layout(e4m3=False):
-    """Register layout of S^T `[BLOCK_N, ROWS]` and O^T `[kv_lora_rank, ROWS]` (wgmma accumulators, N = ROWS; of
+def _transposed_layout(rows, e4m3=False):
+    """Register layout of S^T `[BLOCK_N, rows]` and O^T `[kv_lora_rank, rows]` (wgmma accumulators, N = rows; of
     8-bit operands where `e4m3`, whose instructions take 32 columns of K)."""
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, ROWS.value, wgmma_k(e4m3)])
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, rows, wgmma_k(e4m3)])
 
 
 @gluon.constexpr_function
@@ -134,12 +153,13 @@ def _key_chunk_layout(width):
 
 @gluon.constexpr_function
 def _adjacent_columns_layout(rows, kv_lora_rank):
-    """`[rows, kv_lora_rank]` (16 rows) with each thread's kv_lora_rank / 32 adjacent columns first among its
-    registers, for rows 2t, 2t + 1, 2t + 8, 2t + 9: the cache rows of P . V as `_relabel_latent` turns
-    them into the wgmma A operand of O^T, and the output rows as `_output_rows` leaves them (vector stores)."""
+    """`[rows, kv_lora_rank]` (16 or 32 rows) with each thread's kv_lora_rank / 32 adjacent columns first among its
+    registers, for rows 2t, 2t + 1, 2t + 8, 2t + 9 (and each + 16 at 32 rows): the cache rows of P . V as
+    `_relabel_latent` turns them into the wgmma A operand of O^T, and the output rows as `_output_rows` leaves them
+    (vector stores)."""
     column_bits = (kv_lora_rank // 32).bit_length() - 1
     return gl.DistributedLinearLayout(
-        reg_bases=[[0, 1 << i] for i in range(column_bits)] + [[1, 0], [8, 0]],
+        reg_bases=[[0, 1 << i] for i in range(column_bits)] + [[1, 0], [8, 0]] + ([[16, 0]] if rows == 32 else []),
         lane_bases=[[2, 0], [4, 0], [0, kv_lora_rank // 32], [0, kv_lora_rank // 16], [0, kv_lora_rank // 8]],
         warp_bases=[[0, kv_lora_rank // 4], [0, kv_lora_rank // 2]], block_bases=[], shape=[rows, kv_lora_rank])
 
@@ -275,9 +295,9 @@ def mla_decode_hopper_narrow_fp8_kernel(
     scale_log2,
     Q_STRIDES, KV_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr,
-    EVICT_FIRST: gl.constexpr, E4M3_SCORES: gl.constexpr,
+    ROWS: gl.constexpr, EVICT_FIRST: gl.constexpr, E4M3_SCORES: gl.constexpr,
 ):
-    """One warpgroup per (sequence, 16-row tile, split), STAGES tiles in flight, over an fp8 (e4m3) cache
+    """One warpgroup per (sequence, ROWS-row tile, split), STAGES tiles in flight, over an fp8 (e4m3) cache
     with the one-element per-tensor scale KV_SCALE, read through the TMA descriptors of `launch` (with
     EVICT_FIRST under an L2 evict-first policy, `l2_evict_first`; with E4M3_SCORES S^T on 8-bit tensor cores, Q
     rounded to e4m3). Other arguments as
@@ -290,8 +310,8 @@ def mla_decode_hopper_narrow_fp8_kernel(
     seqlen = gl.load(SEQLENS + b)
     start, end, num_tiles = split_range(seqlen, split, num_splits)
     latent_width: gl.constexpr = LATENT_DESC.block_type.shape[1]
-    layout: gl.constexpr = _transposed_layout()
-    s_layout: gl.constexpr = _transposed_layout(E4M3_SCORES)
+    layout: gl.constexpr = _transposed_layout(ROWS)
+    s_layout: gl.constexpr = _transposed_layout(ROWS, E4M3_SCORES)
     q_dtype: gl.constexpr = gl.float8e4nv if E4M3_SCORES else gl.float16
 
     fp8_lat_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, latent_width], gl.float8e4nv)

@@ -294,7 +294,7 @@ class DecodeTuning:
     programs one SM runs at once); `fixed_splits` replaces the balanced plan with the same
     split count for every sequence (the simple engines' scheme). `tier` picks the split
     kernel: "auto" takes a Hopper kernel where one serves the tile and the call (64-row tiles:
-    `hopper_decode`; 16-row, 4-warp, 64-token tiles: `hopper_narrow_decode`) and the portable
+    `hopper_decode`; 16- or 32-row, 4-warp, 64-token tiles: `hopper_narrow_decode`) and the portable
     one elsewhere; "portable" forces the portable one."""
 
     block_m: int
@@ -379,17 +379,20 @@ def plan_decode(
     num_sms: int | None = None,
     tuning: DecodeTuning | None = None,
     e4m3_scores: bool = False,
+    kv_tokens_hint: int | None = None,
 ) -> DecodePlan:
     """The split plan for a decode batch with `q_len` query tokens per sequence (no host sync).
 
     `kv_dtype` is the cache's storage dtype (it decides whether the Hopper kernel serves the
     call, hence the row tile); `num_sms` overrides the device's SM count (tests use it to
     force many splits on small inputs); `tuning` overrides the launch shape; `e4m3_scores` (`DecodePlan`)
-    lets the Hopper kernel round queries to e4m3 over fp8 pages.
+    lets the Hopper kernel round queries to e4m3 over fp8 pages. `kv_tokens_hint`: the batch's cached tokens in all
+    (the sum of `cache_seqlens`) as the caller knows it on the host, for tiles that pay only on large batches
+    (`wide_narrow_tile`); a wrong hint costs speed, never correctness.
     """
     batch = cache_seqlens.shape[0]
     cu_seqlens_q = torch.arange(0, (batch + 1) * q_len, q_len, dtype=torch.int32, device=cache_seqlens.device)
-    return _plan(cache_seqlens, cu_seqlens_q, q_len, heads, kv_dtype, num_sms, tuning, e4m3_scores)
+    return _plan(cache_seqlens, cu_seqlens_q, q_len, heads, kv_dtype, num_sms, tuning, e4m3_scores, kv_tokens_hint)
 
 
 def plan_extend(
@@ -402,10 +405,11 @@ def plan_extend(
     num_sms: int | None = None,
     tuning: DecodeTuning | None = None,
     e4m3_scores: bool = False,
+    kv_tokens_hint: int | None = None,
 ) -> DecodePlan:
-    """The split plan for ragged new-token segments (`cu_seqlens_q`, at most `max_q_len` each; `e4m3_scores` as
-    `plan_decode`'s)."""
-    return _plan(cache_seqlens, cu_seqlens_q, max_q_len, heads, kv_dtype, num_sms, tuning, e4m3_scores)
+    """The split plan for ragged new-token segments (`cu_seqlens_q`, at most `max_q_len` each; `e4m3_scores` and
+    `kv_tokens_hint` as `plan_decode`'s)."""
+    return _plan(cache_seqlens, cu_seqlens_q, max_q_len, heads, kv_dtype, num_sms, tuning, e4m3_scores, kv_tokens_hint)
 
 
 def _plan(
@@ -417,16 +421,22 @@ def _plan(
     num_sms: int | None,
     tuning: DecodeTuning | None,
     e4m3_scores: bool,
+    kv_tokens_hint: int | None,
 ) -> DecodePlan:
+    if kv_tokens_hint is not None and (not isinstance(kv_tokens_hint, int) or kv_tokens_hint < 0):
+        raise ValueError(f"kv_tokens_hint: expected None or a non-negative int (the batch's cached tokens), "
+                         f"got {kv_tokens_hint!r}")
     batch = cache_seqlens.shape[0]
     rows = max(1, max_q_len * heads)
     hopper_default = tuning is None and not INTERPRET and hopper_common.serves(cache_seqlens.device, kv_dtype)
+    sms = num_sms or sm_count(cache_seqlens.device, off_gpu=INTERPRETER_SMS)
     tuning = tuning or default_tuning(rows, hopper_tier=hopper_default, kv_dtype=kv_dtype)
+    if hopper_default and e4m3_scores:
+        tuning = wide_narrow_tile(tuning, rows, kv_tokens_hint, sms)
     row_tiles = -(-rows // tuning.block_m)
     if tuning.fixed_splits is not None:
         geometry = SplitGeometry(row_tiles=row_tiles, max_splits=tuning.fixed_splits)
     else:
-        sms = num_sms or sm_count(cache_seqlens.device, off_gpu=INTERPRETER_SMS)
         geometry = split_geometry(batch, rows, tuning.block_m, sms, tuning.programs_per_sm)
     if batch * geometry.max_splits > MAX_WORK_ROWS:
         raise ValueError(f"cache_seqlens: {batch} sequences x a split ceiling of {geometry.max_splits} is more work "
@@ -452,6 +462,28 @@ def _plan(
     )
     return DecodePlan(tuning, geometry, cu_seqlens_q, num_splits, work, work_state, merge_state, max_q_len,
                       hopper_default, e4m3_scores)
+
+
+def wide_narrow_tile(tuning: DecodeTuning, rows: int, kv_tokens_hint: int | None, num_sms: int) -> DecodeTuning:
+    """The narrow kernel's tile with e4m3 scores (`hopper_narrow_decode`): its E4M3_ROWS-row tile in place of the
+    16-row one where a sequence has more than 16 query rows and the caller's hint of the batch's cached tokens gives
+    each of the `programs_per_sm` x SMs programs WIDE_MIN_TILES_PER_PROGRAM 64-token tiles or more (one program reads
+    each KV tile for all its rows, instead of two; smaller batches keep the two programs' parallelism, NOTES.md v65);
+    `tuning` unchanged otherwise.
+
+    >>> narrow = default_tuning(32, hopper_tier=True, kv_dtype=torch.float8_e4m3fn)
+    >>> [wide_narrow_tile(narrow, 32, hint, num_sms=132).block_m for hint in (None, 64 * 3167, 64 * 3168)]
+    [16, 16, 32]
+    >>> wide_narrow_tile(narrow, 16, 1 << 30, num_sms=132).block_m
+    16
+    """
+    narrow = hopper_narrow_decode
+    if (kv_tokens_hint is None or tuning.block_m != narrow.ROWS.value or tuning.num_warps != narrow.NUM_WARPS
+            or not narrow.ROWS.value < rows <= narrow.MAX_ROWS):
+        return tuning
+    if kv_tokens_hint // hopper_common.BLOCK_N.value < narrow.WIDE_MIN_TILES_PER_PROGRAM * tuning.programs_per_sm * num_sms:
+        return tuning
+    return dataclasses.replace(tuning, block_m=narrow.E4M3_ROWS.value)
 
 
 def triton_mla_decode(
@@ -681,7 +713,7 @@ def _prepare_launch(
 
     merged = False
     if kernel == "narrow":
-        split = hopper_narrow_decode.prepare(key, grid, q, pages, kv_lora_rank, plan.e4m3_scores)
+        split = hopper_narrow_decode.prepare(key, grid, q, pages, kv_lora_rank, plan.e4m3_scores, tuning.block_m)
     elif kernel == "hopper":
         split, merged = hopper_decode.prepare(key, grid, q, pages, kv_lora_rank, plan.work_state, plan.merge_state,
                                               geometry.max_splits, plan.e4m3_scores)
@@ -757,11 +789,12 @@ def _takes_kernel(
     kernel: str, q: torch.Tensor, pages: torch.Tensor, kv_lora_rank: int, scale_mode: int, tuning: DecodeTuning
 ) -> bool:
     """Whether a Hopper kernel serves this tile and call: "hopper" 64-row tiles of the caches
-    `hopper_decode.supports` names, "narrow" 16-row tiles (four warps) of those `hopper_narrow_decode.supports`
-    names, each over 64-token KV tiles and rows it can copy in 16-byte pieces."""
+    `hopper_decode.supports` names, "narrow" 16-row tiles (32-row ones where it `takes_rows`; four warps) of those
+    `hopper_narrow_decode.supports` names, each over 64-token KV tiles and rows it can copy in 16-byte pieces."""
     if kernel == "narrow":
         tier = hopper_narrow_decode
-        tile_fits = (tuning.block_m, tuning.num_warps) == (tier.ROWS.value, tier.NUM_WARPS)
+        tile_fits = (tuning.num_warps == tier.NUM_WARPS
+                     and tier.takes_rows(tuning.block_m, kv_lora_rank, q.shape[-1] - kv_lora_rank))
     else:
         tier = hopper_decode
         tile_fits = tuning.block_m == hopper_decode.BLOCK_M.value

@@ -35,9 +35,12 @@ class DecodeKernel(Protocol):
 
 
 class DecodeMetadataBuilder(Protocol):
-    """Builds a backend's per-step decode metadata (e.g. a split plan) once, for every layer's call."""
+    """Builds a backend's per-step decode metadata (e.g. a split plan) once, for every layer's call.
+    `kv_tokens_hint`: the batch's cached tokens in all, as the caller knows it on the host (None: unknown); a
+    backend may use it to choose tiles, never for correctness."""
 
-    def __call__(self, cache_seqlens: torch.Tensor, *, q_len: int, heads: int, kv_cache_dtype: str) -> object: ...
+    def __call__(self, cache_seqlens: torch.Tensor, *, q_len: int, heads: int, kv_cache_dtype: str,
+                 kv_tokens_hint: int | None = None) -> object: ...
 
 
 class CallPreparer(Protocol):
@@ -66,10 +69,12 @@ class PrefillPreparer(Protocol):
 
 
 class ExtendMetadataBuilder(Protocol):
-    """Builds a backend's per-step extend metadata once, for every layer's call."""
+    """Builds a backend's per-step extend metadata once, for every layer's call (`kv_tokens_hint` as
+    `DecodeMetadataBuilder`'s)."""
 
     def __call__(
-        self, cache_seqlens: torch.Tensor, cu_seqlens_q: torch.Tensor, *, max_q_len: int, heads: int, kv_cache_dtype: str
+        self, cache_seqlens: torch.Tensor, cu_seqlens_q: torch.Tensor, *, max_q_len: int, heads: int, kv_cache_dtype: str,
+        kv_tokens_hint: int | None = None,
     ) -> object: ...
 
 
