@@ -379,6 +379,9 @@ def test_the_narrow_kernels_wide_tile_takes_only_large_hinted_batches_of_17_to_3
     assert wide_narrow_tile(dataclasses.replace(narrow, num_warps=8), 32, enough, 132).block_m == 16
 
 
-def test_plan_refuses_a_negative_token_hint():
+@pytest.mark.parametrize("hint", [-5, True, 2.0])
+def test_plan_refuses_a_hint_that_is_not_a_token_count(hint):
+    lengths = torch.tensor([5], dtype=torch.int32)
     with pytest.raises(ValueError, match="kv_tokens_hint: expected None or a non-negative int"):
-        plan_decode(torch.tensor([5], dtype=torch.int32), q_len=1, heads=4, kv_tokens_hint=-5)
+        plan_decode(lengths, q_len=1, heads=4, kv_tokens_hint=hint)
+    plan_decode(lengths, q_len=1, heads=4, kv_tokens_hint=torch.tensor(5).numpy()[()])  # NumPy's integers are ints

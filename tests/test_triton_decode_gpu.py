@@ -345,16 +345,16 @@ def test_e4m3_scores_in_the_narrow_kernels_32_row_tile(heads, q_len, page_size, 
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
-def test_a_wide_narrow_plan_at_other_widths_runs_on_the_64_row_kernel():
-    """The plan does not know the latent width: a 32-row plan at 256 + 32 (where the narrow kernel keeps 16-row tiles
-    and S in fp16) runs on the 64-row fp8 kernel, exactly."""
+def test_a_wide_narrow_plan_at_other_widths_runs_on_the_narrow_kernels_16_row_tile():
+    """The plan does not know the latent width: a 32-row plan at 256 + 32 (where the narrow kernel has no e4m3 scores,
+    and a 32-row tile with fp16 MMAs spills) runs the narrow kernel's 16-row tile over the plan's splits, exactly."""
     from mlakit.kernels.triton_decode import plan_decode
 
     batch = make_paged_batch([700, 0, 65], heads=16, q_len=2, page_size=64, kv_lora_rank=256, rope_dim=32,
                              kv_dtype="fp8_e4m3", device="cuda", seed=8)
     plan = plan_decode(batch.cache_seqlens, q_len=2, heads=16, kv_dtype=batch.kv_cache.dtype, e4m3_scores=True,
                        kv_tokens_hint=1 << 30)
-    assert plan.tuning.block_m == 32 and _split_kernel(batch, plan) == "hopper"
+    assert plan.tuning.block_m == 32 and _split_kernel(batch, plan) == "narrow"
     out, lse = triton_mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens, plan=plan,
                                  kv_lora_rank=256, softmax_scale=batch.softmax_scale, kv_scale=batch.kv_scale)
     expected_out, expected_lse = _reference(batch)

@@ -35,6 +35,16 @@ def test_warm_up_reports_its_calls_in_the_plan_on_cpu():
     assert extends == [f"latent extend of 16 tokens x {n} sequences" for n in (2, 4, 8, 16)]
 
 
+def test_warm_up_runs_each_decode_again_through_metadata_hinting_a_large_batch(kernel_device):
+    """A backend that builds step metadata gets every decode class again with a large `kv_tokens_hint` (steps pass
+    their cached tokens, which may pick other tiles); one without (the reference) does not."""
+    shape = MLAShape.preset("deepseek-v2-lite")
+    for backend, hinted in (("triton", True), ("reference", False)):
+        plan = warm_up(resolve(ServingConfig(device=kernel_device, max_batch_size=2, decode_backend=backend), shape),
+                       max_latent_extend_tokens=0)
+        assert ("decode q_len 1, batch 2, metadata hinted a large batch" in plan.warmup.calls) == hinted, backend
+
+
 def test_warm_up_without_latent_extends_runs_none():
     plan = warm_up(resolve(ServingConfig(max_batch_size=4), MLAShape.preset("deepseek-v2-lite"), DeviceInfo.from_arch("cpu")),
                    max_latent_extend_tokens=0)

@@ -37,6 +37,21 @@ def is_int(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def checked_kv_tokens_hint(value: object) -> int | None:
+    """`value` as a `kv_tokens_hint` argument takes it (the batch's cached tokens, known on the host): None, or a
+    non-negative integer (Python or NumPy) as an int; anything else raises MLAInputError naming the argument.
+
+    >>> checked_kv_tokens_hint(None), checked_kv_tokens_hint(4096)
+    (None, 4096)
+    """
+    if value is None:
+        return None
+    if not is_int(value) or value < 0:
+        raise MLAInputError(f"kv_tokens_hint: expected None or a non-negative int (the batch's cached tokens), "
+                            f"got {value!r}")
+    return int(value)
+
+
 def divisors(n: int) -> list[int]:
     """The divisors of `n` >= 1 in increasing order, found in O(sqrt(n)) steps (so an error
     message can list them even for a config with a billion heads).

@@ -54,7 +54,8 @@ class StepPart:
 
     `token_rows` are the part's rows in the packed batch (int64 on the device), or None
     when the part is the whole batch in order. For `decode`, `q_len` is the uniform query
-    length; for `mha_prefill`, `prefill` holds the passes.
+    length; for `mha_prefill`, `prefill` holds the passes. `kv_tokens`: the part's cached tokens in all (from
+    the host's lengths), the decode metadata's `kv_tokens_hint`.
     """
 
     kind: PartKind
@@ -66,6 +67,7 @@ class StepPart:
     cu_seqlens_q: torch.Tensor
     q_len: int | None = None
     prefill: PrefillMetadata | None = None
+    kv_tokens: int | None = None
     _decode_metadata: dict[tuple[str, int, str], DecodeMetadata] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -77,7 +79,8 @@ class StepPart:
         key = (backend, heads, kv_cache_dtype)
         if key not in self._decode_metadata:
             self._decode_metadata[key] = mla_decode_metadata(
-                self.cache_seqlens, q_len=self.q_len or 1, heads=heads, backend=backend, kv_cache_dtype=kv_cache_dtype
+                self.cache_seqlens, q_len=self.q_len or 1, heads=heads, backend=backend, kv_cache_dtype=kv_cache_dtype,
+                kv_tokens_hint=self.kv_tokens,
             )
         return self._decode_metadata[key]
 
@@ -215,6 +218,7 @@ class AttentionStep:
             cu_seqlens_q=upload_ints(cu, device, torch.int32),
             q_len=self.batch_decode_q_len if kind == "decode" else None,
             prefill=prefill,
+            kv_tokens=sum(lens),
         )
 
 

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from mlakit.attention.functional import mla_decode, mla_extend, mla_prefill
+from mlakit.attention.functional import mla_decode, mla_decode_metadata, mla_extend, mla_prefill
 from mlakit.cache import LatentStore
 from mlakit.plan import Plan, WarmupReport
 from mlakit.prefill.metadata import plan_prefill
@@ -27,6 +27,8 @@ from mlakit.registry.catalog import get_backend
 from mlakit.step import DEFAULT_MAX_LATENT_EXTEND_TOKENS
 
 LONG_SEQUENCE = 2048
+# The hint of the warm-up's hinted decodes: past any tile choice's threshold.
+LARGE_BATCH_HINT = 1 << 40
 SPLIT_PLAN_BATCH_CLASSES = (16, 32, 64, 128, 256, 512, 1024)
 
 
@@ -53,6 +55,10 @@ def warm_up(
         for batch in dict.fromkeys(classes):
             world.decode(batch, q_len)
             calls.append(f"decode q_len {q_len}, batch {batch}")
+            if get_backend(plan.decode_backend).decode_metadata is not None:
+                # A step's metadata carries its cached tokens (`StepPart.kv_tokens`): large ones may pick other tiles.
+                world.decode(batch, q_len, kv_tokens_hint=LARGE_BATCH_HINT)
+                calls.append(f"decode q_len {q_len}, batch {batch}, metadata hinted a large batch")
     if get_backend(plan.decode_backend).extend is not None:  # else short extends run in MHA form
         for new_tokens in range(2, max_latent_extend_tokens + 1):
             world.extend(new_tokens)
@@ -104,12 +110,18 @@ class _DummyWorld:
         slots = torch.arange(self.store.data.shape[0] * self.store.data.shape[1], device=self.device)
         self.store.write_slots(slots, torch.randn(slots.shape[0], self.dim, device=self.device))
 
-    def decode(self, batch: int, q_len: int) -> None:
+    def decode(self, batch: int, q_len: int, kv_tokens_hint: int | None = None) -> None:
+        """A decode of `batch` sequences, through step metadata built with `kv_tokens_hint` where one is given."""
         rows = torch.arange(batch, device=self.device) % 2
         q = torch.randn(batch, q_len, self.heads, self.dim, device=self.device, dtype=self.q_dtype)
+        metadata = None
+        if kv_tokens_hint is not None:
+            metadata = mla_decode_metadata(self.lengths[rows], q_len=q_len, heads=self.heads,
+                                           backend=self.plan.decode_backend, kv_cache_dtype=self.plan.kv_cache_dtype,
+                                           kv_tokens_hint=kv_tokens_hint)
         mla_decode(q, self.store.data, self.table[rows], self.lengths[rows], softmax_scale=self.scale,
                    backend=self.plan.decode_backend, kv_scale=self.store.scale, kv_lora_rank=self.rank,
-                   return_lse=False, check_inputs=False)
+                   metadata=metadata, return_lse=False, check_inputs=False)
 
     def extend(self, new_tokens: int, sequences: int = 1) -> None:
         """`new_tokens` new tokens at the end of each of `sequences` copies of the long sequence."""

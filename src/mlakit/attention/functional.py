@@ -19,7 +19,7 @@ from mlakit.attention.checks import (
 )
 from mlakit.config import AUTO
 from mlakit.device import DeviceInfo
-from mlakit.errors import ConfigError, MLAInputError
+from mlakit.errors import ConfigError, MLAInputError, checked_kv_tokens_hint
 from mlakit.cache.kv_quant import STORAGE_DTYPES, storage_name
 from mlakit.prefill.metadata import PrefillMetadata
 from mlakit.prefill.mha import head_dims
@@ -100,9 +100,9 @@ def mla_decode_metadata(
     """
     _check_storage_name(kv_cache_dtype)
     builder = get_backend(backend).decode_metadata
-    _check_kv_tokens_hint(kv_tokens_hint)
+    hint = _hint_arguments(kv_tokens_hint)
     data = None if builder is None else builder(cache_seqlens, q_len=q_len, heads=heads, kv_cache_dtype=kv_cache_dtype,
-                                                kv_tokens_hint=kv_tokens_hint)
+                                                **hint)
     return DecodeMetadata(backend, cache_seqlens.shape[0], q_len, heads, kv_cache_dtype, data)
 
 
@@ -129,9 +129,9 @@ def mla_extend_metadata(
     """
     _check_storage_name(kv_cache_dtype)
     builder = get_backend(backend).extend_metadata
-    _check_kv_tokens_hint(kv_tokens_hint)
+    hint = _hint_arguments(kv_tokens_hint)
     data = None if builder is None else builder(cache_seqlens, cu_seqlens_q, max_q_len=max_q_len, heads=heads,
-                                                kv_cache_dtype=kv_cache_dtype, kv_tokens_hint=kv_tokens_hint)
+                                                kv_cache_dtype=kv_cache_dtype, **hint)
     return ExtendMetadata(backend, max_q_len, heads, kv_cache_dtype, cu_seqlens_q, cu_seqlens_q.clone(), data)
 
 
@@ -438,10 +438,11 @@ def _check_storage_name(kv_cache_dtype: object) -> None:
         raise MLAInputError(f"kv_cache_dtype: expected one of {sorted(STORAGE_DTYPES)}, got {kv_cache_dtype!r}")
 
 
-def _check_kv_tokens_hint(kv_tokens_hint: object) -> None:
-    if kv_tokens_hint is not None and (type(kv_tokens_hint) is not int or kv_tokens_hint < 0):
-        raise MLAInputError(f"kv_tokens_hint: expected None or a non-negative int (the batch's cached tokens), "
-                            f"got {kv_tokens_hint!r}")
+def _hint_arguments(kv_tokens_hint: object) -> dict[str, int]:
+    """A metadata builder's keyword for the hint: none where there is no hint (so a builder written before the
+    keyword still serves unhinted steps), else the checked hint."""
+    hint = checked_kv_tokens_hint(kv_tokens_hint)
+    return {} if hint is None else {"kv_tokens_hint": hint}
 
 
 def mla_prefill(

@@ -27,6 +27,7 @@ from mlakit.kernels.launch import CachedLaunch
 from mlakit.cache.kv_quant import FP8_DTYPE, SCALE_GROUP, SCALE_NONE, SCALE_PER_GROUP, SCALE_PER_TENSOR
 from mlakit.cache.kv_quant import scale_mode as kv_scale_mode
 from mlakit.device import sm_count
+from mlakit.errors import checked_kv_tokens_hint
 from mlakit.reference import pages_view
 
 LOG2E = 1.4426950408889634
@@ -423,9 +424,7 @@ def _plan(
     e4m3_scores: bool,
     kv_tokens_hint: int | None,
 ) -> DecodePlan:
-    if kv_tokens_hint is not None and (not isinstance(kv_tokens_hint, int) or kv_tokens_hint < 0):
-        raise ValueError(f"kv_tokens_hint: expected None or a non-negative int (the batch's cached tokens), "
-                         f"got {kv_tokens_hint!r}")
+    kv_tokens_hint = checked_kv_tokens_hint(kv_tokens_hint)
     batch = cache_seqlens.shape[0]
     rows = max(1, max_q_len * heads)
     hopper_default = tuning is None and not INTERPRET and hopper_common.serves(cache_seqlens.device, kv_dtype)
@@ -762,8 +761,9 @@ def split_kernel_for(
     """Which split kernel runs `plan` on this call ("narrow", "hopper" or "portable") and with
     which tile. The plan's tile decides; where the plan took the Hopper tier's default tile but
     that tier's kernel refuses the call (a page size the narrow kernel cannot box, per-group fp8
-    scales, odd strides), the 64-row Hopper kernel, else the portable kernel's default tile runs
-    over the same split counts.
+    scales, odd strides, the narrow kernel's 32-row tile at widths other than DeepSeek's), the narrow
+    kernel's 16-row tile (for a 32-row plan), else the 64-row Hopper kernel, else the portable kernel's
+    default tile runs over the same split counts.
 
     >>> from mlakit.cache.kv_quant import SCALE_NONE
     >>> device = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU interpreter runs the portable kernel only
@@ -774,19 +774,23 @@ def split_kernel_for(
     """
     tuning, geometry = plan.tuning, plan.geometry
     for kernel in ("narrow", "hopper"):
-        if _takes_kernel(kernel, q, pages, kv_lora_rank, scale_mode, tuning):
+        if _takes_kernel(kernel, q, pages, kv_lora_rank, scale_mode, tuning, plan.e4m3_scores):
             return kernel, tuning, geometry
     if not plan.hopper_default or tuning.tier != "auto":
         return "portable", tuning, geometry
     rows = max(1, plan.max_q_len * q.shape[1])
-    hopper_tile = default_tuning(rows, hopper_tier=True)
-    kernel = "hopper" if _takes_kernel("hopper", q, pages, kv_lora_rank, scale_mode, hopper_tile) else "portable"
-    tuning = hopper_tile if kernel == "hopper" else default_tuning(rows)
+    fallbacks = [("hopper", default_tuning(rows, hopper_tier=True)), ("portable", default_tuning(rows))]
+    if (tuning.block_m, tuning.num_warps) == (hopper_narrow_decode.E4M3_ROWS.value, hopper_narrow_decode.NUM_WARPS):
+        fallbacks.insert(0, ("narrow", dataclasses.replace(tuning, block_m=hopper_narrow_decode.ROWS.value)))
+    kernel, tuning = next((kernel, tile) for kernel, tile in fallbacks
+                          if kernel == "portable" or _takes_kernel(kernel, q, pages, kv_lora_rank, scale_mode, tile,
+                                                                   plan.e4m3_scores))
     return kernel, tuning, dataclasses.replace(geometry, row_tiles=-(-rows // tuning.block_m))
 
 
 def _takes_kernel(
-    kernel: str, q: torch.Tensor, pages: torch.Tensor, kv_lora_rank: int, scale_mode: int, tuning: DecodeTuning
+    kernel: str, q: torch.Tensor, pages: torch.Tensor, kv_lora_rank: int, scale_mode: int, tuning: DecodeTuning,
+    e4m3_scores: bool,
 ) -> bool:
     """Whether a Hopper kernel serves this tile and call: "hopper" 64-row tiles of the caches
     `hopper_decode.supports` names, "narrow" 16-row tiles (32-row ones where it `takes_rows`; four warps) of those
@@ -794,7 +798,7 @@ def _takes_kernel(
     if kernel == "narrow":
         tier = hopper_narrow_decode
         tile_fits = (tuning.num_warps == tier.NUM_WARPS
-                     and tier.takes_rows(tuning.block_m, kv_lora_rank, q.shape[-1] - kv_lora_rank))
+                     and tier.takes_rows(tuning.block_m, kv_lora_rank, q.shape[-1] - kv_lora_rank, e4m3_scores))
     else:
         tier = hopper_decode
         tile_fits = tuning.block_m == hopper_decode.BLOCK_M.value
