@@ -5,7 +5,8 @@ With up to 32 query rows (16 heads, one or two draft tokens), the 64-row tiles o
 shared-memory copy. Here the KV tokens are the MMA's M dimension and 16 query rows its N:
 S^T = K . Q^T and O^T = V^T . P^T, one warpgroup per program, two programs per SM (a
 sequence of 17-32 rows takes two programs side by side, the second reading its tiles from
-L2; or, with e4m3 scores on a batch the plan was told is large, one program of 32 rows, E4M3_ROWS). K and V are register operands loaded straight from the fp8 tile that TMA brought
+L2; or, with e4m3 scores on a batch the plan was told is large, one program of 32 rows, E4M3_ROWS).
+K and V are register operands loaded straight from the fp8 tile that TMA brought
 (vector loads, e4m3 -> fp16 exactly in registers), so the tile crosses shared memory once
 per use and is never written back converted. The MMAs run in fp16: each query row is scaled
 by a power of two into fp16's range (exact for bf16 values down to 2^-31 of the row's
@@ -122,7 +123,8 @@ def takes_rows(rows: int, kv_lora_rank: int, rope_dim: int, e4m3_scores: bool) -
     >>> takes_rows(16, 256, 32, False)
     True
     """
-    return rows == ROWS.value or (rows == E4M3_ROWS.value and e4m3_scores and (kv_lora_rank, rope_dim) == DEEPSEEK_WIDTHS)
+    wide = rows == E4M3_ROWS.value and e4m3_scores and (kv_lora_rank, rope_dim) == DEEPSEEK_WIDTHS
+    return rows == ROWS.value or wide
 
 
 def tma_boxes(page_size: int, kv_lora_rank: int, rope_dim: int) -> tuple[tuple[int, int], tuple[int, int]]:

@@ -480,7 +480,8 @@ def wide_narrow_tile(tuning: DecodeTuning, rows: int, kv_tokens_hint: int | None
     if (kv_tokens_hint is None or tuning.block_m != narrow.ROWS.value or tuning.num_warps != narrow.NUM_WARPS
             or not narrow.ROWS.value < rows <= narrow.MAX_ROWS):
         return tuning
-    if kv_tokens_hint // hopper_common.BLOCK_N.value < narrow.WIDE_MIN_TILES_PER_PROGRAM * tuning.programs_per_sm * num_sms:
+    programs = tuning.programs_per_sm * num_sms
+    if kv_tokens_hint // hopper_common.BLOCK_N.value < narrow.WIDE_MIN_TILES_PER_PROGRAM * programs:
         return tuning
     return dataclasses.replace(tuning, block_m=narrow.E4M3_ROWS.value)
 
