@@ -3,6 +3,7 @@
 import dataclasses
 import functools
 
+import numpy as np
 import pytest
 import torch
 
@@ -384,4 +385,4 @@ def test_plan_refuses_a_hint_that_is_not_a_token_count(hint):
     lengths = torch.tensor([5], dtype=torch.int32)
     with pytest.raises(ValueError, match="kv_tokens_hint: expected None or a non-negative int"):
         plan_decode(lengths, q_len=1, heads=4, kv_tokens_hint=hint)
-    plan_decode(lengths, q_len=1, heads=4, kv_tokens_hint=torch.tensor(5).numpy()[()])  # NumPy's integers are ints
+    plan_decode(lengths, q_len=1, heads=4, kv_tokens_hint=np.int64(5))  # NumPy's integers are ints
