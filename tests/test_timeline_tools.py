@@ -15,7 +15,8 @@ SEESAW_MODULES = ("hopper_decode/seesaw_kernel.py", "hopper_decode/seesaw_partit
 
 @pytest.mark.parametrize("tool, kernels, stamps", [("seesaw_timeline", SEESAW_MODULES, 8),
                                                   ("prefill_timeline", ("hopper_prefill.py",), 8),
-                                                  ("prefill_tile_phases", ("hopper_prefill.py",), 14)])
+                                                  ("prefill_tile_phases", ("hopper_prefill.py",), 14),
+                                                  ("narrow_timeline", ("hopper_narrow_decode.py",), 5)])
 def test_stamped_copy_applies_every_edit(tool, kernels, stamps, tmp_path, monkeypatch):
     """Each tool's `stamp` finds every anchor once in today's kernel sources, and the stamped modules still parse
     with the stamp calls in them, each defining the `_stamp` it calls (a moved anchor stops the tool; this catches it

@@ -36,11 +36,14 @@ def case_inputs(case: DecodeCase) -> tuple[DecodeInputs, DecodePlan]:
     return inputs, case_plan(case, inputs)
 
 
-def case_plan(case: DecodeCase, inputs: DecodeInputs, tuning: DecodeTuning | None = None) -> DecodePlan:
-    """A new split plan for the case's inputs (the default tuning unless one is given). A plan keeps the launches it
+def case_plan(case: DecodeCase, inputs: DecodeInputs, tuning: DecodeTuning | None = None, e4m3_scores: bool = False,
+              hinted: bool = False) -> DecodePlan:
+    """A new split plan for the case's inputs (the default tuning unless one is given; `e4m3_scores` as
+    `plan_decode`'s; `hinted`: told the batch's cached tokens, its `kv_tokens_hint`). A plan keeps the launches it
     prepared, so variants that must launch differently each need their own."""
+    hint = int(inputs.cache_seqlens.sum()) if hinted else None
     return plan_decode(inputs.cache_seqlens, q_len=case.q_len, heads=case.heads, kv_dtype=inputs.kv_cache.dtype,
-                       tuning=tuning)
+                       tuning=tuning, e4m3_scores=e4m3_scores, kv_tokens_hint=hint)
 
 
 def decode_call(inputs: DecodeInputs, plan: DecodePlan) -> Callable:

@@ -1,21 +1,32 @@
-"""Device experiment: where one decode call's time goes, kernel by kernel (split pass, combine).
+"""Device experiment: where one decode call's time goes, kernel by kernel (split pass, combine), beside the call's
+CUDA-graph replay time with a clean L2 (what the kernels leave to launch gaps shows as the difference).
 
-Usage: python benchmarks/experiments/decode_kernel_breakdown.py HEADS,BATCH,SEQLEN|ragged,Q_LEN[,KV_DTYPE] [...]
-Prints, per case, the mean CUDA time of each kernel over 20 calls (torch.profiler) and the split plan.
+Usage: python benchmarks/experiments/decode_kernel_breakdown.py [--e4m3-scores] [--hinted] CASE [...]
+(CASE as `DecodeCase.parse`: HEADS,BATCH,SEQLEN|ragged,Q_LEN[,KV_DTYPE[,PAGE_SIZE]].) Prints, per case, the mean CUDA
+time of each kernel over 20 calls (torch.profiler) and the split plan; `--e4m3-scores` plans fp8 pages with S on 8-bit
+tensor cores, `--hinted` tells the plan the batch's cached tokens (`plan_decode`'s `kv_tokens_hint`).
 """
 
 import sys
 
+import torch
 from cuda_profile import kernel_times
-from decode_case import case_inputs, decode_call, parse_case
+from decode_case import case_plan, decode_call, parse_case
+
+from mlakit.bench.decode import make_inputs, time_graph_replay
 
 CALLS = 20
 
-for spec in sys.argv[1:]:
+flags = {argument for argument in sys.argv[1:] if argument.startswith("--")}
+for spec in (argument for argument in sys.argv[1:] if not argument.startswith("--")):
     case = parse_case(spec)
-    inputs, plan = case_inputs(case)
+    inputs = make_inputs(case, torch.device("cuda"))
+    plan = case_plan(case, inputs, e4m3_scores="--e4m3-scores" in flags, hinted="--hinted" in flags)
     call = decode_call(inputs, plan)
     totals = kernel_times(call, CALLS, name_width=40)
+    replay = time_graph_replay(call, "clean-l2")
     splits = plan.num_splits.tolist()
-    print(f"{case.label}: splits {min(splits)}-{max(splits)} (grid {plan.geometry}),",
-          ", ".join(f"{name} {us:.1f} us" for name, (us, _) in sorted(totals.items(), key=lambda kv: -kv[1][0])))
+    print(f"{case.label} (block_m {plan.tuning.block_m}): splits {min(splits)}-{max(splits)} (grid {plan.geometry}), "
+          f"graph replay {replay:.1f} us clean L2;",
+          ", ".join(f"{name} {us:.1f} us" for name, (us, _) in sorted(totals.items(), key=lambda kv: -kv[1][0])),
+          flush=True)

@@ -202,22 +202,29 @@ def _output_rows(acc):
 
 
 @gluon.jit
-def _load_query(q_lat_smem, q_rope_smem, Q, tile, first_token, q_len, Q_STRIDES,
-                HEADS: gl.constexpr, LATENT_WIDTH: gl.constexpr):
-    """The tile's query rows scaled per row by a power of two (largest magnitude in [2^14, 2^15)),
-    in fp16 with columns relabelled as the K chunks are, or, into e4m3 buffers, rounded to e4m3 with their largest
-    magnitude in [2^7, 2^8) and columns in the cache's order; returns the per-row factor undoing it."""
-    rows: gl.constexpr = q_lat_smem.shape[0]
-    rank: gl.constexpr = q_lat_smem.shape[1]
-    rope_dim: gl.constexpr = q_rope_smem.shape[1]
+def _query_rows(Q, tile, first_token, q_len, Q_STRIDES, HEADS: gl.constexpr, ROWS: gl.constexpr,
+                KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr):
+    """The tile's query rows as loaded (latent and rope columns; rows past the sequence's zero), issued before the
+    first tiles' copies so that they do not queue behind them (NOTES.md v82)."""
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    q_rows = tile * rows + gl.arange(0, rows, layout=gl.SliceLayout(1, layout))
+    q_rows = tile * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
     row_ok = (q_rows < q_len * HEADS)[:, None]
     base = (first_token + q_rows // HEADS).to(gl.int64) * Q_STRIDES[0] + (q_rows % HEADS) * Q_STRIDES[1]
-    lat_cols = gl.arange(0, rank, layout=gl.SliceLayout(0, layout))
-    rope_cols = rank + gl.arange(0, rope_dim, layout=gl.SliceLayout(0, layout))
-    lat = gl.load(Q + base[:, None] + lat_cols[None, :], mask=row_ok, other=0.0).to(gl.float32)
-    rope = gl.load(Q + base[:, None] + rope_cols[None, :], mask=row_ok, other=0.0).to(gl.float32)
+    lat_cols = gl.arange(0, KV_LORA_RANK, layout=gl.SliceLayout(0, layout))
+    rope_cols = KV_LORA_RANK + gl.arange(0, ROPE_DIM, layout=gl.SliceLayout(0, layout))
+    lat = gl.load(Q + base[:, None] + lat_cols[None, :], mask=row_ok, other=0.0)
+    rope = gl.load(Q + base[:, None] + rope_cols[None, :], mask=row_ok, other=0.0)
+    return lat, rope
+
+
+@gluon.jit
+def _store_query(q_lat_smem, q_rope_smem, lat, rope, LATENT_WIDTH: gl.constexpr):
+    """`_query_rows`' rows scaled per row by a power of two (largest magnitude in [2^14, 2^15)), in fp16 with columns
+    relabelled as the K chunks are, or, into e4m3 buffers, rounded to e4m3 with their largest magnitude in [2^7, 2^8)
+    and columns in the cache's order; returns the per-row factor undoing it."""
+    rope_dim: gl.constexpr = q_rope_smem.shape[1]
+    lat = lat.to(gl.float32)
+    rope = rope.to(gl.float32)
     amax = gl.maximum(gl.max(gl.abs(lat), 1), gl.max(gl.abs(rope), 1))
     if q_lat_smem.dtype == gl.float8e4nv:
         factor = query_row_factor(amax, E4M3_QUERY_EXPONENT)
@@ -332,12 +339,13 @@ def mla_decode_hopper_narrow_fp8_kernel(
     for st in gl.static_range(STAGES):
         mbarrier.init(ready.index(st), count=1)
 
+    q_lat, q_rope = _query_rows(Q, tile, first_token, q_len, Q_STRIDES, HEADS, ROWS, KV_LORA_RANK, ROPE_DIM)
     bt_row = b * stride_bt_b
     for st in gl.static_range(STAGES):
         _load_tile(LATENT_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, start + st * BLOCK_N, end, ready.index(st),
                    k_lat_smem.index(st), k_rope_smem.index(st), st < num_tiles, PAGE_SIZE)
     kv_scale = gl.load(KV_SCALE)
-    unscale = _load_query(q_lat_smem, q_rope_smem, Q, tile, first_token, q_len, Q_STRIDES, HEADS, latent_width)
+    unscale = _store_query(q_lat_smem, q_rope_smem, q_lat, q_rope, latent_width)
     fence_async_shared()
     gl.thread_barrier()
 
