@@ -46,6 +46,19 @@ def case_plan(case: DecodeCase, inputs: DecodeInputs, tuning: DecodeTuning | Non
                        tuning=tuning, e4m3_scores=e4m3_scores, kv_tokens_hint=hint)
 
 
+PLAN_FLAGS = ("--e4m3-scores", "--hinted")
+
+
+def cases_and_plan_flags(arguments: list[str]) -> tuple[list[str], dict[str, bool]]:
+    """Case specs and `case_plan`'s keywords from a command line: `--e4m3-scores` (S on 8-bit tensor cores over fp8
+    pages), `--hinted` (the plan told the batch's cached tokens); any other `--` flag stops the tool, naming it."""
+    unknown = [argument for argument in arguments if argument.startswith("--") and argument not in PLAN_FLAGS]
+    if unknown:
+        raise SystemExit(f"unknown flag(s) {unknown}: expected {PLAN_FLAGS} and cases")
+    specs = [argument for argument in arguments if not argument.startswith("--")]
+    return specs, {"e4m3_scores": "--e4m3-scores" in arguments, "hinted": "--hinted" in arguments}
+
+
 def decode_call(inputs: DecodeInputs, plan: DecodePlan) -> Callable:
     """One decode call of our kernel over `inputs` with `plan`."""
     def call():

@@ -11,17 +11,17 @@ import sys
 
 import torch
 from cuda_profile import kernel_times
-from decode_case import case_plan, decode_call, parse_case
+from decode_case import case_plan, cases_and_plan_flags, decode_call, parse_case
 
 from mlakit.bench.decode import make_inputs, time_graph_replay
 
 CALLS = 20
 
-flags = {argument for argument in sys.argv[1:] if argument.startswith("--")}
-for spec in (argument for argument in sys.argv[1:] if not argument.startswith("--")):
+specs, plan_flags = cases_and_plan_flags(sys.argv[1:])
+for spec in specs:
     case = parse_case(spec)
     inputs = make_inputs(case, torch.device("cuda"))
-    plan = case_plan(case, inputs, e4m3_scores="--e4m3-scores" in flags, hinted="--hinted" in flags)
+    plan = case_plan(case, inputs, **plan_flags)
     call = decode_call(inputs, plan)
     totals = kernel_times(call, CALLS, name_width=40)
     replay = time_graph_replay(call, "clean-l2")

@@ -12,7 +12,8 @@ prologue done, first tile landed, loop end, stores issued) and its KV tiles, wri
 source no longer has the text it anchors on. `run` plans each case (`--e4m3-scores`: S on 8-bit tensor cores;
 `--hinted`: the plan told the batch's cached tokens), times it (CUDA-graph replay, clean L2), then runs one eager call
 after an L2 flush and prints per event the min / median / max over programs (us from the first program's start), the
-per-program medians of the phases, the loop's time a tile, and a fit of end time against KV tiles.
+per-program medians of the phases, the loop's time a tile, and (where programs' KV tiles differ) a fit of a
+program's own time against its tiles.
 """
 
 from __future__ import annotations
@@ -57,20 +58,22 @@ def stamp(destination: Path) -> None:
 def run(arguments: list[str]) -> None:
     """The timeline of each case (module docstring)."""
     import torch
-    from decode_case import case_plan, decode_call, parse_case
+    from decode_case import PLAN_FLAGS, case_plan, cases_and_plan_flags, decode_call, parse_case
 
     from mlakit.bench.decode import make_inputs, time_graph_replay
     from mlakit.kernels import hopper_narrow_decode
 
     if not hasattr(hopper_narrow_decode, "TIMELINE"):
         raise SystemExit("not a stamped copy: run `stamp` first and put its src/ first on PYTHONPATH")
-    flags = {argument for argument in arguments if argument.startswith("--")}
+    specs, plan_flags = cases_and_plan_flags(arguments)
     hopper_narrow_decode.TIMELINE = torch.zeros(SLOTS * len(EVENTS), dtype=torch.int64, device="cuda")
     flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
-    for spec in (argument for argument in arguments if not argument.startswith("--")):
+    for spec in specs:
         case = parse_case(spec)
         inputs = make_inputs(case, torch.device("cuda"))
-        plan = case_plan(case, inputs, e4m3_scores="--e4m3-scores" in flags, hinted="--hinted" in flags)
+        plan = case_plan(case, inputs, **plan_flags)
+        if plan.geometry.row_tiles * plan.work.shape[0] > SLOTS:
+            raise SystemExit(f"{spec}: {plan.geometry.row_tiles * plan.work.shape[0]} programs, more than {SLOTS} slots")
         call = decode_call(inputs, plan)
         graph_us = time_graph_replay(call, "clean-l2")
         torch.cuda.synchronize()
@@ -79,22 +82,30 @@ def run(arguments: list[str]) -> None:
         call()
         torch.cuda.synchronize()
         stamps = hopper_narrow_decode.TIMELINE.view(SLOTS, len(EVENTS)).cpu()
-        stamps = stamps[stamps[:, 0] > 0]
+        # Programs with KV tiles (a split may have none: no first-tile stamp).
+        stamps = stamps[(stamps[:, :5] > 0).all(1) & (stamps[:, 5] > 0)]
+        if len(stamps) == 0:
+            print(f"{spec}: no narrow-kernel program with KV tiles ran (another kernel took the case)")
+            continue
         first = stamps[:, 0].min()
         times = (stamps[:, :5] - first).double() / 1000
         tiles = stamps[:, 5].double()
-        print(f"{spec} {' '.join(sorted(flags))} (block_m {plan.tuning.block_m}): graph replay {graph_us:.1f} us clean "
-              f"L2, programs {len(stamps)}, kernel span (stamps) {times[:, 4].max():.1f} us")
+        print(f"{spec} {' '.join(a for a in PLAN_FLAGS if a in arguments)} (block_m {plan.tuning.block_m}): graph replay "
+              f"{graph_us:.1f} us clean L2, programs {len(stamps)}, kernel span (stamps) {times[:, 4].max():.1f} us")
         for event, name in enumerate(EVENTS[:5]):
             column = times[:, event]
             print(f"    {name:11s} min {column.min():7.1f}  median {column.median():7.1f}  max {column.max():7.1f}")
         phases = (times[:, 1:] - times[:, :-1]).median(0).values
-        per_tile = ((times[:, 3] - times[:, 2]) / (tiles - 1).clamp(min=1)).median()
-        fit = torch.linalg.lstsq(torch.stack([torch.ones_like(tiles), tiles], 1), times[:, 4:5]).solution.flatten()
-        print(f"    medians a program: prologue {phases[0]:.1f}, to the first tile {phases[1]:.1f}, loop {phases[2]:.1f} "
-              f"({per_tile:.2f} a tile), stores {phases[3]:.1f}; tiles min / median / max {int(tiles.min())} / "
-              f"{int(tiles.median())} / {int(tiles.max())}; end = {fit[0]:.1f} + {fit[1]:.2f} x tiles")
-
+        # From the first tile's arrival to the loop's end the program computes every tile.
+        per_tile = ((times[:, 3] - times[:, 2]) / tiles).median()
+        line = (f"    medians a program: prologue {phases[0]:.1f}, to the first tile {phases[1]:.1f}, loop {phases[2]:.1f} "
+                f"({per_tile:.2f} a tile), stores {phases[3]:.1f}; tiles min / median / max {int(tiles.min())} / "
+                f"{int(tiles.median())} / {int(tiles.max())}")
+        if tiles.unique().numel() > 1:
+            own_time = times[:, 4:5] - times[:, 0:1]
+            fit = torch.linalg.lstsq(torch.stack([torch.ones_like(tiles), tiles], 1), own_time).solution.flatten()
+            line += f"; a program's own time = {fit[0]:.1f} + {fit[1]:.2f} x tiles"
+        print(line)
 
 if __name__ == "__main__":
     main(__doc__, stamp, run)

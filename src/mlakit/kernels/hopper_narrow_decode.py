@@ -204,8 +204,8 @@ def _output_rows(acc):
 @gluon.jit
 def _query_rows(Q, tile, first_token, q_len, Q_STRIDES, HEADS: gl.constexpr, ROWS: gl.constexpr,
                 KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr):
-    """The tile's query rows as loaded (latent and rope columns; rows past the sequence's zero), issued before the
-    first tiles' copies so that they do not queue behind them (NOTES.md v82)."""
+    """The tile's query rows as loaded (latent and rope columns; rows past the sequence's end are zeros), issued
+    before the first tiles' copies so that they do not queue behind them (NOTES.md v82)."""
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     q_rows = tile * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
     row_ok = (q_rows < q_len * HEADS)[:, None]
