@@ -7,13 +7,13 @@ Usage, from the repository root on an SM90 device:
         [--e4m3-scores] [--hinted] 16,64,4096,2,fp8_e4m3 ...
 
 `stamp` copies the package and inserts, into that copy's `hopper_narrow_decode.py`, five stamps a program (start,
-prologue done, first tile landed, loop end, stores issued) and its KV tiles, written to an int64 buffer
+prologue done, first tile landed, loop end, stores issued), its KV tiles and its SM, written to an int64 buffer
 (`hopper_narrow_decode.TIMELINE`) passed as one more kernel argument; it fails, naming the anchor, when the kernel's
 source no longer has the text it anchors on. `run` plans each case (`--e4m3-scores`: S on 8-bit tensor cores;
 `--hinted`: the plan told the batch's cached tokens), times it (CUDA-graph replay, clean L2), then runs one eager call
 after an L2 flush and prints per event the min / median / max over programs (us from the first program's start), the
 per-program medians of the phases, the loop's time a tile, and (where programs' KV tiles differ) a fit of a
-program's own time against its tiles.
+program's own time against its tiles, and the programs' ends by how many programs of the launch their SM ran.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from kernel_stamps import main, stamp_functions, stamped_copy
 
-EVENTS = ("start", "prologue", "first tile", "loop end", "stored", "tiles")
+EVENTS = ("start", "prologue", "first tile", "loop end", "stored", "tiles", "sm")
 STAMPS = stamp_functions(len(EVENTS))
 EDITS = {
     "hopper_narrow_decode.py": (
@@ -35,13 +35,14 @@ EDITS = {
          "PART_STRIDES, TL,\n    HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr,"),
         ("    if idle:\n        return\n",
          "    if idle:\n        return\n    slot = gl.program_id(0) * gl.num_programs(1) + gl.program_id(1)\n"
-         "    _stamp(TL, slot, 0)\n"),
+         "    _stamp(TL, slot, 0)\n"
+         "    _record(TL, slot, 6, gl.inline_asm_elementwise(\"mov.u32 $0, %smid;\", \"=r,r\", [slot], dtype=gl.int32,\n"
+         "                                                  is_pure=True, pack=1))\n"),
         ("    fence_async_shared()\n    gl.thread_barrier()\n\n    rows = tile * ROWS",
          "    fence_async_shared()\n    gl.thread_barrier()\n    _stamp(TL, slot, 1)\n\n    rows = tile * ROWS"),
         ("        mbarrier.wait(ready.index(stage), (t // STAGES) & 1)\n",
          "        mbarrier.wait(ready.index(stage), (t // STAGES) & 1)\n        if t == 0:\n            _stamp(TL, slot, 2)\n"),
-        ("    lse, inv_l = finish_rows(m_i, l_i)\n    out = _output_rows(",
-         "    _stamp(TL, slot, 3)\n    lse, inv_l = finish_rows(m_i, l_i)\n    out = _output_rows("),
+        ("    lse, inv_l = finish_rows(m_i, l_i)\n", "    _stamp(TL, slot, 3)\n    lse, inv_l = finish_rows(m_i, l_i)\n"),
         ("    store_lse(lse, rows, LSE, PART_LSE, first_token, b, split, num_splits, q_len, LSE_STRIDES, PART_STRIDES, HEADS)\n",
          "    store_lse(lse, rows, LSE, PART_LSE, first_token, b, split, num_splits, q_len, LSE_STRIDES, PART_STRIDES, HEADS)\n"
          "    _stamp(TL, slot, 4)\n    _record(TL, slot, 5, num_tiles)\n"),
@@ -106,6 +107,12 @@ def run(arguments: list[str]) -> None:
             fit = torch.linalg.lstsq(torch.stack([torch.ones_like(tiles), tiles], 1), own_time).solution.flatten()
             line += f"; a program's own time = {fit[0]:.1f} + {fit[1]:.2f} x tiles"
         print(line)
+        sms = stamps[:, 6]
+        sharing = (sms[:, None] == sms[None, :]).sum(1)
+        for count in sharing.unique().tolist():
+            ends = times[sharing == count, 4]
+            print(f"    programs on an SM with {count - 1} other(s): {len(ends)}, stored min / median / max "
+                  f"{ends.min():.1f} / {ends.median():.1f} / {ends.max():.1f} us")
 
 if __name__ == "__main__":
     main(__doc__, stamp, run)
