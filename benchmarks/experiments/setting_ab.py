@@ -4,16 +4,21 @@ flushed), the variants interleaved over rounds; each variant has its own plan (a
 and settings are read as it prepares them). Outputs are compared with the first variant's first, and each variant's
 kernels are profiled.
 
-Usage: python benchmarks/experiments/setting_ab.py MODULE.NAME LABEL=VALUE [LABEL=VALUE ...] -- CASE [CASE ...]
+Usage: python benchmarks/experiments/setting_ab.py MODULE.NAME LABEL=VALUE [LABEL=VALUE ...] -- [--e4m3-scores]
+    [--hinted] CASE [CASE ...]
     e.g. setting_ab.py l2_evict_first.EVICT_FIRST_MAX_ROW_TILES never=0 always=64 -- 16,16,4096,1 128,64,1024,1
-(CASE as `DecodeCase.parse`: HEADS,BATCH,SEQLEN|ragged,Q_LEN[,KV_DTYPE[,PAGE_SIZE]]; VALUE a Python literal.)
+    or setting_ab.py hopper_narrow_decode.WIDE_MIN_TILES_PER_PROGRAM t12=12 t6=6 -- --e4m3-scores --hinted 16,32,4096,2,fp8_e4m3
+(CASE as `DecodeCase.parse`: HEADS,BATCH,SEQLEN|ragged,Q_LEN[,KV_DTYPE[,PAGE_SIZE]]; VALUE a Python literal; the flags
+plan every case with e4m3 scores / told its cached tokens, as `decode_case.case_plan`.) Each variant's plans are built
+with the setting at its value, so settings read at plan time count too.
 """
 
 import sys
 
 import torch
 from cuda_profile import flushed_kernel_times
-from decode_case import case_inputs, case_plan, decode_call, interleaved_times, parse_case, parse_assignment, set_setting
+from decode_case import (case_inputs, case_plan, cases_and_plan_flags, decode_call, interleaved_times, parse_assignment,
+                         parse_case, set_setting)
 
 setting, arguments = sys.argv[1], sys.argv[2:]
 split = arguments.index("--")
@@ -27,8 +32,13 @@ def call_for(variant: str, spec: str):
     return decode_call(cases[spec][0], plans[spec, variant])
 
 
-cases = {spec: case_inputs(parse_case(spec)) for spec in arguments[split + 1:]}
-plans = {(spec, variant): case_plan(parse_case(spec), inputs) for spec, (inputs, _) in cases.items() for variant in variants}
+specs, plan_flags = cases_and_plan_flags(arguments[split + 1:])
+cases = {spec: case_inputs(parse_case(spec)) for spec in specs}
+plans = {}
+for variant in variants:  # a plan reads plan-time settings (e.g. `hopper_narrow_decode.WIDE_MIN_TILES_PER_PROGRAM`)
+    set_setting(setting, variants[variant])
+    for spec, (inputs, _) in cases.items():
+        plans[spec, variant] = case_plan(parse_case(spec), inputs, **plan_flags)
 for spec in cases:
     reference_out, reference_lse = call_for(first, spec)()
     for variant in variants:
