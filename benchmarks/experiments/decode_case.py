@@ -41,8 +41,14 @@ def case_plan(case: DecodeCase, inputs: DecodeInputs, tuning: DecodeTuning | Non
     """A new split plan for the case's inputs (the default tuning unless one is given; `e4m3_scores` as
     `plan_decode`'s; `hinted`: told the batch's cached tokens, its `kv_tokens_hint`). A plan keeps the launches it
     prepared, so variants that must launch differently each need their own."""
+    return _plan_for(inputs, case.q_len, case.heads, tuning, e4m3_scores, hinted)
+
+
+def _plan_for(inputs: DecodeInputs, q_len: int, heads: int, tuning: DecodeTuning | None, e4m3_scores: bool,
+              hinted: bool) -> DecodePlan:
+    """`plan_decode` over the inputs' lengths and cache dtype (`case_plan`'s keywords)."""
     hint = int(inputs.cache_seqlens.sum()) if hinted else None
-    return plan_decode(inputs.cache_seqlens, q_len=case.q_len, heads=case.heads, kv_dtype=inputs.kv_cache.dtype,
+    return plan_decode(inputs.cache_seqlens, q_len=q_len, heads=heads, kv_dtype=inputs.kv_cache.dtype,
                        tuning=tuning, e4m3_scores=e4m3_scores, kv_tokens_hint=hint)
 
 
@@ -73,10 +79,7 @@ def own_plan_kernel(e4m3_scores: bool = False, hinted: bool = False) -> Callable
     `e4m3_scores`, `DecodePlan.e4m3_scores`; `hinted`: the plan told the batch's cached tokens, `plan_decode`'s
     `kv_tokens_hint`)."""
     def factory(inputs: DecodeInputs) -> Callable:
-        hint = int(inputs.cache_seqlens.sum()) if hinted else None
-        plan = plan_decode(inputs.cache_seqlens, q_len=inputs.q.shape[1], heads=inputs.q.shape[2],
-                           kv_dtype=inputs.kv_cache.dtype, e4m3_scores=e4m3_scores, kv_tokens_hint=hint)
-        return decode_call(inputs, plan)
+        return decode_call(inputs, _plan_for(inputs, inputs.q.shape[1], inputs.q.shape[2], None, e4m3_scores, hinted))
 
     return factory
 
