@@ -211,10 +211,11 @@ def compile_one(nope: int, rope: int, v_dim: int, block_n: int, stages: int, cau
 
 
 def seesaw_arguments(heads: int, q_len: int, kv_dtype: torch.dtype, merge: bool, batch: int = 64, page_size: int = 64,
-                     kv_lora_rank: int = 512, rope_dim: int = 64,
-                     e4m3_scores: bool = False) -> tuple[list[object], dict[str, object]]:
+                     kv_lora_rank: int = 512, rope_dim: int = 64, e4m3_scores: bool = False,
+                     part_dtype: torch.dtype = torch.float32) -> tuple[list[object], dict[str, object]]:
     """Stand-ins for the decode seesaw's arguments and constants, laid out as `triton_decode`'s launch passes them
-    through `hopper_decode.prepare` (a decode lse `[batch, heads, q_len]`, partials padded to 16 rows)."""
+    through `hopper_decode.prepare` (a decode lse `[batch, heads, q_len]`, partials of `part_dtype` padded to 16
+    rows)."""
     tokens = batch * q_len
     q = torch.empty(tokens, heads, kv_lora_rank + rope_dim, dtype=torch.bfloat16)
     pages = torch.empty(256, page_size, kv_lora_rank + rope_dim, dtype=kv_dtype)
@@ -225,7 +226,7 @@ def seesaw_arguments(heads: int, q_len: int, kv_dtype: torch.dtype, merge: bool,
     merge_state = torch.zeros(batch * 4, dtype=torch.int32)
     out = torch.empty(tokens, heads, kv_lora_rank, dtype=torch.bfloat16)
     lse = torch.empty(batch, heads, q_len, dtype=torch.float32)
-    part_out = torch.empty(batch, 4, -(-q_len * heads // 16) * 16, kv_lora_rank, dtype=torch.float32)
+    part_out = torch.empty(batch, 4, -(-q_len * heads // 16) * 16, kv_lora_rank, dtype=part_dtype)
     part_lse = torch.empty(part_out.shape[:3], dtype=torch.float32)
     strides = ((q.stride(0), q.stride(1)), (pages.stride(0), pages.stride(1)), block_table.stride(0),
                (out.stride(0), out.stride(1)), (0, lse.stride(0), lse.stride(2), lse.stride(1)),
@@ -246,7 +247,7 @@ def narrow_arguments(heads: int, q_len: int, page_size: int = 64, kv_lora_rank: 
     """Stand-ins for the narrow fp8 kernel's arguments and constants (`hopper_narrow_decode.prepare`'s launch over
     tiles of `rows` query rows): the seesaw's over fp8 pages, with the narrow kernel's TMA boxes."""
     seesaw, _ = seesaw_arguments(heads, q_len, hd.FP8_DTYPE, False, page_size=page_size, kv_lora_rank=kv_lora_rank,
-                                 rope_dim=rope_dim)
+                                 rope_dim=rope_dim, part_dtype=torch.float16)  # `triton_decode.NARROW_FP16_PARTIALS`
     pages = torch.empty(256, page_size, kv_lora_rank + rope_dim, dtype=hd.FP8_DTYPE)
     descriptors = row_descriptors(pages, nd.tma_boxes(page_size, kv_lora_rank, rope_dim))
     row_tiles = -(-q_len * heads // rows)

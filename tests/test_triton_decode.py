@@ -68,12 +68,15 @@ def test_every_combine_tiling_merges_splits_exactly(tiling, kernel_device, monke
 
 
 @pytest.mark.parametrize("max_splits", [5, 40])  # both combine tilings
-def test_combine_merges_keyless_splits_and_ignores_unused_ones(max_splits, kernel_device):
+@pytest.mark.parametrize("part_scale", [None, 0.37])  # float32 partials, or fp16 ones in the cache's units (narrow)
+def test_combine_merges_keyless_splits_and_ignores_unused_ones(max_splits, part_scale, kernel_device):
     heads, q_len, kv_lora_rank, batch = 3, 2, 64, 4
     rows, padded_rows = heads * q_len, 16
     gen = torch.Generator().manual_seed(max_splits)
     num_splits = torch.tensor([max_splits, max_splits - 3, 1, 2], dtype=torch.int32)
-    part_out = torch.randn(batch, max_splits, padded_rows, kv_lora_rank, generator=gen)
+    part_out = torch.randn(batch, max_splits, padded_rows, kv_lora_rank, generator=gen) * 100
+    if part_scale is not None:
+        part_out = part_out.half()
     part_lse = torch.randn(batch, max_splits, padded_rows, generator=gen) * 5
     part_lse[0, ::3, 1] = float("-inf")  # splits that saw no key of a row ...
     part_lse[0, :, 2] = float("-inf")  # ... every split of a row (lse -inf, output 0) ...
@@ -84,15 +87,16 @@ def test_combine_merges_keyless_splits_and_ignores_unused_ones(max_splits, kerne
         part_out[b, num_splits[b]:] = float("nan")
     out = torch.full((batch * q_len, heads, kv_lora_rank), 7.0)
     lse = torch.full((batch, heads, q_len), 7.0)
-    part_out, part_lse, out, lse = (t.to(kernel_device) for t in (part_out, part_lse, out, lse))
+    scale = torch.tensor([part_scale or 3.0])  # without SCALED_PARTS the combine must not read it
+    part_out, part_lse, out, lse, scale = (t.to(kernel_device) for t in (part_out, part_lse, out, lse, scale))
     tiling = triton_decode.combine_tiling(max_splits, kv_lora_rank)
     cu_seqlens_q = torch.arange(0, (batch + 1) * q_len, q_len, dtype=torch.int32, device=kernel_device)
     triton_decode._mla_decode_combine_kernel[(batch, -(-rows // tiling.rows), -(-kv_lora_rank // tiling.columns))](
         part_out, part_lse, num_splits.to(kernel_device), cu_seqlens_q, out, lse,
         (part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1)),
-        (out.stride(0), out.stride(1)), (0, lse.stride(0), lse.stride(2), lse.stride(1)),
+        (out.stride(0), out.stride(1)), (0, lse.stride(0), lse.stride(2), lse.stride(1)), scale,
         HEADS=heads, KV_LORA_RANK=kv_lora_rank, BLOCK_SPLITS=tiling.splits, BLOCK_ROWS=tiling.rows,
-        BLOCK_C=tiling.columns,
+        BLOCK_C=tiling.columns, SCALED_PARTS=part_scale is not None,
     )
     out, lse = out.cpu().double(), lse.cpu().double()
     for b in range(batch):
@@ -103,9 +107,9 @@ def test_combine_merges_keyless_splits_and_ignores_unused_ones(max_splits, kerne
         lses = part_lse[b, :splits, :rows].double().cpu()
         expected_lse = torch.logsumexp(lses, 0)
         weights = torch.exp(lses - torch.where(expected_lse.isinf(), 0.0, expected_lse)).nan_to_num()
-        expected = (part_out[b, :splits, :rows].double().cpu() * weights[..., None]).sum(0)
+        expected = (part_out[b, :splits, :rows].double().cpu() * weights[..., None]).sum(0) * (part_scale or 1.0)
         got = out[b * q_len:(b + 1) * q_len].reshape(rows, kv_lora_rank)
-        assert torch.allclose(got, expected, atol=1e-5), (b, (got - expected).abs().max())
+        assert torch.allclose(got, expected, atol=1e-3, rtol=1e-5), (b, (got - expected).abs().max())
         got_lse = lse[b].transpose(0, 1).reshape(rows)
         assert torch.equal(got_lse.isinf(), expected_lse.isinf())
         finite = ~expected_lse.isinf()

@@ -184,14 +184,15 @@ def store_lse(lse, rows, LSE, PART_LSE, first_token, b, split, num_splits, q_len
 def store_output(out, rows, cols, OUT, PART_OUT, first_token, b, split, num_splits, q_len,
                   OUT_STRIDES, PART_STRIDES, HEADS: gl.constexpr):
     """`out` is query row `rows`, latent column `cols` (both broadcast to its shape): to OUT when the
-    sequence has one split, else to its split's float32 partial; rows past the segment are skipped."""
+    sequence has one split, else to its split's partial (converted to the partials' dtype); rows past the segment
+    are skipped."""
     row_ok = rows < q_len * HEADS
     if num_splits == 1:
         base = (first_token + rows // HEADS).to(gl.int64) * OUT_STRIDES[0] + (rows % HEADS) * OUT_STRIDES[1]
         gl.store(OUT + base + cols, out.to(OUT.dtype.element_ty), mask=row_ok)
     else:
         part = PART_OUT + b * PART_STRIDES[0] + split * PART_STRIDES[1]
-        gl.store(part + rows * PART_STRIDES[2] + cols, out, mask=row_ok)
+        gl.store(part + rows * PART_STRIDES[2] + cols, out.to(PART_OUT.dtype.element_ty), mask=row_ok)
 
 
 @gluon.constexpr_function

@@ -381,7 +381,12 @@ def mla_decode_hopper_narrow_fp8_kernel(
                    k_lat, k_rope_smem.index(stage), t + STAGES < num_tiles, PAGE_SIZE)
 
     lse, inv_l = finish_rows(m_i, l_i)
-    out = _output_rows(acc * gl.convert_layout(inv_l * kv_scale, gl.SliceLayout(0, layout))[None, :])
+    if PART_OUT.dtype.element_ty == gl.float16:
+        # fp16 partials stay in the cache's units: the combine scales the merged rows (`triton_decode`).
+        out_scale = gl.where(num_splits == 1, kv_scale, 1.0)
+    else:
+        out_scale = kv_scale
+    out = _output_rows(acc * gl.convert_layout(inv_l * out_scale, gl.SliceLayout(0, layout))[None, :])
     out_rows = tile * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, out.type.layout))
     cols = gl.arange(0, KV_LORA_RANK, layout=gl.SliceLayout(0, out.type.layout))
     store_output(out, out_rows[:, None], cols[None, :], OUT, PART_OUT, first_token, b, split, num_splits, q_len,

@@ -3,7 +3,7 @@
 One program owns a tile of BLOCK_M query rows (rows = query tokens x heads of one
 sequence, so every head of a tile shares each KV tile it loads) and one split of the
 sequence's KV tiles. Sequences with one split write their output directly; the others
-write float32 partials that the combine kernel merges by lse.
+write partials (float32; fp16 from the narrow fp8 kernel) that the combine kernel merges by lse.
 
 Runs wherever Triton runs, including the CPU interpreter (TRITON_INTERPRET=1), where
 bf16/fp16 dot operands are upcast to float32 because the interpreter multiplies them
@@ -163,15 +163,21 @@ def _lse_pointers(LSE, LSE_STRIDES, first_token, b, draft, head):
 # where): it loads the plan's entries while the split pass ends and waits in `griddepcontrol.wait` for its partials
 # (NOTES.md v56b). Experiments set it False for a plain launch (benchmarks/experiments/setting_ab.py).
 COMBINE_AFTER_SPLIT = True
+# Whether the narrow kernel writes its partials in fp16 and in the cache's units (before the per-tensor scale, which
+# the combine applies): a normalized partial is a convex combination of e4m3 values, at most 448 in magnitude, so fp16
+# holds it to 11 bits; half the bytes of float32 partials to store and to combine (NOTES.md v83).
+NARROW_FP16_PARTIALS = True
 
 
 @triton.jit
 def _mla_decode_combine_kernel(
-    PART_OUT, PART_LSE, NUM_SPLITS, CU_SEQLENS_Q, OUT, LSE, PART_STRIDES, OUT_STRIDES, LSE_STRIDES,
+    PART_OUT, PART_LSE, NUM_SPLITS, CU_SEQLENS_Q, OUT, LSE, PART_STRIDES, OUT_STRIDES, LSE_STRIDES, PART_SCALE,
     HEADS: tl.constexpr, KV_LORA_RANK: tl.constexpr,
     BLOCK_SPLITS: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_C: tl.constexpr, AFTER_SPLIT: tl.constexpr = False,
+    SCALED_PARTS: tl.constexpr = False,
 ):
-    """Merges the split sequences' partials by lse. With AFTER_SPLIT (launched as a programmatic dependent of the
+    """Merges the split sequences' partials by lse (float32, or fp16 with SCALED_PARTS: then in the cache's units,
+    the merged rows multiplied by the one-element PART_SCALE). With AFTER_SPLIT (launched as a programmatic dependent of the
     split pass, SM90), the plan's entries load while the split pass ends, and the partials only once it has; every
     program waits for it, those with nothing to merge too: this launch must not end before the split pass, whose
     outputs the next kernel reads (in a CUDA graph it depends on this launch alone)."""
@@ -213,6 +219,8 @@ def _mla_decode_combine_kernel(
             acc += tl.load(part_rows + split * stride_po_s, mask=part_ok & (split < num_splits), other=0.0) * weight[:, None]
         m = m_new
     safe_total = tl.where(total > 0, total, 1.0)
+    if SCALED_PARTS:
+        acc *= tl.load(PART_SCALE)
     draft = rows // HEADS
     head = rows % HEADS
     out_rows = _output_rows(OUT, OUT_STRIDES, first_token, draft, head)
@@ -282,7 +290,7 @@ def combine_after_split(kernel: str, max_rows: int, max_splits: int) -> bool:
 # The split kernels' grid holds one row per work item of the plan (sequences x split ceiling).
 MAX_WORK_ROWS = 65535
 # A split reads at least this many KV tiles: short ones spread a small batch over more SMs, but each
-# writes a partial (rows x kv_lora_rank floats) the combine reads again (H100: NOTES.md, v26); at least
+# writes a partial (rows x kv_lora_rank values) the combine reads again (H100: NOTES.md, v26); at least
 # BATCHED_MIN_TILES_PER_SPLIT in batches of `decode_split_plan.BATCHED_SEQUENCES` busy sequences or more, which
 # fill the SMs with fewer, longer splits (16 heads, 16 x 1024: 4-11% faster; batch 1 would lose 13-25%: v62).
 MIN_TILES_PER_SPLIT = 2
@@ -694,13 +702,14 @@ def _prepare_launch(
     scale_mode = kv_scale_mode(pages, kv_scale)
     kernel, tuning, geometry = split_kernel_for(q, pages, kv_lora_rank, scale_mode, plan)
     tiling = combine_tiling(geometry.max_splits, kv_lora_rank)
+    scaled_parts = kernel == "narrow" and NARROW_FP16_PARTIALS
     # The launches' key: the inputs' layout and what the plan adds to the kernels' arguments and constants.
-    key = (key, kernel, tuning, geometry, tiling, plan.max_q_len, batch)
+    key = (key, kernel, tuning, geometry, tiling, plan.max_q_len, batch, scaled_parts)
     # Rows padded to 16 keep every partial stride a multiple of 16 whatever the batch, so the
     # kernels specialize the same way for every step (one compiled variant, see warm-up). The
     # partials are the plan's: its launches run one after another, each combine before the next split.
     part_out = torch.empty(batch, geometry.max_splits if geometry.max_splits > 1 else 0, -(-max_rows // 16) * 16,
-                           kv_lora_rank, dtype=torch.float32, device=q.device)
+                           kv_lora_rank, dtype=torch.float16 if scaled_parts else torch.float32, device=q.device)
     part_lse = torch.empty(part_out.shape[:3], dtype=torch.float32, device=q.device)
     scale_strides = (kv_scale.stride(0), kv_scale.stride(1)) if scale_mode == SCALE_PER_GROUP else (0, 0)
     part_strides = (part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1))
@@ -721,7 +730,8 @@ def _prepare_launch(
         split = _portable_split(key, grid, q, pages, kv_lora_rank, tuning, scale_mode, scale_strides)
     after_split = combine_after_split(kernel, max_rows, geometry.max_splits)
     combine_constants = dict(HEADS=heads, KV_LORA_RANK=kv_lora_rank, BLOCK_SPLITS=tiling.splits,
-                             BLOCK_ROWS=tiling.rows, BLOCK_C=tiling.columns, AFTER_SPLIT=after_split, num_warps=4)
+                             BLOCK_ROWS=tiling.rows, BLOCK_C=tiling.columns, AFTER_SPLIT=after_split,
+                             SCALED_PARTS=scaled_parts, num_warps=4)
     if after_split:  # a launch option only the CUDA backend knows
         combine_constants["launch_pdl"] = True
     combines = geometry.max_splits > 1 and not merged
@@ -730,8 +740,10 @@ def _prepare_launch(
     def run(q, pages, block_table, cache_seqlens, kv_scale, scale_log2, out, lse) -> None:
         split(q, pages, kv_scale, (block_table, cache_seqlens, plan.work, out, lse, part_out, part_lse, scale_log2, *strides))
         if combines:
+            # Without scaled partials the kernel never reads PART_SCALE: the lse partials fill it.
             _COMBINE(combine_key, combine_grid, (part_out, part_lse, plan.num_splits, plan.cu_seqlens_q, out, lse,
-                                                 part_strides, out_strides, lse_strides), combine_constants)
+                                                 part_strides, out_strides, lse_strides,
+                                                 kv_scale if scaled_parts else part_lse), combine_constants)
 
     return run
 
