@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from mlakit.kernels import triton_decode
+from mlakit.kernels import decode_split_plan
 from mlakit.kernels.decode_split_plan import SplitGeometry, decode_split_counts, split_geometry
 from mlakit.kernels.triton_decode import (
     CombineTiling,
@@ -170,6 +171,26 @@ def test_split_counts_follow_the_documented_formula(kernel_device):
                                 programs_per_sm=1, min_tokens_per_split=128, batched_min_tokens_per_split=256)
     assert batched(sixteen, one_each, 16) == [4] * 16  # 256 tiles / 132 programs: 2 a split, raised to 4
     assert batched(torch.tensor([1024] + [0] * 15, dtype=torch.int32, device=kernel_device), one_each, 16)[0] == 8
+
+
+def test_split_counts_round_down_where_the_nearest_would_overflow_one_wave(kernel_device, monkeypatch):
+    """16 heads x 2 query tokens in 16-row tiles (two a sequence), 264 programs at once: 48 sequences of 64 KV tiles
+    are 6144 tile-rows, 24 tiles a split, 3 splits to the nearest (288 programs), so 2 (192); 24 sequences of one
+    token take 6 tiles a split, 11 splits to the nearest, exactly 264 programs, kept; a ragged batch keeps the
+    nearest counts."""
+    def counts(lengths: list[int], q_len: int) -> list[int]:
+        cu_seqlens_q = torch.arange(len(lengths) + 1, dtype=torch.int32, device=kernel_device) * q_len
+        seqlens = torch.tensor(lengths, dtype=torch.int32, device=kernel_device)
+        geometry = split_geometry(len(lengths), 16 * q_len, 16, 132)
+        return decode_split_counts(seqlens, cu_seqlens_q, 16, geometry, block_m=16, block_n=64, num_sms=132).counts.tolist()
+
+    assert counts([4096] * 48, 2) == [2] * 48
+    assert counts([4096] * 24, 1) == [11] * 24
+    # Ragged (the busiest has 256 of a mean 37 KV tiles): 3520 tile-rows over 528 programs, 7 tiles a split; the short
+    # sequences' 32 tiles take 5 splits to the nearest (4 down), 488 programs in all.
+    assert counts([16384] + [2048] * 47, 2)[:2] == [9, 5]
+    monkeypatch.setattr(decode_split_plan, "FIT_SPLITS_TO_ONE_WAVE", False)
+    assert counts([4096] * 48, 2) == [3] * 48
 
 
 def test_split_plan_balances_ragged_lengths_and_bounds_splits(kernel_device):

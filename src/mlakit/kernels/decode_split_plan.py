@@ -32,6 +32,10 @@ BATCHED_SEQUENCES = tl.constexpr(16)
 MAX_SORTED_BATCH = tl.constexpr(1024)
 # The plan writes its work items in tiles of at most this many (sequence, split) pairs.
 WORK_STORE_TILE = 4096
+# Whether a batch that is not ragged rounds its split counts down where rounding to the nearest would ask for more
+# programs than the GPU runs at once (the last ones would run as a partial second wave: H100, 16 heads x 48 x 4096,
+# 1.13-1.27x slower; NOTES.md v84). Experiments set it False (benchmarks/experiments/setting_ab.py).
+FIT_SPLITS_TO_ONE_WAVE = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,12 +79,24 @@ class SequenceSplits(NamedTuple):
     work_state: torch.Tensor
 
 
+@triton.jit
+def _split_counts_for(tiles, tiles_per_split, max_splits, ROUND_DOWN: tl.constexpr):
+    """Splits of about `tiles_per_split` KV tiles for sequences of `tiles` (rounded to the nearest, or down), within
+    [1, max_splits], then lowered to the splits that `cdiv(tiles, splits)` tiles each fill (none empty)."""
+    if ROUND_DOWN:
+        splits = tiles // tiles_per_split
+    else:
+        splits = (tiles + tiles_per_split // 2) // tiles_per_split
+    splits = tl.minimum(tl.maximum(splits, 1), max_splits)
+    return tl.maximum(tl.cdiv(tiles, tl.maximum(tl.cdiv(tiles, splits), 1)), 1)
+
+
 @triton.jit(do_not_specialize=["batch", "programs", "min_tiles", "batched_min_tiles", "max_splits", "capacity"])
 def _split_counts_kernel(
     SEQLENS, CU_SEQLENS_Q, NUM_SPLITS, WORK, WORK_STATE, batch, programs, min_tiles, batched_min_tiles, max_splits,
     capacity,
     HEADS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
-    BLOCK_S: tl.constexpr, BLOCK_TAIL: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_TAIL: tl.constexpr, FIT_ONE_WAVE: tl.constexpr,
 ):
     offsets = tl.arange(0, BLOCK_B)
     in_batch = offsets < batch
@@ -95,10 +111,11 @@ def _split_counts_kernel(
     ragged_programs = tl.where(widest >= WIDE_ROW_TILES, WIDE_RAGGED_PROGRAMS, RAGGED_PROGRAMS)
     min_tiles = tl.where(busy >= BATCHED_SEQUENCES, batched_min_tiles, min_tiles)
     tiles_per_split = tl.maximum(tl.cdiv(work, tl.where(ragged, ragged_programs * programs, programs)), min_tiles)
-    splits = (tiles + tiles_per_split // 2) // tiles_per_split
-    splits = tl.minimum(tl.maximum(splits, 1), max_splits)
-    # The kernels give each split cdiv(tiles, splits) tiles: as many splits as that fills, none empty.
-    splits = tl.maximum(tl.cdiv(tiles, tl.maximum(tl.cdiv(tiles, splits), 1)), 1)
+    splits = _split_counts_for(tiles, tiles_per_split, max_splits, False)
+    if FIT_ONE_WAVE:
+        needed = tl.sum(tl.where(seq_work > 0, splits * row_tiles, 0), 0)
+        fewer = _split_counts_for(tiles, tiles_per_split, max_splits, True)
+        splits = tl.where(ragged | (needed <= programs), splits, fewer)
     tl.store(NUM_SPLITS + offsets, splits, mask=in_batch)
     if BLOCK_B <= MAX_SORTED_BATCH:
         # Longest-processing-time order: sequences by tiles per split, descending (ties in batch order,
@@ -156,7 +173,8 @@ def decode_split_counts(
     the batch is ragged (its busiest sequence has more than 1.25x the mean work of the
     non-empty ones; four times where a sequence spans 4 row tiles or more), so that the long
     sequences' splits do not run alone at the end. A
-    sequence's split count is rounded to the nearest whole number. A split holds at least
+    sequence's split count is rounded to the nearest whole number, or down where the batch is not ragged and the
+    nearest counts would need more programs (splits x row tiles) than run at once. A split holds at least
     `min_tokens_per_split` tokens, so its partial output (rows x kv_lora_rank floats,
     written and read again by the combine) stays small next to the KV it reads, and at least
     `batched_min_tokens_per_split` (default: the same) where BATCHED_SEQUENCES sequences or more have work,
@@ -185,6 +203,6 @@ def decode_split_counts(
         max(1, -(-min_tokens_per_split // block_n)),
         max(1, -(-(batched_min_tokens_per_split or min_tokens_per_split) // block_n)), geometry.max_splits, capacity,
         HEADS=heads, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_B=block_b,
-        BLOCK_S=max(1, WORK_STORE_TILE // block_b), BLOCK_TAIL=256,
+        BLOCK_S=max(1, WORK_STORE_TILE // block_b), BLOCK_TAIL=256, FIT_ONE_WAVE=FIT_SPLITS_TO_ONE_WAVE,
     )
     return SequenceSplits(num_splits, work, work_state)
