@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from mlakit.kernels import triton_decode
-from mlakit.kernels import decode_split_plan
+from mlakit.kernels import decode_split_plan, hopper_narrow_decode, triton_decode
 from mlakit.kernels.decode_split_plan import SplitGeometry, decode_split_counts, split_geometry
 from mlakit.kernels.triton_decode import (
     CombineTiling,
@@ -391,12 +390,12 @@ def test_triton_decode_uses_each_groups_own_fp8_scale(q_len, kernel_device):
 
 
 def test_the_narrow_kernels_wide_tile_takes_only_large_hinted_batches_of_17_to_32_rows():
-    """`wide_narrow_tile`: the 32-row tile where a hint gives every program 12 KV tiles or more, on the narrow tile only,
-    for 17-32 rows a sequence; the threshold scales with the SMs."""
+    """`wide_narrow_tile`: the 32-row tile where a hint gives every program WIDE_MIN_TILES_PER_PROGRAM KV tiles or
+    more, on the narrow tile only, for 17-32 rows a sequence; the threshold scales with the SMs."""
     from mlakit.kernels.triton_decode import default_tuning, wide_narrow_tile
 
     narrow = default_tuning(32, hopper_tier=True, kv_dtype=torch.float8_e4m3fn)
-    enough = 12 * narrow.programs_per_sm * 132 * 64
+    enough = hopper_narrow_decode.WIDE_MIN_TILES_PER_PROGRAM * narrow.programs_per_sm * 132 * 64
     for rows, hint, sms, block_m in ((32, enough, 132, 32), (17, enough, 132, 32), (32, enough - 64, 132, 16),
                                      (32, enough, 133, 16), (16, enough, 132, 16), (32, None, 132, 16)):
         assert wide_narrow_tile(narrow, rows, hint, sms).block_m == block_m, (rows, hint, sms)

@@ -479,7 +479,7 @@ def wide_narrow_tile(tuning: DecodeTuning, rows: int, kv_tokens_hint: int | None
     `tuning` unchanged otherwise.
 
     >>> narrow = default_tuning(32, hopper_tier=True, kv_dtype=torch.float8_e4m3fn)
-    >>> [wide_narrow_tile(narrow, 32, hint, num_sms=132).block_m for hint in (None, 64 * 3167, 64 * 3168)]
+    >>> [wide_narrow_tile(narrow, 32, hint, num_sms=132).block_m for hint in (None, 64 * 1583, 64 * 1584)]
     [16, 16, 32]
     >>> wide_narrow_tile(narrow, 16, 1 << 30, num_sms=132).block_m
     16
