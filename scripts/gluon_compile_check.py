@@ -41,6 +41,7 @@ from triton.runtime.jit import create_function_from_signature
 from mlakit.kernels import hopper_decode as hd
 from mlakit.kernels import hopper_narrow_decode as nd
 from mlakit.kernels import hopper_prefill as hp
+from mlakit.kernels import triton_decode
 from mlakit.kernels.hopper_common import matrix_descriptor, row_descriptors
 from mlakit.kernels.l2_evict_first import streams_evict_first
 
@@ -247,7 +248,8 @@ def narrow_arguments(heads: int, q_len: int, page_size: int = 64, kv_lora_rank: 
     """Stand-ins for the narrow fp8 kernel's arguments and constants (`hopper_narrow_decode.prepare`'s launch over
     tiles of `rows` query rows): the seesaw's over fp8 pages, with the narrow kernel's TMA boxes."""
     seesaw, _ = seesaw_arguments(heads, q_len, hd.FP8_DTYPE, False, page_size=page_size, kv_lora_rank=kv_lora_rank,
-                                 rope_dim=rope_dim, part_dtype=torch.float16)  # `triton_decode.NARROW_FP16_PARTIALS`
+                                 rope_dim=rope_dim,
+                                 part_dtype=torch.float16 if triton_decode.NARROW_FP16_PARTIALS else torch.float32)
     pages = torch.empty(256, page_size, kv_lora_rank + rope_dim, dtype=hd.FP8_DTYPE)
     descriptors = row_descriptors(pages, nd.tma_boxes(page_size, kv_lora_rank, rope_dim))
     row_tiles = -(-q_len * heads // rows)

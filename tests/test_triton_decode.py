@@ -185,6 +185,7 @@ def test_split_counts_round_down_where_the_nearest_would_overflow_one_wave(kerne
 
     assert counts([4096] * 48, 2) == [2] * 48
     assert counts([4096] * 24, 1) == [11] * 24
+    assert counts([4096] * 24 + [0], 1) == [11] * 24 + [1]  # only the busy sequences' programs count
     # Ragged (the busiest has 256 of a mean 37 KV tiles): 3520 tile-rows over 528 programs, 7 tiles a split; the short
     # sequences' 32 tiles take 5 splits to the nearest (4 down), 488 programs in all.
     assert counts([16384] + [2048] * 47, 2)[:2] == [9, 5]

@@ -3,6 +3,7 @@ default split plan, our kernel's call over them with the plan built beforehand (
 times it), variants of a call timed in turns, and the module settings experiments vary."""
 
 import ast
+import dataclasses
 import importlib
 from collections.abc import Callable
 
@@ -25,8 +26,26 @@ def parse_assignment(spec: str) -> tuple[str, object]:
     return setting, ast.literal_eval(value)
 
 
+class UnevenCase(DecodeCase):
+    """A batch of lengths drawn uniformly within `spread` of `seqlen` either way (seeded): uneven, yet not ragged
+    for the split plan while the longest stays within 1.25x the mean."""
+
+    spread: float = 0.2
+
+    def lengths(self) -> list[int]:
+        gen = torch.Generator().manual_seed(self.batch * 7919 + self.seqlen)
+        factors = 1 + self.spread * (2 * torch.rand(self.batch, generator=gen) - 1)
+        return (factors * self.seqlen).round().int().tolist()
+
+
 def parse_case(spec: str) -> DecodeCase:
-    """`DecodeCase.parse`: "HEADS,BATCH,SEQLEN|ragged,Q_LEN[,KV_DTYPE[,PAGE_SIZE]]", e.g. "128,64,ragged,2"."""
+    """`DecodeCase.parse`: "HEADS,BATCH,SEQLEN|ragged,Q_LEN[,KV_DTYPE[,PAGE_SIZE]]", e.g. "128,64,ragged,2"; a SEQLEN
+    of "~N" is an `UnevenCase` around N (lengths within 20% of it), e.g. "16,80,~16384,2"."""
+    fields = spec.split(",")
+    if len(fields) > 2 and fields[2].startswith("~"):
+        fields[2] = fields[2][1:]
+        case = DecodeCase.parse(",".join(fields))
+        return UnevenCase(**{f.name: getattr(case, f.name) for f in dataclasses.fields(case)})
     return DecodeCase.parse(spec)
 
 

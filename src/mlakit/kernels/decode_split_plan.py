@@ -32,9 +32,9 @@ BATCHED_SEQUENCES = tl.constexpr(16)
 MAX_SORTED_BATCH = tl.constexpr(1024)
 # The plan writes its work items in tiles of at most this many (sequence, split) pairs.
 WORK_STORE_TILE = 4096
-# Whether a batch that is not ragged rounds its split counts down where rounding to the nearest would ask for more
-# programs than the GPU runs at once (the last ones would run as a partial second wave: H100, 16 heads x 48 x 4096,
-# 1.13-1.27x slower; NOTES.md v84). Experiments set it False (benchmarks/experiments/setting_ab.py).
+# Whether a batch that is not ragged takes longer splits where its split counts would ask for more programs than the
+# GPU runs at once (the last ones would run as a partial second wave: H100, 16 heads x 48 x 4096, 1.11-1.26x slower;
+# NOTES.md v84). Experiments set it False (benchmarks/experiments/setting_ab.py).
 FIT_SPLITS_TO_ONE_WAVE = True
 
 
@@ -80,15 +80,18 @@ class SequenceSplits(NamedTuple):
 
 
 @triton.jit
-def _split_counts_for(tiles, tiles_per_split, max_splits, ROUND_DOWN: tl.constexpr):
-    """Splits of about `tiles_per_split` KV tiles for sequences of `tiles` (rounded to the nearest, or down), within
+def _split_counts_for(tiles, tiles_per_split, max_splits):
+    """Splits of about `tiles_per_split` KV tiles for sequences of `tiles` (rounded to the nearest), within
     [1, max_splits], then lowered to the splits that `cdiv(tiles, splits)` tiles each fill (none empty)."""
-    if ROUND_DOWN:
-        splits = tiles // tiles_per_split
-    else:
-        splits = (tiles + tiles_per_split // 2) // tiles_per_split
+    splits = (tiles + tiles_per_split // 2) // tiles_per_split
     splits = tl.minimum(tl.maximum(splits, 1), max_splits)
     return tl.maximum(tl.cdiv(tiles, tl.maximum(tl.cdiv(tiles, splits), 1)), 1)
+
+
+@triton.jit
+def _programs_needed(splits, row_tiles, seq_work):
+    """The programs the busy sequences' splits take: splits x row tiles, summed."""
+    return tl.sum(tl.where(seq_work > 0, splits * row_tiles, 0), 0)
 
 
 @triton.jit(do_not_specialize=["batch", "programs", "min_tiles", "batched_min_tiles", "max_splits", "capacity"])
@@ -111,11 +114,16 @@ def _split_counts_kernel(
     ragged_programs = tl.where(widest >= WIDE_ROW_TILES, WIDE_RAGGED_PROGRAMS, RAGGED_PROGRAMS)
     min_tiles = tl.where(busy >= BATCHED_SEQUENCES, batched_min_tiles, min_tiles)
     tiles_per_split = tl.maximum(tl.cdiv(work, tl.where(ragged, ragged_programs * programs, programs)), min_tiles)
-    splits = _split_counts_for(tiles, tiles_per_split, max_splits, False)
+    splits = _split_counts_for(tiles, tiles_per_split, max_splits)
     if FIT_ONE_WAVE:
-        needed = tl.sum(tl.where(seq_work > 0, splits * row_tiles, 0), 0)
-        fewer = _split_counts_for(tiles, tiles_per_split, max_splits, True)
-        splits = tl.where(ragged | (needed <= programs), splits, fewer)
+        # Longer splits (steps of 1/16) until the programs fit, or every sequence has one split; not for a ragged
+        # batch, whose splits aim at several waves on purpose.
+        longest = tl.max(tiles, 0)
+        needed = _programs_needed(splits, row_tiles, seq_work)
+        while (needed > programs) & (tiles_per_split < longest) & (ragged == 0):
+            tiles_per_split += tl.maximum(tiles_per_split // 16, 1)
+            splits = _split_counts_for(tiles, tiles_per_split, max_splits)
+            needed = _programs_needed(splits, row_tiles, seq_work)
     tl.store(NUM_SPLITS + offsets, splits, mask=in_batch)
     if BLOCK_B <= MAX_SORTED_BATCH:
         # Longest-processing-time order: sequences by tiles per split, descending (ties in batch order,
@@ -173,9 +181,10 @@ def decode_split_counts(
     the batch is ragged (its busiest sequence has more than 1.25x the mean work of the
     non-empty ones; four times where a sequence spans 4 row tiles or more), so that the long
     sequences' splits do not run alone at the end. A
-    sequence's split count is rounded to the nearest whole number, or down where the batch is not ragged and the
-    nearest counts would need more programs (splits x row tiles) than run at once. A split holds at least
-    `min_tokens_per_split` tokens, so its partial output (rows x kv_lora_rank floats,
+    sequence's split count is rounded to the nearest whole number; where the batch is not ragged and its counts
+    would need more programs (splits x row tiles over the busy sequences) than run at once, the splits grow by
+    sixteenths until they fit (`FIT_SPLITS_TO_ONE_WAVE`). A split holds at least
+    `min_tokens_per_split` tokens, so its partial output (rows x kv_lora_rank values,
     written and read again by the combine) stays small next to the KV it reads, and at least
     `batched_min_tokens_per_split` (default: the same) where BATCHED_SEQUENCES sequences or more have work,
     whose splits spread the batch over the SMs rather than one sequence's keys; the count is then

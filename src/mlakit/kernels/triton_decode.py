@@ -702,6 +702,8 @@ def _prepare_launch(
     scale_mode = kv_scale_mode(pages, kv_scale)
     kernel, tuning, geometry = split_kernel_for(q, pages, kv_lora_rank, scale_mode, plan)
     tiling = combine_tiling(geometry.max_splits, kv_lora_rank)
+    # Both sides follow the partials' dtype: the narrow kernel leaves the scale off fp16 partials (a compile-time
+    # branch on PART_OUT's dtype), the combine applies it (SCALED_PARTS).
     scaled_parts = kernel == "narrow" and NARROW_FP16_PARTIALS
     # The launches' key: the inputs' layout and what the plan adds to the kernels' arguments and constants.
     key = (key, kernel, tuning, geometry, tiling, plan.max_q_len, batch, scaled_parts)
