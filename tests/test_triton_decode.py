@@ -172,11 +172,11 @@ def test_split_counts_follow_the_documented_formula(kernel_device):
     assert batched(torch.tensor([1024] + [0] * 15, dtype=torch.int32, device=kernel_device), one_each, 16)[0] == 8
 
 
-def test_split_counts_round_down_where_the_nearest_would_overflow_one_wave(kernel_device, monkeypatch):
+def test_split_counts_grow_where_the_nearest_would_overflow_one_wave(kernel_device, monkeypatch):
     """16 heads x 2 query tokens in 16-row tiles (two a sequence), 264 programs at once: 48 sequences of 64 KV tiles
-    are 6144 tile-rows, 24 tiles a split, 3 splits to the nearest (288 programs), so 2 (192); 24 sequences of one
-    token take 6 tiles a split, 11 splits to the nearest, exactly 264 programs, kept; a ragged batch keeps the
-    nearest counts."""
+    are 6144 tile-rows, 24 tiles a split, 3 splits to the nearest (288 programs); at 26 tiles a split 2 (192); 24
+    sequences of one token take 6 tiles a split, 11 splits to the nearest, exactly 264 programs, kept; an uneven
+    batch sheds only the splits it must; a ragged batch keeps the nearest counts."""
     def counts(lengths: list[int], q_len: int) -> list[int]:
         cu_seqlens_q = torch.arange(len(lengths) + 1, dtype=torch.int32, device=kernel_device) * q_len
         seqlens = torch.tensor(lengths, dtype=torch.int32, device=kernel_device)
@@ -186,11 +186,17 @@ def test_split_counts_round_down_where_the_nearest_would_overflow_one_wave(kerne
     assert counts([4096] * 48, 2) == [2] * 48
     assert counts([4096] * 24, 1) == [11] * 24
     assert counts([4096] * 24 + [0], 1) == [11] * 24 + [1]  # only the busy sequences' programs count
+    # 80 sequences within 20% of 16384 tokens (not ragged): 272 programs to the nearest, 256 grown; rounding every
+    # count down would leave 160.
+    gen = torch.Generator().manual_seed(5)
+    uneven = (16384 * (1 + 0.2 * (2 * torch.rand(80, generator=gen) - 1))).round().int().tolist()
+    assert 2 * sum(counts(uneven, 2)) == 256
     # Ragged (the busiest has 256 of a mean 37 KV tiles): 3520 tile-rows over 528 programs, 7 tiles a split; the short
     # sequences' 32 tiles take 5 splits to the nearest (4 down), 488 programs in all.
     assert counts([16384] + [2048] * 47, 2)[:2] == [9, 5]
     monkeypatch.setattr(decode_split_plan, "FIT_SPLITS_TO_ONE_WAVE", False)
     assert counts([4096] * 48, 2) == [3] * 48
+    assert 2 * sum(counts(uneven, 2)) == 272
 
 
 def test_split_plan_balances_ragged_lengths_and_bounds_splits(kernel_device):

@@ -32,6 +32,10 @@ class UnevenCase(DecodeCase):
 
     spread: float = 0.2
 
+    @property
+    def label(self) -> str:
+        return super().label.replace(f"{self.batch}x{self.seqlen}", f"{self.batch}x~{self.seqlen}")
+
     def lengths(self) -> list[int]:
         gen = torch.Generator().manual_seed(self.batch * 7919 + self.seqlen)
         factors = 1 + self.spread * (2 * torch.rand(self.batch, generator=gen) - 1)
@@ -41,9 +45,11 @@ class UnevenCase(DecodeCase):
 def parse_case(spec: str) -> DecodeCase:
     """`DecodeCase.parse`: "HEADS,BATCH,SEQLEN|ragged,Q_LEN[,KV_DTYPE[,PAGE_SIZE]]", e.g. "128,64,ragged,2"; a SEQLEN
     of "~N" is an `UnevenCase` around N (lengths within 20% of it), e.g. "16,80,~16384,2"."""
-    fields = spec.split(",")
+    fields = [field.strip() for field in spec.split(",")]
     if len(fields) > 2 and fields[2].startswith("~"):
         fields[2] = fields[2][1:]
+        if not fields[2].isdigit():
+            raise ValueError(f"case {spec!r}: an uneven batch's length '~N' takes a token count N")
         case = DecodeCase.parse(",".join(fields))
         return UnevenCase(**{f.name: getattr(case, f.name) for f in dataclasses.fields(case)})
     return DecodeCase.parse(spec)

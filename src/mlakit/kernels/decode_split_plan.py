@@ -116,11 +116,10 @@ def _split_counts_kernel(
     tiles_per_split = tl.maximum(tl.cdiv(work, tl.where(ragged, ragged_programs * programs, programs)), min_tiles)
     splits = _split_counts_for(tiles, tiles_per_split, max_splits)
     if FIT_ONE_WAVE:
-        # Longer splits (steps of 1/16) until the programs fit, or every sequence has one split; not for a ragged
-        # batch, whose splits aim at several waves on purpose.
-        longest = tl.max(tiles, 0)
+        # Longer splits (steps of 1/16) until the programs fit, or every busy sequence has one split; not for a
+        # ragged batch, whose splits aim at several waves on purpose.
         needed = _programs_needed(splits, row_tiles, seq_work)
-        while (needed > programs) & (tiles_per_split < longest) & (ragged == 0):
+        while (needed > programs) & (tl.max(tl.where(seq_work > 0, splits, 1), 0) > 1) & (ragged == 0):
             tiles_per_split += tl.maximum(tiles_per_split // 16, 1)
             splits = _split_counts_for(tiles, tiles_per_split, max_splits)
             needed = _programs_needed(splits, row_tiles, seq_work)
@@ -183,7 +182,7 @@ def decode_split_counts(
     sequences' splits do not run alone at the end. A
     sequence's split count is rounded to the nearest whole number; where the batch is not ragged and its counts
     would need more programs (splits x row tiles over the busy sequences) than run at once, the splits grow by
-    sixteenths until they fit (`FIT_SPLITS_TO_ONE_WAVE`). A split holds at least
+    sixteenths until they fit or every busy sequence has one split (`FIT_SPLITS_TO_ONE_WAVE`). A split holds at least
     `min_tokens_per_split` tokens, so its partial output (rows x kv_lora_rank values,
     written and read again by the combine) stays small next to the KV it reads, and at least
     `batched_min_tokens_per_split` (default: the same) where BATCHED_SEQUENCES sequences or more have work,

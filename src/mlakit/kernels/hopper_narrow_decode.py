@@ -61,8 +61,8 @@ ROWS = gl.constexpr(16)
 # KV tile read and multiplied once instead of by two 16-row programs: the plan takes it where the caller's hint of the
 # batch's cached tokens gives each program WIDE_MIN_TILES_PER_PROGRAM KV tiles or more (`triton_decode`; H100: 16h q2
 # 8-25% faster on 64 x 4096 to 128 x 16384; at 6-12 tiles a program 1.4-23% faster since v83 / v84; below 6 up to 11%
-# slower on some batches (17% below 3), whose programs it halves; NOTES.md v65, v81, v85). With fp16 MMAs two 16-row tiles (v47: a
-# 32-row tile spills).
+# slower on some batches (17% below 3), whose programs it halves; NOTES.md v65, v81, v85). With fp16 MMAs two 16-row
+# tiles (v47: a 32-row tile spills).
 E4M3_ROWS = gl.constexpr(32)
 WIDE_MIN_TILES_PER_PROGRAM = 6
 # Sequences with more query rows than this take the 64-row kernels (measured: two 16-row tiles beat one
