@@ -406,8 +406,12 @@ def test_the_narrow_kernels_wide_tile_takes_only_large_hinted_batches_of_17_to_3
     for rows, hint, sms, block_m in ((32, enough, 132, 32), (17, enough, 132, 32), (32, enough - 64, 132, 16),
                                      (32, enough, 133, 16), (16, enough, 132, 16), (32, None, 132, 16)):
         assert wide_narrow_tile(narrow, rows, hint, sms).block_m == block_m, (rows, hint, sms)
+    # Unhinted, a batch whose 16-row tiles alone overflow the programs that run at once (2 x 133 > 264).
+    assert [wide_narrow_tile(narrow, 32, None, 132, batch).block_m for batch in (1, 132, 133, 4096)] == [16, 16, 32, 32]
+    assert wide_narrow_tile(narrow, 16, None, 132, 4096).block_m == 16
     seesaw = default_tuning(32, hopper_tier=True, kv_dtype=torch.bfloat16)
     assert wide_narrow_tile(seesaw, 32, enough, 132) == seesaw
+    assert wide_narrow_tile(seesaw, 32, None, 132, 4096) == seesaw
     assert wide_narrow_tile(dataclasses.replace(narrow, num_warps=8), 32, enough, 132).block_m == 16
 
 

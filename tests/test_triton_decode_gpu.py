@@ -345,6 +345,21 @@ def test_e4m3_scores_in_the_narrow_kernels_32_row_tile(heads, q_len, page_size, 
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
+def test_e4m3_scores_take_the_32_row_tile_unhinted_where_16_row_tiles_overflow_one_wave():
+    """Without a hint, a batch whose 16-row tiles alone are more programs than run at once (2 x 150 > 2 x 132) runs
+    the 32-row tile, exactly (NOTES.md v86)."""
+    from mlakit.kernels.triton_decode import plan_decode
+
+    lengths = torch.randint(0, 400, (150,), generator=torch.Generator().manual_seed(86)).tolist()
+    batch = make_paged_batch(lengths[:-3] + [0, 1, 1000], heads=16, q_len=2, page_size=64, kv_lora_rank=512,
+                             rope_dim=64, kv_dtype="fp8_e4m3", device="cuda", seed=86)
+    plan = plan_decode(batch.cache_seqlens, q_len=2, heads=16, kv_dtype=batch.kv_cache.dtype, num_sms=132,
+                       e4m3_scores=True)
+    assert (plan.tuning.block_m, plan.geometry.row_tiles) == (32, 1)
+    _check_e4m3_scores(batch, plan)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
 def test_a_wide_narrow_plan_at_other_widths_runs_on_the_narrow_kernels_16_row_tile():
     """The plan does not know the latent width: a 32-row plan at 256 + 32 (where the narrow kernel has no e4m3 scores,
     and a 32-row tile with fp16 MMAs spills) runs the narrow kernel's 16-row tile over the plan's splits, exactly."""

@@ -439,7 +439,7 @@ def _plan(
     sms = num_sms or sm_count(cache_seqlens.device, off_gpu=INTERPRETER_SMS)
     tuning = tuning or default_tuning(rows, hopper_tier=hopper_default, kv_dtype=kv_dtype)
     if hopper_default and e4m3_scores:
-        tuning = wide_narrow_tile(tuning, rows, kv_tokens_hint, sms)
+        tuning = wide_narrow_tile(tuning, rows, kv_tokens_hint, sms, batch)
     row_tiles = -(-rows // tuning.block_m)
     if tuning.fixed_splits is not None:
         geometry = SplitGeometry(row_tiles=row_tiles, max_splits=tuning.fixed_splits)
@@ -471,25 +471,32 @@ def _plan(
                       hopper_default, e4m3_scores)
 
 
-def wide_narrow_tile(tuning: DecodeTuning, rows: int, kv_tokens_hint: int | None, num_sms: int) -> DecodeTuning:
+def wide_narrow_tile(tuning: DecodeTuning, rows: int, kv_tokens_hint: int | None, num_sms: int,
+                     batch: int = 1) -> DecodeTuning:
     """The narrow kernel's tile with e4m3 scores (`hopper_narrow_decode`): its E4M3_ROWS-row tile in place of the
-    16-row one where a sequence has more than 16 query rows and the caller's hint of the batch's cached tokens gives
-    each of the `programs_per_sm` x SMs programs WIDE_MIN_TILES_PER_PROGRAM 64-token tiles or more (one program reads
-    each KV tile for all its rows, instead of two; smaller batches keep the two programs' parallelism, NOTES.md v65);
-    `tuning` unchanged otherwise.
+    16-row one where a sequence has more than 16 query rows and either the caller's hint of the batch's cached tokens
+    gives each of the `programs_per_sm` x SMs programs WIDE_MIN_TILES_PER_PROGRAM 64-token tiles or more (one
+    program reads each KV tile for all its rows, instead of two; smaller batches keep the two programs'
+    parallelism, NOTES.md v65) or the batch's 16-row tiles alone are more programs than run at once (they could not
+    fit one wave even at one split a sequence, NOTES.md v86); `tuning` unchanged otherwise.
 
     >>> narrow = default_tuning(32, hopper_tier=True, kv_dtype=torch.float8_e4m3fn)
     >>> [wide_narrow_tile(narrow, 32, hint, num_sms=132).block_m for hint in (None, 64 * 1583, 64 * 1584)]
     [16, 16, 32]
-    >>> wide_narrow_tile(narrow, 16, 1 << 30, num_sms=132).block_m
+    >>> [wide_narrow_tile(narrow, 32, None, num_sms=132, batch=batch).block_m for batch in (132, 133)]
+    [16, 32]
+    >>> wide_narrow_tile(narrow, 16, 1 << 30, num_sms=132, batch=1000).block_m
     16
     """
     narrow = hopper_narrow_decode
-    if (kv_tokens_hint is None or tuning.block_m != narrow.ROWS.value or tuning.num_warps != narrow.NUM_WARPS
+    if (tuning.block_m != narrow.ROWS.value or tuning.num_warps != narrow.NUM_WARPS
             or not narrow.ROWS.value < rows <= narrow.MAX_ROWS):
         return tuning
     programs = tuning.programs_per_sm * num_sms
-    if kv_tokens_hint // hopper_common.BLOCK_N.value < narrow.WIDE_MIN_TILES_PER_PROGRAM * programs:
+    many_tiles = (kv_tokens_hint is not None
+                  and kv_tokens_hint // hopper_common.BLOCK_N.value >= narrow.WIDE_MIN_TILES_PER_PROGRAM * programs)
+    over_one_wave = batch * -(-rows // narrow.ROWS.value) > programs
+    if not (many_tiles or over_one_wave):
         return tuning
     return dataclasses.replace(tuning, block_m=narrow.E4M3_ROWS.value)
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepared for the next session (not run): batches of odd sizes, where v84 / v84b changed the split plan (24, 48, 100
+# Run in the twenty-fifth session: batches of odd sizes, where v84 / v84b changed the split plan (24, 48, 100
 # sequences), beside FlashMLA in one process, clean L2 (benchmarks/experiments/beside_flashmla.sh builds FlashMLA
 # first, ~140 s). Carry build/flashmla-src (FlashMLA 9241ae3 with cutlass 147f5673's headers, ~30 MB; see
 # beside_flashmla.sh's header to rebuild it if missing).

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Prepared for the next session (not run): v86 (the 32-row e4m3 tile also where a batch's 16-row tiles alone overflow
+# Run in the twenty-fifth session: v86 (the 32-row e4m3 tile also where a batch's 16-row tiles alone overflow
 # one wave, hint or not; patches/v86-wide-tile-where-16-row-tiles-overflow-one-wave.diff) against HEAD, each tree in
 # its own `e4m3_scores_ab.py` process (its unhinted e4m3 rows show the batch rule alone, the hinted ones both rules),
 # both trees compiled first in concurrent processes, then two passes in alternating order, as s24a.sh.
 # Before the call, on the CPU: mkdir -p build/dev/v86 build/dev/base && git archive HEAD src | tar -x -C build/dev/v86
-#   && git archive HEAD src | tar -x -C build/dev/base && git apply --directory=build/dev/v86 --include='src/*'
+#   && git archive HEAD src | tar -x -C build/dev/base && git apply --directory=build/dev/v86 --include='build/dev/v86/src/*'
 #   benchmarks/experiments/patches/v86-wide-tile-where-16-row-tiles-overflow-one-wave.diff; carry build/dev.
 set -uo pipefail
 mkdir -p $OUT/s25a
