@@ -199,6 +199,28 @@ def test_split_counts_grow_where_the_nearest_would_overflow_one_wave(kernel_devi
     assert 2 * sum(counts(uneven, 2)) == 272
 
 
+def test_split_counts_take_more_waves_where_a_units_fixed_cost_pays_for_them(kernel_device):
+    """128 heads in 64-row tiles, 132 programs at once, a unit's fixed cost of 13 KV tiles: 24 sequences of 256
+    tiles at two query tokens are 96 units in one wave (256 + 13 tiles long), or 4 splits each in three waves of 64
+    (3 x 77 = 231); 40 x 128 tiles take 2 splits in three waves (231 against two waves of 141); 64 x 256 tiles and
+    24 x 64 tiles keep theirs; without the cost, and at one row tile a sequence, the one-wave counts stay."""
+    def counts(sequences: int, tiles: int, q_len: int, heads: int = 128, unit_cost: int = 13) -> list[int]:
+        cu_seqlens_q = torch.arange(sequences + 1, dtype=torch.int32, device=kernel_device) * q_len
+        seqlens = torch.full((sequences,), 64 * tiles, dtype=torch.int32, device=kernel_device)
+        geometry = split_geometry(sequences, heads * q_len, 64, 132, programs_per_sm=1)
+        return sorted(set(decode_split_counts(seqlens, cu_seqlens_q, heads, geometry, block_m=64, block_n=64,
+                                              num_sms=132, programs_per_sm=1, unit_cost_tiles=unit_cost)
+                          .counts.tolist()))
+
+    assert counts(24, 256, 2) == [4]
+    assert counts(24, 256, 2, unit_cost=0) == [1]
+    assert counts(40, 128, 2) == [2]
+    assert counts(24, 256, 1) == [5]  # two row tiles: 2 splits in one wave (141), 5 in two (2 x 65)
+    assert counts(64, 256, 2) == [1]
+    assert counts(24, 64, 2) == [1]
+    assert counts(24, 256, 1, heads=64) == counts(24, 256, 1, heads=64, unit_cost=0) == [5]  # one row tile: one wave
+
+
 def test_split_plan_balances_ragged_lengths_and_bounds_splits(kernel_device):
     lengths = torch.tensor([16384, 256, 0, 4096], dtype=torch.int32, device=kernel_device)
     geometry = split_geometry(batch=4, rows=128, block_m=64, num_sms=132)

@@ -36,6 +36,14 @@ WORK_STORE_TILE = 4096
 # GPU runs at once (the last ones would run as a partial second wave: H100, 16 heads x 48 x 4096, 1.11-1.26x slower;
 # NOTES.md v84). Experiments set it False (benchmarks/experiments/setting_ab.py).
 FIT_SPLITS_TO_ONE_WAVE = True
+# A unit's fixed cost (prologue, the wait to its first scores, its partial's stores and merge) in KV tiles of the
+# Hopper kernel's 64-row tiles (H100, ~20 us against ~1.6 us a tile; NOTES.md v79, v87). Where each sequence spans
+# two row tiles or more (the units are compute-bound), a batch that is not ragged takes the split counts of two or
+# three waves of programs instead of one where the estimated makespan, waves x (a unit's tiles + this cost), is
+# shorter (128 heads x 24 x 16384 x 2 tokens: 96 units over 132 SMs, 4 splits a sequence in 3 waves). 0 turns it off.
+HOPPER_UNIT_COST_TILES = 13
+MULTI_WAVE_MIN_ROW_TILES = tl.constexpr(2)
+MAX_PLAN_WAVES = tl.constexpr(OVERSUBSCRIPTION)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,10 +102,32 @@ def _programs_needed(splits, row_tiles, seq_work):
     return tl.sum(tl.where(seq_work > 0, splits * row_tiles, 0), 0)
 
 
-@triton.jit(do_not_specialize=["batch", "programs", "min_tiles", "batched_min_tiles", "max_splits", "capacity"])
+@triton.jit
+def _fitted_splits(tiles, row_tiles, seq_work, tiles_per_split, max_splits, capacity):
+    """Splits of about `tiles_per_split` tiles, longer by sixteenths until the busy sequences' units fit `capacity`
+    programs or every busy sequence has one split."""
+    splits = _split_counts_for(tiles, tiles_per_split, max_splits)
+    needed = _programs_needed(splits, row_tiles, seq_work)
+    while (needed > capacity) & (tl.max(tl.where(seq_work > 0, splits, 1), 0) > 1):
+        tiles_per_split += tl.maximum(tiles_per_split // 16, 1)
+        splits = _split_counts_for(tiles, tiles_per_split, max_splits)
+        needed = _programs_needed(splits, row_tiles, seq_work)
+    return splits
+
+
+@triton.jit
+def _makespan(splits, tiles, row_tiles, seq_work, programs, unit_cost):
+    """The estimated time of a plan in KV tiles: its waves of programs x (the longest unit's tiles + a unit's fixed
+    cost)."""
+    waves = tl.cdiv(_programs_needed(splits, row_tiles, seq_work), programs)
+    return waves * (tl.max(tl.where(seq_work > 0, tl.cdiv(tiles, splits), 0), 0) + unit_cost)
+
+
+@triton.jit(do_not_specialize=["batch", "programs", "min_tiles", "batched_min_tiles", "max_splits", "capacity",
+                               "unit_cost"])
 def _split_counts_kernel(
     SEQLENS, CU_SEQLENS_Q, NUM_SPLITS, WORK, WORK_STATE, batch, programs, min_tiles, batched_min_tiles, max_splits,
-    capacity,
+    capacity, unit_cost,
     HEADS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_TAIL: tl.constexpr, FIT_ONE_WAVE: tl.constexpr,
 ):
@@ -116,13 +146,18 @@ def _split_counts_kernel(
     tiles_per_split = tl.maximum(tl.cdiv(work, tl.where(ragged, ragged_programs * programs, programs)), min_tiles)
     splits = _split_counts_for(tiles, tiles_per_split, max_splits)
     if FIT_ONE_WAVE:
-        # Longer splits (steps of 1/16) until the programs fit, or every busy sequence has one split; not for a
-        # ragged batch, whose splits aim at several waves on purpose.
-        needed = _programs_needed(splits, row_tiles, seq_work)
-        while (needed > programs) & (tl.max(tl.where(seq_work > 0, splits, 1), 0) > 1) & (ragged == 0):
-            tiles_per_split += tl.maximum(tiles_per_split // 16, 1)
-            splits = _split_counts_for(tiles, tiles_per_split, max_splits)
-            needed = _programs_needed(splits, row_tiles, seq_work)
+        # A ragged batch's splits aim at several waves on purpose; any other batch's fit one wave, or up to
+        # MAX_PLAN_WAVES where that is estimated shorter.
+        if ragged == 0:
+            splits = _fitted_splits(tiles, row_tiles, seq_work, tiles_per_split, max_splits, programs)
+            if (unit_cost > 0) & (widest >= MULTI_WAVE_MIN_ROW_TILES):
+                best = _makespan(splits, tiles, row_tiles, seq_work, programs, unit_cost)
+                for waves in tl.static_range(2, MAX_PLAN_WAVES + 1):
+                    aimed = tl.maximum(tl.cdiv(work, waves * programs), min_tiles)
+                    candidate = _fitted_splits(tiles, row_tiles, seq_work, aimed, max_splits, waves * programs)
+                    makespan = _makespan(candidate, tiles, row_tiles, seq_work, programs, unit_cost)
+                    splits = tl.where(makespan < best, candidate, splits)
+                    best = tl.minimum(makespan, best)
     tl.store(NUM_SPLITS + offsets, splits, mask=in_batch)
     if BLOCK_B <= MAX_SORTED_BATCH:
         # Longest-processing-time order: sequences by tiles per split, descending (ties in batch order,
@@ -170,6 +205,7 @@ def decode_split_counts(
     programs_per_sm: int = 2,
     min_tokens_per_split: int = 1,
     batched_min_tokens_per_split: int | None = None,
+    unit_cost_tiles: int = 0,
 ) -> SequenceSplits:
     """int32 `[batch]` splits per sequence, the work items and the work state (`SequenceSplits`), from
     one kernel launch and no host sync.
@@ -182,7 +218,9 @@ def decode_split_counts(
     sequences' splits do not run alone at the end. A
     sequence's split count is rounded to the nearest whole number; where the batch is not ragged and its counts
     would need more programs (splits x row tiles over the busy sequences) than run at once, the splits grow by
-    sixteenths until they fit or every busy sequence has one split (`FIT_SPLITS_TO_ONE_WAVE`). A split holds at least
+    sixteenths until they fit or every busy sequence has one split (`FIT_SPLITS_TO_ONE_WAVE`); with
+    `unit_cost_tiles` > 0 (a unit's fixed cost in KV tiles) and sequences of two row tiles or more, two or three
+    waves' counts replace them where waves x (a unit's tiles + that cost) is smaller. A split holds at least
     `min_tokens_per_split` tokens, so its partial output (rows x kv_lora_rank values,
     written and read again by the combine) stays small next to the KV it reads, and at least
     `batched_min_tokens_per_split` (default: the same) where BATCHED_SEQUENCES sequences or more have work,
@@ -210,6 +248,7 @@ def decode_split_counts(
         cache_seqlens, cu_seqlens_q, num_splits, work, work_state, batch, programs_per_sm * num_sms,
         max(1, -(-min_tokens_per_split // block_n)),
         max(1, -(-(batched_min_tokens_per_split or min_tokens_per_split) // block_n)), geometry.max_splits, capacity,
+        unit_cost_tiles,
         HEADS=heads, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_B=block_b,
         BLOCK_S=max(1, WORK_STORE_TILE // block_b), BLOCK_TAIL=256, FIT_ONE_WAVE=FIT_SPLITS_TO_ONE_WAVE,
     )

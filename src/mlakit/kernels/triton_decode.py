@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-from mlakit.kernels import hopper_common, hopper_decode, hopper_narrow_decode
+from mlakit.kernels import decode_split_plan, hopper_common, hopper_decode, hopper_narrow_decode
 from mlakit.kernels.decode_split_plan import WORK_FIELDS, SplitGeometry, decode_split_counts, split_geometry
 from mlakit.kernels.interpreter import INTERPRET
 from mlakit.kernels.launch import CachedLaunch
@@ -466,6 +466,8 @@ def _plan(
         cache_seqlens, cu_seqlens_q, heads, geometry, tuning.block_m, tuning.block_n, sms, tuning.programs_per_sm,
         min_tokens_per_split=MIN_TILES_PER_SPLIT * tuning.block_n,
         batched_min_tokens_per_split=BATCHED_MIN_TILES_PER_SPLIT * tuning.block_n,
+        unit_cost_tiles=(decode_split_plan.HOPPER_UNIT_COST_TILES
+                         if hopper_default and tuning.block_m == hopper_decode.BLOCK_M.value else 0),
     )
     return DecodePlan(tuning, geometry, cu_seqlens_q, num_splits, work, work_state, merge_state, max_q_len,
                       hopper_default, e4m3_scores)
