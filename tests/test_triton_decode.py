@@ -2,6 +2,7 @@
 
 import dataclasses
 import functools
+import itertools
 
 import numpy as np
 import pytest
@@ -203,22 +204,32 @@ def test_split_counts_take_more_waves_where_a_units_fixed_cost_pays_for_them(ker
     """128 heads in 64-row tiles, 132 programs at once, a unit's fixed cost of 13 KV tiles: 24 sequences of 256
     tiles at two query tokens are 96 units in one wave (256 + 13 tiles long), or 4 splits each in three waves of 64
     (3 x 77 = 231); 40 x 128 tiles take 2 splits in three waves (231 against two waves of 141); 64 x 256 tiles and
-    24 x 64 tiles keep theirs; without the cost, and at one row tile a sequence, the one-wave counts stay."""
-    def counts(sequences: int, tiles: int, q_len: int, heads: int = 128, unit_cost: int = 13) -> list[int]:
-        cu_seqlens_q = torch.arange(sequences + 1, dtype=torch.int32, device=kernel_device) * q_len
-        seqlens = torch.full((sequences,), 64 * tiles, dtype=torch.int32, device=kernel_device)
-        geometry = split_geometry(sequences, heads * q_len, 64, 132, programs_per_sm=1)
-        return sorted(set(decode_split_counts(seqlens, cu_seqlens_q, heads, geometry, block_m=64, block_n=64,
-                                              num_sms=132, programs_per_sm=1, unit_cost_tiles=unit_cost)
-                          .counts.tolist()))
+    24 x 64 tiles keep theirs, as 24 x 128 does (less than a sixteenth shorter in three waves); without the cost, at
+    one row tile a sequence and in ragged batches the counts stay; empty sequences and a sequence without query tokens
+    count for nothing."""
+    def counts(lengths: list[int], q_lens: list[int], heads: int = 128, unit_cost: int = 13) -> list[int]:
+        cu_seqlens_q = torch.tensor([0, *itertools.accumulate(q_lens)], dtype=torch.int32, device=kernel_device)
+        seqlens = torch.tensor(lengths, dtype=torch.int32, device=kernel_device)
+        geometry = split_geometry(len(lengths), heads * max(q_lens), 64, 132, programs_per_sm=1)
+        return decode_split_counts(seqlens, cu_seqlens_q, heads, geometry, block_m=64, block_n=64, num_sms=132,
+                                   programs_per_sm=1, unit_cost_tiles=unit_cost).counts.tolist()
 
-    assert counts(24, 256, 2) == [4]
-    assert counts(24, 256, 2, unit_cost=0) == [1]
-    assert counts(40, 128, 2) == [2]
-    assert counts(24, 256, 1) == [5]  # two row tiles: 2 splits in one wave (141), 5 in two (2 x 65)
-    assert counts(64, 256, 2) == [1]
-    assert counts(24, 64, 2) == [1]
-    assert counts(24, 256, 1, heads=64) == counts(24, 256, 1, heads=64, unit_cost=0) == [5]  # one row tile: one wave
+    def uniform(sequences: int, tiles: int, q_len: int, heads: int = 128, unit_cost: int = 13) -> set[int]:
+        return set(counts([64 * tiles] * sequences, [q_len] * sequences, heads, unit_cost))
+
+    assert uniform(24, 256, 2) == {4}
+    assert uniform(24, 256, 2, unit_cost=0) == {1}
+    assert uniform(40, 128, 2) == {2}
+    assert uniform(24, 256, 1) == {5}  # two row tiles: 2 splits in one wave (141), 5 in two (2 x 65)
+    assert uniform(64, 256, 2) == uniform(24, 64, 2) == {1}
+    assert uniform(24, 128, 2) == {1}  # 4 splits: 3 x (32 + 13) = 135 against 141, less than a sixteenth shorter
+    # One 64-row tile a sequence (64 heads, one token): one wave (1 split, where 4 in three waves would be 3 x 77).
+    assert uniform(96, 256, 1, heads=64) == {1}
+    # Ragged (one sequence of 1024 tiles among 64-tile ones): the ragged rule's counts, with or without the cost.
+    ragged = [65536] + [4096] * 23
+    assert counts(ragged, [2] * 24) == counts(ragged, [2] * 24, unit_cost=0) == [5] + [3] * 23
+    assert counts([16384] * 24 + [0] * 8, [2] * 32) == [4] * 24 + [1] * 8
+    assert counts([16384] * 24 + [1 << 20], [2] * 24 + [0]) == [4] * 25
 
 
 def test_split_plan_balances_ragged_lengths_and_bounds_splits(kernel_device):
@@ -427,14 +438,14 @@ def test_the_narrow_kernels_wide_tile_takes_only_large_hinted_batches_of_17_to_3
     enough = hopper_narrow_decode.WIDE_MIN_TILES_PER_PROGRAM * narrow.programs_per_sm * 132 * 64
     for rows, hint, sms, block_m in ((32, enough, 132, 32), (17, enough, 132, 32), (32, enough - 64, 132, 16),
                                      (32, enough, 133, 16), (16, enough, 132, 16), (32, None, 132, 16)):
-        assert wide_narrow_tile(narrow, rows, hint, sms).block_m == block_m, (rows, hint, sms)
+        assert wide_narrow_tile(narrow, rows, hint, sms, 1).block_m == block_m, (rows, hint, sms)
     # Unhinted, a batch whose 16-row tiles alone overflow the programs that run at once (2 x 133 > 264).
     assert [wide_narrow_tile(narrow, 32, None, 132, batch).block_m for batch in (1, 132, 133, 4096)] == [16, 16, 32, 32]
     assert wide_narrow_tile(narrow, 16, None, 132, 4096).block_m == 16
     seesaw = default_tuning(32, hopper_tier=True, kv_dtype=torch.bfloat16)
-    assert wide_narrow_tile(seesaw, 32, enough, 132) == seesaw
+    assert wide_narrow_tile(seesaw, 32, enough, 132, 1) == seesaw
     assert wide_narrow_tile(seesaw, 32, None, 132, 4096) == seesaw
-    assert wide_narrow_tile(dataclasses.replace(narrow, num_warps=8), 32, enough, 132).block_m == 16
+    assert wide_narrow_tile(dataclasses.replace(narrow, num_warps=8), 32, enough, 132, 1).block_m == 16
 
 
 @pytest.mark.parametrize("hint", [-5, True, 2.0])

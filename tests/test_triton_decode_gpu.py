@@ -512,6 +512,21 @@ def test_persistent_kernel_with_a_plan_built_for_other_lengths(heads, num_sms, p
     _check(batch, plan=plan)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_e4m3"])
+def test_a_few_long_sequences_at_128_heads_take_splits_of_several_waves(kv_dtype):
+    """Planned for 33 SMs, 6 sequences of ~16k tokens at 128 heads x 2 tokens are 24 units in one wave; the plan
+    gives each 4 splits (96 units in three waves of a quarter the tiles, NOTES.md v87), exactly."""
+    from mlakit.kernels.triton_decode import plan_decode
+
+    batch = make_paged_batch([16384] * 5 + [16000], heads=128, q_len=2, page_size=64, kv_lora_rank=512, rope_dim=64,
+                             kv_dtype=kv_dtype, device="cuda", seed=87)
+    plan = plan_decode(batch.cache_seqlens, q_len=2, heads=128, kv_dtype=batch.kv_cache.dtype, num_sms=33)
+    assert plan.num_splits.tolist() == [4] * 6 and int(plan.work_state[2]) == 0
+    assert _split_kernel(batch, plan) == "hopper"
+    _check(batch, plan=plan)
+
+
 def _check_merged_in_kernel(batch, plan, launches):
     """`launches` calls of one plan with fresh queries each (a merge left out would keep the last launch's
     rows), in several rounds of units, with no combine launch (it would raise), the counters at zero after each."""

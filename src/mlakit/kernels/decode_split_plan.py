@@ -34,15 +34,20 @@ MAX_SORTED_BATCH = tl.constexpr(1024)
 WORK_STORE_TILE = 4096
 # Whether a batch that is not ragged takes longer splits where its split counts would ask for more programs than the
 # GPU runs at once (the last ones would run as a partial second wave: H100, 16 heads x 48 x 4096, 1.11-1.26x slower;
-# NOTES.md v84). Experiments set it False (benchmarks/experiments/setting_ab.py).
+# NOTES.md v84). Experiments set it False (benchmarks/experiments/setting_ab.py); that also turns off the choice of
+# several waves below, which starts from the one-wave counts.
 FIT_SPLITS_TO_ONE_WAVE = True
-# A unit's fixed cost (prologue, the wait to its first scores, its partial's stores and merge) in KV tiles of the
-# Hopper kernel's 64-row tiles (H100, ~20 us against ~1.6 us a tile; NOTES.md v79, v87). Where each sequence spans
-# two row tiles or more (the units are compute-bound), a batch that is not ragged takes the split counts of two or
-# three waves of programs instead of one where the estimated makespan, waves x (a unit's tiles + this cost), is
-# shorter (128 heads x 24 x 16384 x 2 tokens: 96 units over 132 SMs, 4 splits a sequence in 3 waves). 0 turns it off.
+# A unit's fixed cost (prologue, the wait to its first scores, its partial's stores and merge) in KV tiles, which the
+# plan is given for the Hopper kernels' 64-row tiles (fitted on the bf16 seesaw kernel, H100: ~20 us against ~1.6 us
+# a tile; fp8 measured with it too; NOTES.md v79, v87). Where every busy sequence spans two row tiles or more (the
+# units are compute-bound), a batch that is not ragged takes the split counts of two or three waves of programs
+# instead of one where the estimated makespan, waves x (a unit's tiles + this cost), is shorter (128 heads x 24 x
+# 16384 x 2 tokens: 96 units over 132 SMs, 4 splits a sequence in 3 waves) by a sixteenth at least (measured gains
+# were 4-5% below the estimate's: the combine and merges of the extra partials). 0 turns it off.
 HOPPER_UNIT_COST_TILES = 13
 MULTI_WAVE_MIN_ROW_TILES = tl.constexpr(2)
+MULTI_WAVE_MIN_GAIN_DEN = tl.constexpr(16)
+# `split_geometry`'s ceiling leaves room for OVERSUBSCRIPTION waves of units.
 MAX_PLAN_WAVES = tl.constexpr(OVERSUBSCRIPTION)
 
 
@@ -150,14 +155,16 @@ def _split_counts_kernel(
         # MAX_PLAN_WAVES where that is estimated shorter.
         if ragged == 0:
             splits = _fitted_splits(tiles, row_tiles, seq_work, tiles_per_split, max_splits, programs)
-            if (unit_cost > 0) & (widest >= MULTI_WAVE_MIN_ROW_TILES):
+            narrowest = tl.min(tl.where(seq_work > 0, row_tiles, MULTI_WAVE_MIN_ROW_TILES), 0)
+            if (unit_cost > 0) & (narrowest >= MULTI_WAVE_MIN_ROW_TILES):
                 best = _makespan(splits, tiles, row_tiles, seq_work, programs, unit_cost)
                 for waves in tl.static_range(2, MAX_PLAN_WAVES + 1):
                     aimed = tl.maximum(tl.cdiv(work, waves * programs), min_tiles)
                     candidate = _fitted_splits(tiles, row_tiles, seq_work, aimed, max_splits, waves * programs)
                     makespan = _makespan(candidate, tiles, row_tiles, seq_work, programs, unit_cost)
-                    splits = tl.where(makespan < best, candidate, splits)
-                    best = tl.minimum(makespan, best)
+                    shorter = makespan * MULTI_WAVE_MIN_GAIN_DEN < best * (MULTI_WAVE_MIN_GAIN_DEN - 1)
+                    splits = tl.where(shorter, candidate, splits)
+                    best = tl.where(shorter, makespan, best)
     tl.store(NUM_SPLITS + offsets, splits, mask=in_batch)
     if BLOCK_B <= MAX_SORTED_BATCH:
         # Longest-processing-time order: sequences by tiles per split, descending (ties in batch order,
@@ -219,9 +226,9 @@ def decode_split_counts(
     sequence's split count is rounded to the nearest whole number; where the batch is not ragged and its counts
     would need more programs (splits x row tiles over the busy sequences) than run at once, the splits grow by
     sixteenths until they fit or every busy sequence has one split (`FIT_SPLITS_TO_ONE_WAVE`); with
-    `unit_cost_tiles` > 0 (a unit's fixed cost in KV tiles) and sequences of two row tiles or more, two or three
-    waves' counts replace them where waves x (a unit's tiles + that cost) is smaller. A split holds at least
-    `min_tokens_per_split` tokens, so its partial output (rows x kv_lora_rank values,
+    `unit_cost_tiles` > 0 (a unit's fixed cost in KV tiles) and busy sequences of two row tiles or more, two or three
+    waves' counts replace them where waves x (a unit's tiles + that cost) is a sixteenth smaller or more. A split
+    holds at least `min_tokens_per_split` tokens, so its partial output (rows x kv_lora_rank values,
     written and read again by the combine) stays small next to the KV it reads, and at least
     `batched_min_tokens_per_split` (default: the same) where BATCHED_SEQUENCES sequences or more have work,
     whose splits spread the batch over the SMs rather than one sequence's keys; the count is then

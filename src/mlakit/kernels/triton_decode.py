@@ -474,16 +474,17 @@ def _plan(
 
 
 def wide_narrow_tile(tuning: DecodeTuning, rows: int, kv_tokens_hint: int | None, num_sms: int,
-                     batch: int = 1) -> DecodeTuning:
+                     batch: int) -> DecodeTuning:
     """The narrow kernel's tile with e4m3 scores (`hopper_narrow_decode`): its E4M3_ROWS-row tile in place of the
     16-row one where a sequence has more than 16 query rows and either the caller's hint of the batch's cached tokens
     gives each of the `programs_per_sm` x SMs programs WIDE_MIN_TILES_PER_PROGRAM 64-token tiles or more (one
     program reads each KV tile for all its rows, instead of two; smaller batches keep the two programs'
-    parallelism, NOTES.md v65) or the batch's 16-row tiles alone are more programs than run at once (they could not
-    fit one wave even at one split a sequence, NOTES.md v86); `tuning` unchanged otherwise.
+    parallelism, NOTES.md v65) or the `batch` sequences' 16-row tiles alone are more programs than run at once
+    (they could not fit one wave even at one split a sequence, NOTES.md v86; `batch` as launched: a CUDA-graph
+    bucket's padding counts); `tuning` unchanged otherwise.
 
     >>> narrow = default_tuning(32, hopper_tier=True, kv_dtype=torch.float8_e4m3fn)
-    >>> [wide_narrow_tile(narrow, 32, hint, num_sms=132).block_m for hint in (None, 64 * 1583, 64 * 1584)]
+    >>> [wide_narrow_tile(narrow, 32, hint, num_sms=132, batch=1).block_m for hint in (None, 64 * 1583, 64 * 1584)]
     [16, 16, 32]
     >>> [wide_narrow_tile(narrow, 32, None, num_sms=132, batch=batch).block_m for batch in (132, 133)]
     [16, 32]
