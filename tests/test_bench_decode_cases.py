@@ -17,12 +17,13 @@ from mlakit.bench.decode import DecodeCase
     (" 16, 16, 4096, 1, bf16, 16 ", DecodeCase(16, 16, 4096, 1, "bf16", 16)),
     ("16,16,4096,2", DecodeCase(16, 16, 4096, 2, "bf16", 64)),
     ("16,16,4096,1,fp8_e4m3", DecodeCase(16, 16, 4096, 1, "fp8_e4m3", 64)),
+    ("128,40,~8192,2", DecodeCase(128, 40, 8192, 2, "bf16", 64, uneven=True)),
 ])
 def test_a_spec_gives_its_case(spec, expected):
     assert DecodeCase.parse(spec) == expected
 
 
-SHAPE = "expected heads,batch,seqlen|ragged,q_len[,kv_dtype[,page_size]]"
+SHAPE = "expected heads,batch,seqlen|~seqlen|ragged,q_len[,kv_dtype[,page_size]]"
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -33,6 +34,9 @@ SHAPE = "expected heads,batch,seqlen|ragged,q_len[,kv_dtype[,page_size]]"
     ("128,64,4096,1.5,bf16,64", SHAPE),
     ("128,0,4096,1,bf16,64", "batch: expected a positive integer, got 0"),
     ("128,4,0,1,bf16,64", "seqlen: expected a positive integer, got 0"),
+    ("128,4,~ragged,1", "uneven: expected a seqlen to draw lengths around, got the ragged batch"),
+    ("128,4,~,1", SHAPE),
+    ("128,4,~~4096,1", SHAPE),
 ])
 def test_a_bad_spec_is_refused_naming_what_is_wrong(spec, message):
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -43,3 +47,12 @@ def test_the_cli_refuses_a_bad_case_before_any_device_work():
     result = CliRunner().invoke(bench, ["decode", "--case", "128,64,4096,1,bf16,64", "--case", "128,64,4096,1,fp8,64"])
     assert result.exit_code == 2, result.output
     assert "--case" in result.output and "got 'fp8'" in result.output
+
+
+def test_an_uneven_batch_draws_seeded_lengths_within_a_fifth_of_its_seqlen_and_is_labelled_so():
+    case = DecodeCase.parse("128,40,~8192,2")
+    lengths = case.lengths()
+    assert lengths == case.lengths() and len(lengths) == 40 and len(set(lengths)) > 30
+    assert all(0.8 * 8192 <= n <= 1.2 * 8192 for n in lengths)
+    assert max(lengths) <= 1.25 * sum(lengths) / len(lengths), "not ragged for the split plan"
+    assert case.label == "h128 40x~8192 q2 bf16 p64" and DecodeCase.parse("128,40,8192,2").lengths() == [8192] * 40

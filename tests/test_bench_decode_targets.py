@@ -166,3 +166,16 @@ def test_one_round3_case_past_its_bound_misses_that_target_alone(changed, target
     grid = [r for r in ROUND3_GRID if r["case"] != changed["case"] or r["kernel"] != changed["kernel"]] + [changed]
     missed = [c.target.split(":")[0] for c in check_round3_targets(grid) if not c.met]
     assert missed == [target]
+
+
+def test_an_uneven_batch_meets_no_anchor_and_pairs_with_no_uniform_row():
+    """Rows of `DecodeCase(uneven=True)` share heads, batch and seqlen with a uniform shape but not its lengths: no
+    anchor time and no bf16 time of the uniform row applies to them, nor theirs to it."""
+    def uneven(row):
+        return {**row, "uneven": True, "case": row["case"].replace("x", "x~", 1)}
+
+    slow = uneven(_row(128, 64, 4096, time_us=5000.0))  # 510 / 5000: would fail the 5x target against the anchor
+    fast_bf16 = uneven(_row(16, 16, 1024, time_us=30.0))  # would make the fp8 rows slower than "our bf16"
+    checks = check_targets(GOOD_GRID + [slow, fast_bf16], SIMPLE)
+    assert all(c.met for c in checks), [c.line() for c in checks if not c.met]
+    assert _by_target(checks)["128 heads, batched"].cases == 3  # GOOD_GRID's own

@@ -7,9 +7,9 @@ Usage: python benchmarks/experiments/combine_tilings.py HEADS,BATCH,SEQLEN|ragge
 import sys
 from unittest import mock
 
-from decode_case import case_inputs, decode_call, parse_case
+from decode_case import case_inputs, decode_call
 
-from mlakit.bench.decode import time_graph_replay
+from mlakit.bench.decode import DecodeCase, time_graph_replay
 from mlakit.kernels import triton_decode
 from mlakit.kernels.triton_decode import CombineTiling
 
@@ -17,7 +17,7 @@ TILINGS = [CombineTiling(*t) for t in ((1, 4, 512), (2, 4, 512), (4, 2, 512), (4
                                        (16, 1, 128), (4, 1, 128))]
 
 for spec in sys.argv[1:]:
-    case = parse_case(spec)
+    case = DecodeCase.parse(spec)
     inputs, plan = case_inputs(case)
     call = decode_call(inputs, plan)
     default = triton_decode.combine_tiling(plan.geometry.max_splits, 512)

@@ -1,9 +1,8 @@
-"""What the decode experiments share: a benchmark case from its command-line spec, its inputs and
-default split plan, our kernel's call over them with the plan built beforehand (as the benchmark
+"""What the decode experiments share (a case from its command-line spec is `mlakit.bench.decode.DecodeCase.parse`): its
+inputs and default split plan, our kernel's call over them with the plan built beforehand (as the benchmark
 times it), variants of a call timed in turns, and the module settings experiments vary."""
 
 import ast
-import dataclasses
 import importlib
 from collections.abc import Callable
 
@@ -24,35 +23,6 @@ def parse_assignment(spec: str) -> tuple[str, object]:
     """(NAME, value) from "NAME=VALUE" (e.g. a setting's "MODULE.NAME=VALUE"), VALUE a Python literal."""
     setting, value = spec.split("=", 1)
     return setting, ast.literal_eval(value)
-
-
-class UnevenCase(DecodeCase):
-    """A batch of lengths drawn uniformly within `spread` of `seqlen` either way (seeded): uneven, yet not ragged
-    for the split plan while the longest stays within 1.25x the mean."""
-
-    spread: float = 0.2
-
-    @property
-    def label(self) -> str:
-        return super().label.replace(f"{self.batch}x{self.seqlen}", f"{self.batch}x~{self.seqlen}")
-
-    def lengths(self) -> list[int]:
-        gen = torch.Generator().manual_seed(self.batch * 7919 + self.seqlen)
-        factors = 1 + self.spread * (2 * torch.rand(self.batch, generator=gen) - 1)
-        return (factors * self.seqlen).round().int().tolist()
-
-
-def parse_case(spec: str) -> DecodeCase:
-    """`DecodeCase.parse`: "HEADS,BATCH,SEQLEN|ragged,Q_LEN[,KV_DTYPE[,PAGE_SIZE]]", e.g. "128,64,ragged,2"; a SEQLEN
-    of "~N" is an `UnevenCase` around N (lengths within 20% of it), e.g. "16,80,~16384,2"."""
-    fields = [field.strip() for field in spec.split(",")]
-    if len(fields) > 2 and fields[2].startswith("~"):
-        fields[2] = fields[2][1:]
-        if not fields[2].isdigit():
-            raise ValueError(f"case {spec!r}: an uneven batch's length '~N' takes a token count N")
-        case = DecodeCase.parse(",".join(fields))
-        return UnevenCase(**{f.name: getattr(case, f.name) for f in dataclasses.fields(case)})
-    return DecodeCase.parse(spec)
 
 
 def case_inputs(case: DecodeCase) -> tuple[DecodeInputs, DecodePlan]:

@@ -11,9 +11,9 @@ import sys
 from unittest import mock
 
 import torch
-from decode_case import case_inputs, decode_call, parse_case
+from decode_case import case_inputs, decode_call
 
-from mlakit.bench.decode import time_graph_replay
+from mlakit.bench.decode import DecodeCase, time_graph_replay
 from mlakit.kernels import triton_decode
 from mlakit.kernels.triton_decode import plan_decode
 
@@ -34,7 +34,7 @@ def _timed(inputs, plan, with_combine: bool) -> float:
 tiny = torch.zeros(1, device="cuda")
 print(f"tiny kernel graph: {time_graph_replay(lambda: tiny.add_(1)):.1f} us")
 for spec in sys.argv[1:]:
-    case = parse_case(spec)
+    case = DecodeCase.parse(spec)
     inputs, plan = case_inputs(case)
     splits = int(plan.num_splits.max())
     fixed = plan_decode(inputs.cache_seqlens, q_len=case.q_len, heads=case.heads, kv_dtype=inputs.kv_cache.dtype,

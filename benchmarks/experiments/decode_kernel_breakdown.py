@@ -11,15 +11,15 @@ import sys
 
 import torch
 from cuda_profile import kernel_times
-from decode_case import case_plan, cases_and_plan_flags, decode_call, parse_case
+from decode_case import case_plan, cases_and_plan_flags, decode_call
 
-from mlakit.bench.decode import make_inputs, time_graph_replay
+from mlakit.bench.decode import DecodeCase, make_inputs, time_graph_replay
 
 CALLS = 20
 
 specs, plan_flags = cases_and_plan_flags(sys.argv[1:])
 for spec in specs:
-    case = parse_case(spec)
+    case = DecodeCase.parse(spec)
     inputs = make_inputs(case, torch.device("cuda"))
     plan = case_plan(case, inputs, **plan_flags)
     call = decode_call(inputs, plan)

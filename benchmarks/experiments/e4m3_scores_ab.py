@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 
 import torch
-from decode_case import interleaved_times, own_plan_kernel, parse_case
+from decode_case import interleaved_times, own_plan_kernel
 
 from mlakit.bench.ceilings import measure_ceilings
-from mlakit.bench.decode import case_cost, check_against_reference, environment, make_inputs
+from mlakit.bench.decode import DecodeCase, case_cost, check_against_reference, environment, make_inputs
 from mlakit.reference import e4m3_rounded_queries
 
 VARIANTS = ("bf16", "fp8", "fp8_e4m3_scores", "fp8_e4m3_scores_hinted")
@@ -44,7 +44,7 @@ ceilings = measure_ceilings(device)
 print(f"ceilings: copy {ceilings.copy_gb_per_s:.0f} GB/s, matmul {ceilings.matmul_tflop_per_s:.0f} TFLOP/s", flush=True)
 calls, costs = {}, {}
 for spec in arguments:
-    case = parse_case(spec)
+    case = DecodeCase.parse(spec)
     for variant in VARIANTS:
         kv_dtype = "bf16" if variant == "bf16" else "fp8_e4m3"
         variant_case = dataclasses.replace(case, kv_dtype=kv_dtype)

@@ -17,9 +17,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
 sys.path.insert(0, "benchmarks/experiments")
-from decode_case import own_plan_kernel, parse_case  # noqa: E402
+from decode_case import own_plan_kernel  # noqa: E402
 
-from mlakit.bench.decode import check_against_reference, make_inputs  # noqa: E402
+from mlakit.bench.decode import DecodeCase, check_against_reference, make_inputs  # noqa: E402
 from mlakit.kernels import hopper_decode as hd  # noqa: E402
 from mlakit.reference import e4m3_rounded_queries  # noqa: E402
 
@@ -78,7 +78,7 @@ for name, function in patches.get(variant, {}).items():
     setattr(hd, name, function)
 device = torch.device("cuda")
 for spec in sys.argv[2:]:
-    case = dataclasses.replace(parse_case(spec), kv_dtype="fp8_e4m3")
+    case = dataclasses.replace(DecodeCase.parse(spec), kv_dtype="fp8_e4m3")
     inputs = make_inputs(case, device)
     out = own_plan_kernel(True)(inputs)()[0].float()
     nan = torch.isnan(out)

@@ -13,7 +13,8 @@ import statistics
 import sys
 
 import torch
-from decode_case import case_inputs, decode_call, parse_case, parse_assignment, set_setting
+from decode_case import case_inputs, decode_call, parse_assignment, set_setting
+from mlakit.bench.decode import DecodeCase
 
 REPS = 100
 buffer = torch.empty(256 * 2**20 // 4, dtype=torch.int32, device="cuda")
@@ -43,7 +44,7 @@ tiny_graph = torch.cuda.CUDAGraph()
 with torch.cuda.graph(tiny_graph):
     tiny.add_(1)
 for spec in specs:
-    case = parse_case(spec)
+    case = DecodeCase.parse(spec)
     inputs, plan = case_inputs(case)
     calls = {"mlakit": decode_call(inputs, plan)}
     if with_flashmla:

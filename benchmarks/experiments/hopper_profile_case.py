@@ -7,9 +7,10 @@ Usage: ncu --kernel-name regex:hopper --launch-skip 1 --launch-count 1 ... \
 import sys
 
 import torch
-from decode_case import case_inputs, decode_call, parse_case
+from decode_case import case_inputs, decode_call
+from mlakit.bench.decode import DecodeCase
 
-call = decode_call(*case_inputs(parse_case(sys.argv[1])))
+call = decode_call(*case_inputs(DecodeCase.parse(sys.argv[1])))
 for _ in range(2):
     call()
 torch.cuda.synchronize()

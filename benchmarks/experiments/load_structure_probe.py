@@ -30,10 +30,10 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 sys.path.insert(0, str(Path(__file__).parent))
 from cuda_profile import flushed_kernel_times  # noqa: E402
-from decode_case import case_inputs, decode_call, parse_case  # noqa: E402
+from decode_case import case_inputs, decode_call  # noqa: E402
 
 from mlakit.bench.ceilings import measure_ceilings  # noqa: E402
-from mlakit.bench.decode import anchor_times, environment, time_graph_replay  # noqa: E402
+from mlakit.bench.decode import DecodeCase, anchor_times, environment, time_graph_replay  # noqa: E402
 from mlakit.bench.timing import median_ms  # noqa: E402
 from mlakit.device import sm_count  # noqa: E402
 from mlakit.kernels.hopper_common import matrix_descriptor  # noqa: E402
@@ -174,7 +174,7 @@ def main(cases: tuple[str, ...], delays: str, structures: str, evict_first: bool
     rows = []
     print(f"copy ceiling {ceilings.copy_gb_per_s:.0f} GB/s (read + write), matmul {ceilings.matmul_tflop_per_s:.0f}")
     for spec in cases:
-        case = parse_case(spec)
+        case = DecodeCase.parse(spec)
         inputs, plan = case_inputs(case)
         pages = inputs.kv_cache
         assert pages.dtype == torch.bfloat16 and pages.shape[-1] == WIDTH.value

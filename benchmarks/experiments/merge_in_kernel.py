@@ -13,7 +13,8 @@ import dataclasses
 import sys
 
 import torch
-from decode_case import case_inputs, case_plan, decode_call, interleaved_times, parse_case
+from decode_case import case_inputs, case_plan, decode_call, interleaved_times
+from mlakit.bench.decode import DecodeCase
 
 from mlakit.kernels.hopper_decode import dispatch
 from mlakit.kernels.triton_decode import default_tuning
@@ -32,7 +33,7 @@ VARIANTS = {
 def plan_for(variant: str, spec: str):
     inputs, _ = cases[spec]
     fixed = VARIANTS[variant][1]
-    case = parse_case(spec)
+    case = DecodeCase.parse(spec)
     tuning = None if fixed is None else dataclasses.replace(default_tuning(case.heads * case.q_len, hopper_tier=True),
                                                            fixed_splits=fixed)
     return case_plan(case, inputs, tuning)
@@ -47,7 +48,7 @@ def call_for(variant: str, spec: str):
 arguments = sys.argv[1:]
 if arguments and arguments[0].startswith("--variants="):
     VARIANTS = {name: VARIANTS[name] for name in arguments.pop(0).split("=", 1)[1].split(",")}
-cases = {spec: case_inputs(parse_case(spec)) for spec in arguments}
+cases = {spec: case_inputs(DecodeCase.parse(spec)) for spec in arguments}
 plans = {(spec, variant): plan_for(variant, spec) for spec in cases for variant in VARIANTS}
 for spec in cases:
     reference_out, reference_lse = call_for(next(iter(VARIANTS)), spec)()

@@ -59,9 +59,9 @@ def stamp(destination: Path) -> None:
 def run(arguments: list[str]) -> None:
     """The timeline of each case (module docstring)."""
     import torch
-    from decode_case import PLAN_FLAGS, case_plan, cases_and_plan_flags, decode_call, parse_case
+    from decode_case import PLAN_FLAGS, case_plan, cases_and_plan_flags, decode_call
 
-    from mlakit.bench.decode import make_inputs, time_graph_replay
+    from mlakit.bench.decode import DecodeCase, make_inputs, time_graph_replay
     from mlakit.kernels import hopper_narrow_decode
 
     if not hasattr(hopper_narrow_decode, "TIMELINE"):
@@ -70,7 +70,7 @@ def run(arguments: list[str]) -> None:
     hopper_narrow_decode.TIMELINE = torch.zeros(SLOTS * len(EVENTS), dtype=torch.int64, device="cuda")
     flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
     for spec in specs:
-        case = parse_case(spec)
+        case = DecodeCase.parse(spec)
         inputs = make_inputs(case, torch.device("cuda"))
         plan = case_plan(case, inputs, **plan_flags)
         if plan.geometry.row_tiles * plan.work.shape[0] > SLOTS:

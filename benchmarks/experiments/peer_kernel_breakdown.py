@@ -9,13 +9,13 @@ Usage, with FlashMLA built (`scripts/build_flashmla.py`) and on PYTHONPATH:
 import sys
 
 from cuda_profile import flushed_kernel_times
-from decode_case import case_inputs, decode_call, parse_case
+from decode_case import case_inputs, decode_call
 
-from mlakit.bench.decode import time_graph_replay
+from mlakit.bench.decode import DecodeCase, time_graph_replay
 from mlakit.bench.peers import _flashmla_call
 
 for spec in sys.argv[1:]:
-    inputs, plan = case_inputs(parse_case(spec))
+    inputs, plan = case_inputs(DecodeCase.parse(spec))
     for name, call in (("mlakit", decode_call(inputs, plan)), ("flashmla", _flashmla_call(inputs))):
         call()
         graph_us = time_graph_replay(call)

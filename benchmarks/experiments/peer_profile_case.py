@@ -9,11 +9,12 @@ Usage, with FlashMLA built (`scripts/build_flashmla.py`) and on PYTHONPATH:
 import sys
 
 import torch
-from decode_case import case_inputs, decode_call, parse_case
+from decode_case import case_inputs, decode_call
+from mlakit.bench.decode import DecodeCase
 
 from mlakit.bench.peers import _flashmla_call
 
-inputs, plan = case_inputs(parse_case(sys.argv[1]))
+inputs, plan = case_inputs(DecodeCase.parse(sys.argv[1]))
 calls = (decode_call(inputs, plan), _flashmla_call(inputs))
 for call in calls:
     for _ in range(2):

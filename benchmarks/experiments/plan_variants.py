@@ -13,9 +13,9 @@ from unittest import mock
 
 import torch
 import triton.language as tl
-from decode_case import decode_call, interleaved_times, parse_case
+from decode_case import decode_call, interleaved_times
 
-from mlakit.bench.decode import make_inputs
+from mlakit.bench.decode import DecodeCase, make_inputs
 from mlakit.kernels import decode_split_plan, triton_decode
 from mlakit.kernels.triton_decode import plan_decode
 
@@ -40,7 +40,7 @@ def plan_module(name: str, constants: dict):
 modules = {name: plan_module(name, constants) for name, constants in VARIANTS.items()}
 inputs, plans = {}, {}
 for spec in sys.argv[1:]:
-    case = parse_case(spec)
+    case = DecodeCase.parse(spec)
     inputs[spec] = make_inputs(case, torch.device("cuda"))
     for name, module in modules.items():
         with mock.patch.object(triton_decode, "decode_split_counts", module.decode_split_counts):

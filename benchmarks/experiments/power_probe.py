@@ -5,7 +5,7 @@ Usage, from the repository root on a GPU machine (FlashMLA on PYTHONPATH for its
         --prefill 128,1,8192,0 --decode 128,64,1024,1
 
 For the cuBLAS matmul of `bench`'s ceiling; per prefill case (heads,batch,new,prefix) our attention and SDPA on
-`bench prefill`'s inputs; per decode case (`decode_case.parse_case`'s spec) our decode and FlashMLA's, each
+`bench prefill`'s inputs; per decode case (`DecodeCase.parse`'s spec) our decode and FlashMLA's, each
 captured GRAPH_CALLS times in one CUDA graph (their host cost would otherwise set the pace): runs the call back to
 back for SECONDS (`timing.sustained_ms`) while `nvidia-smi` samples the SM clock, power draw and active clock
 throttle reasons every 100 ms, and prints the medians of the samples taken in the second half of the run (after the
@@ -59,11 +59,12 @@ def graphed(call, calls: int = GRAPH_CALLS):
 def decode_calls(spec: str) -> dict[str, object]:
     """Our decode and (where installed, for 16-bit caches) FlashMLA's on the case's inputs, as the decode benchmark
     times them."""
-    from decode_case import case_inputs, decode_call, parse_case
+    from decode_case import case_inputs, decode_call
+    from mlakit.bench.decode import DecodeCase
 
     from mlakit.bench.peers import _flashmla_call
 
-    case = parse_case(spec)
+    case = DecodeCase.parse(spec)
     inputs, plan = case_inputs(case)
     calls = {"triton": decode_call(inputs, plan)}
     if case.kv_dtype == "bf16":  # FlashMLA's dense decode reads 16-bit caches only

@@ -8,13 +8,13 @@ Usage: python benchmarks/experiments/seesaw_launch_size.py HEADS,BATCH,SEQLEN|ra
 import sys
 from unittest import mock
 
-from decode_case import case_inputs, decode_call, parse_case
+from decode_case import case_inputs, decode_call
 
-from mlakit.bench.decode import time_graph_replay
+from mlakit.bench.decode import DecodeCase, time_graph_replay
 from mlakit.kernels.hopper_decode import dispatch
 
 for spec in sys.argv[1:]:
-    case = parse_case(spec)
+    case = DecodeCase.parse(spec)
     inputs, plan = case_inputs(case)
     call = decode_call(inputs, plan)
     times = {"persistent": [], "one unit per program": []}

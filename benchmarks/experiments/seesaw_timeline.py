@@ -96,9 +96,9 @@ def run(specs: list[str]) -> None:
     import torch
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from decode_case import case_inputs, decode_call, parse_case
+    from decode_case import case_inputs, decode_call
 
-    from mlakit.bench.decode import time_graph_replay
+    from mlakit.bench.decode import DecodeCase, time_graph_replay
     from mlakit.kernels.hopper_decode import dispatch
 
     if not hasattr(dispatch, "TIMELINE"):
@@ -107,7 +107,7 @@ def run(specs: list[str]) -> None:
     dispatch.TIMELINE = torch.zeros(sms * 3 * 8, dtype=torch.int64, device="cuda")
     flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
     for spec in specs:
-        inputs, plan = case_inputs(parse_case(spec))
+        inputs, plan = case_inputs(DecodeCase.parse(spec))
         call = decode_call(inputs, plan)
         graph_us = time_graph_replay(call)
         torch.cuda.synchronize()

@@ -18,7 +18,9 @@ import sys
 import torch
 from cuda_profile import flushed_kernel_times
 from decode_case import (case_inputs, case_plan, cases_and_plan_flags, decode_call, interleaved_times, parse_assignment,
-                         parse_case, set_setting)
+                         set_setting)
+
+from mlakit.bench.decode import DecodeCase
 
 setting, arguments = sys.argv[1], sys.argv[2:]
 split = arguments.index("--")
@@ -33,12 +35,12 @@ def call_for(variant: str, spec: str):
 
 
 specs, plan_flags = cases_and_plan_flags(arguments[split + 1:])
-cases = {spec: case_inputs(parse_case(spec)) for spec in specs}
+cases = {spec: case_inputs(DecodeCase.parse(spec)) for spec in specs}
 plans = {}
 for variant in variants:  # a plan reads plan-time settings (e.g. `hopper_narrow_decode.WIDE_MIN_TILES_PER_PROGRAM`)
     set_setting(setting, variants[variant])
     for spec, (inputs, _) in cases.items():
-        plans[spec, variant] = case_plan(parse_case(spec), inputs, **plan_flags)
+        plans[spec, variant] = case_plan(DecodeCase.parse(spec), inputs, **plan_flags)
 for spec in cases:
     reference_out, reference_lse = call_for(first, spec)()
     for variant in variants:

@@ -23,7 +23,8 @@ import sys
 from collections.abc import Callable
 
 import torch
-from decode_case import case_inputs, case_plan, decode_call, interleaved_times, parse_case
+from decode_case import case_inputs, case_plan, decode_call, interleaved_times
+from mlakit.bench.decode import DecodeCase
 
 from mlakit.device import sm_count
 from mlakit.kernels.decode_split_plan import OPEN_END_TILE, WORK_FIELDS, SplitGeometry
@@ -88,7 +89,7 @@ def main(cases: list[str]) -> None:
     timed."""
     calls: dict[tuple[str, str], Callable] = {}
     for spec in cases:
-        case = parse_case(spec)
+        case = DecodeCase.parse(spec)
         inputs, plan = case_inputs(case)
         shared, summary = share_plan(case_plan(case, inputs), inputs.cache_seqlens.tolist(), case.q_len,
                                      plan.geometry.row_tiles, sm_count(inputs.q.device))

@@ -2,7 +2,7 @@
 # Prepared for the next session (not run): v87's changed counts that were not measured (NOTES.md "v87", after the
 # review), `setting_ab.py` with the unit cost at 0 (one wave) and 13, interleaved in one process, flushed L2; then the
 # GPU tests v87 has not met: the new multi-wave wiring test, the narrow / e4m3 / fp8 decode shard and the fuzz tests,
-# in concurrent shards (as s24f.sh).
+# in concurrent shards (`gpu_test_shard.sh`).
 set -uo pipefail
 R=$OUT/s26a
 mkdir -p $R
@@ -13,12 +13,8 @@ CASES="128,40,4096,1 128,40,4096,2 128,48,4096,2 128,96,4096,1 128,48,16384,1 12
   decode_split_plan.HOPPER_UNIT_COST_TILES one_wave=0 cost13=13 -- $CASES > $R/units-unmeasured.txt 2>&1
  echo "rc $? after ${SECONDS}s" >> $R/units-unmeasured.txt)
 LEFT=$((570 - SECONDS))
-shard() {
-  local name=$1; shift
-  PYTHONPATH=src timeout $LEFT python -m pytest -q -p no:cacheprovider -m gpu "$@" > $R/tests-$name.txt 2>&1
-  echo "rc $? after ${SECONDS}s" >> $R/tests-$name.txt
-}
-shard decode-narrow tests/test_triton_decode_gpu.py -k "narrow or e4m3 or fp8 or several_waves" &
-shard fuzz tests/test_fuzz_attention.py &
+benchmarks/experiments/gpu_test_shard.sh $R decode-narrow $LEFT tests/test_triton_decode_gpu.py \
+  -k "narrow or e4m3 or fp8 or several_waves" &
+benchmarks/experiments/gpu_test_shard.sh $R fuzz $LEFT tests/test_fuzz_attention.py &
 wait
 grep -a " us (" $R/units-unmeasured.txt; tail -n 2 $R/tests-*.txt

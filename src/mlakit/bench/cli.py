@@ -81,7 +81,7 @@ GRAPHS_JSON = Path("decode_graphs_bench.json")
 @click.option("--heads", "grid_heads", type=int, multiple=True,
               help="Only the grid's cases with these head counts (repeatable; splits a long run into parts; "
                    "--case entries are kept as given).")
-@click.option("--case", "case_specs", multiple=True, help="heads,batch,seqlen|ragged,q_len[,kv_dtype[,page_size]] (repeatable; bf16 and 64 when left out).")
+@click.option("--case", "case_specs", multiple=True, help="heads,batch,seqlen|~seqlen|ragged,q_len[,kv_dtype[,page_size]] (repeatable; bf16 and 64 when left out; ~seqlen: lengths within 20% of it).")
 @click.option("--backends", "backends_spec", default=None,
               help="Comma-separated decode backends to time side by side, e.g. triton,flashmla,flashinfer_mla; ratios are to "
                    "the first. Default: triton, then every other decode backend usable here. Named ones not installed here "

@@ -25,12 +25,16 @@ from mlakit.graphs import capture_graph
 KV_LORA_RANK, ROPE_DIM = 512, 64
 DIM = KV_LORA_RANK + ROPE_DIM
 RAGGED_BATCH, RAGGED_LOW, RAGGED_HIGH, RAGGED_SEED = 64, 256, 16384, 0
+# An uneven batch's lengths lie within this fraction of its seqlen either way: uneven, yet not ragged for the split
+# plan (its longest sequence stays within 1.25x the mean).
+UNEVEN_SPREAD = 0.2
 ANCHORS = Path(__file__).resolve().parents[3] / "benchmarks" / "anchors_h100.json"
 
 
 @dataclasses.dataclass(frozen=True)
 class DecodeCase:
-    """One benchmark case; `seqlen=None` is the ragged batch."""
+    """One benchmark case; `seqlen=None` is the ragged batch; `uneven` draws each length within UNEVEN_SPREAD of
+    `seqlen` (seeded by the shape)."""
 
     heads: int
     batch: int
@@ -38,6 +42,7 @@ class DecodeCase:
     q_len: int = 1
     kv_dtype: str = "bf16"
     page_size: int = 64
+    uneven: bool = False
 
     def __post_init__(self) -> None:
         counts = {"heads": self.heads, "batch": self.batch, "q_len": self.q_len, "page_size": self.page_size}
@@ -48,36 +53,53 @@ class DecodeCase:
                 raise ValueError(f"case {name}: expected a positive integer, got {value}")
         if self.kv_dtype not in STORAGE_DTYPES:
             raise ValueError(f"case kv_dtype: expected one of {', '.join(STORAGE_DTYPES)}, got {self.kv_dtype!r}")
+        if self.uneven and self.seqlen is None:
+            raise ValueError("case uneven: expected a seqlen to draw lengths around, got the ragged batch")
 
     @classmethod
     def parse(cls, spec: str) -> DecodeCase:
-        """A case from `heads,batch,seqlen|ragged,q_len[,kv_dtype[,page_size]]` (bf16 and 64 when left out).
+        """A case from `heads,batch,seqlen|~seqlen|ragged,q_len[,kv_dtype[,page_size]]` (bf16 and 64 when left out;
+        `~seqlen` an uneven batch around seqlen).
 
         >>> DecodeCase.parse("128,64,ragged,2,fp8_e4m3,64").label, DecodeCase.parse("16,16,4096,1").label
         ('h128 ragged q2 fp8_e4m3 p64', 'h16 16x4096 q1 bf16 p64')
+        >>> DecodeCase.parse("128,40,~8192,2").label
+        'h128 40x~8192 q2 bf16 p64'
         """
-        shape = ValueError(f"case {spec!r}: expected heads,batch,seqlen|ragged,q_len[,kv_dtype[,page_size]] (integers "
-                           f"but for seqlen 'ragged' and kv_dtype)")
+        shape = ValueError(f"case {spec!r}: expected heads,batch,seqlen|~seqlen|ragged,q_len[,kv_dtype[,page_size]] "
+                           f"(integers but for seqlen 'ragged' and kv_dtype)")
         fields = [f.strip() for f in spec.split(",")]
         if not 4 <= len(fields) <= 6:
             raise shape
         defaults = [cls.kv_dtype, str(cls.page_size)]
         heads, batch, seqlen, q_len, kv_dtype, page_size = fields + defaults[len(fields) - 4:]
+        uneven = seqlen.startswith("~")
+        seqlen = seqlen.removeprefix("~")
         if not all(f.isdigit() for f in (heads, batch, q_len, page_size, *([] if seqlen == "ragged" else [seqlen]))):
             raise shape
         return cls(int(heads), int(batch), None if seqlen == "ragged" else int(seqlen), int(q_len), kv_dtype,
-                   int(page_size))
+                   int(page_size), uneven)
 
     @property
     def label(self) -> str:
-        shape = "ragged" if self.seqlen is None else f"{self.batch}x{self.seqlen}"
+        shape = "ragged" if self.seqlen is None else f"{self.batch}x{'~' if self.uneven else ''}{self.seqlen}"
         return f"h{self.heads} {shape} q{self.q_len} {self.kv_dtype} p{self.page_size}"
 
     def lengths(self) -> list[int]:
-        if self.seqlen is not None:
+        """The batch's cached tokens per sequence.
+
+        >>> lengths = DecodeCase(16, 80, 16384, uneven=True).lengths()
+        >>> len(lengths), 0.8 * 16384 <= min(lengths) < max(lengths) <= 1.2 * 16384
+        (80, True)
+        """
+        if self.seqlen is None:
+            gen = torch.Generator().manual_seed(RAGGED_SEED)
+            return torch.randint(RAGGED_LOW, RAGGED_HIGH + 1, (RAGGED_BATCH,), generator=gen).tolist()
+        if not self.uneven:
             return [self.seqlen] * self.batch
-        gen = torch.Generator().manual_seed(RAGGED_SEED)
-        return torch.randint(RAGGED_LOW, RAGGED_HIGH + 1, (RAGGED_BATCH,), generator=gen).tolist()
+        gen = torch.Generator().manual_seed(self.batch * 7919 + self.seqlen)
+        factors = 1 + UNEVEN_SPREAD * (2 * torch.rand(self.batch, generator=gen) - 1)
+        return (factors * self.seqlen).round().int().clamp(min=1).tolist()
 
 
 @dataclasses.dataclass
@@ -209,7 +231,7 @@ def run_cases(
             }
             if first_us is not None:
                 row["x_first"] = time_us / first_us
-            anchor = anchors.get((case.heads, case.batch, case.seqlen))
+            anchor = None if case.uneven else anchors.get((case.heads, case.batch, case.seqlen))
             if anchor and case.q_len in (1, 2) and case.kv_dtype == "bf16":
                 flashmla_us = anchor[f"flashmla_q{case.q_len}_us"] * anchor_token_scale(case, anchor_ragged_tokens)
                 row["flashmla_us_anchor"] = flashmla_us

@@ -171,11 +171,12 @@ def _check(target: str, rows: list[Row], value: Callable[[Row], float], holds: C
 
 
 def _shape(row: Row) -> tuple:
-    return row["heads"], row["batch"], row["seqlen"], row["q_len"], row["page_size"]
+    return row["heads"], row["batch"], row["seqlen"], row.get("uneven", False), row["q_len"], row["page_size"]
 
 
-def _anchor_key(row: Row) -> tuple:
-    return row["heads"], row["batch"], row["seqlen"]
+def _anchor_key(row: Row) -> tuple | None:
+    """The anchors' key of a row's shape; None for an uneven batch, which no anchor measured."""
+    return None if row.get("uneven", False) else (row["heads"], row["batch"], row["seqlen"])
 
 
 def _x_flashmla(row: Row) -> float:
@@ -184,4 +185,4 @@ def _x_flashmla(row: Row) -> float:
 
 def _tokens(row: Row) -> int:
     """KV tokens of a row's batch (the ragged batch's drawn lengths included)."""
-    return sum(DecodeCase(**{f.name: row[f.name] for f in dataclasses.fields(DecodeCase)}).lengths())
+    return sum(DecodeCase(**{f.name: row[f.name] for f in dataclasses.fields(DecodeCase) if f.name in row}).lengths())
