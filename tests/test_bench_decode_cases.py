@@ -54,5 +54,8 @@ def test_an_uneven_batch_draws_seeded_lengths_within_a_fifth_of_its_seqlen_and_i
     lengths = case.lengths()
     assert lengths == case.lengths() and len(lengths) == 40 and len(set(lengths)) > 30
     assert all(0.8 * 8192 <= n <= 1.2 * 8192 for n in lengths)
+    assert min(lengths) < 0.85 * 8192 and max(lengths) > 1.15 * 8192, "the whole spread is drawn from"
+    # The seed of the experiments' former UnevenCase (session 24's uneven batches, NOTES.md v84b), kept.
+    assert DecodeCase.parse("16,80,~16384,2").lengths()[:3] == [17585, 19168, 16595]
     assert max(lengths) <= 1.25 * sum(lengths) / len(lengths), "not ragged for the split plan"
     assert case.label == "h128 40x~8192 q2 bf16 p64" and DecodeCase.parse("128,40,8192,2").lengths() == [8192] * 40

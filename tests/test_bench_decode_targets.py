@@ -179,3 +179,4 @@ def test_an_uneven_batch_meets_no_anchor_and_pairs_with_no_uniform_row():
     checks = check_targets(GOOD_GRID + [slow, fast_bf16], SIMPLE)
     assert all(c.met for c in checks), [c.line() for c in checks if not c.met]
     assert _by_target(checks)["128 heads, batched"].cases == 3  # GOOD_GRID's own
+

@@ -7,7 +7,7 @@
 #   benchmarks/experiments/beside_flashmla.sh OUTDIR SOURCES BUDGET_S "NAME=CASE CASE ..." ...
 #   benchmarks/experiments/beside_flashmla.sh $OUT build/flashmla-src 560 "h16=16,64,ragged,1 16,64,ragged,2"
 # (one quoted argument a group: its name, "=", its cases separated by spaces, each
-# heads,batch,seqlen|ragged,q_len[,kv_dtype[,page_size]]).
+# heads,batch,seqlen|~seqlen|ragged,q_len[,kv_dtype[,page_size]]).
 # Writes OUTDIR/NAME.json and OUTDIR/NAME.txt per group, and a build's log to OUTDIR/build.txt; stops if FlashMLA
 # does not import after the build (its rows would be missing from every table).
 set -uo pipefail

@@ -1,7 +1,7 @@
 """Device experiment: one decode call's time under each combine tiling (splits per step, rows, columns),
 the benchmark's method (CUDA-graph replay, L2 flushed).
 
-Usage: python benchmarks/experiments/combine_tilings.py HEADS,BATCH,SEQLEN|ragged,Q_LEN [...]
+Usage: python benchmarks/experiments/combine_tilings.py HEADS,BATCH,SEQLEN|~SEQLEN|ragged,Q_LEN [...]
 """
 
 import sys

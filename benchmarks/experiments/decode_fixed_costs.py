@@ -3,7 +3,7 @@
 equal to the plan's largest split count (no programs that find no split), the launch of programs
 that all find no split, and a graph of one tiny kernel (the timing's own floor).
 
-Usage: python benchmarks/experiments/decode_fixed_costs.py HEADS,BATCH,SEQLEN|ragged,Q_LEN[,KV_DTYPE] [...]
+Usage: python benchmarks/experiments/decode_fixed_costs.py HEADS,BATCH,SEQLEN|~SEQLEN|ragged,Q_LEN[,KV_DTYPE] [...]
 """
 
 import dataclasses

@@ -2,8 +2,8 @@
 CUDA-graph replay time with a clean L2 (what the kernels leave to launch gaps shows as the difference).
 
 Usage: python benchmarks/experiments/decode_kernel_breakdown.py [--e4m3-scores] [--hinted] CASE [...]
-(CASE as `DecodeCase.parse`: HEADS,BATCH,SEQLEN|ragged,Q_LEN[,KV_DTYPE[,PAGE_SIZE]].) Prints, per case, the mean CUDA
-time of each kernel over 20 calls (torch.profiler) and the split plan; `--e4m3-scores` plans fp8 pages with S on 8-bit
+(CASE as `DecodeCase.parse`: HEADS,BATCH,SEQLEN|~SEQLEN|ragged,Q_LEN[,KV_DTYPE[,PAGE_SIZE]].) Prints, per case, the
+mean CUDA time of each kernel over 20 calls (torch.profiler) and the split plan; `--e4m3-scores` plans fp8 pages with S on 8-bit
 tensor cores, `--hinted` tells the plan the batch's cached tokens (`plan_decode`'s `kv_tokens_hint`).
 """
 

@@ -5,7 +5,7 @@ values, under the benchmark's method (CUDA-graph replay; L2 clean before each, a
 it), the four taking turns over two rounds. Each case's errors first: e4m3 S (unhinted, hinted) against the reference
 on rounded queries and on the queries as given, the default fp8 kernel against the latter. Ceilings measured in the same run; a JSON of every row with --json PATH.
 
-Usage: python benchmarks/experiments/e4m3_scores_ab.py [--json PATH] HEADS,BATCH,SEQLEN|ragged,Q_LEN [...]
+Usage: python benchmarks/experiments/e4m3_scores_ab.py [--json PATH] HEADS,BATCH,SEQLEN|~SEQLEN|ragged,Q_LEN [...]
 """
 
 import dataclasses

@@ -4,7 +4,7 @@ reading 256 MB (L2 full of clean lines), and none (the call's own data may still
 loop (synchronized single replays) so that they compare; `mlakit bench decode --clean-l2` is the benchmark's form of
 the second (`mlakit.bench.timing.clean_l2_ms`).
 
-Usage: python benchmarks/experiments/flush_kinds.py [--flashmla] [MODULE.NAME=VALUE] HEADS,BATCH,SEQLEN|ragged,Q_LEN[,KV_DTYPE] [...]
+Usage: python benchmarks/experiments/flush_kinds.py [--flashmla] [MODULE.NAME=VALUE] HEADS,BATCH,SEQLEN|~SEQLEN|ragged,Q_LEN[,KV_DTYPE] [...]
 (an optional argument sets a setting of `mlakit.kernels.MODULE` first, e.g. l2_evict_first.EVICT_FIRST_MAX_ROW_TILES=0;
 VALUE a Python literal; with --flashmla, FlashMLA's call on the same inputs too: built and on PYTHONPATH).
 """
@@ -14,6 +14,7 @@ import sys
 
 import torch
 from decode_case import case_inputs, decode_call, parse_assignment, set_setting
+
 from mlakit.bench.decode import DecodeCase
 
 REPS = 100

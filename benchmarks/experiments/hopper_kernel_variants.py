@@ -1,6 +1,6 @@
 """Device experiment: the same decode calls through different Hopper split-pass launchers.
 
-Usage: python benchmarks/experiments/hopper_kernel_variants.py OUT.json HEADS,BATCH,SEQLEN|ragged,Q_LEN [...]
+Usage: python benchmarks/experiments/hopper_kernel_variants.py OUT.json HEADS,BATCH,SEQLEN|~SEQLEN|ragged,Q_LEN [...]
 Each entry of VARIANTS replaces `hopper_decode.launch` (same arguments, and returning whether the kernel
 merged the partials itself); to compare a kernel change,
 add its launcher beside "current". Every case is checked against the reference, then timed as

@@ -6,7 +6,7 @@ ceiling, so setting it to 1 turns the in-kernel merge off; a fixed-split plan's 
 Every variant gets a plan of its own: a plan keeps the launches it prepared (and with them the merge
 decision), so variants sharing one would all run the first one's.
 
-Usage: python benchmarks/experiments/merge_in_kernel.py [--variants=default,merged] HEADS,BATCH,SEQLEN|ragged,Q_LEN[,KV_DTYPE] [...]
+Usage: python benchmarks/experiments/merge_in_kernel.py [--variants=default,merged] HEADS,BATCH,SEQLEN|~SEQLEN|ragged,Q_LEN[,KV_DTYPE] [...]
 """
 
 import dataclasses
@@ -14,8 +14,8 @@ import sys
 
 import torch
 from decode_case import case_inputs, case_plan, decode_call, interleaved_times
-from mlakit.bench.decode import DecodeCase
 
+from mlakit.bench.decode import DecodeCase
 from mlakit.kernels.hopper_decode import dispatch
 from mlakit.kernels.triton_decode import default_tuning
 

@@ -10,8 +10,8 @@ import sys
 
 import torch
 from decode_case import case_inputs, decode_call
-from mlakit.bench.decode import DecodeCase
 
+from mlakit.bench.decode import DecodeCase
 from mlakit.bench.peers import _flashmla_call
 
 inputs, plan = case_inputs(DecodeCase.parse(sys.argv[1]))

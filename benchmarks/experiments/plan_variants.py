@@ -4,7 +4,7 @@ target `RAGGED_PROGRAMS` alone), against the default plan, interleaved over seve
 process under the benchmark's method. Each variant is a fresh copy of the plan module with its
 constants replaced (the plan kernel compiles them in).
 
-Usage: python benchmarks/experiments/plan_variants.py HEADS,BATCH,SEQLEN|ragged,Q_LEN[,KV_DTYPE] [...]
+Usage: python benchmarks/experiments/plan_variants.py HEADS,BATCH,SEQLEN|~SEQLEN|ragged,Q_LEN[,KV_DTYPE] [...]
 """
 
 import importlib.util

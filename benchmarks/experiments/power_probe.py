@@ -60,8 +60,8 @@ def decode_calls(spec: str) -> dict[str, object]:
     """Our decode and (where installed, for 16-bit caches) FlashMLA's on the case's inputs, as the decode benchmark
     times them."""
     from decode_case import case_inputs, decode_call
-    from mlakit.bench.decode import DecodeCase
 
+    from mlakit.bench.decode import DecodeCase
     from mlakit.bench.peers import _flashmla_call
 
     case = DecodeCase.parse(spec)
@@ -77,7 +77,7 @@ def decode_calls(spec: str) -> dict[str, object]:
 
 @click.command()
 @click.option("--prefill", "prefill_specs", multiple=True, help="heads,batch,new_tokens,prefix")
-@click.option("--decode", "decode_specs", multiple=True, help="heads,batch,seqlen|ragged,q_len[,kv_dtype]")
+@click.option("--decode", "decode_specs", multiple=True, help="heads,batch,seqlen|~seqlen|ragged,q_len[,kv_dtype]")
 def main(prefill_specs: tuple[str, ...], decode_specs: tuple[str, ...]) -> None:
     print(torch.cuda.get_device_name())
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)

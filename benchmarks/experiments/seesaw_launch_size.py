@@ -2,7 +2,7 @@
 against one program per unit slot of the plan (programs past the plan's units exit at once), under the
 benchmark's method.
 
-Usage: python benchmarks/experiments/seesaw_launch_size.py HEADS,BATCH,SEQLEN|ragged,Q_LEN [...]
+Usage: python benchmarks/experiments/seesaw_launch_size.py HEADS,BATCH,SEQLEN|~SEQLEN|ragged,Q_LEN [...]
 """
 
 import sys

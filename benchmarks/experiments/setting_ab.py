@@ -8,8 +8,8 @@ Usage: python benchmarks/experiments/setting_ab.py MODULE.NAME LABEL=VALUE [LABE
     [--hinted] CASE [CASE ...]
     e.g. setting_ab.py l2_evict_first.EVICT_FIRST_MAX_ROW_TILES never=0 always=64 -- 16,16,4096,1 128,64,1024,1
     or setting_ab.py hopper_narrow_decode.WIDE_MIN_TILES_PER_PROGRAM t12=12 t6=6 -- --e4m3-scores --hinted 16,32,4096,2,fp8_e4m3
-(CASE as `DecodeCase.parse`: HEADS,BATCH,SEQLEN|ragged,Q_LEN[,KV_DTYPE[,PAGE_SIZE]]; VALUE a Python literal; the flags
-plan every case with e4m3 scores / told its cached tokens, as `decode_case.case_plan`.) Each variant's plans are built
+(CASE as `DecodeCase.parse`: HEADS,BATCH,SEQLEN|~SEQLEN|ragged,Q_LEN[,KV_DTYPE[,PAGE_SIZE]]; VALUE a Python literal;
+the flags plan every case with e4m3 scores / told its cached tokens, as `decode_case.case_plan`.) Each variant's plans are built
 with the setting at its value, so settings read at plan time count too.
 """
 

@@ -24,8 +24,8 @@ from collections.abc import Callable
 
 import torch
 from decode_case import case_inputs, case_plan, decode_call, interleaved_times
-from mlakit.bench.decode import DecodeCase
 
+from mlakit.bench.decode import DecodeCase
 from mlakit.device import sm_count
 from mlakit.kernels.decode_split_plan import OPEN_END_TILE, WORK_FIELDS, SplitGeometry
 from mlakit.kernels.hopper_decode.dispatch import MERGE_MAX_SPLITS

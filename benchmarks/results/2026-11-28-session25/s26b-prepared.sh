@@ -5,7 +5,9 @@
 # The share plan (host-built, lockstep) against the default plan (v87's) in one process, clean L2, three rounds;
 # NOTES.md "v79" for the probe, "Next (issue 23)" for why again. The patch applies to 4cea22a and its seesaw
 # compiles for sm_90a (CPU, triton 3.6: no spills at bf16, fp8 as in v79).
-# Before the call, on the CPU: mkdir -p build/dev/shares && git archive HEAD src | tar -x -C build/dev/shares &&
+# Before the call, on the CPU (from a81443a or later: the ~N cases need `DecodeCase.uneven`, and the tree's own
+# mlakit comes first on the path): rm -rf build/dev/shares && mkdir -p build/dev/shares &&
+#   git archive HEAD src | tar -x -C build/dev/shares &&
 #   git apply --directory=build/dev/shares --include='build/dev/shares/src/*'
 #   benchmarks/experiments/patches/v79-seesaw-share-plan-ranges.diff; carry build/dev.
 set -uo pipefail

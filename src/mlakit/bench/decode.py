@@ -25,8 +25,8 @@ from mlakit.graphs import capture_graph
 KV_LORA_RANK, ROPE_DIM = 512, 64
 DIM = KV_LORA_RANK + ROPE_DIM
 RAGGED_BATCH, RAGGED_LOW, RAGGED_HIGH, RAGGED_SEED = 64, 256, 16384, 0
-# An uneven batch's lengths lie within this fraction of its seqlen either way: uneven, yet not ragged for the split
-# plan (its longest sequence stays within 1.25x the mean).
+# An uneven batch's lengths lie within this fraction of its seqlen either way: uneven, and usually not ragged for the
+# split plan (its longest sequence within 1.25x the mean; a few small batches' draws exceed it).
 UNEVEN_SPREAD = 0.2
 ANCHORS = Path(__file__).resolve().parents[3] / "benchmarks" / "anchors_h100.json"
 
@@ -231,7 +231,7 @@ def run_cases(
             }
             if first_us is not None:
                 row["x_first"] = time_us / first_us
-            anchor = None if case.uneven else anchors.get((case.heads, case.batch, case.seqlen))
+            anchor = anchor_for(case, anchors)
             if anchor and case.q_len in (1, 2) and case.kv_dtype == "bf16":
                 flashmla_us = anchor[f"flashmla_q{case.q_len}_us"] * anchor_token_scale(case, anchor_ragged_tokens)
                 row["flashmla_us_anchor"] = flashmla_us
@@ -241,6 +241,16 @@ def run_cases(
         del inputs
         torch.cuda.empty_cache()
     return rows
+
+
+def anchor_for(case: DecodeCase, anchors: dict[tuple[int, int, int | None], dict[str, float]]) -> dict[str, float] | None:
+    """The anchors' entry for `case`'s shape (`anchor_times`); None for an uneven batch, whose lengths no anchor drew.
+
+    >>> anchors = {(128, 64, 4096): {"flashmla_q1_us": 150.0}}
+    >>> anchor_for(DecodeCase(128, 64, 4096), anchors), anchor_for(DecodeCase(128, 64, 4096, uneven=True), anchors)
+    ({'flashmla_q1_us': 150.0}, None)
+    """
+    return None if case.uneven else anchors.get((case.heads, case.batch, case.seqlen))
 
 
 def anchor_token_scale(case: DecodeCase, anchor_ragged_tokens: int) -> float:

@@ -185,4 +185,5 @@ def _x_flashmla(row: Row) -> float:
 
 def _tokens(row: Row) -> int:
     """KV tokens of a row's batch (the ragged batch's drawn lengths included)."""
-    return sum(DecodeCase(**{f.name: row[f.name] for f in dataclasses.fields(DecodeCase) if f.name in row}).lengths())
+    fields = {f.name: row[f.name] for f in dataclasses.fields(DecodeCase) if f.name != "uneven"}
+    return sum(DecodeCase(**fields, uneven=row.get("uneven", False)).lengths())
