@@ -173,16 +173,24 @@ def test_split_counts_follow_the_documented_formula(kernel_device):
     assert batched(torch.tensor([1024] + [0] * 15, dtype=torch.int32, device=kernel_device), one_each, 16)[0] == 8
 
 
+def _split_counts(device: str, lengths: list[int], q_lens: list[int], heads: int, block_m: int, programs_per_sm: int,
+                  unit_cost: int = 0) -> list[int]:
+    """`decode_split_counts`' counts for sequences of `lengths` tokens and `q_lens` query tokens on 132 SMs (64-token
+    tiles, the split ceiling of `split_geometry`)."""
+    cu_seqlens_q = torch.tensor([0, *itertools.accumulate(q_lens)], dtype=torch.int32, device=device)
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device=device)
+    geometry = split_geometry(len(lengths), heads * max(q_lens), block_m, 132, programs_per_sm)
+    return decode_split_counts(seqlens, cu_seqlens_q, heads, geometry, block_m=block_m, block_n=64, num_sms=132,
+                               programs_per_sm=programs_per_sm, unit_cost_tiles=unit_cost).counts.tolist()
+
+
 def test_split_counts_grow_where_the_nearest_would_overflow_one_wave(kernel_device, monkeypatch):
     """16 heads x 2 query tokens in 16-row tiles (two a sequence), 264 programs at once: 48 sequences of 64 KV tiles
     are 6144 tile-rows, 24 tiles a split, 3 splits to the nearest (288 programs); at 26 tiles a split 2 (192); 24
     sequences of one token take 6 tiles a split, 11 splits to the nearest, exactly 264 programs, kept; an uneven
     batch sheds only the splits it must; a ragged batch keeps the nearest counts."""
     def counts(lengths: list[int], q_len: int) -> list[int]:
-        cu_seqlens_q = torch.arange(len(lengths) + 1, dtype=torch.int32, device=kernel_device) * q_len
-        seqlens = torch.tensor(lengths, dtype=torch.int32, device=kernel_device)
-        geometry = split_geometry(len(lengths), 16 * q_len, 16, 132)
-        return decode_split_counts(seqlens, cu_seqlens_q, 16, geometry, block_m=16, block_n=64, num_sms=132).counts.tolist()
+        return _split_counts(kernel_device, lengths, [q_len] * len(lengths), heads=16, block_m=16, programs_per_sm=2)
 
     assert counts([4096] * 48, 2) == [2] * 48
     assert counts([4096] * 24, 1) == [11] * 24
@@ -208,11 +216,7 @@ def test_split_counts_take_more_waves_where_a_units_fixed_cost_pays_for_them(ker
     one row tile a sequence and in ragged batches the counts stay; empty sequences and a sequence without query tokens
     count for nothing."""
     def counts(lengths: list[int], q_lens: list[int], heads: int = 128, unit_cost: int = 13) -> list[int]:
-        cu_seqlens_q = torch.tensor([0, *itertools.accumulate(q_lens)], dtype=torch.int32, device=kernel_device)
-        seqlens = torch.tensor(lengths, dtype=torch.int32, device=kernel_device)
-        geometry = split_geometry(len(lengths), heads * max(q_lens), 64, 132, programs_per_sm=1)
-        return decode_split_counts(seqlens, cu_seqlens_q, heads, geometry, block_m=64, block_n=64, num_sms=132,
-                                   programs_per_sm=1, unit_cost_tiles=unit_cost).counts.tolist()
+        return _split_counts(kernel_device, lengths, q_lens, heads, block_m=64, programs_per_sm=1, unit_cost=unit_cost)
 
     def uniform(sequences: int, tiles: int, q_len: int, heads: int = 128, unit_cost: int = 13) -> set[int]:
         return set(counts([64 * tiles] * sequences, [q_len] * sequences, heads, unit_cost))
