@@ -34,14 +34,9 @@ def _patched(factory, launch):
     return prepare
 
 
-def _case(spec: str) -> DecodeCase:
-    heads, batch, seqlen, q_len = spec.split(",")
-    return DecodeCase(int(heads), int(batch), None if seqlen == "ragged" else int(seqlen), int(q_len))
-
-
 device = torch.device("cuda")
 ceilings = measure_ceilings(device)
 kernels = {name: _patched(_tuned_kernel(None), launch) for name, launch in VARIANTS.items()}
-rows = run_cases([_case(spec) for spec in sys.argv[2:]], kernels, device, ceilings, print)
+rows = run_cases([DecodeCase.parse(spec) for spec in sys.argv[2:]], kernels, device, ceilings, print)
 with open(sys.argv[1], "w") as f:
     json.dump({"environment": environment(device, ceilings), "rows": rows}, f, indent=1)
