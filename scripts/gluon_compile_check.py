@@ -42,6 +42,7 @@ from mlakit.kernels import hopper_decode as hd
 from mlakit.kernels import hopper_narrow_decode as nd
 from mlakit.kernels import hopper_prefill as hp
 from mlakit.kernels import triton_decode
+from mlakit.kernels.decode_split_plan import WORK_FIELDS
 from mlakit.kernels.hopper_common import matrix_descriptor, row_descriptors
 from mlakit.kernels.l2_evict_first import streams_evict_first
 
@@ -222,7 +223,7 @@ def seesaw_arguments(heads: int, q_len: int, kv_dtype: torch.dtype, merge: bool,
     pages = torch.empty(256, page_size, kv_lora_rank + rope_dim, dtype=kv_dtype)
     block_table = torch.zeros(batch, 64, dtype=torch.int32)
     seqlens = torch.zeros(batch, dtype=torch.int32)
-    work = torch.zeros(1024, 5, dtype=torch.int32)
+    work = torch.zeros(1024, WORK_FIELDS, dtype=torch.int32)
     work_state = torch.zeros(3, dtype=torch.int32)
     merge_state = torch.zeros(batch * 4, dtype=torch.int32)
     out = torch.empty(tokens, heads, kv_lora_rank, dtype=torch.bfloat16)

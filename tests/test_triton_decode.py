@@ -208,13 +208,15 @@ def test_split_counts_grow_where_the_nearest_would_overflow_one_wave(kernel_devi
     assert 2 * sum(counts(uneven, 2)) == 272
 
 
-def test_split_counts_take_more_waves_where_a_units_fixed_cost_pays_for_them(kernel_device):
+def test_split_counts_take_more_waves_where_a_units_fixed_cost_pays_for_them(kernel_device, monkeypatch):
     """128 heads in 64-row tiles, 132 programs at once, a unit's fixed cost of 13 KV tiles: 24 sequences of 256
     tiles at two query tokens are 96 units in one wave (256 + 13 tiles long), or 4 splits each in three waves of 64
     (3 x 77 = 231); 40 x 128 tiles take 2 splits in three waves (231 against two waves of 141); 64 x 256 tiles and
     24 x 64 tiles keep theirs, as 24 x 128 does (less than a sixteenth shorter in three waves); without the cost, at
     one row tile a sequence and in ragged batches the counts stay; empty sequences and a sequence without query tokens
     count for nothing."""
+    monkeypatch.setattr(decode_split_plan, "EQUAL_SHARES", False)  # some of these batches take shares (below)
+
     def counts(lengths: list[int], q_lens: list[int], heads: int = 128, unit_cost: int = 13) -> list[int]:
         return _split_counts(kernel_device, lengths, q_lens, heads, block_m=64, programs_per_sm=1, unit_cost=unit_cost)
 
@@ -300,6 +302,12 @@ def test_work_items_list_every_split_longest_first(kernel_device):
     taken = work[: int(items[0]), 0].long()
     assert torch.equal(work[: int(items[0]), 3], cu_seqlens_q[taken]) and torch.equal(work[: int(items[0]), 4], q_lens[taken])
     tiles = (lengths + 63) // 64
+    # Each split's KV tokens: cdiv(tiles, splits) tiles from split x that, the last one open-ended.
+    split, count = work[: int(items[0]), 1], work[: int(items[0]), 2]
+    span = (tiles[taken] + count - 1) // count * 64
+    assert torch.equal(work[: int(items[0]), 5], split * span)
+    assert torch.equal(work[: int(items[0]), 6], torch.where(split == count - 1, decode_split_plan.OPEN_KV_END.value,
+                                                             (split + 1) * span))
     busy = (tiles > 0) & (q_lens > 0)
     per_split = torch.where(busy, (tiles + splits - 1) // splits, 0)[order.long()]
     assert (per_split[:-1] >= per_split[1:]).all(), "longest splits first"
@@ -325,6 +333,21 @@ def test_every_split_holds_tiles_and_large_batches_keep_batch_order(kernel_devic
         order = _sequences_in_launch_order(splits, work, items)
         if batch > 1024:
             assert torch.equal(order, torch.arange(batch, dtype=torch.int32))
+
+
+def test_the_kernel_reads_each_splits_kv_range_from_the_plan(kernel_device):
+    """Both splits of sequence 0 edited to cover all its tokens: the merged output stays, its lse grows by ln 2 (each
+    key counted twice); sequence 1, untouched, keeps the oracle's."""
+    batch = make_paged_batch([300, 170], heads=3, q_len=2, page_size=16, seed=10, device=kernel_device)
+    plan = plan_decode(batch.cache_seqlens, q_len=2, heads=3, tuning=DecodeTuning(16, 32, 4, fixed_splits=2))
+    plan.work[:2, 5] = 0
+    plan.work[:2, 6] = decode_split_plan.OPEN_KV_END.value
+    out, lse = triton_mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens,
+                                 kv_lora_rank=batch.kv_lora_rank, softmax_scale=batch.softmax_scale, kv_scale=None, plan=plan)
+    expected_out, expected_lse = naive_decode(batch)
+    assert relative_error(out, expected_out) < 1e-2
+    assert_lse_close(lse[0], expected_lse[0] + np.log(2), atol=1e-3)
+    assert_lse_close(lse[1], expected_lse[1], atol=1e-3)
 
 
 def test_fixed_split_plans_list_every_split_in_batch_order(kernel_device):

@@ -3,6 +3,7 @@
 import dataclasses
 import importlib.util
 import itertools
+import math
 from unittest import mock
 
 import pytest
@@ -525,6 +526,64 @@ def test_a_few_long_sequences_at_128_heads_take_splits_of_several_waves(kv_dtype
     assert plan.num_splits.tolist() == [4] * 6 and int(plan.work_state[2]) == 0
     assert _split_kernel(batch, plan) == "hopper"
     _check(batch, plan=plan)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
+@pytest.mark.parametrize("kv_dtype, lengths, q_len", [
+    ("bf16", [8192] * 40, 2),
+    ("fp8_e4m3", [8192 + 97 * (i % 7) - 300 for i in range(40)], 2),
+    ("bf16", [16384] * 24, 1),
+    ("fp8_e4m3", [16000 + 131 * (i % 6) for i in range(24)], 1),
+])
+def test_equal_share_plans_at_128_heads(kv_dtype, lengths, q_len, monkeypatch):
+    """Planned for 132 SMs with EQUAL_SHARES, these 128-head batches take equal shares (NOTES.md v88): sequences cut
+    where a share ends, each share's pieces run one after another by its row tiles' programs. 40 sequences at two
+    tokens have a split ceiling of 3: the seesaw merges the cut sequences itself, launch after launch; 24 at one token
+    have 9: the combine kernel merges them."""
+    from mlakit.kernels import decode_split_plan
+    from mlakit.kernels.triton_decode import plan_decode
+
+    monkeypatch.setattr(decode_split_plan, "EQUAL_SHARES", True)
+    batch = make_paged_batch(lengths, heads=128, q_len=q_len, page_size=64, kv_lora_rank=512, rope_dim=64,
+                             kv_dtype=kv_dtype, device="cuda", seed=88)
+    plan = plan_decode(batch.cache_seqlens, q_len=q_len, heads=128, kv_dtype=batch.kv_cache.dtype, num_sms=132)
+    assert int(plan.work_state[2]) == decode_split_plan.ORDER_SHARES and int(plan.num_splits.max()) > 1
+    assert _split_kernel(batch, plan) == "hopper"
+    if q_len == 2:
+        _check_merged_in_kernel(batch, plan, launches=2)
+    else:
+        _check(batch, plan=plan)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernels need an SM90 GPU")
+@pytest.mark.parametrize("kv_dtype, page_size, heads, block_m, kernel", [
+    ("bf16", 64, 128, 64, "hopper"),  # the persistent seesaw
+    ("bf16", 16, 128, 64, "hopper"),  # the cp.async split kernel
+    ("fp8_e4m3", 16, 128, 64, "hopper"),  # the fp8 split kernel
+    ("fp8_e4m3", 64, 16, 16, "narrow"),
+])
+def test_hopper_kernels_read_each_splits_kv_range_from_the_plan(kv_dtype, page_size, heads, block_m, kernel):
+    """Both splits of sequence 0 edited to cover all its tokens: the merged output stays, its lse grows by ln 2;
+    sequence 1, untouched, keeps the reference's (as the portable kernel's CPU test)."""
+    from mlakit.kernels.decode_split_plan import OPEN_KV_END
+    from mlakit.kernels.triton_decode import DecodeTuning, plan_decode
+
+    batch = make_paged_batch([3000, 1700], heads=heads, q_len=1, page_size=page_size, kv_lora_rank=512, rope_dim=64,
+                             kv_dtype=kv_dtype, device="cuda", seed=heads + page_size)
+    tuning = DecodeTuning(block_m, 64, 4 if block_m == 16 else 8, programs_per_sm=2 if block_m == 16 else 1,
+                          fixed_splits=2)
+    plan = plan_decode(batch.cache_seqlens, q_len=1, heads=heads, kv_dtype=batch.kv_cache.dtype, tuning=tuning)
+    assert _split_kernel(batch, plan) == kernel
+    plan.work[:2, 5] = 0
+    plan.work[:2, 6] = OPEN_KV_END.value
+    out, lse = triton_mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens,
+                                 kv_lora_rank=batch.kv_lora_rank, softmax_scale=batch.softmax_scale,
+                                 kv_scale=batch.kv_scale, plan=plan)
+    ref_out, ref_lse = _reference(batch)
+    fp8 = batch.kv_cache.dtype == torch.float8_e4m3fn
+    assert relative_error(out, ref_out) < (3e-2 if fp8 else 1e-2)
+    assert_lse_close(lse[0], ref_lse[0] + math.log(2), atol=3e-2 if fp8 else 1e-3)
+    assert_lse_close(lse[1], ref_lse[1], atol=3e-2 if fp8 else 1e-3)
 
 
 def _check_merged_in_kernel(batch, plan, launches):

@@ -1,11 +1,12 @@
 """CPU tool: the split plan's unit model for the Hopper seesaw (64-row tiles, one program an SM), to predict a plan
-change before device time is spent (NOTES.md v87, "Next (issue 23)"). Per case, the plan kernel's counts (run under
-the Triton interpreter) with and without the unit cost, each plan's makespan in KV-tile times under the model
+change before device time is spent (NOTES.md v87, v88, "Next (issue 23)"). Per case, the plan kernel's counts (run
+under the Triton interpreter) with and without the unit cost, each plan's makespan in KV-tile times under the model
 (units of a sequence's tiles / splits + the unit cost, longest first onto the least-loaded program, as the seesaw's
-counter takes them) and the waves estimate the plan kernel uses, against an equal share of the batch's tiles (each
-part's tiles + a cut's cost, as v79's probe cut them) and the even share with no fixed cost at all.
+counter takes them) and the waves estimate the plan kernel uses; whether the plan takes equal shares with
+`EQUAL_SHARES` on and their estimate (a share of the tiles + the unit cost a round of pieces); and the even share
+with no fixed cost at all.
 
-Usage: python benchmarks/experiments/plan_model.py [--sms 132] [--unit-cost 13] [--cut-cost 25] CASE [...]
+Usage: python benchmarks/experiments/plan_model.py [--sms 132] [--unit-cost 13] CASE [...]
 (CASE as `DecodeCase.parse`: HEADS,BATCH,SEQLEN|~SEQLEN|ragged,Q_LEN[,KV_DTYPE[,PAGE_SIZE]]), e.g.
     python benchmarks/experiments/plan_model.py 128,40,8192,2 128,32,~16384,2
 """
@@ -21,14 +22,16 @@ import click  # noqa: E402
 import torch  # noqa: E402
 
 from mlakit.bench.decode import DecodeCase  # noqa: E402
-from mlakit.kernels.decode_split_plan import decode_split_counts, split_geometry  # noqa: E402
+from mlakit.kernels import decode_split_plan  # noqa: E402
+from mlakit.kernels.decode_split_plan import (ORDER_SHARES, SequenceSplits, decode_split_counts,  # noqa: E402
+                                              split_geometry)
 from mlakit.kernels.hopper_decode import BLOCK_M  # noqa: E402
 from mlakit.kernels.hopper_common import BLOCK_N  # noqa: E402
 from mlakit.kernels.triton_decode import BATCHED_MIN_TILES_PER_SPLIT, MIN_TILES_PER_SPLIT  # noqa: E402
 
 
-def seesaw_counts(case: DecodeCase, sms: int, unit_cost: int) -> list[int]:
-    """The plan kernel's split counts for `case` on `sms` SMs as the seesaw's plan (one program an SM)."""
+def seesaw_plan(case: DecodeCase, sms: int, unit_cost: int) -> SequenceSplits:
+    """The plan kernel's plan for `case` on `sms` SMs as the seesaw's (one program an SM)."""
     lengths = torch.tensor(case.lengths(), dtype=torch.int32)
     cu_seqlens_q = torch.arange(len(lengths) + 1, dtype=torch.int32) * case.q_len
     block_m, block_n = BLOCK_M.value, BLOCK_N.value
@@ -36,7 +39,7 @@ def seesaw_counts(case: DecodeCase, sms: int, unit_cost: int) -> list[int]:
     return decode_split_counts(lengths, cu_seqlens_q, case.heads, geometry, block_m, block_n, sms, programs_per_sm=1,
                                min_tokens_per_split=MIN_TILES_PER_SPLIT * block_n,
                                batched_min_tokens_per_split=BATCHED_MIN_TILES_PER_SPLIT * block_n,
-                               unit_cost_tiles=unit_cost).counts.tolist()
+                               unit_cost_tiles=unit_cost)
 
 
 def longest_first_makespan(units: list[int], programs: int) -> int:
@@ -60,25 +63,27 @@ def waves_estimate(units: list[int], programs: int) -> int:
 @click.command()
 @click.option("--sms", type=int, default=132, show_default=True, help="SMs (H100: 132).")
 @click.option("--unit-cost", type=int, default=13, show_default=True, help="A unit's fixed cost in KV-tile times.")
-@click.option("--cut-cost", type=int, default=25, show_default=True,
-              help="What a cut adds to an equal-share part, in KV-tile times (v79: ~40 us at ~1.6 us a tile).")
 @click.argument("specs", nargs=-1, required=True)
-def main(sms: int, unit_cost: int, cut_cost: int, specs: tuple[str, ...]) -> None:
-    print(f"{'case':<28} {'counts (cost 0 -> cost)':<26} {'makespan':>17} {'waves est.':>17} {'shares':>7} {'even':>7}")
+def main(sms: int, unit_cost: int, specs: tuple[str, ...]) -> None:
+    print(f"{'case':<28} {'counts (cost 0 -> cost)':<26} {'makespan':>17} {'waves est.':>17} {'shares':>14} {'even':>7}")
     for spec in specs:
         case = DecodeCase.parse(spec)
         tiles = [-(-n // BLOCK_N.value) for n in case.lengths()]
         row_tiles = -(-case.heads * case.q_len // BLOCK_M.value)
-        plans = [seesaw_counts(case, sms, cost) for cost in (0, unit_cost)]
+        plans = [seesaw_plan(case, sms, cost).counts.tolist() for cost in (0, unit_cost)]
         units = [plan_units(tiles, counts, row_tiles, unit_cost) for counts in plans]
         makespans = [longest_first_makespan(u, sms) for u in units]
         estimates = [waves_estimate(u, sms) for u in units]
         parts = sms // row_tiles
-        shares = -(-sum(tiles) // parts) + unit_cost + cut_cost
+        decode_split_plan.EQUAL_SHARES = True
+        shared = seesaw_plan(case, sms, unit_cost).work_state.tolist()
+        decode_split_plan.EQUAL_SHARES = False
+        rounds = shared[0] // parts
+        shares = f"{-(-sum(tiles) // parts) + rounds * unit_cost} ({rounds} r.)" if shared[2] == ORDER_SHARES else "-"
         even = sum(tiles) * row_tiles / sms
         spread = "->".join(f"{min(c)}-{max(c)}" if min(c) != max(c) else str(c[0]) for c in plans)
         print(f"{case.label:<28} {spread:<26} {makespans[0]:>8} {makespans[1]:>8} {estimates[0]:>8} {estimates[1]:>8} "
-              f"{shares:>7} {even:>7.1f}")
+              f"{shares:>14} {even:>7.1f}")
 
 
 if __name__ == "__main__":

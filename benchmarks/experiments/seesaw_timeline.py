@@ -56,13 +56,13 @@ EDITS = {
          "        last = (next_unit >= units) & (not ragged) & (num_splits <= EARLY_TRIGGER_MAX_SPLITS)\n        slot = gl.program_id(0) * 2 + gl.minimum(units_done - 1, 1)\n"
          "        _stamp(KV_SCALE, slot, 0)\n"
          # Per program (slot 2 x programs + p): its units so far and their KV tiles (`split_range`'s).
-         "        _, _, stamp_unit_tiles = split_range(seqlen, split, num_splits)\n"
+         "        _, _, stamp_unit_tiles = split_range(WORK, unit // row_tiles, seqlen)\n"
          "        stamp_tiles += stamp_unit_tiles\n"
          "        _record(KV_SCALE, 2 * programs + gl.program_id(0), 0, units_done)\n"
          "        _record(KV_SCALE, 2 * programs + gl.program_id(0), 1, stamp_tiles)\n"
          "        if split < num_splits and tile * BLOCK_M < q_len * HEADS:\n"),
-        ("                LSE_STRIDES, PART_STRIDES, last, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3_SCORES)\n            if MERGE",
-         "                LSE_STRIDES, PART_STRIDES, last, KV_SCALE, slot, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3_SCORES)\n"
+        (" LSE_STRIDES, PART_STRIDES, last, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3_SCORES)\n            if MERGE",
+         " LSE_STRIDES, PART_STRIDES, last, KV_SCALE, slot, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3_SCORES)\n"
          "            if MERGE"),
         ("    OUT, LSE, PART_OUT, PART_LSE, scale_log2, kv_scale, Q_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, "
          "PART_STRIDES,\n    last, HEADS: gl.constexpr,",

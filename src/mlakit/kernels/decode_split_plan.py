@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from mlakit.kernels.decode_share_plan import share_bound, share_layout
+
 OVERSUBSCRIPTION = 3
 MAX_SPLITS = 512
 # A batch is ragged when its busiest sequence has more than RAGGED_NUM / RAGGED_DEN of the mean work:
@@ -45,6 +47,13 @@ FIT_SPLITS_TO_ONE_WAVE = True
 # 16384 x 2 tokens: 96 units over 132 SMs, 4 splits a sequence in 3 waves) by a sixteenth at least (measured gains
 # were 4-5% below the estimate's: the combine and merges of the extra partials). 0 turns it off.
 HOPPER_UNIT_COST_TILES = 13
+# With EQUAL_SHARES, where the unit cost applies, a batch whose every sequence is busy at the plan's row tiles takes
+# equal shares of the batch's KV tiles instead (`decode_share_plan`: a sequence cut where a share ends, each share's
+# pieces run one after another by its row tiles' programs) where a share plus the unit cost per piece a share runs
+# is estimated a sixteenth shorter than the split counts' makespan: batches whose split counts round badly (H100,
+# 128 heads: 40 x 8192 x 2 tokens 15% faster, 24 x 16384 5-7%, fp8 11-20%; NOTES.md v88). Off until its GPU tests
+# have run to the end (NOTES.md v88: the one-token ones did not finish in the time their shards had).
+EQUAL_SHARES = False
 MULTI_WAVE_MIN_ROW_TILES = tl.constexpr(2)
 MULTI_WAVE_MIN_GAIN_DEN = tl.constexpr(16)
 # `split_geometry`'s ceiling leaves room for OVERSUBSCRIPTION waves of units.
@@ -74,18 +83,28 @@ def split_geometry(batch: int, rows: int, block_m: int, num_sms: int, programs_p
     return SplitGeometry(row_tiles, max_splits)
 
 
-WORK_FIELDS = tl.constexpr(5)  # a work item's sequence, split, the sequence's split count, first query token, query tokens
+# A work item's sequence, split, the sequence's split count, first query token, query tokens, and the split's KV
+# tokens: its first and its end (OPEN_KV_END for a sequence's last split: the sequence's length at launch).
+WORK_FIELDS = tl.constexpr(7)
 WORK_FIELDS_TILE = tl.constexpr(8)  # WORK_FIELDS rounded up to a power of two (a tile's width)
+OPEN_KV_END = tl.constexpr(1 << 30)
+# The work state's order of units (its third field): the plan's order in waves (the persistent kernel's programs
+# take theirs in snake order), taken as programs finish (a ragged batch), or equal shares (rows laid out so that the
+# snake order keeps program p on share p // R, R row tiles a sequence, round after round: `decode_share_plan`).
+ORDER_WAVES = tl.constexpr(0)
+ORDER_TAKEN = tl.constexpr(1)
+ORDER_SHARES = tl.constexpr(2)
 
 
 class SequenceSplits(NamedTuple):
     """Per-sequence split counts; the work items, one per (sequence, split) in launch order (longest
-    splits first), each `[sequence, split, splits, first query token, query tokens]` (int32
-    `[batch x max_splits, WORK_FIELDS]`; rows past the last item hold zeros, which no split matches);
-    and the work state (int32 `[3]`): how many items there are, the counter a persistent kernel takes
-    units with (0; the kernel leaves it at 0, so launches of one plan must run one after another, as a
-    model's layers do: two at once on different streams would skip units) and whether the batch is
-    ragged (0 or 1)."""
+    splits first; an equal-share plan's in rounds, `decode_share_plan`), each `[sequence, split, splits, first
+    query token, query tokens, first KV token, end KV token]` (int32 `[batch x max_splits, WORK_FIELDS]`; rows
+    without an item hold zeros, which no split matches; a sequence's splits cover its KV tokens once, the last
+    one open-ended); and the work state (int32 `[3]`): how many item rows there are, the counter a persistent
+    kernel takes units with (0; the kernel leaves it at 0, so launches of one plan must run one after another, as
+    a model's layers do: two at once on different streams would skip units) and the units' order (ORDER_WAVES,
+    ORDER_TAKEN for a ragged batch, ORDER_SHARES)."""
 
     counts: torch.Tensor
     work: torch.Tensor
@@ -128,18 +147,32 @@ def _makespan(splits, tiles, row_tiles, seq_work, programs, unit_cost):
     return waves * (tl.max(tl.where(seq_work > 0, tl.cdiv(tiles, splits), 0), 0) + unit_cost)
 
 
+@triton.jit
+def _store_items(WORK, row, taken, sequence, split, splits, first_token, q_tokens, kv_start, kv_end):
+    """Work items at plan rows `row` where `taken` (a tile of them; the fields broadcast to its shape)."""
+    entry = WORK + row * WORK_FIELDS
+    tl.store(entry, tl.broadcast_to(sequence, row.shape), mask=taken)
+    tl.store(entry + 1, tl.broadcast_to(split, row.shape), mask=taken)
+    tl.store(entry + 2, tl.broadcast_to(splits, row.shape), mask=taken)
+    tl.store(entry + 3, tl.broadcast_to(first_token, row.shape), mask=taken)
+    tl.store(entry + 4, tl.broadcast_to(q_tokens, row.shape), mask=taken)
+    tl.store(entry + 5, tl.broadcast_to(kv_start, row.shape), mask=taken)
+    tl.store(entry + 6, tl.broadcast_to(kv_end, row.shape), mask=taken)
+
+
 @triton.jit(do_not_specialize=["batch", "programs", "min_tiles", "batched_min_tiles", "max_splits", "capacity",
-                               "unit_cost"])
+                               "unit_cost", "plan_row_tiles"])
 def _split_counts_kernel(
     SEQLENS, CU_SEQLENS_Q, NUM_SPLITS, WORK, WORK_STATE, batch, programs, min_tiles, batched_min_tiles, max_splits,
-    capacity, unit_cost,
+    capacity, unit_cost, plan_row_tiles,
     HEADS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
-    BLOCK_S: tl.constexpr, BLOCK_TAIL: tl.constexpr, FIT_ONE_WAVE: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_TAIL: tl.constexpr, FIT_ONE_WAVE: tl.constexpr, SHARES: tl.constexpr,
 ):
     offsets = tl.arange(0, BLOCK_B)
     in_batch = offsets < batch
     tiles = tl.cdiv(tl.load(SEQLENS + offsets, mask=in_batch, other=0), BLOCK_N)
-    q_lens = tl.load(CU_SEQLENS_Q + offsets + 1, mask=in_batch, other=0) - tl.load(CU_SEQLENS_Q + offsets, mask=in_batch, other=0)
+    first_q_token = tl.load(CU_SEQLENS_Q + offsets, mask=in_batch, other=0)
+    q_lens = tl.load(CU_SEQLENS_Q + offsets + 1, mask=in_batch, other=0) - first_q_token
     row_tiles = tl.cdiv(q_lens * HEADS, BLOCK_M)
     seq_work = tiles * row_tiles
     work = tl.sum(seq_work, 0)
@@ -150,11 +183,20 @@ def _split_counts_kernel(
     min_tiles = tl.where(busy >= BATCHED_SEQUENCES, batched_min_tiles, min_tiles)
     tiles_per_split = tl.maximum(tl.cdiv(work, tl.where(ragged, ragged_programs * programs, programs)), min_tiles)
     splits = _split_counts_for(tiles, tiles_per_split, max_splits)
+    order_mode = tl.where(ragged, ORDER_TAKEN, ORDER_WAVES)
+    counts = splits
+    # Equal shares' sizes: the batch's tiles (one at least) over one share a group of plan_row_tiles programs.
+    total_tiles = tl.maximum(tl.sum(tiles, 0), 1)
+    parts = tl.maximum(tl.minimum(programs, plan_row_tiles * capacity) // plan_row_tiles, 1)
+    first_tile = tl.cumsum(tiles, 0) - tiles
+    first_part = tl.zeros_like(tiles)
+    last_round = tl.zeros_like(tiles)
     if FIT_ONE_WAVE:
         # A ragged batch's splits aim at several waves on purpose; any other batch's fit one wave, or up to
-        # MAX_PLAN_WAVES where that is estimated shorter.
+        # MAX_PLAN_WAVES where that is estimated shorter, or take equal shares where those are.
         if ragged == 0:
             splits = _fitted_splits(tiles, row_tiles, seq_work, tiles_per_split, max_splits, programs)
+            counts = splits
             narrowest = tl.min(tl.where(seq_work > 0, row_tiles, MULTI_WAVE_MIN_ROW_TILES), 0)
             if (unit_cost > 0) & (narrowest >= MULTI_WAVE_MIN_ROW_TILES):
                 best = _makespan(splits, tiles, row_tiles, seq_work, programs, unit_cost)
@@ -165,40 +207,78 @@ def _split_counts_kernel(
                     shorter = makespan * MULTI_WAVE_MIN_GAIN_DEN < best * (MULTI_WAVE_MIN_GAIN_DEN - 1)
                     splits = tl.where(shorter, candidate, splits)
                     best = tl.where(shorter, makespan, best)
-    tl.store(NUM_SPLITS + offsets, splits, mask=in_batch)
-    if BLOCK_B <= MAX_SORTED_BATCH:
-        # Longest-processing-time order: sequences by tiles per split, descending (ties in batch order,
-        # sequences without rows last), so the short splits fill in behind the long ones.
-        split_tiles = tl.where(seq_work > 0, tl.cdiv(tiles, splits), 0).to(tl.int64)
-        key = tl.where(in_batch, split_tiles * 4294967296 + (BLOCK_B - 1 - offsets), -1)
-        order = (BLOCK_B - 1 - (tl.sort(key, descending=True) & 4294967295)).to(tl.int32)
+                counts = splits
+                if SHARES and BLOCK_B <= MAX_SORTED_BATCH:
+                    # Equal shares need every sequence busy at the plan's row tiles (a share's programs are its
+                    # row tiles) and shares of a split's minimum tiles at least; they are taken where their
+                    # estimate, a share plus a unit's fixed cost per piece a share runs, is a sixteenth shorter
+                    # than the split counts'.
+                    at_plan_rows = tl.sum((in_batch & (row_tiles == plan_row_tiles)).to(tl.int32), 0)
+                    shareable = ((busy == batch) & (at_plan_rows == batch) & (total_tiles >= parts * min_tiles)
+                                 & (programs % plan_row_tiles == 0))
+                    first_part, pieces, last_round = share_layout(first_tile, tiles, offsets, in_batch, batch,
+                                                                  total_tiles, parts, NUM_SPLITS)
+                    rounds = tl.max(tl.where(in_batch, last_round, 0), 0) + 1
+                    span = tl.cdiv(total_tiles, parts) + rounds * unit_cost
+                    take = (shareable & (rounds * parts <= capacity) & (tl.max(pieces, 0) <= max_splits)
+                            & (span * MULTI_WAVE_MIN_GAIN_DEN < best * (MULTI_WAVE_MIN_GAIN_DEN - 1)))
+                    counts = tl.where(take, pieces, splits)
+                    order_mode = tl.where(take, ORDER_SHARES, order_mode)
+    tl.store(NUM_SPLITS + offsets, counts, mask=in_batch)
+    if order_mode == ORDER_SHARES:
+        items = (tl.max(tl.where(in_batch, last_round, 0), 0) + 1) * parts
+        unused_from = 0
     else:
-        order = offsets
-    tl.debug_barrier()  # NUM_SPLITS, stored above by other threads, is gathered below
-    # One item per (sequence, split) in that order, so that a program finds its work in one load.
-    ordered_splits = tl.load(NUM_SPLITS + order, mask=in_batch, other=0)
-    first_item = tl.cumsum(ordered_splits, 0) - ordered_splits
-    first_token = tl.load(CU_SEQLENS_Q + order, mask=in_batch, other=0)
-    q_tokens = tl.load(CU_SEQLENS_Q + order + 1, mask=in_batch, other=0) - first_token
-    tile: tl.constexpr = [BLOCK_B, BLOCK_S]
-    for first_split in range(0, tl.max(ordered_splits, 0), BLOCK_S):
-        split = tl.broadcast_to(first_split + tl.arange(0, BLOCK_S)[None, :], tile)
-        entry = WORK + (first_item[:, None] + split) * WORK_FIELDS
-        taken = split < ordered_splits[:, None]
-        tl.store(entry, tl.broadcast_to(order[:, None], tile), mask=taken)
-        tl.store(entry + 1, split, mask=taken)
-        tl.store(entry + 2, tl.broadcast_to(ordered_splits[:, None], tile), mask=taken)
-        tl.store(entry + 3, tl.broadcast_to(first_token[:, None], tile), mask=taken)
-        tl.store(entry + 4, tl.broadcast_to(q_tokens[:, None], tile), mask=taken)
-    items = tl.sum(ordered_splits, 0)
-    tl.store(WORK_STATE, items)
-    tl.store(WORK_STATE + 1, 0)  # the persistent kernel's count of units taken, zero between launches
-    tl.store(WORK_STATE + 2, ragged.to(tl.int32))
+        items = tl.sum(tl.where(in_batch, counts, 0), 0)
+        unused_from = items
+    # Unused rows hold zeros (split 0 of 0, which no program takes); a share plan's unused rows lie between its
+    # items, so its rows are all cleared before its items are written.
     field = tl.arange(0, WORK_FIELDS_TILE)[None, :]
-    for first_unused in range(items, capacity, BLOCK_TAIL):
+    for first_unused in range(unused_from, capacity, BLOCK_TAIL):
         unused = first_unused + tl.arange(0, BLOCK_TAIL)[:, None]
         tl.store(WORK + unused * WORK_FIELDS + field, tl.zeros([BLOCK_TAIL, WORK_FIELDS_TILE], tl.int32),
                  mask=(unused < capacity) & (field < WORK_FIELDS))
+    tl.debug_barrier()  # NUM_SPLITS and the cleared rows, stored above by other threads, are read or overwritten below
+    tile: tl.constexpr = [BLOCK_B, BLOCK_S]
+    lane = tl.arange(0, BLOCK_S)[None, :]
+    if order_mode == ORDER_SHARES:
+        for first_piece in range(0, tl.max(counts, 0), BLOCK_S):
+            piece = tl.broadcast_to(first_piece + lane, tile)
+            part = first_part[:, None] + piece
+            last = piece == counts[:, None] - 1
+            piece_start = tl.maximum(share_bound(part, total_tiles, parts), first_tile[:, None]) - first_tile[:, None]
+            piece_end = tl.minimum(share_bound(part + 1, total_tiles, parts), (first_tile + tiles)[:, None])
+            piece_round = tl.where(last, last_round[:, None], 0)
+            # The persistent kernel takes the rounds in snake order: odd rounds hold the parts mirrored, so that
+            # each part stays on its programs.
+            _store_items(WORK, piece_round * parts + tl.where(piece_round % 2 == 0, part, parts - 1 - part),
+                         in_batch[:, None] & (piece < counts[:, None]), offsets[:, None], piece, counts[:, None],
+                         first_q_token[:, None], q_lens[:, None], piece_start * BLOCK_N,
+                         tl.where(last, OPEN_KV_END, (piece_end - first_tile[:, None]) * BLOCK_N))
+    else:
+        if BLOCK_B <= MAX_SORTED_BATCH:
+            # Longest-processing-time order: sequences by tiles per split, descending (ties in batch order,
+            # sequences without rows last), so the short splits fill in behind the long ones.
+            split_tiles = tl.where(seq_work > 0, tl.cdiv(tiles, counts), 0).to(tl.int64)
+            key = tl.where(in_batch, split_tiles * 4294967296 + (BLOCK_B - 1 - offsets), -1)
+            order = (BLOCK_B - 1 - (tl.sort(key, descending=True) & 4294967295)).to(tl.int32)
+        else:
+            order = offsets
+        # One item per (sequence, split) in that order, so that a program finds its work in one load.
+        ordered_splits = tl.load(NUM_SPLITS + order, mask=in_batch, other=0)
+        ordered_tiles = tl.cdiv(tl.load(SEQLENS + order, mask=in_batch, other=0), BLOCK_N)
+        split_span = (tl.cdiv(ordered_tiles, tl.maximum(ordered_splits, 1)) * BLOCK_N)[:, None]
+        first_item = tl.cumsum(ordered_splits, 0) - ordered_splits
+        first_token = tl.load(CU_SEQLENS_Q + order, mask=in_batch, other=0)
+        q_tokens = tl.load(CU_SEQLENS_Q + order + 1, mask=in_batch, other=0) - first_token
+        for first_split in range(0, tl.max(ordered_splits, 0), BLOCK_S):
+            split = tl.broadcast_to(first_split + lane, tile)
+            _store_items(WORK, first_item[:, None] + split, split < ordered_splits[:, None], order[:, None], split,
+                         ordered_splits[:, None], first_token[:, None], q_tokens[:, None], split * split_span,
+                         tl.where(split == ordered_splits[:, None] - 1, OPEN_KV_END, (split + 1) * split_span))
+    tl.store(WORK_STATE, items)
+    tl.store(WORK_STATE + 1, 0)  # the persistent kernel's count of units taken, zero between launches
+    tl.store(WORK_STATE + 2, order_mode)
 
 
 def decode_split_counts(
@@ -227,7 +307,9 @@ def decode_split_counts(
     would need more programs (splits x row tiles over the busy sequences) than run at once, the splits grow by
     sixteenths until they fit or every busy sequence has one split (`FIT_SPLITS_TO_ONE_WAVE`); with
     `unit_cost_tiles` > 0 (a unit's fixed cost in KV tiles) and busy sequences of two row tiles or more, two or three
-    waves' counts replace them where waves x (a unit's tiles + that cost) is a sixteenth smaller or more. A split
+    waves' counts replace them where waves x (a unit's tiles + that cost) is a sixteenth smaller or more, and
+    with `EQUAL_SHARES` equal shares of the batch's tiles where their estimate is (every sequence busy at
+    `geometry.row_tiles`; `decode_share_plan`). A split
     holds at least `min_tokens_per_split` tokens, so its partial output (rows x kv_lora_rank values,
     written and read again by the combine) stays small next to the KV it reads, and at least
     `batched_min_tokens_per_split` (default: the same) where BATCHED_SEQUENCES sequences or more have work,
@@ -237,7 +319,8 @@ def decode_split_counts(
     (batches up to MAX_SORTED_BATCH; larger ones in batch order), so that the split kernel's programs
     start longest first (simulated on the ragged benchmark batch at 128 heads: a makespan of 1.30x the
     even share in batch order, 1.16x in this order; benchmarks/NOTES.md, v21), and the items come
-    before the unused rows, so that no program waits behind programs that find no work (v30).
+    before the unused rows, so that no program waits behind programs that find no work (v30); an equal-share
+    plan's items come in rounds of one row a share, rows of shares with fewer pieces left empty.
 
     Example (on a CUDA tensor, or on CPU under TRITON_INTERPRET=1): lengths [4096, 4096, 0],
     one query token per sequence, 64 heads in 64-row tiles, 4 SMs x 2 programs, 64-token
@@ -255,8 +338,9 @@ def decode_split_counts(
         cache_seqlens, cu_seqlens_q, num_splits, work, work_state, batch, programs_per_sm * num_sms,
         max(1, -(-min_tokens_per_split // block_n)),
         max(1, -(-(batched_min_tokens_per_split or min_tokens_per_split) // block_n)), geometry.max_splits, capacity,
-        unit_cost_tiles,
+        unit_cost_tiles, geometry.row_tiles,
         HEADS=heads, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_B=block_b,
         BLOCK_S=max(1, WORK_STORE_TILE // block_b), BLOCK_TAIL=256, FIT_ONE_WAVE=FIT_SPLITS_TO_ONE_WAVE,
+        SHARES=EQUAL_SHARES,
     )
     return SequenceSplits(num_splits, work, work_state)

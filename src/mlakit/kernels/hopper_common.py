@@ -112,7 +112,7 @@ _ELEMENTS = {FP8_DTYPE: gl.float8e4nv, **GLUON_DTYPES}
 @gluon.jit
 def work_item(WORK, item):
     """Work item `item` of the plan: its sequence, split, the sequence's split count and query segment
-    (unused rows past the plan's items hold zeros: split 0 of 0, which no program takes). The sequence's
+    (rows without an item hold zeros: split 0 of 0, which no program takes). The sequence's
     cached length is loaded only by programs with work: one that finds none exits after this one load
     (NOTES.md v30)."""
     entry = WORK + item * WORK_FIELDS
@@ -120,12 +120,13 @@ def work_item(WORK, item):
 
 
 @gluon.jit
-def split_range(seqlen, split, num_splits):
-    """The split's tokens start .. end and its tile count (zero, never negative, for splits past the
-    sequence's end: the barrier phases use it)."""
-    tiles_per_split = gl.cdiv(gl.cdiv(seqlen, BLOCK_N), num_splits)
-    start = split * tiles_per_split * BLOCK_N
-    end = gl.minimum(seqlen, start + tiles_per_split * BLOCK_N)
+def split_range(WORK, item, seqlen):
+    """Work item `item`'s KV tokens start .. end (the plan's, cut to the sequence's length) and its tile count
+    (zero, never negative, for a split past the sequence's end: the barrier phases use it). The plan's ranges
+    start on whole tiles; rounding the start down says so to the compiler (the seesaw spills less)."""
+    entry = WORK + item * WORK_FIELDS
+    start = gl.load(entry + 5) // BLOCK_N * BLOCK_N
+    end = gl.minimum(seqlen, gl.load(entry + 6))
     return start, end, gl.maximum(gl.cdiv(end - start, BLOCK_N), 0)
 
 

@@ -320,7 +320,7 @@ def mla_decode_hopper_narrow_fp8_kernel(
     if idle:
         return
     seqlen = gl.load(SEQLENS + b)
-    start, end, num_tiles = split_range(seqlen, split, num_splits)
+    start, end, num_tiles = split_range(WORK, gl.program_id(1), seqlen)
     latent_width: gl.constexpr = LATENT_DESC.block_type.shape[1]
     layout: gl.constexpr = _transposed_layout(ROWS)
     s_layout: gl.constexpr = _transposed_layout(ROWS, E4M3_SCORES)

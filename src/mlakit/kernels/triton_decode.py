@@ -80,9 +80,8 @@ def _mla_decode_split_kernel(
     if split >= num_splits or tile * BLOCK_M >= q_len * HEADS:
         return
     seqlen = tl.load(SEQLENS + b)
-    tiles_per_split = tl.cdiv(tl.cdiv(seqlen, BLOCK_N), num_splits)
-    start = split * tiles_per_split * BLOCK_N
-    end = tl.minimum(seqlen, start + tiles_per_split * BLOCK_N)
+    start = tl.load(entry + 5)
+    end = tl.minimum(seqlen, tl.load(entry + 6))
 
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < q_len * HEADS
@@ -353,7 +352,7 @@ class DecodePlan:
     """How one launch is split: launch shape, split ceiling, and on the device the query
     offsets, per-sequence split counts, the work items (one per split of a sequence, in launch
     order, longest splits first: `decode_split_counts`; fixed-split plans keep batch order), the
-    work state (their count, the persistent kernel's unit counter, the ragged flag) and the merge
+    work state (their count, the persistent kernel's unit counter, the units' order) and the merge
     state (per sequence and 64-row tile, the splits written so far, for the kernel that merges its own
     partials: `hopper_decode.prepare`); every counter is back at zero after a launch,
     so the calls of one plan must run one after another, as a model's layers do. Build it once per step (`plan_decode`,
@@ -457,7 +456,11 @@ def _plan(
                                     cu_seqlens_q[:-1], cu_seqlens_q[1:] - cu_seqlens_q[:-1]], dim=1)
         work = per_sequence.repeat_interleave(tuning.fixed_splits, dim=0)
         split = torch.arange(tuning.fixed_splits, dtype=torch.int32, device=device).repeat(batch)
-        work = torch.cat([work[:, :1], split[:, None], work[:, 1:]], dim=1)
+        span = (torch.div(cache_seqlens.to(torch.int32) + tuning.block_n - 1, tuning.block_n, rounding_mode="floor")
+                + tuning.fixed_splits - 1) // tuning.fixed_splits * tuning.block_n
+        span = span.repeat_interleave(tuning.fixed_splits)
+        kv_end = torch.where(split == tuning.fixed_splits - 1, decode_split_plan.OPEN_KV_END.value, (split + 1) * span)
+        work = torch.cat([work[:, :1], split[:, None], work[:, 1:], (split * span)[:, None], kv_end[:, None]], dim=1)
         work_state = torch.zeros(3, dtype=torch.int32, device=device)
         work_state[:1].fill_(batch * tuning.fixed_splits)
         return DecodePlan(tuning, geometry, cu_seqlens_q, num_splits, work, work_state, merge_state, max_q_len,

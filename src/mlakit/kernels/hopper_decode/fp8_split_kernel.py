@@ -170,7 +170,7 @@ def mla_decode_hopper_fp8_kernel(
     if idle:
         return
     seqlen = gl.load(SEQLENS + b)
-    start, end, num_tiles = split_range(seqlen, split, num_splits)
+    start, end, num_tiles = split_range(WORK, gl.program_id(1), seqlen)
 
     q_lat_smem, q_rope_smem, k_lat_smem, k_rope_smem, p_smem = _allocate_tiles(Q.dtype.element_ty, KV_LORA_RANK, ROPE_DIM)
     row_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, [0]))

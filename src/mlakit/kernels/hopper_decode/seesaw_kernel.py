@@ -8,6 +8,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
+from mlakit.kernels.decode_split_plan import ORDER_TAKEN
 from mlakit.kernels.hopper_common import (BLOCK_N, no_keys_yet, split_range, store_lse, store_output, take_unit,
                                           work_item)
 from mlakit.kernels.hopper_decode.constants import (BLOCK_M, EARLY_TRIGGER_MAX_SPLITS, MERGE_COLUMNS, MERGE_LAYOUT,
@@ -37,10 +38,11 @@ def mla_decode_hopper_seesaw_kernel(
     each on its own barrier. Persistent: a launch of at most one program per SM takes the plan's units (a work item's
     row tile; WORK_STATE[0] items of row_tiles units each, in a plan of work_rows rows), unit p first for
     program p, so that no program waits behind programs that find no work; then, for a ragged batch
-    (WORK_STATE[2]), the next untaken one as each program finishes one (`take_unit`: the shorter splits
-    fill in where programs finish first), otherwise in snake order (program p's second unit is the p-th
-    from the end of the second round, ...), each unit's plan entry loaded while the one before runs
-    (NOTES.md v30). With MERGE, a split's partial is counted in MERGE_STATE once written, and the program
+    (WORK_STATE[2] is ORDER_TAKEN), the next untaken one as each program finishes one (`take_unit`: the shorter
+    splits fill in where programs finish first), otherwise in snake order (program p's second unit is the p-th
+    from the end of the second round, ...; an equal-share plan's rows follow it, `decode_share_plan`), each unit's
+    plan entry loaded while the one before runs (NOTES.md v30); a unit's KV range is read from its plan entry as it
+    starts. With MERGE, a split's partial is counted in MERGE_STATE once written, and the program
     that writes a sequence's last split merges the partials (`_merge_if_last`) instead of a combine kernel. In a
     non-ragged plan a program past its last unit's tile loop executes `launch_dependents` where that unit's sequence
     has at most EARLY_TRIGGER_MAX_SPLITS splits (only a combine launched behind this kernel reacts to it); otherwise
@@ -76,9 +78,9 @@ def mla_decode_hopper_seesaw_kernel(
     else:
         kv_scale = 1.0
     scale_log2 = scale_log2 * kv_scale
-    programs = gl.num_programs(0)
     units = gl.load(WORK_STATE) * row_tiles
-    ragged = gl.load(WORK_STATE + 2) != 0
+    programs = gl.num_programs(0)
+    ragged = gl.load(WORK_STATE + 2) == ORDER_TAKEN
     unit = gl.program_id(0)
     b, split, num_splits, first_token, q_len, seqlen = _unit_work(WORK, SEQLENS, unit, row_tiles, work_rows)
     units_done = 0
@@ -96,9 +98,9 @@ def mla_decode_hopper_seesaw_kernel(
         if split < num_splits and tile * BLOCK_M < q_len * HEADS:
             _seesaw_unit(
                 q_lat_all, q_rope_smem, k_lat_smem, slots, rows_smem, chunk_ready,
-                Q, CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, seqlen, b, split, num_splits, first_token,
-                q_len, tile, OUT, LSE, PART_OUT, PART_LSE, scale_log2, kv_scale, Q_STRIDES, stride_bt_b, OUT_STRIDES,
-                LSE_STRIDES, PART_STRIDES, last, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3_SCORES)
+                Q, CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, seqlen, WORK, unit // row_tiles, b, split, num_splits,
+                first_token, q_len, tile, OUT, LSE, PART_OUT, PART_LSE, scale_log2, kv_scale, Q_STRIDES, stride_bt_b,
+                OUT_STRIDES, LSE_STRIDES, PART_STRIDES, last, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3_SCORES)
             if MERGE and num_splits > 1:
                 _merge_if_last(WORK, unit, row_tiles, MERGE_STATE, OUT, LSE, PART_OUT, PART_LSE,
                                OUT_STRIDES, LSE_STRIDES, PART_STRIDES, HEADS, KV_LORA_RANK)
@@ -178,13 +180,13 @@ def _unit_work(WORK, SEQLENS, unit, row_tiles, work_rows):
 @gluon.jit
 def _seesaw_unit(
     q_lat_all, q_rope_smem, k_lat_smem, slots, rows_smem, chunk_ready,
-    Q, CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, seqlen, b, split, num_splits, first_token, q_len, tile,
+    Q, CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, seqlen, WORK, item, b, split, num_splits, first_token, q_len, tile,
     OUT, LSE, PART_OUT, PART_LSE, scale_log2, kv_scale, Q_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
     last, HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr, E4M3: gl.constexpr,
 ):
-    """One unit of the seesaw kernel (a split's row tile), on chunk barriers initialized for it and
-    invalidated after it: Q and the first two tiles loaded, then the two warpgroups' partitions."""
-    start, end, num_tiles = split_range(seqlen, split, num_splits)
+    """One unit of the seesaw kernel (a row tile of the plan's work item `item`), on chunk barriers initialized
+    for it and invalidated after it: Q and the first two tiles loaded, then the two warpgroups' partitions."""
+    start, end, num_tiles = split_range(WORK, item, seqlen)
     chunks: gl.constexpr = KV_LORA_RANK // TMA_CHUNK + 1
     for c in gl.static_range(len(chunk_ready)):
         mbarrier.init(chunk_ready[c], count=1)

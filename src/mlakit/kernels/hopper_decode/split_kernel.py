@@ -40,7 +40,7 @@ def mla_decode_hopper_split_kernel(
     if idle:
         return
     seqlen = gl.load(SEQLENS + b)
-    start, end, num_tiles = split_range(seqlen, split, num_splits)
+    start, end, num_tiles = split_range(WORK, gl.program_id(1), seqlen)
 
     load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0])
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16])

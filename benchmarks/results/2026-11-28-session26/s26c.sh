@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepared for the next session (not run): uneven batches (lengths within 20% of N, `--case H,B,~N,Q`, not ragged for
+# uneven batches (lengths within 20% of N, `--case H,B,~N,Q`, not ragged for
 # the split plan) beside FlashMLA in one process, clean L2; the model in NOTES.md "Next (issue 23)" (4) puts 128 heads
 # at ~1.2x the even share there. Carry build/flashmla-src (beside_flashmla.sh builds FlashMLA first, ~125 s).
 set -uo pipefail

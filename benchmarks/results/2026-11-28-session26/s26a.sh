@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepared for the next session (not run): v87's changed counts that were not measured (NOTES.md "v87", after the
+# v87's changed counts that were not measured (NOTES.md "v87", after the
 # review), `setting_ab.py` with the unit cost at 0 (one wave) and 13, interleaved in one process, flushed L2; then the
 # GPU tests v87 has not met: the new multi-wave wiring test, the narrow / e4m3 / fp8 decode shard and the fuzz tests,
 # in concurrent shards (`gpu_test_shard.sh`).

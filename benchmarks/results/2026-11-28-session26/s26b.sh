@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepared for the next session (not run): v79's equal-share probe where the unit rounding is large, not 3%: odd
+# v79's equal-share probe where the unit rounding is large, not 3%: odd
 # 128-head batches (24, 40, 48 sequences: after v87 still 1.09-1.40x FlashMLA, s25d/v87.txt) and uneven ones (lengths
 # within 20% of N, not ragged: one wave whose makespan is the longest sequence's; modelled at 1.2x the even share).
 # The share plan (host-built, lockstep) against the default plan (v87's) in one process, clean L2, three rounds;
