@@ -33,7 +33,7 @@ from cuda_profile import flushed_kernel_times  # noqa: E402
 from decode_case import case_inputs, decode_call  # noqa: E402
 
 from mlakit.bench.ceilings import measure_ceilings  # noqa: E402
-from mlakit.bench.decode import DecodeCase, anchor_for, anchor_times, environment, time_graph_replay  # noqa: E402
+from mlakit.bench.decode import DecodeCase, anchor_times, environment, time_graph_replay  # noqa: E402
 from mlakit.bench.timing import median_ms  # noqa: E402
 from mlakit.device import sm_count  # noqa: E402
 from mlakit.kernels.hopper_common import matrix_descriptor  # noqa: E402
@@ -182,7 +182,7 @@ def main(cases: tuple[str, ...], delays: str, structures: str, evict_first: bool
         splits = plan.num_splits.tolist()[:len(seqlens)]
         rows_view = pages.reshape(-1, WIDTH.value)
         cache_bytes = sum(seqlens) * WIDTH.value * 2
-        anchor = anchor_for(case, anchors) or {}
+        anchor = anchors.get(case.anchor_key) or {}
         ours_us = time_graph_replay(decode_call(inputs, plan))
         kernels = {name: round(us, 2) for name, us in flushed_kernel_times(decode_call(inputs, plan)).items()}
         rows.append(dict(case=spec, structure="mlakit decode (graph replay)", time_us=ours_us, kernels_us=kernels))

@@ -85,6 +85,15 @@ class DecodeCase:
         shape = "ragged" if self.seqlen is None else f"{self.batch}x{'~' if self.uneven else ''}{self.seqlen}"
         return f"h{self.heads} {shape} q{self.q_len} {self.kv_dtype} p{self.page_size}"
 
+    @property
+    def anchor_key(self) -> tuple[int, int, int | None] | None:
+        """The shape's key in the anchors (`anchor_times`); None for an uneven batch, whose lengths no anchor drew.
+
+        >>> DecodeCase(128, 64, 4096).anchor_key, DecodeCase(128, 64, 4096, uneven=True).anchor_key
+        ((128, 64, 4096), None)
+        """
+        return None if self.uneven else (self.heads, self.batch, self.seqlen)
+
     def lengths(self) -> list[int]:
         """The batch's cached tokens per sequence.
 
@@ -231,7 +240,7 @@ def run_cases(
             }
             if first_us is not None:
                 row["x_first"] = time_us / first_us
-            anchor = anchor_for(case, anchors)
+            anchor = anchors.get(case.anchor_key)
             if anchor and case.q_len in (1, 2) and case.kv_dtype == "bf16":
                 flashmla_us = anchor[f"flashmla_q{case.q_len}_us"] * anchor_token_scale(case, anchor_ragged_tokens)
                 row["flashmla_us_anchor"] = flashmla_us
@@ -241,16 +250,6 @@ def run_cases(
         del inputs
         torch.cuda.empty_cache()
     return rows
-
-
-def anchor_for(case: DecodeCase, anchors: dict[tuple[int, int, int | None], dict[str, float]]) -> dict[str, float] | None:
-    """The anchors' entry for `case`'s shape (`anchor_times`); None for an uneven batch, whose lengths no anchor drew.
-
-    >>> anchors = {(128, 64, 4096): {"flashmla_q1_us": 150.0}}
-    >>> anchor_for(DecodeCase(128, 64, 4096), anchors), anchor_for(DecodeCase(128, 64, 4096, uneven=True), anchors)
-    ({'flashmla_q1_us': 150.0}, None)
-    """
-    return None if case.uneven else anchors.get((case.heads, case.batch, case.seqlen))
 
 
 def anchor_token_scale(case: DecodeCase, anchor_ragged_tokens: int) -> float:

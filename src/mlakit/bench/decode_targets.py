@@ -174,9 +174,14 @@ def _shape(row: Row) -> tuple:
     return row["heads"], row["batch"], row["seqlen"], row.get("uneven", False), row["q_len"], row["page_size"]
 
 
+def _case(row: Row) -> DecodeCase:
+    """The case a row measured (rows written before uneven batches existed have no "uneven" field)."""
+    fields = {f.name: row[f.name] for f in dataclasses.fields(DecodeCase) if f.name != "uneven"}
+    return DecodeCase(**fields, uneven=row.get("uneven", False))
+
+
 def _anchor_key(row: Row) -> tuple | None:
-    """The anchors' key of a row's shape; None for an uneven batch, which no anchor measured."""
-    return None if row.get("uneven", False) else (row["heads"], row["batch"], row["seqlen"])
+    return _case(row).anchor_key
 
 
 def _x_flashmla(row: Row) -> float:
@@ -185,5 +190,4 @@ def _x_flashmla(row: Row) -> float:
 
 def _tokens(row: Row) -> int:
     """KV tokens of a row's batch (the ragged batch's drawn lengths included)."""
-    fields = {f.name: row[f.name] for f in dataclasses.fields(DecodeCase) if f.name != "uneven"}
-    return sum(DecodeCase(**fields, uneven=row.get("uneven", False)).lengths())
+    return sum(_case(row).lengths())
