@@ -351,11 +351,17 @@ def test_the_kernel_reads_each_splits_kv_range_from_the_plan(kernel_device):
 
 
 def test_fixed_split_plans_list_every_split_in_batch_order(kernel_device):
+    """Three splits a sequence, empty ones too, each of cdiv(tiles, 3) 32-token tiles (10 tiles: 4, 4, the rest;
+    the last split open-ended), in batch order."""
     batch = make_paged_batch([300, 0, 45], heads=3, q_len=2, page_size=16, seed=9, device=kernel_device)
     tuning = DecodeTuning(16, 32, 4, fixed_splits=3)
     plan = plan_decode(batch.cache_seqlens, q_len=2, heads=3, tuning=tuning)
     order = _sequences_in_launch_order(plan.num_splits.cpu(), plan.work.cpu(), plan.work_state.cpu())
     assert order.tolist() == [0, 1, 2]
+    assert plan.num_splits.tolist() == [3, 3, 3] and plan.work_state.tolist() == [9, 0, decode_split_plan.ORDER_WAVES.value]
+    open_end = decode_split_plan.OPEN_KV_END.value
+    assert plan.work[:, 5:].tolist() == [[0, 128], [128, 256], [256, open_end], [0, 0], [0, 0], [0, open_end],
+                                         [0, 32], [32, 64], [64, open_end]]
     out, lse = triton_mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens,
                                  kv_lora_rank=batch.kv_lora_rank, softmax_scale=batch.softmax_scale, kv_scale=None, plan=plan)
     expected_out, expected_lse = naive_decode(batch)

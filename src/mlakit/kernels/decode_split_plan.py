@@ -161,10 +161,10 @@ def _store_items(WORK, row, taken, sequence, split, splits, first_token, q_token
 
 
 @triton.jit(do_not_specialize=["batch", "programs", "min_tiles", "batched_min_tiles", "max_splits", "capacity",
-                               "unit_cost", "plan_row_tiles"])
+                               "unit_cost", "plan_row_tiles", "forced_splits"])
 def _split_counts_kernel(
     SEQLENS, CU_SEQLENS_Q, NUM_SPLITS, WORK, WORK_STATE, batch, programs, min_tiles, batched_min_tiles, max_splits,
-    capacity, unit_cost, plan_row_tiles,
+    capacity, unit_cost, plan_row_tiles, forced_splits,
     HEADS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_TAIL: tl.constexpr, FIT_ONE_WAVE: tl.constexpr, SHARES: tl.constexpr,
 ):
@@ -224,6 +224,9 @@ def _split_counts_kernel(
                             & (span * MULTI_WAVE_MIN_GAIN_DEN < best * (MULTI_WAVE_MIN_GAIN_DEN - 1)))
                     counts = tl.where(take, pieces, splits)
                     order_mode = tl.where(take, ORDER_SHARES, order_mode)
+    if forced_splits > 0:
+        counts = tl.full([BLOCK_B], forced_splits, tl.int32)
+        order_mode = ORDER_WAVES
     tl.store(NUM_SPLITS + offsets, counts, mask=in_batch)
     if order_mode == ORDER_SHARES:
         items = (tl.max(tl.where(in_batch, last_round, 0), 0) + 1) * parts
@@ -256,7 +259,7 @@ def _split_counts_kernel(
                          first_q_token[:, None], q_lens[:, None], piece_start * BLOCK_N,
                          tl.where(last, OPEN_KV_END, (piece_end - first_tile[:, None]) * BLOCK_N))
     else:
-        if BLOCK_B <= MAX_SORTED_BATCH:
+        if (BLOCK_B <= MAX_SORTED_BATCH) & (forced_splits == 0):
             # Longest-processing-time order: sequences by tiles per split, descending (ties in batch order,
             # sequences without rows last), so the short splits fill in behind the long ones.
             split_tiles = tl.where(seq_work > 0, tl.cdiv(tiles, counts), 0).to(tl.int64)
@@ -293,6 +296,7 @@ def decode_split_counts(
     min_tokens_per_split: int = 1,
     batched_min_tokens_per_split: int | None = None,
     unit_cost_tiles: int = 0,
+    forced_splits: int = 0,
 ) -> SequenceSplits:
     """int32 `[batch]` splits per sequence, the work items and the work state (`SequenceSplits`), from
     one kernel launch and no host sync.
@@ -320,7 +324,9 @@ def decode_split_counts(
     start longest first (simulated on the ragged benchmark batch at 128 heads: a makespan of 1.30x the
     even share in batch order, 1.16x in this order; benchmarks/NOTES.md, v21), and the items come
     before the unused rows, so that no program waits behind programs that find no work (v30); an equal-share
-    plan's items come in rounds of one row a share, rows of shares with fewer pieces left empty.
+    plan's items come in rounds of one row a share, rows of shares with fewer pieces left empty. `forced_splits` > 0
+    gives every sequence that many splits instead (empty ones too; `geometry.max_splits` at least), items in batch
+    order (ORDER_WAVES).
 
     Example (on a CUDA tensor, or on CPU under TRITON_INTERPRET=1): lengths [4096, 4096, 0],
     one query token per sequence, 64 heads in 64-row tiles, 4 SMs x 2 programs, 64-token
@@ -338,7 +344,7 @@ def decode_split_counts(
         cache_seqlens, cu_seqlens_q, num_splits, work, work_state, batch, programs_per_sm * num_sms,
         max(1, -(-min_tokens_per_split // block_n)),
         max(1, -(-(batched_min_tokens_per_split or min_tokens_per_split) // block_n)), geometry.max_splits, capacity,
-        unit_cost_tiles, geometry.row_tiles,
+        unit_cost_tiles, geometry.row_tiles, forced_splits,
         HEADS=heads, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_B=block_b,
         BLOCK_S=max(1, WORK_STORE_TILE // block_b), BLOCK_TAIL=256, FIT_ONE_WAVE=FIT_SPLITS_TO_ONE_WAVE,
         SHARES=EQUAL_SHARES,

@@ -24,7 +24,7 @@ from mlakit.kernels import decode_split_plan, hopper_common, hopper_decode, hopp
 from mlakit.kernels.decode_split_plan import WORK_FIELDS, SplitGeometry, decode_split_counts, split_geometry
 from mlakit.kernels.interpreter import INTERPRET
 from mlakit.kernels.launch import CachedLaunch
-from mlakit.cache.kv_quant import FP8_DTYPE, SCALE_GROUP, SCALE_NONE, SCALE_PER_GROUP, SCALE_PER_TENSOR
+from mlakit.cache.kv_quant import FP8_DTYPE, SCALE_GROUP, SCALE_PER_GROUP
 from mlakit.cache.kv_quant import scale_mode as kv_scale_mode
 from mlakit.device import sm_count
 from mlakit.errors import checked_kv_tokens_hint
@@ -449,28 +449,13 @@ def _plan(
                          f"rows than the launch grid holds ({MAX_WORK_ROWS}); split the batch")
     merge_state = torch.zeros(batch * -(-rows // hopper_decode.BLOCK_M.value), dtype=torch.int32,
                               device=cache_seqlens.device)
-    if tuning.fixed_splits is not None:
-        device = cache_seqlens.device
-        num_splits = torch.full((batch,), tuning.fixed_splits, dtype=torch.int32, device=device)
-        per_sequence = torch.stack([torch.arange(batch, dtype=torch.int32, device=device), num_splits,
-                                    cu_seqlens_q[:-1], cu_seqlens_q[1:] - cu_seqlens_q[:-1]], dim=1)
-        work = per_sequence.repeat_interleave(tuning.fixed_splits, dim=0)
-        split = torch.arange(tuning.fixed_splits, dtype=torch.int32, device=device).repeat(batch)
-        span = (torch.div(cache_seqlens.to(torch.int32) + tuning.block_n - 1, tuning.block_n, rounding_mode="floor")
-                + tuning.fixed_splits - 1) // tuning.fixed_splits * tuning.block_n
-        span = span.repeat_interleave(tuning.fixed_splits)
-        kv_end = torch.where(split == tuning.fixed_splits - 1, decode_split_plan.OPEN_KV_END.value, (split + 1) * span)
-        work = torch.cat([work[:, :1], split[:, None], work[:, 1:], (split * span)[:, None], kv_end[:, None]], dim=1)
-        work_state = torch.zeros(3, dtype=torch.int32, device=device)
-        work_state[:1].fill_(batch * tuning.fixed_splits)
-        return DecodePlan(tuning, geometry, cu_seqlens_q, num_splits, work, work_state, merge_state, max_q_len,
-                          e4m3_scores=e4m3_scores)
     num_splits, work, work_state = decode_split_counts(
         cache_seqlens, cu_seqlens_q, heads, geometry, tuning.block_m, tuning.block_n, sms, tuning.programs_per_sm,
         min_tokens_per_split=MIN_TILES_PER_SPLIT * tuning.block_n,
         batched_min_tokens_per_split=BATCHED_MIN_TILES_PER_SPLIT * tuning.block_n,
         unit_cost_tiles=(decode_split_plan.HOPPER_UNIT_COST_TILES
                          if hopper_default and tuning.block_m == hopper_decode.BLOCK_M.value else 0),
+        forced_splits=tuning.fixed_splits or 0,
     )
     return DecodePlan(tuning, geometry, cu_seqlens_q, num_splits, work, work_state, merge_state, max_q_len,
                       hopper_default, e4m3_scores)
@@ -710,7 +695,7 @@ def _prepare_launch(
     """The launches of one input layout over `plan`: `run(q, pages, block_table, cache_seqlens, kv_scale,
     scale_log2, out, lse)`."""
     batch = plan.num_splits.shape[0]
-    heads, dim = q.shape[1], q.shape[2]
+    heads = q.shape[1]
     max_rows = plan.max_q_len * heads
     scale_mode = kv_scale_mode(pages, kv_scale)
     kernel, tuning, geometry = split_kernel_for(q, pages, kv_lora_rank, scale_mode, plan)
