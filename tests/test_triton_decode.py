@@ -359,6 +359,7 @@ def test_fixed_split_plans_list_every_split_in_batch_order(kernel_device):
     order = _sequences_in_launch_order(plan.num_splits.cpu(), plan.work.cpu(), plan.work_state.cpu())
     assert order.tolist() == [0, 1, 2]
     assert plan.num_splits.tolist() == [3, 3, 3] and plan.work_state.tolist() == [9, 0, decode_split_plan.ORDER_WAVES.value]
+    assert plan.work[:, 3:5].tolist() == [[0, 2]] * 3 + [[2, 2]] * 3 + [[4, 2]] * 3  # first query token, tokens
     open_end = decode_split_plan.OPEN_KV_END.value
     assert plan.work[:, 5:].tolist() == [[0, 128], [128, 256], [256, open_end], [0, 0], [0, 0], [0, open_end],
                                          [0, 32], [32, 64], [64, open_end]]
@@ -367,6 +368,14 @@ def test_fixed_split_plans_list_every_split_in_batch_order(kernel_device):
     expected_out, expected_lse = naive_decode(batch)
     assert relative_error(out, expected_out) < 1e-2
     assert_lse_close(lse, expected_lse, atol=1e-3)
+
+
+def test_split_counts_below_one_or_above_the_ceiling_are_refused():
+    with pytest.raises(ValueError, match="DecodeTuning.fixed_splits: expected None or at least 1, got 0"):
+        DecodeTuning(16, 32, 4, fixed_splits=0)
+    with pytest.raises(ValueError, match="forced_splits: expected 0 .none. to the split ceiling 2, got 3"):
+        decode_split_counts(torch.ones(2, dtype=torch.int32), torch.tensor([0, 1, 2], dtype=torch.int32), 4,
+                            SplitGeometry(row_tiles=1, max_splits=2), 16, 32, num_sms=4, forced_splits=3)
 
 
 @pytest.mark.parametrize("planned_lengths", [[10, 500, 0], [300, 1, 45], [0, 0, 0]])

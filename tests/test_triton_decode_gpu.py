@@ -481,13 +481,15 @@ def test_persistent_kernel_merges_its_splits_and_leaves_its_counters_at_zero(hea
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
-def test_persistent_kernel_merges_fixed_splits_taken_in_snake_order():
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_e4m3"])
+def test_persistent_kernel_merges_fixed_splits_taken_in_snake_order(kv_dtype):
     """A fixed 3-split plan (batch order, not ragged): several rounds in snake order, splits past short
-    sequences' ends (empty partials) and empty sequences, all merged in kernel."""
+    sequences' ends (empty partials) and empty sequences, all merged in kernel; units of 0, 1, 3, 4, 20, 22 and 47
+    KV tiles one after another on a program."""
     from mlakit.kernels.triton_decode import DecodeTuning, plan_decode
 
     batch = make_paged_batch([9000, 0, 4096, 1, 700, 65] * 11, heads=128, page_size=64, kv_lora_rank=512, rope_dim=64,
-                             device="cuda", seed=5)
+                             kv_dtype=kv_dtype, device="cuda", seed=5)
     plan = plan_decode(batch.cache_seqlens, q_len=1, heads=128, kv_dtype=batch.kv_cache.dtype,
                        tuning=DecodeTuning(64, 64, 8, programs_per_sm=1, fixed_splits=3))
     assert int(plan.work_state[2]) == 0

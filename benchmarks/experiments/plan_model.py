@@ -70,6 +70,7 @@ def main(sms: int, unit_cost: int, specs: tuple[str, ...]) -> None:
         case = DecodeCase.parse(spec)
         tiles = [-(-n // BLOCK_N.value) for n in case.lengths()]
         row_tiles = -(-case.heads * case.q_len // BLOCK_M.value)
+        decode_split_plan.EQUAL_SHARES = False  # the split counts; the share plan below
         plans = [seesaw_plan(case, sms, cost).counts.tolist() for cost in (0, unit_cost)]
         units = [plan_units(tiles, counts, row_tiles, unit_cost) for counts in plans]
         makespans = [longest_first_makespan(u, sms) for u in units]
@@ -77,7 +78,6 @@ def main(sms: int, unit_cost: int, specs: tuple[str, ...]) -> None:
         parts = sms // row_tiles
         decode_split_plan.EQUAL_SHARES = True
         shared = seesaw_plan(case, sms, unit_cost).work_state.tolist()
-        decode_split_plan.EQUAL_SHARES = False
         rounds = shared[0] // parts
         shares = f"{-(-sum(tiles) // parts) + rounds * unit_cost} ({rounds} r.)" if shared[2] == ORDER_SHARES else "-"
         even = sum(tiles) * row_tiles / sms

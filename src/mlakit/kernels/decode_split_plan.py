@@ -30,7 +30,7 @@ WIDE_ROW_TILES = tl.constexpr(4)
 # Batches of at least this many sequences with work take splits of `batched_min_tokens_per_split` (NOTES.md v62).
 BATCHED_SEQUENCES = tl.constexpr(16)
 # Larger batches keep batch order: the in-program sort takes 8 bytes of shared memory per sequence
-# and its compile time grows fast (seconds at 4096); batches that large get one split per sequence.
+# and its compile time grows fast (seconds at 4096); batches that large get one split per sequence (unless forced).
 MAX_SORTED_BATCH = tl.constexpr(1024)
 # The plan writes its work items in tiles of at most this many (sequence, split) pairs.
 WORK_STORE_TILE = 4096
@@ -224,7 +224,7 @@ def _split_counts_kernel(
                             & (span * MULTI_WAVE_MIN_GAIN_DEN < best * (MULTI_WAVE_MIN_GAIN_DEN - 1)))
                     counts = tl.where(take, pieces, splits)
                     order_mode = tl.where(take, ORDER_SHARES, order_mode)
-    if forced_splits > 0:
+    if forced_splits > 0:  # `decode_split_counts` checked it against the plan's capacity
         counts = tl.full([BLOCK_B], forced_splits, tl.int32)
         order_mode = ORDER_WAVES
     tl.store(NUM_SPLITS + offsets, counts, mask=in_batch)
@@ -334,6 +334,9 @@ def decode_split_counts(
     is 16 tiles per split (9 items: the 4 splits of sequence 0, those of 1, the one of 2); lengths
     [4096, 64, 0] are ragged and give `[13, 1, 1]`: 65 tiles over 16 programs is 5 tiles per split.
     """
+    if not 0 <= forced_splits <= geometry.max_splits:
+        raise ValueError(f"forced_splits: expected 0 (none) to the split ceiling {geometry.max_splits}, "
+                         f"got {forced_splits}")
     batch = cache_seqlens.shape[0]
     capacity = batch * geometry.max_splits
     num_splits = torch.empty(batch, dtype=torch.int32, device=cache_seqlens.device)

@@ -316,6 +316,8 @@ class DecodeTuning:
     def __post_init__(self) -> None:
         if self.tier not in TIERS:
             raise ValueError(f"DecodeTuning.tier: expected one of {sorted(TIERS)}, got {self.tier!r}")
+        if self.fixed_splits is not None and self.fixed_splits < 1:
+            raise ValueError(f"DecodeTuning.fixed_splits: expected None or at least 1, got {self.fixed_splits}")
 
 
 def default_tuning(rows: int, *, hopper_tier: bool = False, kv_dtype: torch.dtype | None = None) -> DecodeTuning:
