@@ -358,7 +358,8 @@ def test_fixed_split_plans_list_every_split_in_batch_order(kernel_device):
     plan = plan_decode(batch.cache_seqlens, q_len=2, heads=3, tuning=tuning)
     order = _sequences_in_launch_order(plan.num_splits.cpu(), plan.work.cpu(), plan.work_state.cpu())
     assert order.tolist() == [0, 1, 2]
-    assert plan.num_splits.tolist() == [3, 3, 3] and plan.work_state.tolist() == [9, 0, decode_split_plan.ORDER_WAVES.value]
+    assert plan.num_splits.tolist() == [3, 3, 3]
+    assert plan.work_state.tolist() == [9, 0, decode_split_plan.ORDER_WAVES.value]
     assert plan.work[:, 3:5].tolist() == [[0, 2]] * 3 + [[2, 2]] * 3 + [[4, 2]] * 3  # first query token, tokens
     open_end = decode_split_plan.OPEN_KV_END.value
     assert plan.work[:, 5:].tolist() == [[0, 128], [128, 256], [256, open_end], [0, 0], [0, 0], [0, open_end],
