@@ -8,7 +8,7 @@ R=$OUT/s28b
 mkdir -p $R
 timeout 330 benchmarks/experiments/ab_source_trees.sh 2 build/dev/base/src build/dev/v89/src -- \
   --case 128,64,1024,2,bf16,64 --case 128,128,4096,1,bf16,64 --case 128,40,4096,2,bf16,64 \
-  --case 128,64,ragged,2,bf16,64 --case 16,128,1024,1,bf16,64 --case 128,64,4096,1,fp8,64 \
+  --case 128,64,ragged,2,bf16,64 --case 16,128,1024,1,bf16,64 --case 128,64,4096,1,fp8_e4m3,64 \
   --backends triton --no-baseline --clean-l2 > $R/ab-v89.txt 2>&1
 echo "ab rc $?" >> $R/ab-v89.txt
 cat $R/ab-v89.txt
