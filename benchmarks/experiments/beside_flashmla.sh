@@ -9,7 +9,8 @@
 # (one quoted argument a group: its name, "=", its cases separated by spaces, each
 # heads,batch,seqlen|~seqlen|ragged,q_len[,kv_dtype[,page_size]]).
 # Writes OUTDIR/NAME.json and OUTDIR/NAME.txt per group, and a build's log to OUTDIR/build.txt; stops if FlashMLA
-# does not import after the build (its rows would be missing from every table).
+# does not import after the build (its rows would be missing from every table). MLAKIT_SRC names another tree of our
+# package to time (default src; e.g. build/dev/v89/src, a kernel version not yet landed).
 set -uo pipefail
 set -f
 out=$1 sources=$2 budget=$3
@@ -29,7 +30,7 @@ for group in "$@"; do
   if [ "$left" -lt 20 ]; then echo "$name skipped (deadline)"; continue; fi
   cases=()
   for c in ${group#*=}; do cases+=(--case "$c"); done
-  PYTHONPATH=build/flashmla:src timeout "$left" python -m mlakit.bench decode --backends triton,flashmla --no-baseline \
+  PYTHONPATH=build/flashmla:${MLAKIT_SRC:-src} timeout "$left" python -m mlakit.bench decode --backends triton,flashmla --no-baseline \
     --clean-l2 "${cases[@]}" --json "$out/$name.json" --plot "/tmp/$name.png" 2>&1 \
     | grep -v "Warn\|_sync_debug" > "$out/$name.txt"
   echo "$name t=$(( $(date +%s) - t0 )) s rows=$(grep -c ' us ' "$out/$name.txt")"
