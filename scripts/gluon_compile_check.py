@@ -42,6 +42,7 @@ from mlakit.kernels import hopper_decode as hd
 from mlakit.kernels import hopper_narrow_decode as nd
 from mlakit.kernels import hopper_prefill as hp
 from mlakit.kernels import triton_decode
+from mlakit.kernels.hopper_decode import dispatch as hd_dispatch
 from mlakit.kernels.decode_split_plan import WORK_FIELDS
 from mlakit.kernels.hopper_common import matrix_descriptor, row_descriptors
 from mlakit.kernels.l2_evict_first import streams_evict_first
@@ -237,9 +238,11 @@ def seesaw_arguments(heads: int, q_len: int, kv_dtype: torch.dtype, merge: bool,
     scale_or_state = torch.ones(1, dtype=torch.float32) if fp8 else work_state
     row_tiles = -(-q_len * heads // hd.BLOCK_M.value)
     arguments = [q, *hd.chunk_descriptors(pages, kv_lora_rank), scale_or_state, block_table, seqlens, work, out, lse,
-                 part_out, part_lse, 0.1, *strides, work_state, 1000, row_tiles, merge_state]
+                 part_out, part_lse, 0.1, *strides, work_state, 1000, row_tiles, merge_state, pages, pages.stride(1)]
     constants = dict(HEADS=heads, PAGE_SIZE=page_size, KV_LORA_RANK=kv_lora_rank, ROPE_DIM=rope_dim, MERGE=merge,
-                     EVICT_FIRST=streams_evict_first(row_tiles), E4M3_SCORES=e4m3_scores, num_warps=4)
+                     EVICT_FIRST=streams_evict_first(row_tiles), E4M3_SCORES=e4m3_scores,
+                     PREFETCH_PAIRS=hd_dispatch.prefetch_pairs(kv_dtype == hd.FP8_DTYPE),
+                     num_warps=4)
     return arguments, constants
 
 

@@ -497,6 +497,32 @@ def test_persistent_kernel_merges_fixed_splits_taken_in_snake_order(kv_dtype):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
+@pytest.mark.parametrize("fixed_splits", [None, 2])
+def test_next_unit_prefetch_changes_no_value(monkeypatch, fixed_splits):
+    """fp8 pages at 128 heads x 2 tokens, several units a program in snake order (uniform lengths, or a fixed
+    2-split plan over ragged ones with empty sequences and splits): the seesaw's L2 prefetch of each next unit,
+    never, one or three tile pairs ahead (more than some units have), gives the same bits, and the reference's
+    attention; the block table's unused entries hold garbage pages the prefetch must not ask for."""
+    from mlakit.kernels.hopper_decode import dispatch
+    from mlakit.kernels.triton_decode import DecodeTuning, plan_decode
+
+    lengths = [1500] * 96 if fixed_splits is None else [3000, 0, 700, 64, 5000, 1, 129] * 10
+    batch = make_paged_batch(lengths, heads=128, q_len=2, page_size=64, kv_lora_rank=512, rope_dim=64,
+                             kv_dtype="fp8_e4m3", device="cuda", seed=len(lengths))
+    tuning = None if fixed_splits is None else DecodeTuning(64, 64, 8, programs_per_sm=1, fixed_splits=fixed_splits)
+    outputs = []
+    for pairs in (0, 1, 3):
+        monkeypatch.setattr(dispatch, "L2_PREFETCH_PAIRS", pairs)
+        plan = plan_decode(batch.cache_seqlens, q_len=2, heads=128, kv_dtype=batch.kv_cache.dtype, tuning=tuning)
+        assert int(plan.work_state[2]) == 0, "units in snake order: each program knows its next one"
+        assert int(plan.work_state[0]) * plan.geometry.row_tiles > torch.cuda.get_device_properties(0).multi_processor_count
+        assert _split_kernel(batch, plan) == "hopper"
+        outputs.append(_check(batch, plan=plan))
+    for out, lse in outputs[1:]:
+        assert torch.equal(out, outputs[0][0]) and torch.equal(lse, outputs[0][1])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
 @pytest.mark.parametrize("heads", [16, 128])
 @pytest.mark.parametrize("num_sms", [None, 1024])
 @pytest.mark.parametrize("planned_lengths", [[65, 5000, 40000, 0, 700, 100, 9000], [64, 1, 4096, 0, 640, 16384, 9000]])

@@ -34,8 +34,9 @@ EDITS = {
          "    HEADS: gl.constexpr,",
          "    num_splits, scale_log2, kv_scale, OUT, LSE, PART_OUT, PART_LSE, OUT_STRIDES, LSE_STRIDES, PART_STRIDES, last,\n"
          "    TL, slot, HEADS: gl.constexpr,"),
-        ("    num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES,\n    HEADS: gl.constexpr,",
-         "    num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES, TL, slot,\n    HEADS: gl.constexpr,"),
+        ("    num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES, pieces,\n    HEADS: gl.constexpr,",
+         "    num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES, pieces, TL, slot,\n"
+         "    HEADS: gl.constexpr,"),
         ("        p0, scale0, m_i = online_softmax(_masked_near_end(s, tok0, end, visible, unmasked_end), m_i, 1, scale_log2)\n",
          "        p0, scale0, m_i = online_softmax(_masked_near_end(s, tok0, end, visible, unmasked_end), m_i, 1, scale_log2)\n"
          "        if pair == 0:\n            _stamp(TL, slot, 2)\n"),
@@ -52,30 +53,29 @@ EDITS = {
         ("@gluon.jit(do_not_specialize=[\"stride_bt_b\", \"work_rows\"])\ndef mla_decode_hopper_seesaw_kernel(",
          STAMPS + "@gluon.jit(do_not_specialize=[\"stride_bt_b\", \"work_rows\"])\ndef mla_decode_hopper_seesaw_kernel("),
         ("    while unit < units:\n", "    stamp_tiles = 0\n    while unit < units:\n"),
-        ("        last = (next_unit >= units) & (not ragged) & (num_splits <= EARLY_TRIGGER_MAX_SPLITS)\n        if split < num_splits and tile * BLOCK_M < q_len * HEADS:\n",
-         "        last = (next_unit >= units) & (not ragged) & (num_splits <= EARLY_TRIGGER_MAX_SPLITS)\n        slot = gl.program_id(0) * 2 + gl.minimum(units_done - 1, 1)\n"
+        ("        if _runs((b, split, num_splits, first_token, q_len, seqlen), tile, HEADS):\n",
+         "        slot = gl.program_id(0) * 2 + gl.minimum(units_done - 1, 1)\n"
          "        _stamp(KV_SCALE, slot, 0)\n"
          # Per program (slot 2 x programs + p): its units so far and their KV tiles (`split_range`'s).
          "        _, _, stamp_unit_tiles = split_range(WORK, unit // row_tiles, seqlen)\n"
          "        stamp_tiles += stamp_unit_tiles\n"
          "        _record(KV_SCALE, 2 * programs + gl.program_id(0), 0, units_done)\n"
          "        _record(KV_SCALE, 2 * programs + gl.program_id(0), 1, stamp_tiles)\n"
-         "        if split < num_splits and tile * BLOCK_M < q_len * HEADS:\n"),
-        (" LSE_STRIDES, PART_STRIDES, last, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3_SCORES)\n            if MERGE",
-         " LSE_STRIDES, PART_STRIDES, last, KV_SCALE, slot, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3_SCORES)\n"
-         "            if MERGE"),
+         "        if _runs((b, split, num_splits, first_token, q_len, seqlen), tile, HEADS):\n"),
+        (" LSE_STRIDES, PART_STRIDES, last, pieces, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3_SCORES,\n",
+         " LSE_STRIDES, PART_STRIDES, last, pieces, KV_SCALE, slot, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3_SCORES,\n"),
         ("    OUT, LSE, PART_OUT, PART_LSE, scale_log2, kv_scale, Q_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, "
-         "PART_STRIDES,\n    last, HEADS: gl.constexpr,",
+         "PART_STRIDES,\n    last, pieces, HEADS: gl.constexpr,",
          "    OUT, LSE, PART_OUT, PART_LSE, scale_log2, kv_scale, Q_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, "
-         "PART_STRIDES,\n    last, TL, slot, HEADS: gl.constexpr,"),
+         "PART_STRIDES,\n    last, pieces, TL, slot, HEADS: gl.constexpr,"),
         ("    fence_async_shared()\n    gl.thread_barrier()\n\n    m_even, scale_even",
          "    fence_async_shared()\n    gl.thread_barrier()\n    _stamp(TL, slot, 1)\n\n    m_even, scale_even"),
         ("            PART_STRIDES, last, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3)),",
          "            PART_STRIDES, last, TL, slot, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3)),"),
-        ("            num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES,\n            HEADS, PAGE_SIZE, "
-         "KV_LORA_RANK, E4M3)),",
-         "            num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES,\n            TL, slot, HEADS, "
-         "PAGE_SIZE, KV_LORA_RANK, E4M3)),"),
+        ("            num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES, pieces,\n            HEADS, PAGE_SIZE, "
+         "KV_LORA_RANK, E4M3, PREFETCH_PAIRS)),",
+         "            num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES, pieces,\n            TL, slot, HEADS, "
+         "PAGE_SIZE, KV_LORA_RANK, E4M3, PREFETCH_PAIRS)),"),
         ("    ], [4], [248])\n", "    ], [4], [248])\n    _stamp(TL, slot, 7)\n"),
     ),
     "hopper_decode/dispatch.py": (

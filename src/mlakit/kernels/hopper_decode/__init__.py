@@ -21,7 +21,8 @@ shared memory, and V is the latent part of the same tile. Three kernels:
   It also takes fp8 (e4m3) pages with one per-tensor scale at 512 + 64 widths: each chunk's fp8
   box lands in the first half of the chunk's 16-bit place and is converted there to fp16, half a
   tile at a time, by the warpgroup whose S reads it first (rows past the split's end zeroed as they
-  go); its MMAs then run in fp16, query rows scaled per row into fp16's range;
+  go); its MMAs then run in fp16, query rows scaled per row into fp16's range. Over fp8 pages a program asks L2
+  for its next unit's query rows and first tiles a tile pair before this unit's end;
 - `mla_decode_hopper_fp8_kernel`, for other fp8 (e4m3) pages with one per-tensor scale (any size):
   warpgroup 0 computes S for the whole tile, the softmax, and writes P and the row rescale
   factors to shared memory; both warpgroups then do P . V for half of the latent columns each.
@@ -39,7 +40,8 @@ everywhere else.
 
 The modules: `dispatch` (host side: which kernel takes a call, and `prepare`), `descriptors` (the seesaw's TMA
 descriptors), the kernels `split_kernel`, `fp8_split_kernel` and `seesaw_kernel` (with the seesaw's warpgroups in
-`seesaw_partitions`, its loads in `seesaw_loads` and its fp8 conversions in `seesaw_fp8`), and what several of them
+`seesaw_partitions`, its loads in `seesaw_loads`, its fp8 conversions in `seesaw_fp8` and its L2 prefetch of the next
+unit in `next_unit_prefetch`), and what several of them
 share: `constants`, `tile_helpers`, `e4m3_words`. A setting such as `dispatch.MERGE_MAX_SPLITS` is read where it is
 defined: an experiment changes it there.
 """

@@ -24,6 +24,10 @@ SplitPass = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", tuple],
 # splits per sequence: batches that fill the GPU, whose few split sequences are merged while the other
 # programs work. Beyond it the combine kernel, whose many programs merge faster (NOTES.md v39).
 MERGE_MAX_SPLITS = 4
+# Over fp8 pages the persistent seesaw asks L2 for a program's next unit (its query rows, its first two KV tiles) this
+# many tile pairs before the unit's end (`next_unit_prefetch`; 0: never): 1-2% faster on 128-head fp8 batches of
+# several units a program; over 16-bit pages it lost 0.4-5% (NOTES.md v90), so those never prefetch.
+L2_PREFETCH_PAIRS = 1
 
 
 def supports(q_dtype: torch.dtype, pages: torch.Tensor, scale_mode: int, kv_lora_rank: int, rope_dim: int) -> bool:
@@ -68,17 +72,18 @@ def prepare(key: Hashable, grid: tuple[int, int], q: torch.Tensor, pages: torch.
         merge = 1 < max_splits <= MERGE_MAX_SPLITS
         evict_first = streams_evict_first(row_tiles)
         e4m3 = fp8 and e4m3_scores
-        constants.update(MERGE=merge, EVICT_FIRST=evict_first, E4M3_SCORES=e4m3, num_warps=4)
+        prefetch = prefetch_pairs(fp8)
+        constants.update(MERGE=merge, EVICT_FIRST=evict_first, E4M3_SCORES=e4m3, PREFETCH_PAIRS=prefetch, num_warps=4)
         plan_args = (work_state, work_rows, row_tiles, merge_state)
 
         # They follow from the plan, the call and a module setting; named in the key, a kernel compiled under another
         # setting (an experiment's) is never launched in its place.
-        seesaw_key = HintedKey((key, merge, e4m3), evict_first)
+        seesaw_key = HintedKey((key, merge, e4m3, prefetch), evict_first)
 
         def seesaw(q, pages, kv_scale, shared_args) -> None:
             # 16-bit pages never read KV_SCALE: any tensor fills it.
             SEESAW(seesaw_key, programs, (q, *chunk_descriptors(pages, kv_lora_rank), kv_scale if fp8 else work_state,
-                                   *shared_args, *plan_args), constants)
+                                   *shared_args, *plan_args, pages, pages.stride(1)), constants)
 
         return seesaw, merge
     launch, constants["num_warps"] = (FP8_SPLIT, 4) if fp8 else (SPLIT, NUM_WARPS.value)
@@ -87,6 +92,15 @@ def prepare(key: Hashable, grid: tuple[int, int], q: torch.Tensor, pages: torch.
         launch(key, (*grid, 1), (q, pages, kv_scale, *shared_args) if fp8 else (q, pages, *shared_args), constants)
 
     return split, False
+
+
+def prefetch_pairs(fp8: bool) -> int:
+    """How many tile pairs before a unit's end the seesaw prefetches its next unit into L2 (0: never).
+
+    >>> prefetch_pairs(False)
+    0
+    """
+    return L2_PREFETCH_PAIRS if fp8 else 0
 
 
 def _seesaw_takes(page_size: int, kv_lora_rank: int, rope_dim: int, fp8: bool) -> bool:

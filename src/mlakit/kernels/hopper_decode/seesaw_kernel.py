@@ -13,6 +13,7 @@ from mlakit.kernels.hopper_common import (BLOCK_N, no_keys_yet, split_range, sto
                                           work_item)
 from mlakit.kernels.hopper_decode.constants import (BLOCK_M, EARLY_TRIGGER_MAX_SPLITS, MERGE_COLUMNS, MERGE_LAYOUT,
                                                     MERGE_SPLITS_PER_STEP, TMA_CHUNK, WARPGROUP_ROWS)
+from mlakit.kernels.hopper_decode.next_unit_prefetch import allocate_pieces, stage_next_unit
 from mlakit.kernels.hopper_decode.seesaw_fp8 import _scale_query
 from mlakit.kernels.hopper_decode.seesaw_loads import _as_dtype, _cache_row, _load_chunks, _separate_barriers
 from mlakit.kernels.hopper_decode.seesaw_partitions import _seesaw_even_partition, _seesaw_odd_partition
@@ -26,10 +27,10 @@ def mla_decode_hopper_seesaw_kernel(
     OUT, LSE, PART_OUT, PART_LSE,
     scale_log2,
     Q_STRIDES, KV_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
-    WORK_STATE, work_rows, row_tiles, MERGE_STATE,
+    WORK_STATE, work_rows, row_tiles, MERGE_STATE, KV, kv_row_stride,
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr,
     KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr, MERGE: gl.constexpr, EVICT_FIRST: gl.constexpr,
-    E4M3_SCORES: gl.constexpr,
+    E4M3_SCORES: gl.constexpr, PREFETCH_PAIRS: gl.constexpr,
 ):
     """Two warpgroups taking turns over tile pairs ("seesaw"), for 16-bit pages that hold whole tiles:
     even tiles in stage 0 (warpgroup 0's S and softmax), odd tiles in stage 1 (warpgroup 1's), each
@@ -49,7 +50,9 @@ def mla_decode_hopper_seesaw_kernel(
     the programs let it launch as they exit. With EVICT_FIRST
     the cache's TMA loads carry an L2 evict-first policy (`l2_evict_first`; the launch rewrites the PTX). With
     E4M3_SCORES (fp8 pages) the query rows are rounded to e4m3 and S runs on 8-bit tensor cores over the boxes as
-    TMA put them; only the values P multiplies are converted, after their S.
+    TMA put them; only the values P multiplies are converted, after their S. With PREFETCH_PAIRS > 0, in a
+    non-ragged plan, warpgroup 1 asks L2 for the next unit's query rows and first two KV tiles (rows of the cache `KV`,
+    `kv_row_stride` elements apart) that many tile pairs before this unit's end (`next_unit_prefetch`).
     Arguments as `mla_decode_hopper_split_kernel`'s, with the cache's chunk TMA descriptors and, for fp8 pages
     (each chunk loaded into the first half of its 16-bit place and converted there by the warpgroup whose
     S reads it first, NOTES.md v43; with E4M3_SCORES by the warpgroup whose P . V reads it, after S), the one-element
@@ -72,6 +75,7 @@ def mla_decode_hopper_seesaw_kernel(
     row_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     rows_smem = gl.allocate_shared_memory(gl.float32, [7, BLOCK_M], row_layout)
     chunk_ready = _separate_barriers(2 * 3)  # a stage's two halves and its rope
+    pieces = allocate_pieces() if PREFETCH_PAIRS > 0 else None
 
     if FP8:
         kv_scale = gl.load(KV_SCALE)
@@ -95,12 +99,19 @@ def mla_decode_hopper_seesaw_kernel(
         tile = unit % row_tiles
         # A ragged plan's next unit is taken only after this one.
         last = (next_unit >= units) & (not ragged) & (num_splits <= EARLY_TRIGGER_MAX_SPLITS)
-        if split < num_splits and tile * BLOCK_M < q_len * HEADS:
+        if PREFETCH_PAIRS > 0:
+            next_tile = next_unit % row_tiles
+            next_runs = (not ragged) & (next_unit < units) & _runs(next_work, next_tile, HEADS)
+            next_item = gl.minimum(next_unit // row_tiles, work_rows - 1)
+            stage_next_unit(pieces, Q, KV, BLOCK_TABLE, WORK, next_work, next_item, next_tile, next_runs, Q_STRIDES,
+                            kv_row_stride, stride_bt_b, HEADS, PAGE_SIZE)
+        if _runs((b, split, num_splits, first_token, q_len, seqlen), tile, HEADS):
             _seesaw_unit(
                 q_lat_all, q_rope_smem, k_lat_smem, slots, rows_smem, chunk_ready,
                 Q, CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, seqlen, WORK, unit // row_tiles, b, split, num_splits,
                 first_token, q_len, tile, OUT, LSE, PART_OUT, PART_LSE, scale_log2, kv_scale, Q_STRIDES, stride_bt_b,
-                OUT_STRIDES, LSE_STRIDES, PART_STRIDES, last, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3_SCORES)
+                OUT_STRIDES, LSE_STRIDES, PART_STRIDES, last, pieces, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3_SCORES,
+                PREFETCH_PAIRS)
             if MERGE and num_splits > 1:
                 _merge_if_last(WORK, unit, row_tiles, MERGE_STATE, OUT, LSE, PART_OUT, PART_LSE,
                                OUT_STRIDES, LSE_STRIDES, PART_STRIDES, HEADS, KV_LORA_RANK)
@@ -178,11 +189,19 @@ def _unit_work(WORK, SEQLENS, unit, row_tiles, work_rows):
 
 
 @gluon.jit
+def _runs(work, tile, HEADS: gl.constexpr):
+    """Whether a unit (its `_unit_work` and row tile) has work: a split its sequence has, query rows in its tile."""
+    b, split, num_splits, first_token, q_len, seqlen = work
+    return (split < num_splits) & (tile * BLOCK_M < q_len * HEADS)
+
+
+@gluon.jit
 def _seesaw_unit(
     q_lat_all, q_rope_smem, k_lat_smem, slots, rows_smem, chunk_ready,
     Q, CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, seqlen, WORK, item, b, split, num_splits, first_token, q_len, tile,
     OUT, LSE, PART_OUT, PART_LSE, scale_log2, kv_scale, Q_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
-    last, HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr, E4M3: gl.constexpr,
+    last, pieces, HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr, E4M3: gl.constexpr,
+    PREFETCH_PAIRS: gl.constexpr,
 ):
     """One unit of the seesaw kernel (a row tile of the plan's work item `item`), on chunk barriers initialized
     for it and invalidated after it: Q and the first two tiles loaded, then the two warpgroups' partitions."""
@@ -223,8 +242,8 @@ def _seesaw_unit(
             q_lat_all, q_rope_smem, k_lat_smem, slots, chunk_ready,
             m_even, scale_even, m_odd, scale_odd, sum_odd, final_rows, query_unscale,
             CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, b, split,
-            num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES,
-            HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3)),
+            num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES, pieces,
+            HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3, PREFETCH_PAIRS)),
     ], [4], [248])
     for c in gl.static_range(len(chunk_ready)):
         mbarrier.invalidate(chunk_ready[c])

@@ -14,6 +14,7 @@ from mlakit.kernels.hopper_common import (BLOCK_N, finish_rows, hand_over, launc
 from mlakit.kernels.hopper_decode.constants import (BLOCK_M, EVEN_MAX_READY, EVEN_P_READY, ODD_MAX_READY,
                                                     RIGHT_VALUES_ISSUED, ROW_SUMS_READY, TMA_CHUNK, _half_output_layout,
                                                     _score_layout)
+from mlakit.kernels.hopper_decode.next_unit_prefetch import prefetch_to_l2
 from mlakit.kernels.hopper_decode.seesaw_fp8 import _convert_block_in_place, _convert_four_blocks_in_place
 from mlakit.kernels.hopper_decode.seesaw_loads import (_as_dtype, _cache_row, _chunk_barrier, _fp8_block, _load_chunks,
                                                        _rope_view, _wait_chunk_range, _waits_for, _zero_tail)
@@ -206,15 +207,17 @@ def _seesaw_odd_partition(
     q_lat_all, q_rope_smem, k_lat_smem, slots, chunk_ready,
     m_even, scale_even, m_odd, scale_odd, sum_odd, final_rows, query_unscale,
     CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, b, split,
-    num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES,
+    num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES, pieces,
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr, E4M3: gl.constexpr,
+    PREFETCH_PAIRS: gl.constexpr,
 ):
     """Warpgroup 1: S and the softmax of the odd tiles (stage 1, computed while warpgroup 0 does its
     softmax), output columns of the right half: O_R = O_R x scale0 x scale1 + P1 . V1_R (P1 from
     registers), then + P0' . V0_R with warpgroup 0's rescaled P0. On 16-bit pages the second P . V is issued before
     the first is waited for, and warpgroup 0 issues its P1 . V1_L only behind both: the tensor cores take MMAs in
     issue order, and the even stage's right half, which warpgroup 0's next S reads, is reloaded once they are done
-    (NOTES.md v69). Scores of fp8 pages, and E4M3's conversions, as in warpgroup 0."""
+    (NOTES.md v69). Scores of fp8 pages, and E4M3's conversions, as in warpgroup 0. With PREFETCH_PAIRS > 0 it asks L2
+    for the next unit's pieces (`next_unit_prefetch`) as the unit's pair that many from its end starts."""
     half: gl.constexpr = KV_LORA_RANK // 2
     lat_chunks: gl.constexpr = KV_LORA_RANK // TMA_CHUNK
     FP8: gl.constexpr = CHUNK_DESC.block_type.element_ty.is_fp8()
@@ -222,6 +225,7 @@ def _seesaw_odd_partition(
     o_layout: gl.constexpr = _half_output_layout(KV_LORA_RANK)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     dtype: gl.constexpr = slots.dtype
+    row_width: gl.constexpr = KV_LORA_RANK + q_rope_smem.shape[1]  # of a query row (16-bit) and a cache row
     rows, visible, unmasked_end = _tile_rows(tile, seqlen, q_len, end, HEADS, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([BLOCK_M, half], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
@@ -233,6 +237,10 @@ def _seesaw_odd_partition(
         t1 = 2 * pair + 1
         tok1 = start + t1 * BLOCK_N
         has_odd = t1 < num_tiles
+        if PREFETCH_PAIRS > 0:
+            if pair == gl.maximum(gl.cdiv(num_tiles, 2) - PREFETCH_PAIRS, 0):
+                prefetch_to_l2(pieces, row_width * q_lat_all.dtype.primitive_bitwidth // 8,
+                               row_width * CHUNK_DESC.block_type.element_ty.primitive_bitwidth // 8)
         next_even = _cache_row(BLOCK_TABLE, bt_row, start + gl.minimum(t1 + 1, num_tiles - 1) * BLOCK_N, PAGE_SIZE)
         next_odd = _cache_row(BLOCK_TABLE, bt_row, start + gl.minimum(t1 + 2, num_tiles - 1) * BLOCK_N, PAGE_SIZE)
         if has_odd:
