@@ -26,7 +26,8 @@ SplitPass = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", tuple],
 MERGE_MAX_SPLITS = 4
 # Over fp8 pages the persistent seesaw asks L2 for a program's next unit (its query rows, its first two KV tiles) this
 # many tile pairs before the unit's end (`next_unit_prefetch`; 0: never): 1-2% faster on 128-head fp8 batches of
-# several units a program; over 16-bit pages it lost 0.4-5% (NOTES.md v90), so those never prefetch.
+# several units a program (2-4% with e4m3 scores); over 16-bit pages it lost 0.4-5% (NOTES.md v90), so those never
+# prefetch.
 L2_PREFETCH_PAIRS = 1
 
 
