@@ -8,9 +8,13 @@ from unittest import mock
 
 import pytest
 import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
 
 import mlakit
 from mlakit.graphs import capture_graph
+from mlakit.kernels.hopper_decode.next_unit_prefetch import PIECE_COUNT, PIECES, allocate_pieces, stage_next_unit
+from mlakit.kernels.hopper_decode.seesaw_kernel import _runs, _unit_work
 from mlakit.kernels.triton_decode import triton_mla_decode
 from paged_inputs import (E4M3_QUERY_EXPONENTS, QUERY_EXPONENTS, assert_lse_close, make_paged_batch, relative_error,
                           with_query_magnitudes, with_subnormal_pages)
@@ -147,6 +151,21 @@ def test_extend_with_ragged_segments_matches_reference(heads, page_size, kv_form
 
 def _on_hopper() -> bool:
     return torch.cuda.get_device_capability()[0] == 9
+
+
+@gluon.jit
+def _staged_pieces_kernel(STAGED, Q, KV, BLOCK_TABLE, WORK, SEQLENS, Q_STRIDES, kv_row_stride, stride_bt_b, row_tiles,
+                          work_rows, HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr):
+    """Program u stages unit u's prefetch pieces as the seesaw does for a next unit, and writes them to row u."""
+    unit = gl.program_id(0)
+    work = _unit_work(WORK, SEQLENS, unit, row_tiles, work_rows)
+    tile = unit % row_tiles
+    pieces = allocate_pieces()
+    stage_next_unit(pieces, Q, KV, BLOCK_TABLE, WORK, work, gl.minimum(unit // row_tiles, work_rows - 1), tile,
+                    _runs(work, tile, HEADS), Q_STRIDES, kv_row_stride, stride_bt_b, HEADS, PAGE_SIZE)
+    gl.thread_barrier()
+    piece = gl.arange(0, PIECE_COUNT, layout=PIECES)
+    gl.store(STAGED + unit * PIECE_COUNT + piece, pieces.load(PIECES))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
@@ -503,6 +522,7 @@ def test_next_unit_prefetch_changes_no_value(monkeypatch, fixed_splits):
     2-split plan over ragged ones with empty sequences and splits): the seesaw's L2 prefetch of each next unit,
     never, one or three tile pairs ahead (more than some units have), gives the same bits, and the reference's
     attention; the block table's unused entries hold garbage pages the prefetch must not ask for."""
+    from mlakit.kernels.decode_split_plan import ORDER_TAKEN
     from mlakit.kernels.hopper_decode import dispatch
     from mlakit.kernels.triton_decode import DecodeTuning, plan_decode
 
@@ -512,14 +532,59 @@ def test_next_unit_prefetch_changes_no_value(monkeypatch, fixed_splits):
     tuning = None if fixed_splits is None else DecodeTuning(64, 64, 8, programs_per_sm=1, fixed_splits=fixed_splits)
     outputs = []
     for pairs in (0, 1, 3):
-        monkeypatch.setattr(dispatch, "L2_PREFETCH_PAIRS", pairs)
+        monkeypatch.setattr(dispatch, "L2_PREFETCH_PAIRS_FP8", pairs)
         plan = plan_decode(batch.cache_seqlens, q_len=2, heads=128, kv_dtype=batch.kv_cache.dtype, tuning=tuning)
-        assert int(plan.work_state[2]) == 0, "units in snake order: each program knows its next one"
+        assert int(plan.work_state[2]) != ORDER_TAKEN, "units in a fixed order: each program knows its next one"
         assert int(plan.work_state[0]) * plan.geometry.row_tiles > torch.cuda.get_device_properties(0).multi_processor_count
         assert _split_kernel(batch, plan) == "hopper"
         outputs.append(_check(batch, plan=plan))
     for out, lse in outputs[1:]:
         assert torch.equal(out, outputs[0][0]) and torch.equal(lse, outputs[0][1])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
+@pytest.mark.parametrize("page_size", [64, 128])
+def test_next_unit_prefetch_asks_for_the_units_rows(page_size):
+    """The addresses `stage_next_unit` stages for each unit of a fixed 2-split plan (fp8 pages, 128 heads x 2
+    tokens; empty sequences, splits past a sequence's end, pages in random order, garbage in the block table's
+    unused entries): the unit's query rows, and the cache rows of its first two KV tiles in two-row pieces, each at
+    the address the host computes from the plan and the block table; 0 for rows and tiles the unit does not have."""
+    from mlakit.kernels.decode_split_plan import WORK_FIELDS
+    from mlakit.kernels.triton_decode import DecodeTuning, plan_decode
+
+    heads, q_len = 128, 2
+    batch = make_paged_batch([3000, 0, 700, 64, 129, 1, 200], heads=heads, q_len=q_len, page_size=page_size,
+                             kv_lora_rank=512, rope_dim=64, kv_dtype="fp8_e4m3", device="cuda", seed=page_size)
+    plan = plan_decode(batch.cache_seqlens, q_len=q_len, heads=heads, kv_dtype=batch.kv_cache.dtype,
+                       tuning=DecodeTuning(64, 64, 8, programs_per_sm=1, fixed_splits=2))
+    q = batch.q.reshape(-1, heads, batch.q.shape[-1])
+    pages = batch.kv_cache
+    row_tiles, work_rows = plan.geometry.row_tiles, plan.work.shape[0]
+    staged = torch.zeros(row_tiles * work_rows, PIECE_COUNT.value, dtype=torch.int64, device="cuda")
+    _staged_pieces_kernel[(row_tiles * work_rows,)](
+        staged, q, pages, batch.block_table, plan.work, batch.cache_seqlens, (q.stride(0), q.stride(1)),
+        pages.stride(1), batch.block_table.stride(0), row_tiles, work_rows, HEADS=heads, PAGE_SIZE=page_size,
+        num_warps=4)
+
+    work, seqlens, table = plan.work.cpu().tolist(), batch.cache_seqlens.cpu().tolist(), batch.block_table.cpu()
+    expected = torch.zeros_like(staged, device="cpu")
+    for unit in range(row_tiles * work_rows):
+        b, split, num_splits, first_token, rows, start, end = work[unit // row_tiles][:WORK_FIELDS]
+        tile = unit % row_tiles
+        if split >= num_splits or tile * 64 >= rows * heads:
+            continue
+        for piece, row in enumerate(range(tile * 64, min(tile * 64 + 64, rows * heads))):
+            offset = (first_token + row // heads) * q.stride(0) + row % heads * q.stride(1)
+            expected[unit, piece] = q.data_ptr() + offset * q.element_size()
+        start = start // 64 * 64
+        tiles = max(-(-(min(seqlens[b], end) - start) // 64), 0)
+        for piece in range(64):
+            kv_tile, token = piece // 32, start + piece // 32 * 64 + piece % 32 * 2
+            if kv_tile < tiles:
+                row = int(table[b, token // page_size]) * page_size + token % page_size
+                expected[unit, 64 + piece] = pages.data_ptr() + row * pages.stride(1) * pages.element_size()
+    assert (expected[:, :64] != 0).any() and (expected[:, 64:] != 0).any()
+    assert torch.equal(staged.cpu(), expected)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")

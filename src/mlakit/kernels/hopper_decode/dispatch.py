@@ -24,11 +24,12 @@ SplitPass = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", tuple],
 # splits per sequence: batches that fill the GPU, whose few split sequences are merged while the other
 # programs work. Beyond it the combine kernel, whose many programs merge faster (NOTES.md v39).
 MERGE_MAX_SPLITS = 4
-# Over fp8 pages the persistent seesaw asks L2 for a program's next unit (its query rows, its first two KV tiles) this
-# many tile pairs before the unit's end (`next_unit_prefetch`; 0: never): 1-2% faster on 128-head fp8 batches of
-# several units a program (2-4% with e4m3 scores); over 16-bit pages it lost 0.4-5% (NOTES.md v90), so those never
-# prefetch.
-L2_PREFETCH_PAIRS = 1
+# The persistent seesaw asks L2 for a program's next unit (its query rows, its first two KV tiles) this many tile pairs
+# before the unit's end (`next_unit_prefetch`; 0: never), over fp8 pages and over 16-bit ones: on fp8 1-2% faster at
+# 128 heads on batches of several units a program (2-4% with e4m3 scores); on 16-bit pages it lost 0.4-5% (NOTES.md
+# v90).
+L2_PREFETCH_PAIRS_FP8 = 1
+L2_PREFETCH_PAIRS_16BIT = 0
 
 
 def supports(q_dtype: torch.dtype, pages: torch.Tensor, scale_mode: int, kv_lora_rank: int, rope_dim: int) -> bool:
@@ -96,12 +97,13 @@ def prepare(key: Hashable, grid: tuple[int, int], q: torch.Tensor, pages: torch.
 
 
 def prefetch_pairs(fp8: bool) -> int:
-    """How many tile pairs before a unit's end the seesaw prefetches its next unit into L2 (0: never).
+    """How many tile pairs before a unit's end the seesaw prefetches its next unit into L2 (0: never), over fp8 pages
+    or 16-bit ones.
 
     >>> prefetch_pairs(False)
     0
     """
-    return L2_PREFETCH_PAIRS if fp8 else 0
+    return L2_PREFETCH_PAIRS_FP8 if fp8 else L2_PREFETCH_PAIRS_16BIT
 
 
 def _seesaw_takes(page_size: int, kv_lora_rank: int, rope_dim: int, fp8: bool) -> bool:

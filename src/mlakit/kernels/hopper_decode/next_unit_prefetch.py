@@ -1,7 +1,9 @@
 """The seesaw's L2 prefetch of a program's next unit: its query rows and the cache rows of its first two KV tiles,
-asked of L2 by bulk prefetches a few tile pairs before this unit's end, so that the next unit's prologue reads them
+asked of L2 by bulk prefetches a tile pair or more before this unit's end, so that the next unit's prologue reads them
 from L2 instead of HBM. In a batch whose programs all change units at once (a uniform batch), those prologues are one
-burst of HBM reads while the tensor cores idle (NOTES.md v89, v90). A prefetch is a hint: it changes no value."""
+burst of HBM reads while the tensor cores idle (NOTES.md v89, v90). A prefetch is a hint: it changes no value.
+The seesaw takes it over fp8 pages only (`dispatch.prefetch_pairs`): over 16-bit pages the prefetches slowed the tile
+loops they ran under by more than the next prologue saved."""
 from __future__ import annotations
 
 from triton.experimental import gluon
@@ -15,7 +17,8 @@ PIECES = gl.constexpr(gl.BlockedLayout([1], [32], [4], [0]))
 PIECE_COUNT = gl.constexpr(128)
 KV_ROWS_PER_PIECE = gl.constexpr(2)
 # A piece's address as an integer, 0 for none (a partition takes no pointer tensors, and tensors only through shared
-# memory). Bulk prefetches take 16-byte aligned addresses and sizes; others are skipped.
+# memory). Bulk prefetches take 16-byte aligned addresses and sizes: an unaligned address is skipped, the sizes are
+# checked where they are made.
 _PREFETCH_ASM = gl.constexpr("""{
  .reg .pred ok, aligned;
  .reg .b64 low;
@@ -40,8 +43,8 @@ def stage_next_unit(pieces, Q, KV, BLOCK_TABLE, WORK, next_work, item, tile, run
     (`next_work` its `_unit_work`) and the cache rows of its first two KV tiles (pages hold whole tiles); all 0
     unless `runs`.
 
-    >>> # in a seesaw program, before its unit's partitions, for the unit it takes next:
-    >>> # stage_next_unit(pieces, Q, KV, ..., next_work, next_unit // row_tiles, next_unit % row_tiles, runs, ...)
+    A seesaw program calls it behind its unit's own loads, for the unit it takes next; its warpgroup 1 then calls
+    `prefetch_to_l2(pieces, ...)` inside the unit's tile loop.
     """
     gl.static_assert(BLOCK_M + 2 * BLOCK_N // KV_ROWS_PER_PIECE == PIECE_COUNT, "one piece per thread of a warpgroup")
     b, split, num_splits, first_token, q_len, seqlen = next_work
@@ -67,6 +70,7 @@ def stage_next_unit(pieces, Q, KV, BLOCK_TABLE, WORK, next_work, item, tile, run
 def prefetch_to_l2(pieces, Q_ROW_BYTES: gl.constexpr, KV_ROW_BYTES: gl.constexpr):
     """A bulk L2 prefetch of each piece `stage_next_unit` stored (a query row, or two cache rows: the second's tail is
     not asked for where the cache pads its rows)."""
+    gl.static_assert(Q_ROW_BYTES % 16 == 0 and KV_ROWS_PER_PIECE * KV_ROW_BYTES % 16 == 0, "16-byte sizes")
     piece = gl.arange(0, PIECE_COUNT, layout=PIECES)
     sizes = gl.where(piece < BLOCK_M, Q_ROW_BYTES, KV_ROWS_PER_PIECE * KV_ROW_BYTES)
     gl.inline_asm_elementwise(_PREFETCH_ASM, "=r,l,r", [pieces.load(PIECES), sizes], dtype=gl.int32, is_pure=False,
