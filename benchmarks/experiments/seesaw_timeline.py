@@ -9,8 +9,8 @@ Usage, from the repository root on an SM90 device:
 softmax, each warpgroup's loop end and stores done, unit end), written to an int64 buffer (`hopper_decode/dispatch.py`'s
 TIMELINE) passed as the seesaw's KV_SCALE argument (bf16 caches never read it). It fails,
 naming the anchor, when the kernel's source no longer has the text it anchors on: update the anchors then.
-`run` times each case (CUDA-graph replay, as the benchmark does), then runs one eager call after an L2 flush
-and prints, per event, the min / median / max over programs (us from the first program's first stamp), for
+`run` times each case (CUDA-graph replay, as the benchmark does), then runs one eager call after an L2 flush (with
+`--warm` before the cases: right after another call, no flush: L2 holds what that call left) and prints, per event, the min / median / max over programs (us from the first program's first stamp), for
 each program's first unit and for its last later one, per-program medians of the phases, and the programs that end
 last and first with their units and KV tiles.
 """
@@ -92,8 +92,11 @@ def stamp(destination: Path) -> None:
 
 
 def run(specs: list[str]) -> None:
-    """The timeline of each case (module docstring)."""
+    """The timeline of each case (module docstring; `--warm` among `specs`: without the flush)."""
     import torch
+
+    warm = "--warm" in specs
+    specs = [spec for spec in specs if spec != "--warm"]
 
     sys.path.insert(0, str(Path(__file__).parent))
     from decode_case import case_inputs, decode_call
@@ -111,15 +114,18 @@ def run(specs: list[str]) -> None:
         call = decode_call(inputs, plan)
         graph_us = time_graph_replay(call)
         torch.cuda.synchronize()
+        if warm:
+            call()
+        else:
+            flush.zero_()
         dispatch.TIMELINE.zero_()
-        flush.zero_()
         call()
         torch.cuda.synchronize()
         stamps = dispatch.TIMELINE[: sms * 2 * 8].view(sms, 2, 8).cpu()
         counts = dispatch.TIMELINE[sms * 2 * 8:].view(sms, 8)[:, :2].cpu()
         started = stamps[:, 0, 0] > 0
         first = stamps[started, 0, 0].min()
-        print(f"{spec}: graph replay {graph_us:.1f} us, kernel span (stamps) {(stamps.max() - first) / 1000:.1f} us, "
+        print(f"{spec}{' (warm L2)' if warm else ''}: graph replay {graph_us:.1f} us, kernel span (stamps) {(stamps.max() - first) / 1000:.1f} us, "
               f"programs with a unit {int(started.sum())}, with a later one {int((stamps[:, 1, 0] > 0).sum())}")
         for unit, label in ((0, "first unit"), (1, "last later unit")):
             rows = stamps[stamps[:, unit, 0] > 0, unit]
