@@ -42,7 +42,6 @@ from mlakit.kernels import hopper_decode as hd
 from mlakit.kernels import hopper_narrow_decode as nd
 from mlakit.kernels import hopper_prefill as hp
 from mlakit.kernels import triton_decode
-from mlakit.kernels.hopper_decode import dispatch as hd_dispatch
 from mlakit.kernels.decode_split_plan import WORK_FIELDS
 from mlakit.kernels.hopper_common import matrix_descriptor, row_descriptors
 from mlakit.kernels.l2_evict_first import streams_evict_first
@@ -241,7 +240,7 @@ def seesaw_arguments(heads: int, q_len: int, kv_dtype: torch.dtype, merge: bool,
                  part_out, part_lse, 0.1, *strides, work_state, 1000, row_tiles, merge_state, pages, pages.stride(1)]
     constants = dict(HEADS=heads, PAGE_SIZE=page_size, KV_LORA_RANK=kv_lora_rank, ROPE_DIM=rope_dim, MERGE=merge,
                      EVICT_FIRST=streams_evict_first(row_tiles), E4M3_SCORES=e4m3_scores,
-                     PREFETCH_PAIRS=hd_dispatch.prefetch_pairs(kv_dtype == hd.FP8_DTYPE),
+                     PREFETCH_PAIRS=hd.dispatch.prefetch_pairs(kv_dtype == hd.FP8_DTYPE),
                      num_warps=4)
     return arguments, constants
 

@@ -14,7 +14,7 @@ from triton.experimental.gluon import language as gl
 import mlakit
 from mlakit.graphs import capture_graph
 from mlakit.kernels.hopper_decode.next_unit_prefetch import PIECE_COUNT, PIECES, allocate_pieces, stage_next_unit
-from mlakit.kernels.hopper_decode.seesaw_kernel import _runs, _unit_work
+from mlakit.kernels.hopper_decode.seesaw_kernel import _runs, _unit_item, _unit_work
 from mlakit.kernels.triton_decode import triton_mla_decode
 from paged_inputs import (E4M3_QUERY_EXPONENTS, QUERY_EXPONENTS, assert_lse_close, make_paged_batch, relative_error,
                           with_query_magnitudes, with_subnormal_pages)
@@ -161,7 +161,7 @@ def _staged_pieces_kernel(STAGED, Q, KV, BLOCK_TABLE, WORK, SEQLENS, Q_STRIDES, 
     work = _unit_work(WORK, SEQLENS, unit, row_tiles, work_rows)
     tile = unit % row_tiles
     pieces = allocate_pieces()
-    stage_next_unit(pieces, Q, KV, BLOCK_TABLE, WORK, work, gl.minimum(unit // row_tiles, work_rows - 1), tile,
+    stage_next_unit(pieces, Q, KV, BLOCK_TABLE, WORK, work, _unit_item(unit, row_tiles, work_rows), tile,
                     _runs(work, tile, HEADS), Q_STRIDES, kv_row_stride, stride_bt_b, HEADS, PAGE_SIZE)
     gl.thread_barrier()
     piece = gl.arange(0, PIECE_COUNT, layout=PIECES)

@@ -10,8 +10,8 @@ softmax, each warpgroup's loop end and stores done, unit end), written to an int
 TIMELINE) passed as the seesaw's KV_SCALE argument (bf16 caches never read it). It fails,
 naming the anchor, when the kernel's source no longer has the text it anchors on: update the anchors then.
 `run` times each case (CUDA-graph replay, as the benchmark does), then runs one eager call after an L2 flush (with
-`--warm` before the cases: right after another call, no flush: L2 holds what that call left) and prints, per event, the min / median / max over programs (us from the first program's first stamp), for
-each program's first unit and for its last later one, per-program medians of the phases, and the programs that end
+`--warm` before the cases: right after another call, no flush: L2 holds what that call left) and prints, per event,
+the min / median / max over programs (us from the first program's first stamp), for each program's first unit and for its last later one, per-program medians of the phases, and the programs that end
 last and first with their units and KV tiles.
 """
 

@@ -102,7 +102,7 @@ def mla_decode_hopper_seesaw_kernel(
         if PREFETCH_PAIRS > 0:
             next_tile = next_unit % row_tiles
             next_runs = (not ragged) & (next_unit < units) & _runs(next_work, next_tile, HEADS)
-            next_item = gl.minimum(next_unit // row_tiles, work_rows - 1)
+            next_item = _unit_item(next_unit, row_tiles, work_rows)
             stage_next_unit(pieces, Q, KV, BLOCK_TABLE, WORK, next_work, next_item, next_tile, next_runs, Q_STRIDES,
                             kv_row_stride, stride_bt_b, HEADS, PAGE_SIZE)
         if _runs((b, split, num_splits, first_token, q_len, seqlen), tile, HEADS):
@@ -181,10 +181,16 @@ def _merge_block(b, tile, block, num_splits, first_token, q_len, OUT, LSE, PART_
 
 
 @gluon.jit
+def _unit_item(unit, row_tiles, work_rows):
+    """The plan row of a unit's work item (a unit past the plan's rows reads the last row)."""
+    return gl.minimum(unit // row_tiles, work_rows - 1)
+
+
+@gluon.jit
 def _unit_work(WORK, SEQLENS, unit, row_tiles, work_rows):
     """`work_item` of the unit's item and the sequence's length (a unit past the plan's rows reads the
     last row instead; the caller never runs units past the plan's items)."""
-    b, split, num_splits, first_token, q_len = work_item(WORK, gl.minimum(unit // row_tiles, work_rows - 1))
+    b, split, num_splits, first_token, q_len = work_item(WORK, _unit_item(unit, row_tiles, work_rows))
     return b, split, num_splits, first_token, q_len, gl.load(SEQLENS + b)
 
 
