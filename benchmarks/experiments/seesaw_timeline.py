@@ -62,19 +62,19 @@ EDITS = {
          "        _record(KV_SCALE, 2 * programs + gl.program_id(0), 0, units_done)\n"
          "        _record(KV_SCALE, 2 * programs + gl.program_id(0), 1, stamp_tiles)\n"
          "        if _runs((b, split, num_splits, first_token, q_len, seqlen), tile, HEADS):\n"),
-        (" LSE_STRIDES, PART_STRIDES, last, pieces, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3_SCORES,\n",
-         " LSE_STRIDES, PART_STRIDES, last, pieces, KV_SCALE, slot, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3_SCORES,\n"),
+        (" LSE_STRIDES, PART_STRIDES, last, prefetch, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3_SCORES,\n",
+         " LSE_STRIDES, PART_STRIDES, last, prefetch, KV_SCALE, slot, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3_SCORES,\n"),
         ("    OUT, LSE, PART_OUT, PART_LSE, scale_log2, kv_scale, Q_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, "
-         "PART_STRIDES,\n    last, pieces, HEADS: gl.constexpr,",
+         "PART_STRIDES,\n    last, prefetch, HEADS: gl.constexpr,",
          "    OUT, LSE, PART_OUT, PART_LSE, scale_log2, kv_scale, Q_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, "
-         "PART_STRIDES,\n    last, pieces, TL, slot, HEADS: gl.constexpr,"),
+         "PART_STRIDES,\n    last, prefetch, TL, slot, HEADS: gl.constexpr,"),
         ("    fence_async_shared()\n    gl.thread_barrier()\n\n    m_even, scale_even",
          "    fence_async_shared()\n    gl.thread_barrier()\n    _stamp(TL, slot, 1)\n\n    m_even, scale_even"),
         ("            PART_STRIDES, last, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3)),",
          "            PART_STRIDES, last, TL, slot, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3)),"),
-        ("            num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES, pieces,\n            HEADS, PAGE_SIZE, "
+        ("            num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES, prefetch[0],\n            HEADS, PAGE_SIZE, "
          "KV_LORA_RANK, E4M3, PREFETCH_PAIRS)),",
-         "            num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES, pieces,\n            TL, slot, HEADS, "
+         "            num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES, prefetch[0],\n            TL, slot, HEADS, "
          "PAGE_SIZE, KV_LORA_RANK, E4M3, PREFETCH_PAIRS)),"),
         ("    ], [4], [248])\n", "    ], [4], [248])\n    _stamp(TL, slot, 7)\n"),
     ),

@@ -100,17 +100,15 @@ def mla_decode_hopper_seesaw_kernel(
         # A ragged plan's next unit is taken only after this one.
         last = (next_unit >= units) & (not ragged) & (num_splits <= EARLY_TRIGGER_MAX_SPLITS)
         if PREFETCH_PAIRS > 0:
-            next_tile = next_unit % row_tiles
-            next_runs = (not ragged) & (next_unit < units) & _runs(next_work, next_tile, HEADS)
-            next_item = _unit_item(next_unit, row_tiles, work_rows)
-            stage_next_unit(pieces, Q, KV, BLOCK_TABLE, WORK, next_work, next_item, next_tile, next_runs, Q_STRIDES,
-                            kv_row_stride, stride_bt_b, HEADS, PAGE_SIZE)
+            prefetch = (pieces, KV, kv_row_stride, next_work, next_unit, units, ragged, row_tiles, work_rows)
+        else:
+            prefetch = (None,)
         if _runs((b, split, num_splits, first_token, q_len, seqlen), tile, HEADS):
             _seesaw_unit(
                 q_lat_all, q_rope_smem, k_lat_smem, slots, rows_smem, chunk_ready,
                 Q, CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, seqlen, WORK, unit // row_tiles, b, split, num_splits,
                 first_token, q_len, tile, OUT, LSE, PART_OUT, PART_LSE, scale_log2, kv_scale, Q_STRIDES, stride_bt_b,
-                OUT_STRIDES, LSE_STRIDES, PART_STRIDES, last, pieces, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3_SCORES,
+                OUT_STRIDES, LSE_STRIDES, PART_STRIDES, last, prefetch, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3_SCORES,
                 PREFETCH_PAIRS)
             if MERGE and num_splits > 1:
                 _merge_if_last(WORK, unit, row_tiles, MERGE_STATE, OUT, LSE, PART_OUT, PART_LSE,
@@ -202,11 +200,23 @@ def _runs(work, tile, HEADS: gl.constexpr):
 
 
 @gluon.jit
+def _stage_next_unit(prefetch, Q, BLOCK_TABLE, WORK, Q_STRIDES, stride_bt_b, HEADS: gl.constexpr,
+                     PAGE_SIZE: gl.constexpr):
+    """`stage_next_unit` for the program's next unit in a non-ragged plan (`prefetch`: the shared buffer, the cache,
+    its row stride, the next unit, its `_unit_work` and the plan's shape); a ragged plan's next unit is not known."""
+    pieces, KV, kv_row_stride, next_work, next_unit, units, ragged, row_tiles, work_rows = prefetch
+    tile = next_unit % row_tiles
+    runs = (not ragged) & (next_unit < units) & _runs(next_work, tile, HEADS)
+    stage_next_unit(pieces, Q, KV, BLOCK_TABLE, WORK, next_work, _unit_item(next_unit, row_tiles, work_rows), tile, runs,
+                    Q_STRIDES, kv_row_stride, stride_bt_b, HEADS, PAGE_SIZE)
+
+
+@gluon.jit
 def _seesaw_unit(
     q_lat_all, q_rope_smem, k_lat_smem, slots, rows_smem, chunk_ready,
     Q, CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, seqlen, WORK, item, b, split, num_splits, first_token, q_len, tile,
     OUT, LSE, PART_OUT, PART_LSE, scale_log2, kv_scale, Q_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
-    last, pieces, HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr, E4M3: gl.constexpr,
+    last, prefetch, HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr, E4M3: gl.constexpr,
     PREFETCH_PAIRS: gl.constexpr,
 ):
     """One unit of the seesaw kernel (a row tile of the plan's work item `item`), on chunk barriers initialized
@@ -225,6 +235,8 @@ def _seesaw_unit(
         if st < num_tiles:
             _load_chunks(CHUNK_DESC, ROPE_DESC, _cache_row(BLOCK_TABLE, bt_row, start + st * BLOCK_N, PAGE_SIZE), chunk_ready,
                          st, k_lat_smem.index(st), slots.index(st), 0, chunks - 1, True, True)
+    if PREFETCH_PAIRS > 0:  # behind this unit's own loads: the next unit's plan entry may still be loading
+        _stage_next_unit(prefetch, Q, BLOCK_TABLE, WORK, Q_STRIDES, stride_bt_b, HEADS, PAGE_SIZE)
     async_copy.wait_group(0)
     query_unscale = rows_smem.index(6)
     if FP8:
@@ -248,7 +260,7 @@ def _seesaw_unit(
             q_lat_all, q_rope_smem, k_lat_smem, slots, chunk_ready,
             m_even, scale_even, m_odd, scale_odd, sum_odd, final_rows, query_unscale,
             CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, b, split,
-            num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES, pieces,
+            num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES, prefetch[0],
             HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3, PREFETCH_PAIRS)),
     ], [4], [248])
     for c in gl.static_range(len(chunk_ready)):
