@@ -203,7 +203,8 @@ def _runs(work, tile, HEADS: gl.constexpr):
 def _stage_next_unit(prefetch, Q, BLOCK_TABLE, WORK, Q_STRIDES, stride_bt_b, HEADS: gl.constexpr,
                      PAGE_SIZE: gl.constexpr):
     """`stage_next_unit` for the program's next unit in a non-ragged plan (`prefetch`: the shared buffer, the cache,
-    its row stride, the next unit, its `_unit_work` and the plan's shape); a ragged plan's next unit is not known."""
+    its row stride, the next unit's `_unit_work`, the next unit, the plan's units, whether it is ragged, its row tiles
+    and rows); a ragged plan's next unit is not known."""
     pieces, KV, kv_row_stride, next_work, next_unit, units, ragged, row_tiles, work_rows = prefetch
     tile = next_unit % row_tiles
     runs = (not ragged) & (next_unit < units) & _runs(next_work, tile, HEADS)
@@ -220,7 +221,8 @@ def _seesaw_unit(
     PREFETCH_PAIRS: gl.constexpr,
 ):
     """One unit of the seesaw kernel (a row tile of the plan's work item `item`), on chunk barriers initialized
-    for it and invalidated after it: Q and the first two tiles loaded, then the two warpgroups' partitions."""
+    for it and invalidated after it: Q and the first two tiles loaded, then (PREFETCH_PAIRS > 0) the next unit's
+    prefetch addresses staged (`_stage_next_unit`, `prefetch` its arguments), then the two warpgroups' partitions."""
     start, end, num_tiles = split_range(WORK, item, seqlen)
     chunks: gl.constexpr = KV_LORA_RANK // TMA_CHUNK + 1
     for c in gl.static_range(len(chunk_ready)):
