@@ -25,9 +25,9 @@ SplitPass = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", tuple],
 # programs work. Beyond it the combine kernel, whose many programs merge faster (NOTES.md v39).
 MERGE_MAX_SPLITS = 4
 # The persistent seesaw asks L2 for a program's next unit (its query rows, its first two KV tiles) this many tile pairs
-# before the unit's end (`next_unit_prefetch`; 0: never), over fp8 pages and over 16-bit ones: on fp8 1-2% faster at
-# 128 heads on batches of several units a program (2-4% with e4m3 scores); on 16-bit pages it lost 0.4-5% (NOTES.md
-# v90).
+# before the unit's end (`next_unit_prefetch`; 0: never), over fp8 pages and over 16-bit ones: on fp8 2-3% faster at
+# 128 heads on 4096-token batches of several units a program, ~1% at 1024 (more with e4m3 scores); on 16-bit pages it
+# lost up to 5%, and two pairs ahead gained nothing on fp8 (NOTES.md v90, v90b, twenty-ninth session).
 L2_PREFETCH_PAIRS_FP8 = 1
 L2_PREFETCH_PAIRS_16BIT = 0
 
