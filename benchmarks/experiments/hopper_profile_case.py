@@ -1,17 +1,22 @@
 """Device experiment: one decode call of a case, for `ncu` (the Hopper kernel's second launch is profiled).
 
 Usage: ncu --kernel-name regex:hopper --launch-skip 1 --launch-count 1 ... \
-       python benchmarks/experiments/hopper_profile_case.py HEADS,BATCH,SEQLEN|~SEQLEN|ragged,Q_LEN[,KV_DTYPE]
+       python benchmarks/experiments/hopper_profile_case.py [--e4m3-scores] [--hinted] \
+       HEADS,BATCH,SEQLEN|~SEQLEN|ragged,Q_LEN[,KV_DTYPE]
+(the flags plan the case as `decode_case.case_plan` does: S on 8-bit tensor cores, the plan told the cached tokens).
 """
 
 import sys
 
 import torch
-from decode_case import case_inputs, decode_call
+from decode_case import case_plan, cases_and_plan_flags, decode_call
 
-from mlakit.bench.decode import DecodeCase
+from mlakit.bench.decode import DecodeCase, make_inputs
 
-call = decode_call(*case_inputs(DecodeCase.parse(sys.argv[1])))
+(spec,), flags = cases_and_plan_flags(sys.argv[1:])
+case = DecodeCase.parse(spec)
+inputs = make_inputs(case, torch.device("cuda"))
+call = decode_call(inputs, case_plan(case, inputs, **flags))
 for _ in range(2):
     call()
 torch.cuda.synchronize()
