@@ -25,10 +25,10 @@ def parse_assignment(spec: str) -> tuple[str, object]:
     return setting, ast.literal_eval(value)
 
 
-def case_inputs(case: DecodeCase) -> tuple[DecodeInputs, DecodePlan]:
-    """The case's inputs on the GPU and their default split plan."""
+def case_inputs(case: DecodeCase, e4m3_scores: bool = False, hinted: bool = False) -> tuple[DecodeInputs, DecodePlan]:
+    """The case's inputs on the GPU and their split plan (the default one; `case_plan`'s keywords)."""
     inputs = make_inputs(case, torch.device("cuda"))
-    return inputs, case_plan(case, inputs)
+    return inputs, case_plan(case, inputs, e4m3_scores=e4m3_scores, hinted=hinted)
 
 
 def case_plan(case: DecodeCase, inputs: DecodeInputs, tuning: DecodeTuning | None = None, e4m3_scores: bool = False,

@@ -9,14 +9,12 @@ Usage: ncu --kernel-name regex:hopper --launch-skip 1 --launch-count 1 ... \
 import sys
 
 import torch
-from decode_case import case_plan, cases_and_plan_flags, decode_call
+from decode_case import case_inputs, cases_and_plan_flags, decode_call
 
-from mlakit.bench.decode import DecodeCase, make_inputs
+from mlakit.bench.decode import DecodeCase
 
 (spec,), flags = cases_and_plan_flags(sys.argv[1:])
-case = DecodeCase.parse(spec)
-inputs = make_inputs(case, torch.device("cuda"))
-call = decode_call(inputs, case_plan(case, inputs, **flags))
+call = decode_call(*case_inputs(DecodeCase.parse(spec), **flags))
 for _ in range(2):
     call()
 torch.cuda.synchronize()
