@@ -214,10 +214,10 @@ def compile_one(nope: int, rope: int, v_dim: int, block_n: int, stages: int, cau
 
 def seesaw_arguments(heads: int, q_len: int, kv_dtype: torch.dtype, merge: bool, batch: int = 64, page_size: int = 64,
                      kv_lora_rank: int = 512, rope_dim: int = 64, e4m3_scores: bool = False,
-                     part_dtype: torch.dtype = torch.float32) -> tuple[list[object], dict[str, object]]:
+                     part_dtype: torch.dtype | None = None) -> tuple[list[object], dict[str, object]]:
     """Stand-ins for the decode seesaw's arguments and constants, laid out as `triton_decode`'s launch passes them
     through `hopper_decode.prepare` (a decode lse `[batch, heads, q_len]`, partials of `part_dtype` padded to 16
-    rows)."""
+    rows; by default the dtype `hopper_decode.partial_dtype` gives a bf16 output)."""
     tokens = batch * q_len
     q = torch.empty(tokens, heads, kv_lora_rank + rope_dim, dtype=torch.bfloat16)
     pages = torch.empty(256, page_size, kv_lora_rank + rope_dim, dtype=kv_dtype)
@@ -228,6 +228,8 @@ def seesaw_arguments(heads: int, q_len: int, kv_dtype: torch.dtype, merge: bool,
     merge_state = torch.zeros(batch * 4, dtype=torch.int32)
     out = torch.empty(tokens, heads, kv_lora_rank, dtype=torch.bfloat16)
     lse = torch.empty(batch, heads, q_len, dtype=torch.float32)
+    if part_dtype is None:
+        part_dtype = hd.partial_dtype(out.dtype, pages, kv_lora_rank, rope_dim)
     part_out = torch.empty(batch, 4, -(-q_len * heads // 16) * 16, kv_lora_rank, dtype=part_dtype)
     part_lse = torch.empty(part_out.shape[:3], dtype=torch.float32)
     strides = ((q.stride(0), q.stride(1)), (pages.stride(0), pages.stride(1)), block_table.stride(0),

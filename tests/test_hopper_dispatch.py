@@ -22,6 +22,23 @@ def test_seesaw_takes_whole_tile_pages_and_fp8_only_at_deepseek_widths(page_size
     assert hopper_decode._seesaw_takes(page_size, kv_lora_rank, rope_dim, fp8) == seesaw
 
 
+@pytest.mark.parametrize(
+    "out_dtype, page_dtype, page_size, expected",
+    [
+        (torch.bfloat16, torch.bfloat16, 64, torch.bfloat16), (torch.float16, torch.float16, 128, torch.float16),
+        (torch.bfloat16, hopper_decode.FP8_DTYPE, 64, torch.bfloat16),
+        (torch.float16, hopper_decode.FP8_DTYPE, 64, torch.float32),  # the scale could pass fp16's range
+        (torch.bfloat16, torch.bfloat16, 16, torch.float32),  # the cp.async kernel's partials
+    ],
+)
+def test_seesaw_partials_take_the_outputs_dtype_where_it_holds_them(out_dtype, page_dtype, page_size, expected,
+                                                                    monkeypatch):
+    pages = torch.empty(2, page_size, 576, dtype=page_dtype)
+    assert hopper_decode.partial_dtype(out_dtype, pages, 512, 64) == expected
+    monkeypatch.setattr(hopper_decode.dispatch, "SEESAW_16BIT_PARTIALS", False)
+    assert hopper_decode.partial_dtype(out_dtype, pages, 512, 64) == torch.float32
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, hopper_decode.FP8_DTYPE])
 def test_latent_columns_land_half_a_tile_a_copy(dtype):
     """16-bit and fp8 pages at DeepSeek's widths get a half-tile descriptor whose box fills exactly half of a 16-bit

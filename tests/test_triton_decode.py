@@ -69,15 +69,15 @@ def test_every_combine_tiling_merges_splits_exactly(tiling, kernel_device, monke
 
 
 @pytest.mark.parametrize("max_splits", [5, 40])  # both combine tilings
-@pytest.mark.parametrize("part_scale", [None, 0.37])  # float32 partials, or fp16 ones in the cache's units (narrow)
-def test_combine_merges_keyless_splits_and_ignores_unused_ones(max_splits, part_scale, kernel_device):
+# float32 partials, bf16 ones (the seesaw's for a bf16 output), or fp16 ones in the cache's units (narrow)
+@pytest.mark.parametrize("part_dtype, part_scale", [(torch.float32, None), (torch.bfloat16, None),
+                                                    (torch.float16, 0.37)])
+def test_combine_merges_keyless_splits_and_ignores_unused_ones(max_splits, part_dtype, part_scale, kernel_device):
     heads, q_len, kv_lora_rank, batch = 3, 2, 64, 4
     rows, padded_rows = heads * q_len, 16
     gen = torch.Generator().manual_seed(max_splits)
     num_splits = torch.tensor([max_splits, max_splits - 3, 1, 2], dtype=torch.int32)
-    part_out = torch.randn(batch, max_splits, padded_rows, kv_lora_rank, generator=gen) * 100
-    if part_scale is not None:
-        part_out = part_out.half()
+    part_out = (torch.randn(batch, max_splits, padded_rows, kv_lora_rank, generator=gen) * 100).to(part_dtype)
     part_lse = torch.randn(batch, max_splits, padded_rows, generator=gen) * 5
     part_lse[0, ::3, 1] = float("-inf")  # splits that saw no key of a row ...
     part_lse[0, :, 2] = float("-inf")  # ... every split of a row (lse -inf, output 0) ...

@@ -705,13 +705,19 @@ def _prepare_launch(
     # Both sides follow the partials' dtype: the narrow kernel leaves the scale off fp16 partials (a compile-time
     # branch on PART_OUT's dtype), the combine applies it (SCALED_PARTS).
     scaled_parts = kernel == "narrow" and NARROW_FP16_PARTIALS
+    if scaled_parts:
+        part_dtype = torch.float16
+    elif kernel == "hopper":
+        part_dtype = hopper_decode.partial_dtype(out.dtype, pages, kv_lora_rank, q.shape[-1] - kv_lora_rank)
+    else:
+        part_dtype = torch.float32
     # The launches' key: the inputs' layout and what the plan adds to the kernels' arguments and constants.
-    key = (key, kernel, tuning, geometry, tiling, plan.max_q_len, batch, scaled_parts)
+    key = (key, kernel, tuning, geometry, tiling, plan.max_q_len, batch, scaled_parts, part_dtype)
     # Rows padded to 16 keep every partial stride a multiple of 16 whatever the batch, so the
     # kernels specialize the same way for every step (one compiled variant, see warm-up). The
     # partials are the plan's: its launches run one after another, each combine before the next split.
     part_out = torch.empty(batch, geometry.max_splits if geometry.max_splits > 1 else 0, -(-max_rows // 16) * 16,
-                           kv_lora_rank, dtype=torch.float16 if scaled_parts else torch.float32, device=q.device)
+                           kv_lora_rank, dtype=part_dtype, device=q.device)
     part_lse = torch.empty(part_out.shape[:3], dtype=torch.float32, device=q.device)
     scale_strides = (kv_scale.stride(0), kv_scale.stride(1)) if scale_mode == SCALE_PER_GROUP else (0, 0)
     part_strides = (part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1))

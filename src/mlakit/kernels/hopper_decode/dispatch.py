@@ -30,6 +30,11 @@ MERGE_MAX_SPLITS = 4
 # lost up to 5%, and two pairs ahead gained nothing on fp8 (NOTES.md v90, v90b, twenty-ninth session).
 L2_PREFETCH_PAIRS_FP8 = 1
 L2_PREFETCH_PAIRS_16BIT = 0
+# Whether the seesaw writes a split's partial in the output's 16-bit dtype (`partial_dtype` says where), staged in the
+# query buffer and stored in 16-byte row pieces as a finished output is, instead of float32 straight from the
+# accumulator: half the bytes to store, to merge in the kernel and to combine (NOTES.md v95; v32 had tried 16-bit
+# partials from the accumulator's layout, half a sector a store, and lost).
+SEESAW_16BIT_PARTIALS = True
 
 
 def supports(q_dtype: torch.dtype, pages: torch.Tensor, scale_mode: int, kv_lora_rank: int, rope_dim: int) -> bool:
@@ -94,6 +99,25 @@ def prepare(key: Hashable, grid: tuple[int, int], q: torch.Tensor, pages: torch.
         launch(key, (*grid, 1), (q, pages, kv_scale, *shared_args) if fp8 else (q, pages, *shared_args), constants)
 
     return split, False
+
+
+def partial_dtype(out_dtype: torch.dtype, pages: torch.Tensor, kv_lora_rank: int, rope_dim: int) -> torch.dtype:
+    """The dtype of the split partials `prepare`'s pass writes for this call: the output's where the seesaw serves the
+    pages (and `SEESAW_16BIT_PARTIALS`), float32 elsewhere. A normalized partial is a convex combination of value rows
+    (times the per-tensor scale over fp8 pages): bf16 has float32's range, and fp16 cannot overflow over fp16 pages;
+    over fp8 pages with an fp16 output the scale could take it past fp16's range, so those stay float32.
+
+    >>> partial_dtype(torch.bfloat16, torch.empty(4, 64, 576, dtype=torch.bfloat16), 512, 64)
+    torch.bfloat16
+    >>> partial_dtype(torch.bfloat16, torch.empty(4, 16, 576, dtype=torch.bfloat16), 512, 64)  # the cp.async kernel
+    torch.float32
+    """
+    fp8 = pages.dtype == FP8_DTYPE
+    if not SEESAW_16BIT_PARTIALS or not _seesaw_takes(pages.shape[1], kv_lora_rank, rope_dim, fp8):
+        return torch.float32
+    if out_dtype == torch.bfloat16 or (out_dtype == torch.float16 and not fp8):
+        return out_dtype
+    return torch.float32
 
 
 def prefetch_pairs(fp8: bool) -> int:

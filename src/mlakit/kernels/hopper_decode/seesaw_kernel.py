@@ -161,7 +161,7 @@ def _merge_block(b, tile, block, num_splits, first_token, q_len, OUT, LSE, PART_
             lse = gl.load(lse_rows + (first + step) * PART_STRIDES[4], mask=present, other=float("-inf"),
                           cache_modifier=".cg")
             part = gl.load(part_rows + (first + step) * PART_STRIDES[1], mask=present[:, None], other=0.0,
-                           cache_modifier=".cg")
+                           cache_modifier=".cg").to(gl.float32)
             m_new = gl.maximum(m, lse)
             m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
             rescale = gl.exp(m - m_safe)

@@ -314,19 +314,34 @@ def _even_right_values(slots, k0, acc, valid_rows, half: gl.constexpr, E4M3: gl.
 def _store_half(out, col0, q_lat_all, OUT, PART_OUT, first_token, b, split, num_splits, tile, q_len,
                 OUT_STRIDES, PART_STRIDES, HEADS: gl.constexpr, LAYOUT: gl.constexpr):
     """A seesaw warpgroup's normalized half of the output, columns col0 .. . A single-split sequence's goes to
-    OUT through the same columns of the query buffer, which neither warpgroup reads once both have passed
-    their last S: the accumulator's layout would write each row in 4-byte pieces, half a sector at a time,
-    and the programs of a batch that fills the GPU all store at once (NOTES.md v49). A split's float32
-    partial, twice as wide, goes straight from the accumulator. (The next unit's Q arrives by cp.async, in the
-    generic proxy like these stores; a TMA load of Q would need a proxy fence after the read-back.)"""
-    if num_splits == 1:
-        staging = _as_dtype(q_lat_all.index(0), OUT.dtype.element_ty).slice(col0, out.shape[1], dim=1)
-        pieces: gl.constexpr = row_piece_layout(out.shape[1])
-        values = staged_in_row_pieces(staging, out.to(OUT.dtype.element_ty))
-        rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, pieces))
-        cols = col0 + gl.arange(0, out.shape[1], layout=gl.SliceLayout(0, pieces))
-        store_output(values, rows[:, None], cols[None, :], OUT, PART_OUT, first_token, b, 0, 1, q_len,
-                     OUT_STRIDES, PART_STRIDES, HEADS)
+    OUT, and a split's partial in the output's dtype to PART_OUT, through the same columns of the query buffer,
+    which neither warpgroup reads once both have passed their last S: the accumulator's layout would write each
+    row in 4-byte pieces, half a sector at a time, and the programs of a batch that fills the GPU all store at
+    once (NOTES.md v49, v95). A float32 partial, twice as wide, goes straight from the accumulator. (The next
+    unit's Q arrives by cp.async, in the generic proxy like these stores; a TMA load of Q would need a proxy fence
+    after the read-back.)"""
+    # One branch per partial dtype, decided at compile time: triton 3.6 fails to lower (an LLVM assertion) a kernel
+    # that also traces the accumulator-layout store of a 16-bit partial, even where it could never run.
+    if PART_OUT.dtype.element_ty == OUT.dtype.element_ty:
+        _store_staged(out, col0, q_lat_all, OUT, PART_OUT, first_token, b, split, num_splits, tile, q_len,
+                      OUT_STRIDES, PART_STRIDES, HEADS)
+    elif num_splits == 1:
+        _store_staged(out, col0, q_lat_all, OUT, PART_OUT, first_token, b, split, num_splits, tile, q_len,
+                      OUT_STRIDES, PART_STRIDES, HEADS)
     else:
         _store_columns(out, col0, OUT, PART_OUT, first_token, b, split, num_splits, tile, q_len,
                        OUT_STRIDES, PART_STRIDES, HEADS, LAYOUT)
+
+
+@gluon.jit
+def _store_staged(out, col0, q_lat_all, OUT, PART_OUT, first_token, b, split, num_splits, tile, q_len,
+                  OUT_STRIDES, PART_STRIDES, HEADS: gl.constexpr):
+    """`_store_half`'s 16-bit values staged in the query buffer's columns col0 .. and stored in 16-byte row pieces
+    (`store_output`: to OUT for a single split, else to the split's partial)."""
+    staging = _as_dtype(q_lat_all.index(0), OUT.dtype.element_ty).slice(col0, out.shape[1], dim=1)
+    pieces: gl.constexpr = row_piece_layout(out.shape[1])
+    values = staged_in_row_pieces(staging, out.to(OUT.dtype.element_ty))
+    rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, pieces))
+    cols = col0 + gl.arange(0, out.shape[1], layout=gl.SliceLayout(0, pieces))
+    store_output(values, rows[:, None], cols[None, :], OUT, PART_OUT, first_token, b, split, num_splits, q_len,
+                 OUT_STRIDES, PART_STRIDES, HEADS)
