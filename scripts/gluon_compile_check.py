@@ -332,17 +332,20 @@ def _prefill_main(dims: str, block_ns: str, stage_counts: str, kernel_name: str,
 
 def _seesaw_main(heads_list: str, q_lens: str, details: Details) -> bool:
     """The decode seesaw for each head count and q_len, 16-bit and fp8 pages (S in fp16 and in e4m3), with and without
-    the in-kernel merge; whether one failed."""
+    the in-kernel merge, with the partials a bf16 output gets and with float32 ones (an fp16 output's over fp8 pages,
+    or `SEESAW_16BIT_PARTIALS` off); whether one failed."""
     failed = False
     pages = ((torch.bfloat16, False), (hd.FP8_DTYPE, False), (hd.FP8_DTYPE, True))
-    for heads, q_len, (kv_dtype, e4m3), merge in itertools.product(map(int, heads_list.split(",")),
-                                                                   map(int, q_lens.split(",")), pages, (True, False)):
-        arguments, constants = seesaw_arguments(heads, q_len, kv_dtype, merge, e4m3_scores=e4m3)
+    for heads, q_len, (kv_dtype, e4m3), merge, part_dtype in itertools.product(
+            map(int, heads_list.split(",")), map(int, q_lens.split(",")), pages, (True, False), (None, torch.float32)):
+        arguments, constants = seesaw_arguments(heads, q_len, kv_dtype, merge, e4m3_scores=e4m3, part_dtype=part_dtype)
         with hd.SEESAW.compiling():
             line = report(lambda: compile_like_launch(hd.mla_decode_hopper_seesaw_kernel, arguments, constants),
                           details)
         failed |= line.startswith("FAILED")
+        parts = "float32" if part_dtype else "as a bf16 output's"
         print(f"seesaw heads {heads} q_len {q_len} {str(kv_dtype).removeprefix('torch.')} e4m3 S {e4m3} merge {merge} "
+              f"partials {parts} "
               f"evict-first {constants['EVICT_FIRST']}: {line}")
     return failed
 

@@ -18,6 +18,7 @@ from mlakit.kernels.triton_decode import (
     triton_mla_decode,
     triton_mla_extend,
 )
+from mlakit.errors import MLAInputError
 from mlakit.reference import reference_extend
 from paged_inputs import assert_lse_close, make_paged_batch, naive_decode, relative_error
 
@@ -393,6 +394,35 @@ def test_a_plan_built_for_other_lengths_splits_badly_but_never_wrongly(planned_l
                                      plan=plan)
         assert relative_error(out, expected_out) < 1e-2
         assert_lse_close(lse, expected_lse, atol=1e-3)
+
+
+def test_an_output_of_another_dtype_than_the_queries_is_refused():
+    batch = make_paged_batch([30, 7], heads=2, page_size=16, seed=3)
+    out = torch.empty(2, 2, batch.kv_lora_rank, dtype=torch.float32)
+    with pytest.raises(MLAInputError, match="out: expected the queries' dtype torch.bfloat16, got torch.float32"):
+        triton_mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens, kv_lora_rank=batch.kv_lora_rank,
+                          softmax_scale=batch.softmax_scale, kv_scale=None, out=out)
+
+
+@pytest.mark.parametrize("sixteen_bit, expected", [(True, torch.bfloat16), (False, torch.float32)])
+def test_the_seesaw_pass_gets_the_partials_and_key_partial_dtype_gives(sixteen_bit, expected, monkeypatch):
+    """The launch allocates the Hopper pass's partials in `hopper_decode.partial_dtype`'s dtype and keys the pass by
+    it, so a setting flipped in one process never reuses the other's kernel or buffer (the pass itself is a GPU
+    test; here a recorder stands in for it)."""
+    batch = make_paged_batch([300, 0, 57], heads=4, page_size=64, kv_lora_rank=512, rope_dim=64, seed=5)
+    recorded = {}
+
+    def prepare(key, *args):
+        recorded["key"] = key
+        return (lambda q, pages, kv_scale, shared_args: recorded.update(parts=shared_args[5].dtype)), True
+
+    monkeypatch.setattr(triton_decode, "split_kernel_for",
+                        lambda q, pages, rank, scale_mode, plan: ("hopper", plan.tuning, plan.geometry))
+    monkeypatch.setattr(triton_decode.hopper_decode, "prepare", prepare)
+    monkeypatch.setattr(triton_decode.hopper_decode.dispatch, "SEESAW_16BIT_PARTIALS", sixteen_bit)
+    triton_mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens, kv_lora_rank=512,
+                      softmax_scale=batch.softmax_scale, kv_scale=None, num_sms=8)
+    assert recorded["parts"] == expected and expected in recorded["key"]
 
 
 def test_a_plan_for_another_batch_is_refused(kernel_device):

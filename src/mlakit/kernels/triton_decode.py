@@ -3,7 +3,8 @@
 One program owns a tile of BLOCK_M query rows (rows = query tokens x heads of one
 sequence, so every head of a tile shares each KV tile it loads) and one split of the
 sequence's KV tiles. Sequences with one split write their output directly; the others
-write partials (float32; fp16 from the narrow fp8 kernel) that the combine kernel merges by lse.
+write partials (float32; the Hopper seesaw's in the output's 16-bit dtype where it holds them, the narrow fp8
+kernel's in fp16 and the cache's units) that the combine kernel merges by lse.
 
 Runs wherever Triton runs, including the CPU interpreter (TRITON_INTERPRET=1), where
 bf16/fp16 dot operands are upcast to float32 because the interpreter multiplies them
@@ -27,7 +28,7 @@ from mlakit.kernels.launch import CachedLaunch
 from mlakit.cache.kv_quant import FP8_DTYPE, SCALE_GROUP, SCALE_PER_GROUP
 from mlakit.cache.kv_quant import scale_mode as kv_scale_mode
 from mlakit.device import sm_count
-from mlakit.errors import checked_kv_tokens_hint
+from mlakit.errors import MLAInputError, checked_kv_tokens_hint
 from mlakit.reference import pages_view
 
 LOG2E = 1.4426950408889634
@@ -175,8 +176,8 @@ def _mla_decode_combine_kernel(
     BLOCK_SPLITS: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_C: tl.constexpr, AFTER_SPLIT: tl.constexpr = False,
     SCALED_PARTS: tl.constexpr = False,
 ):
-    """Merges the split sequences' partials by lse (float32, or fp16 with SCALED_PARTS: then in the cache's units,
-    the merged rows multiplied by the one-element PART_SCALE). With AFTER_SPLIT (launched as a programmatic dependent of the
+    """Merges the split sequences' partials by lse (float32 or 16-bit; with SCALED_PARTS fp16 ones in the cache's
+    units, the merged rows multiplied by the one-element PART_SCALE). With AFTER_SPLIT (launched as a programmatic dependent of the
     split pass, SM90), the plan's entries load while the split pass ends, and the partials only once it has; every
     program waits for it, those with nothing to merge too: this launch must not end before the split pass, whose
     outputs the next kernel reads (in a CUDA graph it depends on this launch alone)."""
@@ -569,8 +570,10 @@ def _result_shapes(q: torch.Tensor, kv_lora_rank: int) -> tuple[tuple[int, ...],
 
 def _outputs(q: torch.Tensor, kv_lora_rank: int, out: torch.Tensor | None,
              lse: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """`out` and `lse`, each allocated in `_result_shapes` where None."""
+    """`out` (of the queries' dtype, else MLAInputError) and `lse`, each allocated in `_result_shapes` where None."""
     out_shape, lse_shape = _result_shapes(q, kv_lora_rank)
+    if out is not None and out.dtype != q.dtype:  # the Hopper kernels stage it in the queries' 16-bit buffer
+        raise MLAInputError(f"out: expected the queries' dtype {q.dtype}, got {out.dtype}")
     if out is None:
         out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
     if lse is None:
@@ -703,7 +706,8 @@ def _prepare_launch(
     kernel, tuning, geometry = split_kernel_for(q, pages, kv_lora_rank, scale_mode, plan)
     tiling = combine_tiling(geometry.max_splits, kv_lora_rank)
     # Both sides follow the partials' dtype: the narrow kernel leaves the scale off fp16 partials (a compile-time
-    # branch on PART_OUT's dtype), the combine applies it (SCALED_PARTS).
+    # branch on PART_OUT's dtype), the combine applies it (SCALED_PARTS); the seesaw's are the output's dtype where
+    # `hopper_decode.partial_dtype` says so.
     scaled_parts = kernel == "narrow" and NARROW_FP16_PARTIALS
     if scaled_parts:
         part_dtype = torch.float16

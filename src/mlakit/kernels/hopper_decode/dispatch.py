@@ -104,8 +104,9 @@ def prepare(key: Hashable, grid: tuple[int, int], q: torch.Tensor, pages: torch.
 def partial_dtype(out_dtype: torch.dtype, pages: torch.Tensor, kv_lora_rank: int, rope_dim: int) -> torch.dtype:
     """The dtype of the split partials `prepare`'s pass writes for this call: the output's where the seesaw serves the
     pages (and `SEESAW_16BIT_PARTIALS`), float32 elsewhere. A normalized partial is a convex combination of value rows
-    (times the per-tensor scale over fp8 pages): bf16 has float32's range, and fp16 cannot overflow over fp16 pages;
-    over fp8 pages with an fp16 output the scale could take it past fp16's range, so those stay float32.
+    (times the per-tensor scale over fp8 pages): bf16 has float32's range, and over fp16 pages fp16 holds any value
+    the fp16 output holds; over other pages with an fp16 output (fp8 with its scale, or bf16) a partial could pass
+    fp16's range, so those stay float32.
 
     >>> partial_dtype(torch.bfloat16, torch.empty(4, 64, 576, dtype=torch.bfloat16), 512, 64)
     torch.bfloat16
@@ -115,7 +116,7 @@ def partial_dtype(out_dtype: torch.dtype, pages: torch.Tensor, kv_lora_rank: int
     fp8 = pages.dtype == FP8_DTYPE
     if not SEESAW_16BIT_PARTIALS or not _seesaw_takes(pages.shape[1], kv_lora_rank, rope_dim, fp8):
         return torch.float32
-    if out_dtype == torch.bfloat16 or (out_dtype == torch.float16 and not fp8):
+    if out_dtype == torch.bfloat16 or out_dtype == pages.dtype == torch.float16:
         return out_dtype
     return torch.float32
 
