@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from mlakit.errors import MLAInputError
 from mlakit.kernels import decode_split_plan, hopper_narrow_decode, triton_decode
 from mlakit.kernels.decode_split_plan import SplitGeometry, decode_split_counts, split_geometry
 from mlakit.kernels.triton_decode import (
@@ -18,7 +19,6 @@ from mlakit.kernels.triton_decode import (
     triton_mla_decode,
     triton_mla_extend,
 )
-from mlakit.errors import MLAInputError
 from mlakit.reference import reference_extend
 from paged_inputs import assert_lse_close, make_paged_batch, naive_decode, relative_error
 
