@@ -241,6 +241,7 @@ def seesaw_arguments(heads: int, q_len: int, kv_dtype: torch.dtype, merge: bool,
     arguments = [q, *hd.chunk_descriptors(pages, kv_lora_rank), scale_or_state, block_table, seqlens, work, out, lse,
                  part_out, part_lse, 0.1, *strides, work_state, 1000, row_tiles, merge_state, pages, pages.stride(1)]
     constants = dict(HEADS=heads, PAGE_SIZE=page_size, KV_LORA_RANK=kv_lora_rank, ROPE_DIM=rope_dim, MERGE=merge,
+                     SHARES_TO_COMBINE=merge and hd.dispatch.SHARE_MERGES_BY_COMBINE,
                      EVICT_FIRST=streams_evict_first(row_tiles), E4M3_SCORES=e4m3_scores,
                      PREFETCH_PAIRS=hd.dispatch.prefetch_pairs(kv_dtype == hd.FP8_DTYPE),
                      num_warps=4)

@@ -74,6 +74,20 @@ def test_every_combine_tiling_merges_splits_exactly(tiling, kernel_device, monke
 @pytest.mark.parametrize("part_dtype, part_scale", [(torch.float32, None), (torch.bfloat16, None),
                                                     (torch.float16, 0.37)])
 def test_combine_merges_keyless_splits_and_ignores_unused_ones(max_splits, part_dtype, part_scale, kernel_device):
+    _check_combine(max_splits, part_dtype, part_scale, kernel_device)
+
+
+# Behind a seesaw that merges every plan but an equal-share one itself: the combine merges a share plan's splits only
+@pytest.mark.parametrize("order", ["shares", "waves", "taken"])
+def test_share_only_combine_merges_a_share_plan_alone(order, kernel_device):
+    _check_combine(4, torch.bfloat16, None, kernel_device, order)
+
+
+def _check_combine(max_splits: int, part_dtype: torch.dtype, part_scale: float | None, kernel_device: torch.device,
+                   only_shares_order: str | None = None) -> None:
+    """The combine kernel over random partials (keyless rows and splits, garbage past each sequence's splits) against
+    their lse-weighted sum; `only_shares_order`: with ONLY_SHARES over a plan of that order ("shares", "waves",
+    "taken"), where only a share plan's sequences are merged."""
     heads, q_len, kv_lora_rank, batch = 3, 2, 64, 4
     rows, padded_rows = heads * q_len, 16
     gen = torch.Generator().manual_seed(max_splits)
@@ -91,19 +105,29 @@ def test_combine_merges_keyless_splits_and_ignores_unused_ones(max_splits, part_
     lse = torch.full((batch, heads, q_len), 7.0)
     scale = torch.tensor([part_scale or 3.0])  # without SCALED_PARTS the combine must not read it
     part_out, part_lse, out, lse, scale = (t.to(kernel_device) for t in (part_out, part_lse, out, lse, scale))
-    tiling = triton_decode.combine_tiling(max_splits, kv_lora_rank)
+    only_shares = only_shares_order is not None
+    if only_shares:
+        tiling = triton_decode.share_combine_tiling(kv_lora_rank)
+        order = getattr(decode_split_plan, f"ORDER_{only_shares_order.upper()}").value
+        work_state = torch.tensor([5, 3, order], dtype=torch.int32, device=kernel_device)
+    else:
+        tiling = triton_decode.combine_tiling(max_splits, kv_lora_rank)
+        work_state = torch.full((3,), decode_split_plan.ORDER_SHARES.value, dtype=torch.int32, device=kernel_device)
     cu_seqlens_q = torch.arange(0, (batch + 1) * q_len, q_len, dtype=torch.int32, device=kernel_device)
     triton_decode._mla_decode_combine_kernel[(batch, -(-rows // tiling.rows), -(-kv_lora_rank // tiling.columns))](
         part_out, part_lse, num_splits.to(kernel_device), cu_seqlens_q, out, lse,
         (part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1)),
-        (out.stride(0), out.stride(1)), (0, lse.stride(0), lse.stride(2), lse.stride(1)), scale,
+        (out.stride(0), out.stride(1)), (0, lse.stride(0), lse.stride(2), lse.stride(1)), scale, work_state,
         HEADS=heads, KV_LORA_RANK=kv_lora_rank, BLOCK_SPLITS=tiling.splits, BLOCK_ROWS=tiling.rows,
-        BLOCK_C=tiling.columns, SCALED_PARTS=part_scale is not None,
+        BLOCK_C=tiling.columns, SCALED_PARTS=part_scale is not None, ONLY_SHARES=only_shares, num_warps=tiling.warps,
     )
     out, lse = out.cpu().double(), lse.cpu().double()
+    merged_here = only_shares_order in (None, "shares")
     for b in range(batch):
         splits = int(num_splits[b])
-        if splits == 1:  # the split kernel wrote such sequences itself: the combine leaves them alone
+        # The split kernel wrote single-split sequences itself, and the seesaw merged a plan's of other orders: the
+        # combine leaves them alone.
+        if splits == 1 or not merged_here:
             assert (out[b * q_len:(b + 1) * q_len] == 7.0).all() and (lse[b] == 7.0).all()
             continue
         lses = part_lse[b, :splits, :rows].double().cpu()
@@ -414,7 +438,8 @@ def test_the_seesaw_pass_gets_the_partials_and_key_partial_dtype_gives(sixteen_b
 
     def prepare(key, *args):
         recorded["key"] = key
-        return (lambda q, pages, kv_scale, shared_args: recorded.update(parts=shared_args[5].dtype)), True
+        return ((lambda q, pages, kv_scale, shared_args: recorded.update(parts=shared_args[5].dtype)),
+                triton_decode.hopper_decode.Merges.ALL)
 
     monkeypatch.setattr(triton_decode, "split_kernel_for",
                         lambda q, pages, rank, scale_mode, plan: ("hopper", plan.tuning, plan.geometry))

@@ -650,6 +650,50 @@ def test_equal_share_plans_at_128_heads(kv_dtype, lengths, q_len, num_sms, monke
         _check(batch, plan=plan)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
+@pytest.mark.parametrize("kv_dtype, lengths, q_len, shares", [
+    ("bf16", [8192] * 40, 2, True),
+    ("fp8_e4m3", [8192 + 97 * (i % 7) - 300 for i in range(40)], 2, True),
+    ("bf16", [9000, 0, 4096, 1, 700, 16384, 65] * 4, 2, False),  # ragged: units taken as programs finish
+    ("bf16", [9000, 0, 4096, 1, 700, 65] * 11, 1, False),  # three fixed splits a sequence in snake order
+])
+def test_share_plans_merge_in_the_combine_and_other_plans_in_the_seesaw(kv_dtype, lengths, q_len, shares):
+    """With SHARE_MERGES_BY_COMBINE (the default) and a split ceiling of at most MERGE_MAX_SPLITS, a combine is
+    launched behind the seesaw: over an equal-share plan the seesaw leaves its cut sequences' partials to it (with the
+    combine's launch skipped, their rows keep what the output held), over other plans it merges them itself and the
+    combine changes nothing; launch after launch with fresh queries, the merge counters at zero."""
+    from mlakit.kernels import decode_split_plan, hopper_decode, triton_decode
+    from mlakit.kernels.triton_decode import DecodeTuning, plan_decode
+
+    assert hopper_decode.dispatch.SHARE_MERGES_BY_COMBINE
+    batch = make_paged_batch(lengths, heads=128, q_len=q_len, page_size=64, kv_lora_rank=512, rope_dim=64,
+                             kv_dtype=kv_dtype, device="cuda", seed=32)
+    tuning = None if shares or q_len == 2 else DecodeTuning(64, 64, 8, programs_per_sm=1, fixed_splits=3)
+
+    def new_plan():
+        return plan_decode(batch.cache_seqlens, q_len=q_len, heads=128, kv_dtype=batch.kv_cache.dtype, tuning=tuning)
+
+    plan = new_plan()
+    assert (int(plan.work_state[2]) == decode_split_plan.ORDER_SHARES) == shares and int(plan.num_splits.max()) > 1
+    assert _split_kernel(batch, plan) == "hopper" and 1 < plan.geometry.max_splits <= hopper_decode.MERGE_MAX_SPLITS
+    combine = mock.Mock(wraps=triton_decode._COMBINE)
+    gen = torch.Generator(device="cuda").manual_seed(32)
+    with mock.patch.object(triton_decode, "_COMBINE", combine):
+        for _ in range(2):
+            batch.q.copy_(torch.randn(batch.q.shape, device="cuda", generator=gen).to(batch.q.dtype))
+            _check(batch, plan=plan)
+            assert not plan.merge_state.any(), "every launch leaves the merge counters at zero"
+    assert combine.call_count == 2
+    held = torch.full((*batch.q.shape[:3], batch.kv_lora_rank), float("nan"), dtype=batch.q.dtype, device="cuda")
+    with mock.patch.object(triton_decode, "_COMBINE", mock.Mock()):
+        out, _ = triton_mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens,
+                                   kv_lora_rank=batch.kv_lora_rank, softmax_scale=batch.softmax_scale,
+                                   kv_scale=batch.kv_scale, plan=new_plan(), out=held)
+    split = (plan.num_splits > 1).nonzero().flatten().tolist()
+    left = [b for b in split if out[b].isnan().all()]
+    assert left == (split if shares else []), "the seesaw merges every split sequence but a share plan's"
+
+
 @pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernels need an SM90 GPU")
 @pytest.mark.parametrize("kv_dtype, page_size, heads, block_m, kernel", [
     ("bf16", 64, 128, 64, "hopper"),  # the persistent seesaw
@@ -683,7 +727,8 @@ def test_hopper_kernels_read_each_splits_kv_range_from_the_plan(kv_dtype, page_s
 
 def _check_merged_in_kernel(batch, plan, launches):
     """`launches` calls of one plan with fresh queries each (a merge left out would keep the last launch's
-    rows), in several rounds of units, with no combine launch (it would raise), the counters at zero after each."""
+    rows), in several rounds of units, the seesaw merging every plan (share plans too:
+    SHARE_MERGES_BY_COMBINE off), with no combine launch (it would raise), the counters at zero after each."""
     from mlakit.kernels import hopper_decode, triton_decode
 
     assert _split_kernel(batch, plan) == "hopper"
@@ -691,7 +736,8 @@ def _check_merged_in_kernel(batch, plan, launches):
     assert int(plan.work_state[0]) * plan.geometry.row_tiles > torch.cuda.get_device_properties(0).multi_processor_count
     gen = torch.Generator(device="cuda").manual_seed(batch.q.shape[2])
     no_combine = mock.Mock(side_effect=AssertionError("the seesaw merges its splits itself: no combine launch"))
-    with mock.patch.object(triton_decode, "_COMBINE", no_combine):
+    with (mock.patch.object(triton_decode, "_COMBINE", no_combine),
+          mock.patch.object(hopper_decode.dispatch, "SHARE_MERGES_BY_COMBINE", False)):
         for _ in range(launches):
             batch.q.copy_(torch.randn(batch.q.shape, device="cuda", generator=gen).to(batch.q.dtype))
             _check(batch, plan=plan)

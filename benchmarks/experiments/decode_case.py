@@ -25,6 +25,14 @@ def parse_assignment(spec: str) -> tuple[str, object]:
     return setting, ast.literal_eval(value)
 
 
+def variant_assignments(arguments: list[str]) -> dict[str, object]:
+    """The variants of a setting's experiment from its "LABEL=VALUE" arguments; a "+MODULE.NAME=VALUE" argument among
+    them sets another setting for every variant, here."""
+    for fixed in [argument[1:] for argument in arguments if argument.startswith("+")]:
+        set_setting(*parse_assignment(fixed))
+    return dict(parse_assignment(argument) for argument in arguments if not argument.startswith("+"))
+
+
 def case_inputs(case: DecodeCase, e4m3_scores: bool = False, hinted: bool = False) -> tuple[DecodeInputs, DecodePlan]:
     """The case's inputs on the GPU and their split plan (the default one; `case_plan`'s keywords)."""
     inputs = make_inputs(case, torch.device("cuda"))

@@ -4,12 +4,12 @@ flushed), the variants interleaved over rounds; each variant has its own plan (a
 and settings are read as it prepares them). Outputs are compared with the first variant's first, and each variant's
 kernels are profiled.
 
-Usage: python benchmarks/experiments/setting_ab.py MODULE.NAME LABEL=VALUE [LABEL=VALUE ...] -- [--e4m3-scores]
-    [--hinted] CASE [CASE ...]
+Usage: python benchmarks/experiments/setting_ab.py MODULE.NAME LABEL=VALUE [LABEL=VALUE ...] [+MODULE.NAME=VALUE ...] --
+    [--e4m3-scores] [--hinted] CASE [CASE ...]
     e.g. setting_ab.py l2_evict_first.EVICT_FIRST_MAX_ROW_TILES never=0 always=64 -- 16,16,4096,1 128,64,1024,1
     or setting_ab.py hopper_narrow_decode.WIDE_MIN_TILES_PER_PROGRAM t12=12 t6=6 -- --e4m3-scores --hinted 16,32,4096,2,fp8_e4m3
-(CASE as `DecodeCase.parse`: HEADS,BATCH,SEQLEN|~SEQLEN|ragged,Q_LEN[,KV_DTYPE[,PAGE_SIZE]]; VALUE a Python literal;
-the flags plan every case with e4m3 scores / told its cached tokens, as `decode_case.case_plan`.) Each variant's plans are built
+(a `+` argument holds another setting at its value for every variant; CASE as `DecodeCase.parse`:
+HEADS,BATCH,SEQLEN|~SEQLEN|ragged,Q_LEN[,KV_DTYPE[,PAGE_SIZE]]; VALUE a Python literal; the flags plan every case with e4m3 scores / told its cached tokens, as `decode_case.case_plan`.) Each variant's plans are built
 with the setting at its value, so settings read at plan time count too.
 """
 
@@ -17,14 +17,14 @@ import sys
 
 import torch
 from cuda_profile import flushed_kernel_times
-from decode_case import (case_inputs, case_plan, cases_and_plan_flags, decode_call, interleaved_times, parse_assignment,
-                         set_setting)
+from decode_case import (case_inputs, case_plan, cases_and_plan_flags, decode_call, interleaved_times, set_setting,
+                         variant_assignments)
 
 from mlakit.bench.decode import DecodeCase
 
 setting, arguments = sys.argv[1], sys.argv[2:]
 split = arguments.index("--")
-variants = dict(parse_assignment(argument) for argument in arguments[:split])
+variants = variant_assignments(arguments[:split])
 first = next(iter(variants))
 
 

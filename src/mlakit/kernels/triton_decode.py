@@ -39,6 +39,9 @@ INTERPRETER_SMS = 4
 COMBINE_SPLITS_PER_STEP = 16
 COMBINE_BATCH_SPLITS_PER_STEP = 4
 COMBINE_VALUES = 4096
+# Rows a program of the combine that merges only an equal-share plan's partials (`share_combine_tiling`): an empty
+# combine of 2-row programs cost 64 x 1024 q2 at 128 heads 5 us, of 8-row ones 1 us (NOTES.md, thirty-second session).
+SHARE_COMBINE_ROWS = 8
 TIERS = frozenset({"auto", "portable"})
 
 
@@ -163,6 +166,9 @@ def _lse_pointers(LSE, LSE_STRIDES, first_token, b, draft, head):
 # where): it loads the plan's entries while the split pass ends and waits in `griddepcontrol.wait` for its partials
 # (NOTES.md v56b). Experiments set it False for a plain launch (benchmarks/experiments/setting_ab.py).
 COMBINE_AFTER_SPLIT = True
+# Whether the combine's programs with nothing to merge leave without waiting for the split pass (all but the first,
+# which waits so that the launch never ends before the split pass), so that they free their SMs at once.
+COMBINE_IDLE_EXIT = True
 # Whether the narrow kernel writes its partials in fp16 and in the cache's units (before the per-tensor scale, which
 # the combine applies): a normalized partial is a convex combination of e4m3 values, at most 448 in magnitude, so fp16
 # holds it to 11 bits; half the bytes of float32 partials to store and to combine (NOTES.md v83).
@@ -172,23 +178,33 @@ NARROW_FP16_PARTIALS = True
 @triton.jit
 def _mla_decode_combine_kernel(
     PART_OUT, PART_LSE, NUM_SPLITS, CU_SEQLENS_Q, OUT, LSE, PART_STRIDES, OUT_STRIDES, LSE_STRIDES, PART_SCALE,
+    WORK_STATE,
     HEADS: tl.constexpr, KV_LORA_RANK: tl.constexpr,
     BLOCK_SPLITS: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_C: tl.constexpr, AFTER_SPLIT: tl.constexpr = False,
-    SCALED_PARTS: tl.constexpr = False,
+    SCALED_PARTS: tl.constexpr = False, IDLE_EXIT: tl.constexpr = False, ONLY_SHARES: tl.constexpr = False,
 ):
     """Merges the split sequences' partials by lse (float32 or 16-bit; with SCALED_PARTS fp16 ones in the cache's
     units, the merged rows multiplied by the one-element PART_SCALE). With AFTER_SPLIT (launched as a programmatic dependent of the
-    split pass, SM90), the plan's entries load while the split pass ends, and the partials only once it has; every
-    program waits for it, those with nothing to merge too: this launch must not end before the split pass, whose
-    outputs the next kernel reads (in a CUDA graph it depends on this launch alone)."""
+    split pass, SM90), the plan's entries load while the split pass ends, and the partials only once it has. This
+    launch must not end before the split pass, whose outputs the next kernel reads (in a CUDA graph it depends on this
+    launch alone): the first program waits for it whatever it finds; with IDLE_EXIT the others with nothing to merge
+    leave at once (the plan's entries were written before the split pass started), else they wait too. With
+    ONLY_SHARES (behind a seesaw that merges every other plan itself, `hopper_decode.Merges.ALL_BUT_SHARES`) it merges
+    only an equal-share plan's partials (WORK_STATE[2], the plan's order, is ORDER_SHARES)."""
     b = tl.program_id(0)
     row_block = tl.program_id(1)
     num_splits = tl.load(NUM_SPLITS + b)
     first_token = tl.load(CU_SEQLENS_Q + b)
     q_len = tl.load(CU_SEQLENS_Q + b + 1) - first_token
+    idle = (num_splits <= 1) | (row_block * BLOCK_ROWS >= q_len * HEADS)
+    if ONLY_SHARES:
+        idle = idle | (tl.load(WORK_STATE + 2) != decode_split_plan.ORDER_SHARES)
     if AFTER_SPLIT:
+        if IDLE_EXIT:
+            if idle & (b + row_block + tl.program_id(2) > 0):
+                return
         gdc_wait()
-    if num_splits <= 1 or row_block * BLOCK_ROWS >= q_len * HEADS:
+    if idle:
         return
     rows = row_block * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     row_ok = rows < q_len * HEADS
@@ -233,11 +249,13 @@ def _mla_decode_combine_kernel(
 
 @dataclasses.dataclass(frozen=True)
 class CombineTiling:
-    """One combine program's tile: `rows` rows x `columns` columns of `splits` partials at a time."""
+    """One combine program's tile: `rows` rows x `columns` columns of `splits` partials at a time, over `warps`
+    warps."""
 
     splits: int
     rows: int
     columns: int
+    warps: int = 4
 
 
 def combine_tiling(max_splits: int, kv_lora_rank: int) -> CombineTiling:
@@ -248,15 +266,27 @@ def combine_tiling(max_splits: int, kv_lora_rank: int) -> CombineTiling:
     waits a memory round trip per split, ~0.3 us each.)
 
     >>> combine_tiling(max_splits=132, kv_lora_rank=512)
-    CombineTiling(splits=16, rows=1, columns=128)
+    CombineTiling(splits=16, rows=1, columns=128, warps=4)
     >>> combine_tiling(max_splits=9, kv_lora_rank=512)
-    CombineTiling(splits=4, rows=2, columns=512)
+    CombineTiling(splits=4, rows=2, columns=512, warps=4)
     """
     if _whole_rows(max_splits):
         columns = triton.next_power_of_2(kv_lora_rank)
         rows = max(1, COMBINE_VALUES // (COMBINE_BATCH_SPLITS_PER_STEP * columns))
         return CombineTiling(COMBINE_BATCH_SPLITS_PER_STEP, rows, columns)
     return CombineTiling(COMBINE_SPLITS_PER_STEP, 1, min(128, triton.next_power_of_2(kv_lora_rank)))
+
+
+def share_combine_tiling(kv_lora_rank: int) -> CombineTiling:
+    """The tiling of a combine behind a seesaw that merges every plan but an equal-share one itself
+    (`hopper_decode.Merges.ALL_BUT_SHARES`, split ceilings of at most 4): SHARE_COMBINE_ROWS whole latent rows a
+    program, one warp a row, so that where it finds nothing to merge it launches few programs.
+
+    >>> share_combine_tiling(512)
+    CombineTiling(splits=4, rows=8, columns=512, warps=8)
+    """
+    return CombineTiling(COMBINE_BATCH_SPLITS_PER_STEP, SHARE_COMBINE_ROWS, triton.next_power_of_2(kv_lora_rank),
+                         SHARE_COMBINE_ROWS)
 
 
 def _whole_rows(max_splits: int) -> bool:
@@ -730,32 +760,38 @@ def _prepare_launch(
                lse_strides, part_strides)
     # Programs by work item (longest splits first; unused rows of the plan last), row tiles of a split adjacent.
     grid = (geometry.row_tiles, plan.work.shape[0])
-    combine_grid = (batch, triton.cdiv(max_rows, tiling.rows), triton.cdiv(kv_lora_rank, tiling.columns))
 
-    merged = False
+    merges = hopper_decode.Merges.NONE
     if kernel == "narrow":
         split = hopper_narrow_decode.prepare(key, grid, q, pages, kv_lora_rank, plan.e4m3_scores, tuning.block_m)
     elif kernel == "hopper":
-        split, merged = hopper_decode.prepare(key, grid, q, pages, kv_lora_rank, plan.work_state, plan.merge_state,
+        split, merges = hopper_decode.prepare(key, grid, q, pages, kv_lora_rank, plan.work_state, plan.merge_state,
                                               geometry.max_splits, plan.e4m3_scores)
     else:
         split = _portable_split(key, grid, q, pages, kv_lora_rank, tuning, scale_mode, scale_strides)
+    only_shares = merges == hopper_decode.Merges.ALL_BUT_SHARES
+    if only_shares:
+        tiling = share_combine_tiling(kv_lora_rank)
+    combine_grid = (batch, triton.cdiv(max_rows, tiling.rows), triton.cdiv(kv_lora_rank, tiling.columns))
     after_split = combine_after_split(kernel, max_rows, geometry.max_splits)
     combine_constants = dict(HEADS=heads, KV_LORA_RANK=kv_lora_rank, BLOCK_SPLITS=tiling.splits,
                              BLOCK_ROWS=tiling.rows, BLOCK_C=tiling.columns, AFTER_SPLIT=after_split,
-                             SCALED_PARTS=scaled_parts, num_warps=4)
+                             SCALED_PARTS=scaled_parts, IDLE_EXIT=COMBINE_IDLE_EXIT, ONLY_SHARES=only_shares,
+                             num_warps=tiling.warps)
     if after_split:  # a launch option only the CUDA backend knows
         combine_constants["launch_pdl"] = True
-    combines = geometry.max_splits > 1 and not merged
-    combine_key = (key, after_split)
+    combines = geometry.max_splits > 1 and merges != hopper_decode.Merges.ALL
+    combine_key = (key, after_split, COMBINE_IDLE_EXIT, tiling)
 
     def run(q, pages, block_table, cache_seqlens, kv_scale, scale_log2, out, lse) -> None:
         split(q, pages, kv_scale, (block_table, cache_seqlens, plan.work, out, lse, part_out, part_lse, scale_log2, *strides))
         if combines:
-            # Without scaled partials the kernel never reads PART_SCALE: the lse partials fill it.
+            # Without scaled partials the kernel never reads PART_SCALE (the lse partials fill it), nor, but for
+            # ONLY_SHARES, WORK_STATE.
             _COMBINE(combine_key, combine_grid, (part_out, part_lse, plan.num_splits, plan.cu_seqlens_q, out, lse,
                                                  part_strides, out_strides, lse_strides,
-                                                 kv_scale if scaled_parts else part_lse), combine_constants)
+                                                 kv_scale if scaled_parts else part_lse, plan.work_state),
+                     combine_constants)
 
     return run
 

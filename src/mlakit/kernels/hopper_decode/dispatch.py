@@ -3,6 +3,7 @@ serves a page layout (`_seesaw_takes`), and the split pass prepared per input la
 the kernels' `CachedLaunch` objects."""
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Hashable
 
 import torch
@@ -20,10 +21,24 @@ from mlakit.kernels.launch import CachedLaunch
 
 # A prepared split pass: run(q, pages, kv_scale, shared_args).
 SplitPass = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", tuple], None]
+
+
+class Merges(enum.Enum):
+    """Which split sequences a prepared split pass merges itself: none (the combine merges them all), all (no combine
+    is launched), or all but an equal-share plan's (a combine is launched that merges only those)."""
+
+    NONE = "none"
+    ALL = "all"
+    ALL_BUT_SHARES = "all but shares"
 # The persistent seesaw merges its split sequences' partials itself when the plan has at most this many
 # splits per sequence: batches that fill the GPU, whose few split sequences are merged while the other
 # programs work. Beyond it the combine kernel, whose many programs merge faster (NOTES.md v39).
 MERGE_MAX_SPLITS = 4
+# Whether, under that ceiling, an equal-share plan's cut sequences are merged by a combine launched behind the seesaw
+# rather than in it: a share plan's programs all end together, each merge then on the kernel's tail; plans of other
+# orders keep the in-kernel merges, and the combine, launched for any plan under the ceiling (the host does not know
+# the plan's order), finds nothing to do there (NOTES.md, thirty-second session).
+SHARE_MERGES_BY_COMBINE = True
 # The persistent seesaw asks L2 for a program's next unit (its query rows, its first two KV tiles) this many tile pairs
 # before the unit's end (`next_unit_prefetch`; 0: never), over fp8 pages and over 16-bit ones: on fp8 2-3% faster at
 # 128 heads on 4096-token batches of several units a program, ~1% at 1024 (more with e4m3 scores); on 16-bit pages it
@@ -56,7 +71,7 @@ def supports(q_dtype: torch.dtype, pages: torch.Tensor, scale_mode: int, kv_lora
 
 def prepare(key: Hashable, grid: tuple[int, int], q: torch.Tensor, pages: torch.Tensor, kv_lora_rank: int,
             work_state: torch.Tensor, merge_state: torch.Tensor, max_splits: int,
-            e4m3_scores: bool = False) -> tuple[SplitPass, bool]:
+            e4m3_scores: bool = False) -> tuple[SplitPass, Merges]:
     """The split pass of one input layout (a call `supports` accepts) over `grid` = (row tiles, rows of the
     plan's work items): the persistent seesaw kernel for pages holding whole tiles (TMA loads) and latent
     widths of at least 128, 16-bit or, at DeepSeek's 512 + 64 widths, fp8 with the one-element
@@ -65,9 +80,9 @@ def prepare(key: Hashable, grid: tuple[int, int], q: torch.Tensor, pages: torch.
     (`CachedLaunch`).
 
     Returns `run(q, pages, kv_scale, shared_args)`, where `shared_args` are the portable split kernel's
-    arguments from the block table on, without the scale strides, and whether the kernel merges the split
-    sequences' partials itself (the seesaw, when the plan's split ceiling `max_splits` is at most
-    MERGE_MAX_SPLITS, counting splits in the plan's `merge_state`), so that no combine is needed.
+    arguments from the block table on, without the scale strides, and which split sequences' partials the kernel
+    merges itself (`Merges`: the seesaw, when the plan's split ceiling `max_splits` is at most MERGE_MAX_SPLITS,
+    counting splits in the plan's `merge_state`; with SHARE_MERGES_BY_COMBINE all but an equal-share plan's).
     `e4m3_scores`: fp8 pages on the seesaw compute S on 8-bit tensor cores, the query rows rounded to e4m3
     (`E4M3_SCORES`); other kernels ignore it."""
     rope_dim = q.shape[-1] - kv_lora_rank
@@ -77,28 +92,30 @@ def prepare(key: Hashable, grid: tuple[int, int], q: torch.Tensor, pages: torch.
         row_tiles, work_rows = grid
         programs = (min(sm_count(q.device), row_tiles * work_rows), 1, 1)
         merge = 1 < max_splits <= MERGE_MAX_SPLITS
+        shares_to_combine = merge and SHARE_MERGES_BY_COMBINE
         evict_first = streams_evict_first(row_tiles)
         e4m3 = fp8 and e4m3_scores
         prefetch = prefetch_pairs(fp8)
-        constants.update(MERGE=merge, EVICT_FIRST=evict_first, E4M3_SCORES=e4m3, PREFETCH_PAIRS=prefetch, num_warps=4)
+        constants.update(MERGE=merge, SHARES_TO_COMBINE=shares_to_combine, EVICT_FIRST=evict_first, E4M3_SCORES=e4m3,
+                         PREFETCH_PAIRS=prefetch, num_warps=4)
         plan_args = (work_state, work_rows, row_tiles, merge_state)
 
-        # They follow from the plan, the call and a module setting; named in the key, a kernel compiled under another
+        # They follow from the plan, the call and module settings; named in the key, a kernel compiled under another
         # setting (an experiment's) is never launched in its place.
-        seesaw_key = HintedKey((key, merge, e4m3, prefetch), evict_first)
+        seesaw_key = HintedKey((key, merge, shares_to_combine, e4m3, prefetch), evict_first)
 
         def seesaw(q, pages, kv_scale, shared_args) -> None:
             # 16-bit pages never read KV_SCALE: any tensor fills it.
             SEESAW(seesaw_key, programs, (q, *chunk_descriptors(pages, kv_lora_rank), kv_scale if fp8 else work_state,
                                    *shared_args, *plan_args, pages, pages.stride(1)), constants)
 
-        return seesaw, merge
+        return seesaw, (Merges.ALL_BUT_SHARES if shares_to_combine else Merges.ALL) if merge else Merges.NONE
     launch, constants["num_warps"] = (FP8_SPLIT, 4) if fp8 else (SPLIT, NUM_WARPS.value)
 
     def split(q, pages, kv_scale, shared_args) -> None:
         launch(key, (*grid, 1), (q, pages, kv_scale, *shared_args) if fp8 else (q, pages, *shared_args), constants)
 
-    return split, False
+    return split, Merges.NONE
 
 
 def partial_dtype(out_dtype: torch.dtype, pages: torch.Tensor, kv_lora_rank: int, rope_dim: int) -> torch.dtype:

@@ -8,7 +8,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
-from mlakit.kernels.decode_split_plan import ORDER_TAKEN
+from mlakit.kernels.decode_split_plan import ORDER_SHARES, ORDER_TAKEN
 from mlakit.kernels.hopper_common import (BLOCK_N, no_keys_yet, split_range, store_lse, store_output, take_unit,
                                           work_item)
 from mlakit.kernels.hopper_decode.constants import (BLOCK_M, EARLY_TRIGGER_MAX_SPLITS, MERGE_COLUMNS, MERGE_LAYOUT,
@@ -29,8 +29,8 @@ def mla_decode_hopper_seesaw_kernel(
     Q_STRIDES, KV_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
     WORK_STATE, work_rows, row_tiles, MERGE_STATE, KV, kv_row_stride,
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr,
-    KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr, MERGE: gl.constexpr, EVICT_FIRST: gl.constexpr,
-    E4M3_SCORES: gl.constexpr, PREFETCH_PAIRS: gl.constexpr,
+    KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr, MERGE: gl.constexpr, SHARES_TO_COMBINE: gl.constexpr,
+    EVICT_FIRST: gl.constexpr, E4M3_SCORES: gl.constexpr, PREFETCH_PAIRS: gl.constexpr,
 ):
     """Two warpgroups taking turns over tile pairs ("seesaw"), for 16-bit pages that hold whole tiles:
     even tiles in stage 0 (warpgroup 0's S and softmax), odd tiles in stage 1 (warpgroup 1's), each
@@ -44,7 +44,9 @@ def mla_decode_hopper_seesaw_kernel(
     from the end of the second round, ...; an equal-share plan's rows follow it, `decode_share_plan`), each unit's
     plan entry loaded while the one before runs (NOTES.md v30); a unit's KV range is read from its plan entry as it
     starts. With MERGE, a split's partial is counted in MERGE_STATE once written, and the program
-    that writes a sequence's last split merges the partials (`_merge_if_last`) instead of a combine kernel. In a
+    that writes a sequence's last split merges the partials (`_merge_if_last`) instead of a combine kernel; with
+    SHARES_TO_COMBINE too, but for an equal-share plan (WORK_STATE[2] is ORDER_SHARES), whose partials the combine
+    launched behind merges. In a
     non-ragged plan a program past its last unit's tile loop executes `launch_dependents` where that unit's sequence
     has at most EARLY_TRIGGER_MAX_SPLITS splits (only a combine launched behind this kernel reacts to it); otherwise
     the programs let it launch as they exit. With EVICT_FIRST
@@ -84,7 +86,12 @@ def mla_decode_hopper_seesaw_kernel(
     scale_log2 = scale_log2 * kv_scale
     units = gl.load(WORK_STATE) * row_tiles
     programs = gl.num_programs(0)
-    ragged = gl.load(WORK_STATE + 2) == ORDER_TAKEN
+    order = gl.load(WORK_STATE + 2)
+    ragged = order == ORDER_TAKEN
+    if SHARES_TO_COMBINE:
+        merges_here = order != ORDER_SHARES
+    else:
+        merges_here = MERGE
     unit = gl.program_id(0)
     b, split, num_splits, first_token, q_len, seqlen = _unit_work(WORK, SEQLENS, unit, row_tiles, work_rows)
     units_done = 0
@@ -111,8 +118,9 @@ def mla_decode_hopper_seesaw_kernel(
                 OUT_STRIDES, LSE_STRIDES, PART_STRIDES, last, prefetch, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3_SCORES,
                 PREFETCH_PAIRS)
             if MERGE and num_splits > 1:
-                _merge_if_last(WORK, unit, row_tiles, MERGE_STATE, OUT, LSE, PART_OUT, PART_LSE,
-                               OUT_STRIDES, LSE_STRIDES, PART_STRIDES, HEADS, KV_LORA_RANK)
+                if merges_here:
+                    _merge_if_last(WORK, unit, row_tiles, MERGE_STATE, OUT, LSE, PART_OUT, PART_LSE,
+                                   OUT_STRIDES, LSE_STRIDES, PART_STRIDES, HEADS, KV_LORA_RANK)
         if ragged:
             unit = take_unit(WORK_STATE + 1, units, programs)
             b, split, num_splits, first_token, q_len, seqlen = _unit_work(WORK, SEQLENS, unit, row_tiles, work_rows)
