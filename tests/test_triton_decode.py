@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from mlakit.cache.kv_quant import scale_mode
 from mlakit.errors import MLAInputError
 from mlakit.kernels import decode_split_plan, hopper_narrow_decode, triton_decode
 from mlakit.kernels.decode_split_plan import SplitGeometry, decode_split_counts, split_geometry
@@ -112,7 +113,8 @@ def _check_combine(max_splits: int, part_dtype: torch.dtype, part_scale: float |
         work_state = torch.tensor([5, 3, order], dtype=torch.int32, device=kernel_device)
     else:
         tiling = triton_decode.combine_tiling(max_splits, kv_lora_rank)
-        work_state = torch.full((3,), decode_split_plan.ORDER_SHARES.value, dtype=torch.int32, device=kernel_device)
+        # Without ONLY_SHARES the combine must not read it: a plan of another order fills it.
+        work_state = torch.full((3,), decode_split_plan.ORDER_WAVES.value, dtype=torch.int32, device=kernel_device)
     cu_seqlens_q = torch.arange(0, (batch + 1) * q_len, q_len, dtype=torch.int32, device=kernel_device)
     triton_decode._mla_decode_combine_kernel[(batch, -(-rows // tiling.rows), -(-kv_lora_rank // tiling.columns))](
         part_out, part_lse, num_splits.to(kernel_device), cu_seqlens_q, out, lse,
@@ -426,6 +428,38 @@ def test_an_output_of_another_dtype_than_the_queries_is_refused():
     with pytest.raises(MLAInputError, match="out: expected the queries' dtype torch.bfloat16, got torch.float32"):
         triton_mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens, kv_lora_rank=batch.kv_lora_rank,
                           softmax_scale=batch.softmax_scale, kv_scale=None, out=out)
+
+
+@pytest.mark.parametrize("order, merged", [("SHARES", True), ("WAVES", False), ("TAKEN", False)])
+def test_a_pass_merging_all_but_shares_gets_a_share_only_combine(order, merged, monkeypatch):
+    """Where the Hopper pass merges every plan but an equal-share one itself (`Merges.ALL_BUT_SHARES`), the launch runs
+    the share-only combine behind it, which merges the split sequences of a share plan and leaves other plans' to the
+    pass (here the portable pass stands in for it and merges nothing: their rows keep what the output held)."""
+    batch = make_paged_batch([900, 0, 1, 333], heads=3, q_len=2, page_size=16, kv_lora_rank=64, rope_dim=16, seed=7)
+    plan = plan_decode(batch.cache_seqlens, q_len=2, heads=3, kv_dtype=batch.kv_cache.dtype, num_sms=64)
+    assert int(plan.num_splits.max()) > 1
+    plan.work_state[2] = getattr(decode_split_plan, f"ORDER_{order}").value
+
+    def prepare(key, grid, q, pages, kv_lora_rank, *args):
+        split = triton_decode._portable_split(key, grid, q, pages, kv_lora_rank, plan.tuning, scale_mode(pages, None),
+                                              (0, 0))
+        return split, triton_decode.hopper_decode.Merges.ALL_BUT_SHARES
+
+    monkeypatch.setattr(triton_decode, "split_kernel_for",
+                        lambda q, pages, rank, scale_mode, plan: ("hopper", plan.tuning, plan.geometry))
+    monkeypatch.setattr(triton_decode.hopper_decode, "prepare", prepare)
+    monkeypatch.setattr(triton_decode, "combine_after_split", lambda *args: False)  # no programmatic launch on the CPU
+    out = torch.full((*batch.q.shape[:3], 64), float("nan"), dtype=batch.q.dtype)
+    out, lse = triton_mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens, kv_lora_rank=64,
+                                 softmax_scale=batch.softmax_scale, kv_scale=None, plan=plan, out=out)
+    expected_out, expected_lse = naive_decode(batch)
+    split = plan.num_splits > 1
+    assert relative_error(out[~split], expected_out[~split]) < 1e-2
+    if merged:
+        assert relative_error(out[split], expected_out[split]) < 1e-2
+        assert_lse_close(lse, expected_lse, atol=1e-3)
+    else:
+        assert out[split].isnan().all()
 
 
 @pytest.mark.parametrize("sixteen_bit, expected", [(True, torch.bfloat16), (False, torch.float32)])

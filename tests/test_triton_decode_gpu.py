@@ -651,13 +651,14 @@ def test_equal_share_plans_at_128_heads(kv_dtype, lengths, q_len, num_sms, monke
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
-@pytest.mark.parametrize("kv_dtype, lengths, q_len, shares", [
-    ("bf16", [8192] * 40, 2, True),
-    ("fp8_e4m3", [8192 + 97 * (i % 7) - 300 for i in range(40)], 2, True),
-    ("bf16", [9000, 0, 4096, 1, 700, 16384, 65] * 4, 2, False),  # ragged: units taken as programs finish
-    ("bf16", [9000, 0, 4096, 1, 700, 65] * 11, 1, False),  # three fixed splits a sequence in snake order
+@pytest.mark.parametrize("kv_dtype, lengths, q_len, shares, fixed_splits", [
+    ("bf16", [8192] * 40, 2, True, None),
+    ("fp8_e4m3", [8192 + 97 * (i % 7) - 300 for i in range(40)], 2, True, None),
+    ("bf16", [9000, 0, 4096, 1, 700, 16384, 65] * 4, 2, False, None),  # ragged: units taken as programs finish
+    ("bf16", [9000, 0, 4096, 1, 700, 65] * 11, 1, False, 3),  # three fixed splits a sequence in snake order
 ])
-def test_share_plans_merge_in_the_combine_and_other_plans_in_the_seesaw(kv_dtype, lengths, q_len, shares):
+def test_share_plans_merge_in_the_combine_and_other_plans_in_the_seesaw(kv_dtype, lengths, q_len, shares,
+                                                                        fixed_splits):
     """With SHARE_MERGES_BY_COMBINE (the default) and a split ceiling of at most MERGE_MAX_SPLITS, a combine is
     launched behind the seesaw: over an equal-share plan the seesaw leaves its cut sequences' partials to it (with the
     combine's launch skipped, their rows keep what the output held), over other plans it merges them itself and the
@@ -668,7 +669,7 @@ def test_share_plans_merge_in_the_combine_and_other_plans_in_the_seesaw(kv_dtype
     assert hopper_decode.dispatch.SHARE_MERGES_BY_COMBINE
     batch = make_paged_batch(lengths, heads=128, q_len=q_len, page_size=64, kv_lora_rank=512, rope_dim=64,
                              kv_dtype=kv_dtype, device="cuda", seed=32)
-    tuning = None if shares or q_len == 2 else DecodeTuning(64, 64, 8, programs_per_sm=1, fixed_splits=3)
+    tuning = fixed_splits and DecodeTuning(64, 64, 8, programs_per_sm=1, fixed_splits=fixed_splits)
 
     def new_plan():
         return plan_decode(batch.cache_seqlens, q_len=q_len, heads=128, kv_dtype=batch.kv_cache.dtype, tuning=tuning)

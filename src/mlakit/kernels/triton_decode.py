@@ -39,8 +39,9 @@ INTERPRETER_SMS = 4
 COMBINE_SPLITS_PER_STEP = 16
 COMBINE_BATCH_SPLITS_PER_STEP = 4
 COMBINE_VALUES = 4096
-# Rows a program of the combine that merges only an equal-share plan's partials (`share_combine_tiling`): an empty
-# combine of 2-row programs cost 64 x 1024 q2 at 128 heads 5 us, of 8-row ones 1 us (NOTES.md, thirty-second session).
+# Rows, and warps, a program of the combine that merges only an equal-share plan's partials (`share_combine_tiling`):
+# launched where it finds nothing to merge, 2-row programs cost 128 heads x 64 x 1024 x 2 tokens 5 us, 8-row ones 1 us
+# (NOTES.md, thirty-second session).
 SHARE_COMBINE_ROWS = 8
 TIERS = frozenset({"auto", "portable"})
 
@@ -201,7 +202,8 @@ def _mla_decode_combine_kernel(
         idle = idle | (tl.load(WORK_STATE + 2) != decode_split_plan.ORDER_SHARES)
     if AFTER_SPLIT:
         if IDLE_EXIT:
-            if idle & (b + row_block + tl.program_id(2) > 0):
+            first_program = (b == 0) & (row_block == 0) & (tl.program_id(2) == 0)
+            if idle & ~first_program:
                 return
         gdc_wait()
     if idle:
@@ -279,8 +281,9 @@ def combine_tiling(max_splits: int, kv_lora_rank: int) -> CombineTiling:
 
 def share_combine_tiling(kv_lora_rank: int) -> CombineTiling:
     """The tiling of a combine behind a seesaw that merges every plan but an equal-share one itself
-    (`hopper_decode.Merges.ALL_BUT_SHARES`, split ceilings of at most 4): SHARE_COMBINE_ROWS whole latent rows a
-    program, one warp a row, so that where it finds nothing to merge it launches few programs.
+    (`hopper_decode.Merges.ALL_BUT_SHARES`, split ceilings of at most `hopper_decode.MERGE_MAX_SPLITS`):
+    SHARE_COMBINE_ROWS whole latent rows a program, one warp a row, so that where it finds nothing to merge it
+    launches few programs.
 
     >>> share_combine_tiling(512)
     CombineTiling(splits=4, rows=8, columns=512, warps=8)
@@ -770,18 +773,17 @@ def _prepare_launch(
     else:
         split = _portable_split(key, grid, q, pages, kv_lora_rank, tuning, scale_mode, scale_strides)
     only_shares = merges == hopper_decode.Merges.ALL_BUT_SHARES
-    if only_shares:
-        tiling = share_combine_tiling(kv_lora_rank)
-    combine_grid = (batch, triton.cdiv(max_rows, tiling.rows), triton.cdiv(kv_lora_rank, tiling.columns))
+    combine_tile = share_combine_tiling(kv_lora_rank) if only_shares else tiling
+    combine_grid = (batch, triton.cdiv(max_rows, combine_tile.rows), triton.cdiv(kv_lora_rank, combine_tile.columns))
     after_split = combine_after_split(kernel, max_rows, geometry.max_splits)
-    combine_constants = dict(HEADS=heads, KV_LORA_RANK=kv_lora_rank, BLOCK_SPLITS=tiling.splits,
-                             BLOCK_ROWS=tiling.rows, BLOCK_C=tiling.columns, AFTER_SPLIT=after_split,
+    combine_constants = dict(HEADS=heads, KV_LORA_RANK=kv_lora_rank, BLOCK_SPLITS=combine_tile.splits,
+                             BLOCK_ROWS=combine_tile.rows, BLOCK_C=combine_tile.columns, AFTER_SPLIT=after_split,
                              SCALED_PARTS=scaled_parts, IDLE_EXIT=COMBINE_IDLE_EXIT, ONLY_SHARES=only_shares,
-                             num_warps=tiling.warps)
+                             num_warps=combine_tile.warps)
     if after_split:  # a launch option only the CUDA backend knows
         combine_constants["launch_pdl"] = True
     combines = geometry.max_splits > 1 and merges != hopper_decode.Merges.ALL
-    combine_key = (key, after_split, COMBINE_IDLE_EXIT, tiling)
+    combine_key = (key, after_split, COMBINE_IDLE_EXIT, only_shares, combine_tile)
 
     def run(q, pages, block_table, cache_seqlens, kv_scale, scale_log2, out, lse) -> None:
         split(q, pages, kv_scale, (block_table, cache_seqlens, plan.work, out, lse, part_out, part_lse, scale_log2, *strides))

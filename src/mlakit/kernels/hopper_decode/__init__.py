@@ -17,7 +17,8 @@ shared memory, and V is the latent part of the same tile. Three kernels:
   them, to zero its rows past the end); each half is reloaded as soon as its last reader is done
   with it. P goes into the tile's rope columns, which S no longer needs. For batches that fill
   the GPU (few split sequences) the program that finishes a sequence's last split merges its
-  partials, so no combine kernel runs.
+  partials, but for an equal-share plan's, whose merges the combine launched behind the kernel takes
+  (`dispatch.SHARE_MERGES_BY_COMBINE`).
   It also takes fp8 (e4m3) pages with one per-tensor scale at 512 + 64 widths: each chunk's fp8
   box lands in the first half of the chunk's 16-bit place and is converted there to fp16, half a
   tile at a time, by the warpgroup whose S reads it first (rows past the split's end zeroed as they

@@ -30,6 +30,8 @@ class Merges(enum.Enum):
     NONE = "none"
     ALL = "all"
     ALL_BUT_SHARES = "all but shares"
+
+
 # The persistent seesaw merges its split sequences' partials itself when the plan has at most this many
 # splits per sequence: batches that fill the GPU, whose few split sequences are merged while the other
 # programs work. Beyond it the combine kernel, whose many programs merge faster (NOTES.md v39).
@@ -93,6 +95,10 @@ def prepare(key: Hashable, grid: tuple[int, int], q: torch.Tensor, pages: torch.
         programs = (min(sm_count(q.device), row_tiles * work_rows), 1, 1)
         merge = 1 < max_splits <= MERGE_MAX_SPLITS
         shares_to_combine = merge and SHARE_MERGES_BY_COMBINE
+        if merge:
+            merges = Merges.ALL_BUT_SHARES if shares_to_combine else Merges.ALL
+        else:
+            merges = Merges.NONE
         evict_first = streams_evict_first(row_tiles)
         e4m3 = fp8 and e4m3_scores
         prefetch = prefetch_pairs(fp8)
@@ -109,7 +115,7 @@ def prepare(key: Hashable, grid: tuple[int, int], q: torch.Tensor, pages: torch.
             SEESAW(seesaw_key, programs, (q, *chunk_descriptors(pages, kv_lora_rank), kv_scale if fp8 else work_state,
                                    *shared_args, *plan_args, pages, pages.stride(1)), constants)
 
-        return seesaw, (Merges.ALL_BUT_SHARES if shares_to_combine else Merges.ALL) if merge else Merges.NONE
+        return seesaw, merges
     launch, constants["num_warps"] = (FP8_SPLIT, 4) if fp8 else (SPLIT, NUM_WARPS.value)
 
     def split(q, pages, kv_scale, shared_args) -> None:

@@ -46,10 +46,9 @@ def mla_decode_hopper_seesaw_kernel(
     starts. With MERGE, a split's partial is counted in MERGE_STATE once written, and the program
     that writes a sequence's last split merges the partials (`_merge_if_last`) instead of a combine kernel; with
     SHARES_TO_COMBINE too, but for an equal-share plan (WORK_STATE[2] is ORDER_SHARES), whose partials the combine
-    launched behind merges. In a
-    non-ragged plan a program past its last unit's tile loop executes `launch_dependents` where that unit's sequence
-    has at most EARLY_TRIGGER_MAX_SPLITS splits (only a combine launched behind this kernel reacts to it); otherwise
-    the programs let it launch as they exit. With EVICT_FIRST
+    launched behind merges. In a non-ragged plan a program past its last unit's tile loop executes
+    `launch_dependents` where that unit's sequence has at most EARLY_TRIGGER_MAX_SPLITS splits (only a combine
+    launched behind this kernel reacts to it); otherwise the programs let it launch as they exit. With EVICT_FIRST
     the cache's TMA loads carry an L2 evict-first policy (`l2_evict_first`; the launch rewrites the PTX). With
     E4M3_SCORES (fp8 pages) the query rows are rounded to e4m3 and S runs on 8-bit tensor cores over the boxes as
     TMA put them; only the values P multiplies are converted, after their S. With PREFETCH_PAIRS > 0, in a
@@ -91,7 +90,7 @@ def mla_decode_hopper_seesaw_kernel(
     if SHARES_TO_COMBINE:
         merges_here = order != ORDER_SHARES
     else:
-        merges_here = MERGE
+        merges_here = True
     unit = gl.program_id(0)
     b, split, num_splits, first_token, q_len, seqlen = _unit_work(WORK, SEQLENS, unit, row_tiles, work_rows)
     units_done = 0
