@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prepared for the next session (not run: this session's device time is spent): v97, equal shares for ragged batches.
-# Before the call, on the host: git apply benchmarks/experiments/patches/v97-ragged-equal-shares.diff (on f7e590a or
+# Before the call, on the host: git apply benchmarks/experiments/patches/v97-ragged-equal-shares.diff (on b395738 or
 # later; no carry). (1) GPU tests: the new ragged share plans (seesaw, cp.async at page 16, bf16 / fp8, split
 # ceilings 2, 3, 6), the share, persistent-kernel and merge tests; (2) RAGGED_EQUAL_SHARES off / on (off is main
 # exactly: the plan's rows are enlarged only with it on) on the ragged batches, pages of 16 (the cp.async kernel, whose
