@@ -50,7 +50,8 @@ def warm_up(
     world.write()
     calls.append("cache write")
     for q_len in dict.fromkeys((plan.decode_q_len, 1)):
-        # The max batch too: the smallest split ceiling (where the Hopper kernel merges its own partials).
+        # The max batch too: the smallest split ceiling (where the Hopper kernel merges its own partials, the
+        # share-only combine behind it).
         classes = (2, *(b for b in SPLIT_PLAN_BATCH_CLASSES if b <= plan.max_batch_size), plan.max_batch_size)
         for batch in dict.fromkeys(classes):
             world.decode(batch, q_len)
