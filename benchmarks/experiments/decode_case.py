@@ -25,12 +25,16 @@ def parse_assignment(spec: str) -> tuple[str, object]:
     return setting, ast.literal_eval(value)
 
 
-def variant_assignments(arguments: list[str]) -> dict[str, object]:
-    """The variants of a setting's experiment from its "LABEL=VALUE" arguments; a "+MODULE.NAME=VALUE" argument among
-    them sets another setting for every variant, here."""
-    for fixed in [argument[1:] for argument in arguments if argument.startswith("+")]:
+def setting_variants(arguments: list[str]) -> tuple[str, dict[str, object], list[str]]:
+    """A setting experiment's command line, `MODULE.NAME LABEL=VALUE [...] [+MODULE.NAME=VALUE ...] -- REST`: the
+    setting, its variants by label and the arguments after "--"; each "+" argument sets another setting for every
+    variant, here."""
+    setting, arguments = arguments[0], arguments[1:]
+    split = arguments.index("--")
+    for fixed in [argument[1:] for argument in arguments[:split] if argument.startswith("+")]:
         set_setting(*parse_assignment(fixed))
-    return dict(parse_assignment(argument) for argument in arguments if not argument.startswith("+"))
+    variants = dict(parse_assignment(argument) for argument in arguments[:split] if not argument.startswith("+"))
+    return setting, variants, arguments[split + 1:]
 
 
 def case_inputs(case: DecodeCase, e4m3_scores: bool = False, hinted: bool = False) -> tuple[DecodeInputs, DecodePlan]:

@@ -12,7 +12,7 @@ import statistics
 import sys
 
 import torch
-from decode_case import set_setting, variant_assignments
+from decode_case import set_setting, setting_variants
 
 from mlakit.bench.overhead import OverheadCase, case_calls
 from mlakit.bench.timing import host_us_per_call
@@ -20,11 +20,9 @@ from mlakit.bench.timing import host_us_per_call
 CALL = "mla_decode out="
 ROUNDS = 3
 
-setting, arguments = sys.argv[1], sys.argv[2:]
-split = arguments.index("--")
-variants = variant_assignments(arguments[:split])
+setting, variants, specs = setting_variants(sys.argv[1:])
 device = torch.device("cuda")
-for spec in arguments[split + 1:]:
+for spec in specs:
     case = OverheadCase.parse(spec)
     calls = {}
     for label, value in variants.items():

@@ -14,10 +14,10 @@ import sys
 from collections.abc import Callable
 
 import torch
-from decode_case import case_inputs, case_plan, decode_call, set_setting, variant_assignments
+from decode_case import case_plan, decode_call, set_setting, setting_variants
 from torch.profiler import ProfilerActivity, profile
 
-from mlakit.bench.decode import DecodeCase
+from mlakit.bench.decode import DecodeCase, make_inputs
 from mlakit.bench.peers import _flashmla_call
 
 CALLS = 20
@@ -59,14 +59,11 @@ def report(label: str, spec: str, call: Callable[[], object]) -> None:
     print(f"{spec:<22} {label:<9} end {parts[-1][2]:7.1f} us, past the first kernel {tail:5.1f} us: {text}", flush=True)
 
 
-setting, arguments = sys.argv[1], sys.argv[2:]
-split = arguments.index("--")
-variants = variant_assignments(arguments[:split])
-rest = arguments[split + 1:]
+setting, variants, rest = setting_variants(sys.argv[1:])
 with_flashmla = "--flashmla" in rest
 for spec in [argument for argument in rest if not argument.startswith("--")]:
     case = DecodeCase.parse(spec)
-    inputs, _ = case_inputs(case)
+    inputs = make_inputs(case, torch.device("cuda"))
     for label, value in variants.items():
         set_setting(setting, value)
         report(label, spec, decode_call(inputs, case_plan(case, inputs)))

@@ -18,13 +18,11 @@ import sys
 import torch
 from cuda_profile import flushed_kernel_times
 from decode_case import (case_inputs, case_plan, cases_and_plan_flags, decode_call, interleaved_times, set_setting,
-                         variant_assignments)
+                         setting_variants)
 
 from mlakit.bench.decode import DecodeCase
 
-setting, arguments = sys.argv[1], sys.argv[2:]
-split = arguments.index("--")
-variants = variant_assignments(arguments[:split])
+setting, variants, rest = setting_variants(sys.argv[1:])
 first = next(iter(variants))
 
 
@@ -34,7 +32,7 @@ def call_for(variant: str, spec: str):
     return decode_call(cases[spec][0], plans[spec, variant])
 
 
-specs, plan_flags = cases_and_plan_flags(arguments[split + 1:])
+specs, plan_flags = cases_and_plan_flags(rest)
 cases = {spec: case_inputs(DecodeCase.parse(spec)) for spec in specs}
 plans = {}
 for variant in variants:  # a plan reads plan-time settings (e.g. `hopper_narrow_decode.WIDE_MIN_TILES_PER_PROGRAM`)
