@@ -141,28 +141,32 @@ def test_decode_metadata_built_once_serves_every_layer_and_must_match_the_call(k
         mlakit.mla_decode_metadata(batch.cache_seqlens, q_len=2, heads=5, backend=backend, kv_cache_dtype="int8")
 
 
-@pytest.mark.parametrize("hint", [-1, 1.5, "4096", True])
-def test_decode_metadata_refuses_a_hint_that_is_not_a_token_count(hint):
+@pytest.mark.parametrize("name, hint, expected", [
+    *[("kv_tokens_hint", hint, "a non-negative int") for hint in (-1, 1.5, "4096", True)],
+    *[("page_size", hint, "a positive int") for hint in (0, -64, 64.0, "64", False)],
+])
+def test_decode_metadata_refuses_a_hint_that_is_not_a_count(name, hint, expected):
     lengths = torch.tensor([20, 3], dtype=torch.int32)
-    for build in (lambda: mlakit.mla_decode_metadata(lengths, q_len=1, heads=4, backend="reference", kv_tokens_hint=hint),
+    for build in (lambda: mlakit.mla_decode_metadata(lengths, q_len=1, heads=4, backend="reference", **{name: hint}),
                   lambda: mla_extend_metadata(lengths, torch.tensor([0, 1, 2], dtype=torch.int32), max_q_len=1,
-                                                     heads=4, backend="reference", kv_tokens_hint=hint)):
-        with pytest.raises(mlakit.MLAInputError, match=r"kv_tokens_hint: expected None or a non-negative int .*, got "):
+                                              heads=4, backend="reference", **{name: hint})):
+        with pytest.raises(mlakit.MLAInputError, match=rf"{name}: expected None or {expected} .*, got "):
             build()
 
 
 def test_decode_metadata_hands_the_hint_to_the_split_plan(monkeypatch):
-    """The triton backends' builders pass `kv_tokens_hint` on to the plan (which picks tiles by it, `wide_narrow_tile`)."""
+    """The triton backends' builders pass `kv_tokens_hint` and `page_size` on to the plan (which picks tiles by the
+    first, `wide_narrow_tile`, and ragged equal shares by the second)."""
     from mlakit.kernels import triton_decode
 
     seen = []
     for name in ("plan_decode", "plan_extend"):
         original = getattr(triton_decode, name)
         monkeypatch.setattr(triton_decode, name, lambda *args, _original=original, **kwargs:
-                            seen.append(kwargs["kv_tokens_hint"]) or _original(*args, **kwargs))
+                            seen.append((kwargs["kv_tokens_hint"], kwargs["page_size"])) or _original(*args, **kwargs))
     lengths = torch.tensor([20, 3], dtype=torch.int32)
-    mlakit.mla_decode_metadata(lengths, q_len=1, heads=4, backend="triton", kv_tokens_hint=23)
+    mlakit.mla_decode_metadata(lengths, q_len=1, heads=4, backend="triton", kv_tokens_hint=23, page_size=64)
     mla_extend_metadata(lengths, torch.tensor([0, 1, 2], dtype=torch.int32), max_q_len=1, heads=4,
-                               backend="triton", kv_tokens_hint=23)
+                        backend="triton", kv_tokens_hint=23, page_size=16)
     mlakit.mla_decode_metadata(lengths, q_len=1, heads=4, backend="triton")
-    assert seen == [23, 23, None]
+    assert seen == [(23, 64), (23, 16), (None, None)]

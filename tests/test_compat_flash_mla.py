@@ -30,6 +30,15 @@ def test_any_head_count_and_page_size(heads, page_size):
     assert_matches_oracle(batch, *run(batch, causal=True), causal=True)
 
 
+def test_the_schedule_is_planned_for_the_cache_page_size():
+    """The first call fills the schedule with metadata planned for its cache's pages (`page_size`, a hint the plan
+    takes equal shares for ragged batches by)."""
+    batch = make_paged_batch([40, 0, 3], heads=4, q_len=1, page_size=32, kv_lora_rank=512, rope_dim=64, seed=3)
+    with mock.patch.object(compat, "mla_decode_metadata", wraps=compat.mla_decode_metadata) as build:
+        assert_matches_oracle(batch, *run(batch, causal=True), causal=True)
+    assert build.call_args.kwargs["page_size"] == 32
+
+
 @pytest.mark.parametrize("q_dtype", [torch.float16, torch.bfloat16])
 def test_fp16_and_bf16(q_dtype):
     batch = make_paged_batch(LENGTHS, heads=4, q_len=2, kv_lora_rank=512, rope_dim=64, kv_dtype="fp16" if q_dtype == torch.float16 else "bf16", q_dtype=q_dtype)

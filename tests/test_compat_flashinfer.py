@@ -390,16 +390,16 @@ def test_plan_refusals_name_the_argument(name, overrides):
                                                            ([3, 1, 2], False, 30 * 3 + 0 * 1 + 18 * 2)])
 def test_plan_hints_the_steps_cached_tokens_from_its_host_lengths(monkeypatch, q_lens, causal, tokens):
     """`plan` knows the lengths on the host: the metadata builders get their sum (each row's, where a non-causal step
-    runs one row per query token) as `kv_tokens_hint`, with no device read."""
+    runs one row per query token) as `kv_tokens_hint`, with no device read, and the planned page size as `page_size`."""
     from mlakit.compat import flashinfer
 
     hints = []
     for name in ("mla_decode_metadata", "mla_extend_metadata"):
         original = getattr(flashinfer, name)
         monkeypatch.setattr(flashinfer, name,
-                            lambda *args, _original=original, **kwargs: hints.append(kwargs["kv_tokens_hint"])
-                            or _original(*args, **kwargs))
+                            lambda *args, _original=original, **kwargs:
+                            hints.append((kwargs["kv_tokens_hint"], kwargs["page_size"])) or _original(*args, **kwargs))
     step = make_step([30, 0, 18], q_lens, heads=4, page_size=16, seed=5)
     out, lse = run_legacy(planned(step, causal=causal), step, return_lse=True)
-    assert hints == [tokens]
+    assert hints == [(tokens, 16)]
     assert_matches(out, lse, reference(step, causal=causal))

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mlakit.kernels import decode_split_plan
-from mlakit.kernels.decode_split_plan import (OPEN_KV_END, ORDER_SHARES, SplitGeometry, decode_split_counts,
+from mlakit.kernels.decode_split_plan import (OPEN_KV_END, ORDER_SHARES, ORDER_TAKEN, SplitGeometry, decode_split_counts,
                                               split_geometry)
 from mlakit.kernels.triton_decode import DecodeTuning, plan_decode, triton_mla_decode
 from paged_inputs import assert_lse_close, make_paged_batch, naive_decode, relative_error
@@ -21,14 +21,15 @@ def equal_shares(monkeypatch):
 
 
 def _plan(device: str, lengths: list[int], q_lens: list[int], heads: int = 128, num_sms: int = 132,
-          unit_cost: int = 13, block_m: int = 64, block_n: int = BLOCK_N):
-    """The split plan's geometry, counts, items and work state for one program an SM (the seesaw's plan)."""
+          unit_cost: int = 13, block_m: int = 64, block_n: int = BLOCK_N, persistent: bool = True):
+    """The split plan's geometry, counts, items and work state for one program an SM (the seesaw's plan; a grid
+    kernel's with `persistent` False)."""
     cu_seqlens_q = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
     geometry = split_geometry(len(lengths), heads * max(q_lens), block_m, num_sms, programs_per_sm=1)
     counts, work, state = decode_split_counts(
         torch.tensor(lengths, dtype=torch.int32, device=device), cu_seqlens_q, heads, geometry, block_m, block_n,
         num_sms, programs_per_sm=1, min_tokens_per_split=2 * block_n, batched_min_tokens_per_split=4 * block_n,
-        unit_cost_tiles=unit_cost)
+        unit_cost_tiles=unit_cost, persistent=persistent)
     return geometry, counts.cpu(), work.cpu(), state.cpu()
 
 
@@ -62,11 +63,18 @@ def _uneven(sequences: int, length: int, seed: int) -> list[int]:
     return (length * (1 + 0.2 * (2 * torch.rand(sequences, generator=gen) - 1))).int().tolist()
 
 
+def _ragged(sequences: int, seed: int) -> list[int]:
+    """Lengths of 400-16000 tokens, as the benchmark's ragged batch."""
+    return torch.randint(400, 16001, (sequences,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
 @pytest.mark.parametrize("lengths, q_len", [
     ([8192] * 40, 2),
     ([16384] * 24, 1),
     (_uneven(32, 16384, 1), 2),
     (_uneven(10, 8192, 2), 2),
+    (_ragged(64, 3), 1),  # several short sequences in a share: rounds past the split counts' rows
+    (_ragged(64, 4), 2),
 ])
 def test_share_plan_items_follow_the_layout(kernel_device, lengths, q_len):
     """Every sequence's pieces cover its tiles once, in order, the last one open-ended; the rows, the counts and
@@ -103,7 +111,7 @@ def test_share_plans_are_taken_where_their_estimate_is_a_sixteenth_shorter(kerne
     """On 132 SMs at 128 heads (a share of the tiles plus 13 tiles a piece a part runs, against the split counts'
     makespan): 40 x 8192 x 2 tokens (155 + 3 x 13 against 231), 24 x 16384 at one and two tokens and uneven 32 x
     ~16384 take shares; 64 x ~4096 (126 + 4 x 13 against 180), 64 x 16384 and 128 x 4096 keep their split counts,
-    as do batches that are ragged, hold an empty sequence or mixed query lengths, plans without a unit cost, and a
+    as do batches that are ragged with pieces past the split ceiling, hold an empty sequence or mixed query lengths, plans without a unit cost, and a
     GPU whose SMs are not whole groups of a sequence's row tiles; so does every batch with EQUAL_SHARES off."""
     def order(lengths: list[int], q_len: int | list[int], **kwargs) -> int:
         q_lens = q_len if isinstance(q_len, list) else [q_len] * len(lengths)
@@ -120,6 +128,31 @@ def test_share_plans_are_taken_where_their_estimate_is_a_sixteenth_shorter(kerne
     monkeypatch.setattr(decode_split_plan, "EQUAL_SHARES", False)
     for lengths, q_len in shares:
         assert order(lengths, q_len) != ORDER_SHARES
+
+
+def test_ragged_batches_take_equal_shares_at_two_row_tiles_or_more(kernel_device, monkeypatch):
+    """With RAGGED_EQUAL_SHARES a ragged batch at 128 heads takes equal shares at one and two tokens (two and four row
+    tiles), in twice the split counts' rows (the host enlarges them wherever a plan may take shares); at 16 heads (one
+    row tile), without a unit cost, for a grid kernel (not `persistent`) or with the setting off it keeps its split
+    counts, taken as programs finish, in the split counts' rows; with an empty sequence too, in the enlarged rows."""
+    def plan(lengths: list[int], q_len: int, heads: int = 128, unit_cost: int = 13,
+             persistent: bool = True) -> tuple[int, int, int]:
+        geometry, _, work, state = _plan(kernel_device, lengths, [q_len] * len(lengths), heads=heads,
+                                         unit_cost=unit_cost, persistent=persistent)
+        return int(state[2]), work.shape[0], len(lengths) * geometry.max_splits
+
+    lengths = _ragged(64, 5)
+    for q_len in (1, 2):
+        order, rows, capacity = plan(lengths, q_len)
+        assert order == ORDER_SHARES and rows == decode_split_plan.RAGGED_SHARE_ROWS * capacity, q_len
+    for order, rows, capacity in [plan(lengths, 1, heads=16), plan(lengths, 1, unit_cost=0),
+                                  plan(lengths, 1, persistent=False)]:
+        assert order == ORDER_TAKEN and rows == capacity
+    order, rows, capacity = plan(lengths[:-1] + [0], 1)
+    assert order == ORDER_TAKEN and rows == decode_split_plan.RAGGED_SHARE_ROWS * capacity
+    monkeypatch.setattr(decode_split_plan, "RAGGED_EQUAL_SHARES", False)
+    order, rows, capacity = plan(lengths, 1)
+    assert order == ORDER_TAKEN and rows == capacity
 
 
 @pytest.mark.parametrize("kv_dtype, seed", [("bf16", 0), ("fp8_e4m3", 1)])

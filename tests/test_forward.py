@@ -73,11 +73,13 @@ def test_speculative_verify_steps_go_to_decode_when_uniform_and_to_extend_when_u
     assert kinds == {"decode": (0, 2), "latent_extend": (1, 3)}
     assert uneven.parts[0].token_rows.tolist() == [0, 1, 2, 3, 6, 7, 8, 9]
     assert uneven.parts[1].token_rows.tolist() == [4, 5, 10]
-    # Each part knows its cached tokens from the host's lengths, and its decode metadata is built with them.
+    # Each part knows its cached tokens from the host's lengths, and its decode metadata is built with them and the
+    # cache's page size.
     assert [p.kv_tokens for p in uneven.parts] == [9 + 30, 12 + 5]
     with mock.patch("mlakit.step.mla_decode_metadata") as build:
         uniform.parts[0].decode_metadata("triton", 16, "bf16")
     assert build.call_args.kwargs["kv_tokens_hint"] == 9 + 12 + 30 + 5
+    assert build.call_args.kwargs["page_size"] == 16
 
 
 def test_prefill_form_policy_and_bad_steps():

@@ -586,3 +586,11 @@ def test_plan_refuses_a_hint_that_is_not_a_token_count(hint):
     with pytest.raises(ValueError, match="kv_tokens_hint: expected None or a non-negative int"):
         plan_decode(lengths, q_len=1, heads=4, kv_tokens_hint=hint)
     plan_decode(lengths, q_len=1, heads=4, kv_tokens_hint=np.int64(5))  # NumPy's integers are ints
+
+
+@pytest.mark.parametrize("page_size", [0, -16, True, 64.0])
+def test_plan_refuses_a_page_size_that_is_not_a_positive_count(page_size):
+    lengths = torch.tensor([5], dtype=torch.int32)
+    with pytest.raises(ValueError, match="page_size: expected None or a positive int"):
+        plan_decode(lengths, q_len=1, heads=4, page_size=page_size)
+    plan_decode(lengths, q_len=1, heads=4, page_size=np.int32(16))

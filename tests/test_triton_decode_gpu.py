@@ -650,6 +650,42 @@ def test_equal_share_plans_at_128_heads(kv_dtype, lengths, q_len, num_sms, monke
         _check(batch, plan=plan)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernels need an SM90 GPU")
+@pytest.mark.parametrize("kv_dtype, page_size, sequences, q_len, num_sms", [
+    ("bf16", 64, 24, 1, 32),  # a split ceiling of 2: the combine behind the seesaw merges the share plan
+    ("fp8_e4m3", 64, 16, 2, 64),  # 3
+    ("bf16", 64, 16, 1, 64),  # 6: the combine merges every plan
+    ("bf16", 16, 16, 2, 64),  # pages of 16 tokens, planned for 64: the cp.async split kernel over the share plan
+])
+def test_ragged_batches_take_equal_shares_at_128_heads(kv_dtype, page_size, sequences, q_len, num_sms):
+    """Ragged batches of 100-3000 tokens planned for `num_sms` SMs and the seesaw's pages take equal shares
+    (RAGGED_EQUAL_SHARES, in the plan's enlarged rows: a share's short sequences run in rounds of their own) and match
+    the reference launch after launch with fresh queries, launched on every SM, also where the plan's page size was
+    wrong (the cp.async kernel runs it). Planned for pages of 16 or without a page size, they keep their split counts
+    in the split counts' rows."""
+    from mlakit.kernels import decode_split_plan
+    from mlakit.kernels.triton_decode import plan_decode
+
+    lengths = torch.randint(100, 3001, (sequences,), generator=torch.Generator().manual_seed(0)).tolist()
+    batch = make_paged_batch(lengths, heads=128, q_len=q_len, page_size=page_size, kv_lora_rank=512, rope_dim=64,
+                             kv_dtype=kv_dtype, device="cuda", seed=97)
+    for other_pages in (16, None):
+        split_counts = plan_decode(batch.cache_seqlens, q_len=q_len, heads=128, kv_dtype=batch.kv_cache.dtype,
+                                   num_sms=num_sms, page_size=other_pages)
+        assert int(split_counts.work_state[2]) == decode_split_plan.ORDER_TAKEN, other_pages
+        assert split_counts.work.shape[0] == sequences * split_counts.geometry.max_splits, other_pages
+    plan = plan_decode(batch.cache_seqlens, q_len=q_len, heads=128, kv_dtype=batch.kv_cache.dtype, num_sms=num_sms,
+                       page_size=64)
+    assert int(plan.work_state[2]) == decode_split_plan.ORDER_SHARES and int(plan.num_splits.max()) > 1
+    assert plan.work.shape[0] == decode_split_plan.RAGGED_SHARE_ROWS * sequences * plan.geometry.max_splits
+    assert _split_kernel(batch, plan) == "hopper"
+    gen = torch.Generator(device="cuda").manual_seed(97)
+    for _ in range(2):
+        batch.q.copy_(torch.randn(batch.q.shape, device="cuda", generator=gen).to(batch.q.dtype))
+        _check(batch, plan=plan)
+        assert not plan.merge_state.any()
+
+
 @pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
 @pytest.mark.parametrize("kv_dtype, lengths, q_len, shares, fixed_splits", [
     ("bf16", [8192] * 40, 2, True, None),

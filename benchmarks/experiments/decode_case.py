@@ -53,10 +53,10 @@ def case_plan(case: DecodeCase, inputs: DecodeInputs, tuning: DecodeTuning | Non
 
 def _plan_for(inputs: DecodeInputs, q_len: int, heads: int, tuning: DecodeTuning | None, e4m3_scores: bool,
               hinted: bool) -> DecodePlan:
-    """`plan_decode` over the inputs' lengths and cache dtype (`case_plan`'s keywords)."""
+    """`plan_decode` over the inputs' lengths, cache dtype and page size (`case_plan`'s keywords)."""
     hint = int(inputs.cache_seqlens.sum()) if hinted else None
     return plan_decode(inputs.cache_seqlens, q_len=q_len, heads=heads, kv_dtype=inputs.kv_cache.dtype,
-                       tuning=tuning, e4m3_scores=e4m3_scores, kv_tokens_hint=hint)
+                       tuning=tuning, e4m3_scores=e4m3_scores, kv_tokens_hint=hint, page_size=inputs.kv_cache.shape[1])
 
 
 PLAN_FLAGS = ("--e4m3-scores", "--hinted")

@@ -34,7 +34,7 @@ for spec in sys.argv[1:]:
     inputs, plan = case_inputs(case)
     splits = int(plan.num_splits.max())
     fixed = plan_decode(inputs.cache_seqlens, q_len=case.q_len, heads=case.heads, kv_dtype=inputs.kv_cache.dtype,
-                        tuning=dataclasses.replace(plan.tuning, fixed_splits=splits))
+                        tuning=dataclasses.replace(plan.tuning, fixed_splits=splits), page_size=inputs.kv_cache.shape[1])
     idle_work = plan.work.clone()
     idle_work[:, 2] = 0
     idle = dataclasses.replace(plan, work=idle_work, work_state=torch.zeros_like(plan.work_state))

@@ -45,7 +45,7 @@ for spec in sys.argv[1:]:
     for name, module in modules.items():
         with mock.patch.object(triton_decode, "decode_split_counts", module.decode_split_counts):
             plan = plan_decode(inputs[spec].cache_seqlens, q_len=case.q_len, heads=case.heads,
-                               kv_dtype=inputs[spec].kv_cache.dtype)
+                               kv_dtype=inputs[spec].kv_cache.dtype, page_size=inputs[spec].kv_cache.shape[1])
         plans[spec, name] = plan
         print(f"{spec} {name}: splits {int(plan.num_splits.min())}-{int(plan.num_splits.max())}, "
               f"units {int(plan.work_state[0]) * plan.geometry.row_tiles}, dynamic {int(plan.work_state[2])}")

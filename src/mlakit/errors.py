@@ -52,6 +52,20 @@ def checked_kv_tokens_hint(value: object) -> int | None:
     return int(value)
 
 
+def checked_page_size_hint(value: object) -> int | None:
+    """`value` as a `page_size` hint takes it (the cache's tokens per page, where the caller knows it when it plans):
+    None, or a positive integer as an int; anything else raises MLAInputError naming the argument.
+
+    >>> checked_page_size_hint(None), checked_page_size_hint(64)
+    (None, 64)
+    """
+    if value is None:
+        return None
+    if not is_int(value) or value < 1:
+        raise MLAInputError(f"page_size: expected None or a positive int (the cache's tokens per page), got {value!r}")
+    return int(value)
+
+
 def divisors(n: int) -> list[int]:
     """The divisors of `n` >= 1 in increasing order, found in O(sqrt(n)) steps (so an error
     message can list them even for a config with a billion heads).

@@ -55,7 +55,8 @@ class StepPart:
     `token_rows` are the part's rows in the packed batch (int64 on the device), or None
     when the part is the whole batch in order. For `decode`, `q_len` is the uniform query
     length; for `mha_prefill`, `prefill` holds the passes. `kv_tokens`: the part's cached tokens in all (from
-    the host's lengths), the decode metadata's `kv_tokens_hint`.
+    the host's lengths), the decode metadata's `kv_tokens_hint`; `page_size`: the cache's, the decode metadata's
+    `page_size` hint.
     """
 
     kind: PartKind
@@ -68,6 +69,7 @@ class StepPart:
     q_len: int | None = None
     prefill: PrefillMetadata | None = None
     kv_tokens: int | None = None
+    page_size: int | None = None
     _decode_metadata: dict[tuple[str, int, str], DecodeMetadata] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -80,7 +82,7 @@ class StepPart:
         if key not in self._decode_metadata:
             self._decode_metadata[key] = mla_decode_metadata(
                 self.cache_seqlens, q_len=self.q_len or 1, heads=heads, backend=backend, kv_cache_dtype=kv_cache_dtype,
-                kv_tokens_hint=self.kv_tokens,
+                kv_tokens_hint=self.kv_tokens, page_size=self.page_size,
             )
         return self._decode_metadata[key]
 
@@ -219,6 +221,7 @@ class AttentionStep:
             q_len=self.batch_decode_q_len if kind == "decode" else None,
             prefill=prefill,
             kv_tokens=sum(lens),
+            page_size=self.page_size,
         )
 
 

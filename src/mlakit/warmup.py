@@ -119,7 +119,7 @@ class _DummyWorld:
         if kv_tokens_hint is not None:
             metadata = mla_decode_metadata(self.lengths[rows], q_len=q_len, heads=self.heads,
                                            backend=self.plan.decode_backend, kv_cache_dtype=self.plan.kv_cache_dtype,
-                                           kv_tokens_hint=kv_tokens_hint)
+                                           kv_tokens_hint=kv_tokens_hint, page_size=self.plan.page_size)
         mla_decode(q, self.store.data, self.table[rows], self.lengths[rows], softmax_scale=self.scale,
                    backend=self.plan.decode_backend, kv_scale=self.store.scale, kv_lora_rank=self.rank,
                    metadata=metadata, return_lse=False, check_inputs=False)

@@ -19,7 +19,7 @@ from mlakit.attention.checks import (
 )
 from mlakit.config import AUTO
 from mlakit.device import DeviceInfo
-from mlakit.errors import ConfigError, MLAInputError, checked_kv_tokens_hint
+from mlakit.errors import ConfigError, MLAInputError, checked_kv_tokens_hint, checked_page_size_hint
 from mlakit.cache.kv_quant import STORAGE_DTYPES, storage_name
 from mlakit.prefill.metadata import PrefillMetadata
 from mlakit.prefill.mha import head_dims
@@ -83,7 +83,7 @@ _RESOLVED: dict[tuple, _ResolvedCall] = {}
 
 def mla_decode_metadata(
     cache_seqlens: torch.Tensor, *, q_len: int, heads: int, backend: str, kv_cache_dtype: str = "bf16",
-    kv_tokens_hint: int | None = None,
+    kv_tokens_hint: int | None = None, page_size: int | None = None,
 ) -> DecodeMetadata:
     """What `backend` computes once per decode step from the lengths alone (the triton backend's
     split plan: one small launch, no host sync), for reuse by every layer. `kv_cache_dtype`
@@ -92,7 +92,10 @@ def mla_decode_metadata(
     the work: a call whose lengths have changed since (a sequence grew) still reads every token.
     `kv_tokens_hint`: the sum of `cache_seqlens` where the caller knows it on the host (an engine's running total,
     e.g. SGLang's `seq_lens_sum`); it lets a backend pick tiles that pay only on large batches (the triton_fp8
-    backend's 32-row tile for 17-32 query rows a sequence); without it the choice stays the safe one.
+    backend's 32-row tile for 17-32 query rows a sequence); without it the choice stays the safe one. `page_size`:
+    the cache's tokens per page, where the caller knows it when it plans; it lets a backend choose plans that suit
+    only some pages' kernels (the triton backend's equal shares for ragged batches, on pages of whole 64-token tiles).
+    Neither hint is checked against the calls: a wrong one costs speed, never correctness.
 
     >>> md = mla_decode_metadata(torch.tensor([20, 3], dtype=torch.int32), q_len=1, heads=4, backend="reference")
     >>> md.backend, md.kv_cache_dtype, md.data is None
@@ -100,7 +103,7 @@ def mla_decode_metadata(
     """
     _check_storage_name(kv_cache_dtype)
     builder = get_backend(backend).decode_metadata
-    hint = _hint_arguments(kv_tokens_hint)
+    hint = _hint_arguments(kv_tokens_hint, page_size)
     data = None if builder is None else builder(cache_seqlens, q_len=q_len, heads=heads, kv_cache_dtype=kv_cache_dtype,
                                                 **hint)
     return DecodeMetadata(backend, cache_seqlens.shape[0], q_len, heads, kv_cache_dtype, data)
@@ -115,12 +118,13 @@ def mla_extend_metadata(
     backend: str,
     kv_cache_dtype: str = "bf16",
     kv_tokens_hint: int | None = None,
+    page_size: int | None = None,
 ) -> ExtendMetadata:
     """What `backend` computes once per extend step from the lengths and the new tokens' offsets
     (the triton backend's split plan, no host sync), for every layer's `mla_extend`. The plan
     reads `cu_seqlens_q`'s values now: calls must pass this same tensor with the same values
     (as FlashInfer's `plan`); `mla_extend` refuses another tensor and, with `check_inputs=True`,
-    changed values. `kv_tokens_hint` as `mla_decode_metadata`'s.
+    changed values. `kv_tokens_hint` and `page_size` as `mla_decode_metadata`'s.
 
     >>> md = mla_extend_metadata(torch.tensor([20, 3], dtype=torch.int32), torch.tensor([0, 2, 3], dtype=torch.int32),
     ...     max_q_len=2, heads=4, backend="reference")
@@ -129,7 +133,7 @@ def mla_extend_metadata(
     """
     _check_storage_name(kv_cache_dtype)
     builder = get_backend(backend).extend_metadata
-    hint = _hint_arguments(kv_tokens_hint)
+    hint = _hint_arguments(kv_tokens_hint, page_size)
     data = None if builder is None else builder(cache_seqlens, cu_seqlens_q, max_q_len=max_q_len, heads=heads,
                                                 kv_cache_dtype=kv_cache_dtype, **hint)
     return ExtendMetadata(backend, max_q_len, heads, kv_cache_dtype, cu_seqlens_q, cu_seqlens_q.clone(), data)
@@ -438,11 +442,11 @@ def _check_storage_name(kv_cache_dtype: object) -> None:
         raise MLAInputError(f"kv_cache_dtype: expected one of {sorted(STORAGE_DTYPES)}, got {kv_cache_dtype!r}")
 
 
-def _hint_arguments(kv_tokens_hint: object) -> dict[str, int]:
-    """A metadata builder's keyword for the hint: none where there is no hint (so a builder written before the
-    keyword still serves unhinted steps), else the checked hint."""
-    hint = checked_kv_tokens_hint(kv_tokens_hint)
-    return {} if hint is None else {"kv_tokens_hint": hint}
+def _hint_arguments(kv_tokens_hint: object, page_size: object) -> dict[str, int]:
+    """A metadata builder's keywords for the hints: the checked hints that were given (a hint not given is left out,
+    so a builder written before its keyword still serves steps without it)."""
+    hints = {"kv_tokens_hint": checked_kv_tokens_hint(kv_tokens_hint), "page_size": checked_page_size_hint(page_size)}
+    return {name: value for name, value in hints.items() if value is not None}
 
 
 def mla_prefill(

@@ -55,9 +55,10 @@ def decode(
 
 
 def decode_metadata(cache_seqlens: torch.Tensor, *, q_len: int, heads: int, kv_cache_dtype: str = "bf16",
-                    kv_tokens_hint: int | None = None) -> tuple[object, object]:
+                    kv_tokens_hint: int | None = None, page_size: int | None = None) -> tuple[object, object]:
     """FlashMLA's tile schedule and split counts for the step (`get_mla_metadata`; its caches are 16-bit,
-    so `kv_cache_dtype` changes nothing, and its scheduler reads the lengths itself: `kv_tokens_hint` is unused)."""
+    so `kv_cache_dtype` changes nothing, its scheduler reads the lengths itself and its pages are 64 tokens:
+    `kv_tokens_hint` and `page_size` are unused)."""
     from flash_mla import get_mla_metadata
 
     return get_mla_metadata(cache_seqlens, q_len * heads, 1)

@@ -62,13 +62,14 @@ def decode(
 
 
 def decode_metadata(cache_seqlens: torch.Tensor, *, q_len: int, heads: int, kv_cache_dtype: str,
-                    kv_tokens_hint: int | None = None, e4m3_scores: bool = False) -> DecodePlan:
-    """The step's split plan, computed on the GPU from the lengths (`e4m3_scores`: `DecodePlan`'s; `kv_tokens_hint`:
-    `plan_decode`'s)."""
+                    kv_tokens_hint: int | None = None, page_size: int | None = None,
+                    e4m3_scores: bool = False) -> DecodePlan:
+    """The step's split plan, computed on the GPU from the lengths (`e4m3_scores`: `DecodePlan`'s; `kv_tokens_hint`
+    and `page_size`: `plan_decode`'s)."""
     from mlakit.kernels.triton_decode import plan_decode
 
     return plan_decode(cache_seqlens, q_len=q_len, heads=heads, kv_dtype=STORAGE_DTYPES[kv_cache_dtype],
-                       e4m3_scores=e4m3_scores, kv_tokens_hint=kv_tokens_hint)
+                       e4m3_scores=e4m3_scores, kv_tokens_hint=kv_tokens_hint, page_size=page_size)
 
 
 def prepare_call(metadata: DecodePlan, *args: object, **kwargs: object) -> PreparedCall | None:
@@ -107,14 +108,15 @@ def extend(
 
 def extend_metadata(
     cache_seqlens: torch.Tensor, cu_seqlens_q: torch.Tensor, *, max_q_len: int, heads: int, kv_cache_dtype: str,
-    kv_tokens_hint: int | None = None, e4m3_scores: bool = False,
+    kv_tokens_hint: int | None = None, page_size: int | None = None, e4m3_scores: bool = False,
 ) -> DecodePlan:
     """The step's split plan over its ragged segments, computed on the GPU from the lengths (`e4m3_scores`:
-    `DecodePlan`'s; `kv_tokens_hint`: `plan_decode`'s)."""
+    `DecodePlan`'s; `kv_tokens_hint` and `page_size`: `plan_decode`'s)."""
     from mlakit.kernels.triton_decode import plan_extend
 
     return plan_extend(cache_seqlens, cu_seqlens_q, max_q_len=max_q_len, heads=heads,
-                       kv_dtype=STORAGE_DTYPES[kv_cache_dtype], e4m3_scores=e4m3_scores, kv_tokens_hint=kv_tokens_hint)
+                       kv_dtype=STORAGE_DTYPES[kv_cache_dtype], e4m3_scores=e4m3_scores, kv_tokens_hint=kv_tokens_hint,
+                       page_size=page_size)
 
 
 def _attention_pass(

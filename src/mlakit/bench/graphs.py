@@ -399,7 +399,7 @@ def attention_stack(caches: Sequence[torch.Tensor], settings: GraphBenchSettings
     def step(q: torch.Tensor, table: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         out = q
         metadata = mla_decode_metadata(lengths, q_len=q.shape[1], heads=q.shape[2], backend=settings.backend,
-                                       kv_cache_dtype=storage_name(caches[0].dtype))
+                                       kv_cache_dtype=storage_name(caches[0].dtype), page_size=settings.page_size)
         for cache in caches:
             out, _ = mla_decode(q, cache, table, lengths, softmax_scale=settings.softmax_scale, backend=settings.backend,
                                 kv_lora_rank=settings.kv_lora_rank, return_lse=False, check_inputs=check_inputs,
@@ -432,7 +432,8 @@ def dcp_attention_stack(caches: Sequence[torch.Tensor], settings: GraphBenchSett
         dcp = dcp_decode_step(sharding, rank, table, lengths, q_len=q.shape[1], page_size=settings.page_size)
         tokens = q.flatten(0, 1)
         metadata = mla_decode_metadata(dcp.visible, q_len=1, heads=tokens.shape[1] * sharding.dcp_size,
-                                       backend=settings.backend, kv_cache_dtype=storage_name(caches[0].dtype))
+                                       backend=settings.backend, kv_cache_dtype=storage_name(caches[0].dtype),
+                                       page_size=settings.page_size)
         out = tokens
         for cache in caches:
             out, _ = dcp_attention(tokens, cache, dcp, group, kv_lora_rank=settings.kv_lora_rank,

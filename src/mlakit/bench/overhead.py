@@ -110,7 +110,7 @@ def _decode_calls(x: DecodeInputs) -> dict[str, Call]:
     from mlakit.compat import flash_mla as compat_flash_mla
 
     batch, q_len, heads, _ = x.q.shape
-    md = mla_decode_metadata(x.cache_seqlens, q_len=q_len, heads=heads, backend="triton")
+    md = mla_decode_metadata(x.cache_seqlens, q_len=q_len, heads=heads, backend="triton", page_size=x.kv_cache.shape[1])
     out = torch.empty(batch, q_len, heads, KV_LORA_RANK, dtype=x.q.dtype, device=x.q.device)
     lse = torch.empty(batch, heads, q_len, dtype=torch.float32, device=x.q.device)
     common = dict(softmax_scale=x.softmax_scale, backend="triton", metadata=md)
@@ -132,7 +132,8 @@ def _extend_calls(x: DecodeInputs) -> dict[str, Call]:
     batch, new, heads, _ = x.q.shape
     q = x.q.reshape(batch * new, heads, DIM)
     cu_seqlens_q = torch.arange(0, (batch + 1) * new, new, dtype=torch.int32, device=q.device)
-    md = mla_extend_metadata(x.cache_seqlens, cu_seqlens_q, max_q_len=new, heads=heads, backend="triton")
+    md = mla_extend_metadata(x.cache_seqlens, cu_seqlens_q, max_q_len=new, heads=heads, backend="triton",
+                             page_size=x.kv_cache.shape[1])
     out = torch.empty(batch * new, heads, KV_LORA_RANK, dtype=q.dtype, device=q.device)
     lse = torch.empty(batch * new, heads, dtype=torch.float32, device=q.device)
     common = dict(max_q_len=new, softmax_scale=x.softmax_scale, backend="triton", check_inputs=False, metadata=md)

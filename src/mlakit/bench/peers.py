@@ -69,7 +69,7 @@ def _registry_call(backend: str) -> KernelFactory:
     def prepare(inputs: DecodeInputs):
         _, q_len, heads, _ = inputs.q.shape
         metadata = mla_decode_metadata(inputs.cache_seqlens, q_len=q_len, heads=heads, backend=backend,
-                                       kv_cache_dtype=_case_of(inputs).kv_dtype)
+                                       kv_cache_dtype=_case_of(inputs).kv_dtype, page_size=inputs.kv_cache.shape[1])
         return lambda: mla_decode(
             inputs.q, inputs.kv_cache, inputs.block_table, inputs.cache_seqlens, softmax_scale=inputs.softmax_scale,
             backend=backend, kv_scale=inputs.kv_scale, kv_lora_rank=KV_LORA_RANK, check_inputs=False, metadata=metadata,

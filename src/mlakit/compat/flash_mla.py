@@ -280,7 +280,8 @@ def _filled(
         lengths = cache_seqlens if schedule.cache_seqlens is None else schedule.cache_seqlens
         q_len, heads = call.rows
         schedule.metadata = mla_decode_metadata(
-            lengths, q_len=q_len, heads=heads, backend=call.backend, kv_cache_dtype=layout.kv_cache_dtype
+            lengths, q_len=q_len, heads=heads, backend=call.backend, kv_cache_dtype=layout.kv_cache_dtype,
+            page_size=layout.page_block_size,
         )
         schedule.layout = layout
         return schedule.metadata

@@ -807,11 +807,12 @@ def _plan_step(requests: StepRequests, config: PlanConfig, backend: str) -> Plan
     if len(set(q_lens)) == 1:
         metadata = mla_decode_metadata(lengths, q_len=q_lens[0], heads=config.num_heads, backend=backend,
                                        kv_cache_dtype=storage_name(config.kv_data_type),
-                                       kv_tokens_hint=kv_tokens)
+                                       kv_tokens_hint=kv_tokens, page_size=requests.page_size)
         return PlannedStep(offsets, table, lengths, q_lens[0], None, metadata, requests.largest_page)
     cu_seqlens_q = torch.tensor(offsets, dtype=torch.int32, device=device)
     metadata = mla_extend_metadata(lengths, cu_seqlens_q, max_q_len=max(q_lens), heads=config.num_heads, backend=backend,
-                                   kv_cache_dtype=storage_name(config.kv_data_type), kv_tokens_hint=kv_tokens)
+                                   kv_cache_dtype=storage_name(config.kv_data_type), kv_tokens_hint=kv_tokens,
+                                   page_size=requests.page_size)
     return PlannedStep(offsets, table, lengths, 0, cu_seqlens_q, metadata, requests.largest_page)
 
 

@@ -54,6 +54,16 @@ HOPPER_UNIT_COST_TILES = 13
 # 128 heads: 40 x 8192 x 2 tokens 15% faster, 24 x 16384 5-7%, fp8 11-20%; NOTES.md v88). False keeps the split
 # counts everywhere.
 EQUAL_SHARES = True
+# With EQUAL_SHARES, whether a ragged batch whose every sequence is busy at the plan's row tiles (two at least, as for
+# the multi-wave counts) takes equal shares wherever they fit, without an estimate against its split counts (NOTES.md
+# v97: 128 heads, the ragged batch at one token 3% faster, fp8 5%, at two level; at 16 heads 1% slower, so not there;
+# only under a persistent kernel: the cp.async kernel, a program a row, ran the ragged batch 36% slower).
+# Where a plan may take them, its rows are RAGGED_SHARE_ROWS times the split counts' (a share holding several short
+# sequences runs them in rounds of their own).
+RAGGED_EQUAL_SHARES = True
+RAGGED_SHARE_ROWS = 2
+# The split kernels' grid holds one row per row of the plan (sequences x split ceiling, or RAGGED_SHARE_ROWS times that).
+MAX_WORK_ROWS = 65535
 MULTI_WAVE_MIN_ROW_TILES = tl.constexpr(2)
 MULTI_WAVE_MIN_GAIN_DEN = tl.constexpr(16)
 # `split_geometry`'s ceiling leaves room for OVERSUBSCRIPTION waves of units.
@@ -160,13 +170,30 @@ def _store_items(WORK, row, taken, sequence, split, splits, first_token, q_token
     tl.store(entry + 6, tl.broadcast_to(kv_end, row.shape), mask=taken)
 
 
+@triton.jit
+def _equal_shares(tiles, row_tiles, in_batch, offsets, batch, busy, total_tiles, parts, first_tile, min_tiles,
+                  max_splits, capacity, unit_cost, programs, plan_row_tiles, SCRATCH):
+    """Whether the batch can take equal shares, and their layout (`share_layout`) and estimated span: every sequence
+    busy at the plan's row tiles (a share's programs are its row tiles), shares of a split's minimum tiles at least,
+    every sequence's pieces within the split ceiling and the rounds within the plan's rows. Returns (shareable,
+    first_part, pieces, last_round, span in KV tiles)."""
+    at_plan_rows = tl.sum((in_batch & (row_tiles == plan_row_tiles)).to(tl.int32), 0)
+    first_part, pieces, last_round = share_layout(first_tile, tiles, offsets, in_batch, batch, total_tiles, parts,
+                                                  SCRATCH)
+    rounds = tl.max(tl.where(in_batch, last_round, 0), 0) + 1
+    shareable = ((busy == batch) & (at_plan_rows == batch) & (total_tiles >= parts * min_tiles)
+                 & (programs % plan_row_tiles == 0) & (rounds * parts <= capacity) & (tl.max(pieces, 0) <= max_splits))
+    return shareable, first_part, pieces, last_round, tl.cdiv(total_tiles, parts) + rounds * unit_cost
+
+
 @triton.jit(do_not_specialize=["batch", "programs", "min_tiles", "batched_min_tiles", "max_splits", "capacity",
-                               "unit_cost", "plan_row_tiles", "forced_splits"])
+                               "rows", "unit_cost", "plan_row_tiles", "forced_splits"])
 def _split_counts_kernel(
     SEQLENS, CU_SEQLENS_Q, NUM_SPLITS, WORK, WORK_STATE, batch, programs, min_tiles, batched_min_tiles, max_splits,
-    capacity, unit_cost, plan_row_tiles, forced_splits,
+    capacity, rows, unit_cost, plan_row_tiles, forced_splits,
     HEADS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_TAIL: tl.constexpr, FIT_ONE_WAVE: tl.constexpr, SHARES: tl.constexpr,
+    RAGGED_SHARES: tl.constexpr,
 ):
     offsets = tl.arange(0, BLOCK_B)
     in_batch = offsets < batch
@@ -209,21 +236,23 @@ def _split_counts_kernel(
                     best = tl.where(shorter, makespan, best)
                 counts = splits
                 if SHARES and BLOCK_B <= MAX_SORTED_BATCH:
-                    # Equal shares need every sequence busy at the plan's row tiles (a share's programs are its
-                    # row tiles) and shares of a split's minimum tiles at least; they are taken where their
-                    # estimate, a share plus a unit's fixed cost per piece a share runs, is a sixteenth shorter
-                    # than the split counts'.
-                    at_plan_rows = tl.sum((in_batch & (row_tiles == plan_row_tiles)).to(tl.int32), 0)
-                    shareable = ((busy == batch) & (at_plan_rows == batch) & (total_tiles >= parts * min_tiles)
-                                 & (programs % plan_row_tiles == 0))
-                    first_part, pieces, last_round = share_layout(first_tile, tiles, offsets, in_batch, batch,
-                                                                  total_tiles, parts, NUM_SPLITS)
-                    rounds = tl.max(tl.where(in_batch, last_round, 0), 0) + 1
-                    span = tl.cdiv(total_tiles, parts) + rounds * unit_cost
-                    take = (shareable & (rounds * parts <= capacity) & (tl.max(pieces, 0) <= max_splits)
-                            & (span * MULTI_WAVE_MIN_GAIN_DEN < best * (MULTI_WAVE_MIN_GAIN_DEN - 1)))
+                    # Taken where their estimate, a share plus a unit's fixed cost per piece a share runs, is a
+                    # sixteenth shorter than the split counts'.
+                    shareable, first_part, pieces, last_round, span = _equal_shares(
+                        tiles, row_tiles, in_batch, offsets, batch, busy, total_tiles, parts, first_tile, min_tiles,
+                        max_splits, capacity, unit_cost, programs, plan_row_tiles, NUM_SPLITS)
+                    take = shareable & (span * MULTI_WAVE_MIN_GAIN_DEN < best * (MULTI_WAVE_MIN_GAIN_DEN - 1))
                     counts = tl.where(take, pieces, splits)
                     order_mode = tl.where(take, ORDER_SHARES, order_mode)
+        elif RAGGED_SHARES and SHARES and BLOCK_B <= MAX_SORTED_BATCH:
+            # Only where the host let it (RAGGED_SHARES: a persistent kernel, the plan's row tiles and a unit cost,
+            # `decode_split_counts`), within the plan's `rows`, which leave room for a share's short sequences in
+            # rounds of their own.
+            shareable, first_part, pieces, last_round, span = _equal_shares(
+                tiles, row_tiles, in_batch, offsets, batch, busy, total_tiles, parts, first_tile, min_tiles,
+                max_splits, rows, unit_cost, programs, plan_row_tiles, NUM_SPLITS)
+            counts = tl.where(shareable, pieces, splits)
+            order_mode = tl.where(shareable, ORDER_SHARES, order_mode)
     if forced_splits > 0:  # `decode_split_counts` checked it against the plan's capacity
         counts = tl.full([BLOCK_B], forced_splits, tl.int32)
         order_mode = ORDER_WAVES
@@ -237,10 +266,10 @@ def _split_counts_kernel(
     # Unused rows hold zeros (split 0 of 0, which no program takes); a share plan's unused rows lie between its
     # items, so its rows are all cleared before its items are written.
     field = tl.arange(0, WORK_FIELDS_TILE)[None, :]
-    for first_unused in range(unused_from, capacity, BLOCK_TAIL):
+    for first_unused in range(unused_from, rows, BLOCK_TAIL):
         unused = first_unused + tl.arange(0, BLOCK_TAIL)[:, None]
         tl.store(WORK + unused * WORK_FIELDS + field, tl.zeros([BLOCK_TAIL, WORK_FIELDS_TILE], tl.int32),
-                 mask=(unused < capacity) & (field < WORK_FIELDS))
+                 mask=(unused < rows) & (field < WORK_FIELDS))
     tl.debug_barrier()  # NUM_SPLITS and the cleared rows, stored above by other threads, are read or overwritten below
     tile: tl.constexpr = [BLOCK_B, BLOCK_S]
     lane = tl.arange(0, BLOCK_S)[None, :]
@@ -297,6 +326,7 @@ def decode_split_counts(
     batched_min_tokens_per_split: int | None = None,
     unit_cost_tiles: int = 0,
     forced_splits: int = 0,
+    persistent: bool = False,
 ) -> SequenceSplits:
     """int32 `[batch]` splits per sequence, the work items and the work state (`SequenceSplits`), from
     one kernel launch and no host sync.
@@ -313,7 +343,9 @@ def decode_split_counts(
     `unit_cost_tiles` > 0 (a unit's fixed cost in KV tiles) and busy sequences of two row tiles or more, two or three
     waves' counts replace them where waves x (a unit's tiles + that cost) is a sixteenth smaller or more, and
     with `EQUAL_SHARES` equal shares of the batch's tiles where their estimate is (every sequence busy at
-    `geometry.row_tiles`; `decode_share_plan`). A split
+    `geometry.row_tiles`; `decode_share_plan`), and where a `persistent` kernel runs the plan (its programs walk
+    their shares' rounds; a grid kernel's program a row would run a share plan's rows in their order), equal shares
+    for a ragged batch busy at two row tiles or more wherever they fit (RAGGED_EQUAL_SHARES). A split
     holds at least `min_tokens_per_split` tokens, so its partial output (rows x kv_lora_rank values,
     written and read again by the combine) stays small next to the KV it reads, and at least
     `batched_min_tokens_per_split` (default: the same) where BATCHED_SEQUENCES sequences or more have work,
@@ -339,17 +371,20 @@ def decode_split_counts(
                          f"got {forced_splits}")
     batch = cache_seqlens.shape[0]
     capacity = batch * geometry.max_splits
+    ragged_shares = (persistent and EQUAL_SHARES and RAGGED_EQUAL_SHARES and unit_cost_tiles > 0
+                     and geometry.row_tiles >= MULTI_WAVE_MIN_ROW_TILES.value)
+    rows = capacity * RAGGED_SHARE_ROWS if ragged_shares and capacity * RAGGED_SHARE_ROWS <= MAX_WORK_ROWS else capacity
     num_splits = torch.empty(batch, dtype=torch.int32, device=cache_seqlens.device)
-    work = torch.empty(capacity, WORK_FIELDS, dtype=torch.int32, device=cache_seqlens.device)
+    work = torch.empty(rows, WORK_FIELDS, dtype=torch.int32, device=cache_seqlens.device)
     work_state = torch.empty(3, dtype=torch.int32, device=cache_seqlens.device)
     block_b = max(16, triton.next_power_of_2(batch))
     _split_counts_kernel[(1,)](
         cache_seqlens, cu_seqlens_q, num_splits, work, work_state, batch, programs_per_sm * num_sms,
         max(1, -(-min_tokens_per_split // block_n)),
-        max(1, -(-(batched_min_tokens_per_split or min_tokens_per_split) // block_n)), geometry.max_splits, capacity,
+        max(1, -(-(batched_min_tokens_per_split or min_tokens_per_split) // block_n)), geometry.max_splits, capacity, rows,
         unit_cost_tiles, geometry.row_tiles, forced_splits,
         HEADS=heads, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_B=block_b,
         BLOCK_S=max(1, WORK_STORE_TILE // block_b), BLOCK_TAIL=256, FIT_ONE_WAVE=FIT_SPLITS_TO_ONE_WAVE,
-        SHARES=EQUAL_SHARES,
+        SHARES=EQUAL_SHARES, RAGGED_SHARES=ragged_shares,
     )
     return SequenceSplits(num_splits, work, work_state)

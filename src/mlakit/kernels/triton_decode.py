@@ -22,13 +22,14 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from mlakit.kernels import decode_split_plan, hopper_common, hopper_decode, hopper_narrow_decode
-from mlakit.kernels.decode_split_plan import WORK_FIELDS, SplitGeometry, decode_split_counts, split_geometry
+from mlakit.kernels.decode_split_plan import (MAX_WORK_ROWS, WORK_FIELDS, SplitGeometry, decode_split_counts,
+                                             split_geometry)
 from mlakit.kernels.interpreter import INTERPRET
 from mlakit.kernels.launch import CachedLaunch
 from mlakit.cache.kv_quant import FP8_DTYPE, SCALE_GROUP, SCALE_PER_GROUP
 from mlakit.cache.kv_quant import scale_mode as kv_scale_mode
 from mlakit.device import sm_count
-from mlakit.errors import MLAInputError, checked_kv_tokens_hint
+from mlakit.errors import MLAInputError, checked_kv_tokens_hint, checked_page_size_hint
 from mlakit.reference import pages_view
 
 LOG2E = 1.4426950408889634
@@ -320,8 +321,6 @@ def combine_after_split(kernel: str, max_rows: int, max_splits: int) -> bool:
     return COMBINE_AFTER_SPLIT and kernel in ("narrow", "hopper") and (_whole_rows(max_splits) or few_rows)
 
 
-# The split kernels' grid holds one row per work item of the plan (sequences x split ceiling).
-MAX_WORK_ROWS = 65535
 # A split reads at least this many KV tiles: short ones spread a small batch over more SMs, but each
 # writes a partial (rows x kv_lora_rank values) the combine reads again (H100: NOTES.md, v26); at least
 # BATCHED_MIN_TILES_PER_SPLIT in batches of `decode_split_plan.BATCHED_SEQUENCES` busy sequences or more, which
@@ -424,6 +423,7 @@ def plan_decode(
     tuning: DecodeTuning | None = None,
     e4m3_scores: bool = False,
     kv_tokens_hint: int | None = None,
+    page_size: int | None = None,
 ) -> DecodePlan:
     """The split plan for a decode batch with `q_len` query tokens per sequence (no host sync).
 
@@ -432,11 +432,14 @@ def plan_decode(
     force many splits on small inputs); `tuning` overrides the launch shape; `e4m3_scores` (`DecodePlan`)
     lets the Hopper kernel round queries to e4m3 over fp8 pages. `kv_tokens_hint`: the batch's cached tokens in all
     (the sum of `cache_seqlens`) as the caller knows it on the host, for tiles that pay only on large batches
-    (`wide_narrow_tile`); a wrong hint costs speed, never correctness.
+    (`wide_narrow_tile`); `page_size`: the cache's tokens per page, where the caller knows it, for plans that suit
+    only the persistent seesaw kernel (which serves pages of whole 64-token tiles; `split_kernel_for`): a ragged
+    batch's equal shares (`decode_split_plan.RAGGED_EQUAL_SHARES`). A wrong hint costs speed, never correctness.
     """
     batch = cache_seqlens.shape[0]
     cu_seqlens_q = torch.arange(0, (batch + 1) * q_len, q_len, dtype=torch.int32, device=cache_seqlens.device)
-    return _plan(cache_seqlens, cu_seqlens_q, q_len, heads, kv_dtype, num_sms, tuning, e4m3_scores, kv_tokens_hint)
+    return _plan(cache_seqlens, cu_seqlens_q, q_len, heads, kv_dtype, num_sms, tuning, e4m3_scores, kv_tokens_hint,
+                 page_size)
 
 
 def plan_extend(
@@ -450,10 +453,12 @@ def plan_extend(
     tuning: DecodeTuning | None = None,
     e4m3_scores: bool = False,
     kv_tokens_hint: int | None = None,
+    page_size: int | None = None,
 ) -> DecodePlan:
-    """The split plan for ragged new-token segments (`cu_seqlens_q`, at most `max_q_len` each; `e4m3_scores` and
-    `kv_tokens_hint` as `plan_decode`'s)."""
-    return _plan(cache_seqlens, cu_seqlens_q, max_q_len, heads, kv_dtype, num_sms, tuning, e4m3_scores, kv_tokens_hint)
+    """The split plan for ragged new-token segments (`cu_seqlens_q`, at most `max_q_len` each; `e4m3_scores`,
+    `kv_tokens_hint` and `page_size` as `plan_decode`'s)."""
+    return _plan(cache_seqlens, cu_seqlens_q, max_q_len, heads, kv_dtype, num_sms, tuning, e4m3_scores, kv_tokens_hint,
+                 page_size)
 
 
 def _plan(
@@ -466,8 +471,10 @@ def _plan(
     tuning: DecodeTuning | None,
     e4m3_scores: bool,
     kv_tokens_hint: int | None,
+    page_size: int | None,
 ) -> DecodePlan:
     kv_tokens_hint = checked_kv_tokens_hint(kv_tokens_hint)
+    page_size = checked_page_size_hint(page_size)
     batch = cache_seqlens.shape[0]
     rows = max(1, max_q_len * heads)
     hopper_default = tuning is None and not INTERPRET and hopper_common.serves(cache_seqlens.device, kv_dtype)
@@ -485,13 +492,14 @@ def _plan(
                          f"rows than the launch grid holds ({MAX_WORK_ROWS}); split the batch")
     merge_state = torch.zeros(batch * -(-rows // hopper_decode.BLOCK_M.value), dtype=torch.int32,
                               device=cache_seqlens.device)
+    hopper_tile = hopper_default and tuning.block_m == hopper_decode.BLOCK_M.value
     num_splits, work, work_state = decode_split_counts(
         cache_seqlens, cu_seqlens_q, heads, geometry, tuning.block_m, tuning.block_n, sms, tuning.programs_per_sm,
         min_tokens_per_split=MIN_TILES_PER_SPLIT * tuning.block_n,
         batched_min_tokens_per_split=BATCHED_MIN_TILES_PER_SPLIT * tuning.block_n,
-        unit_cost_tiles=(decode_split_plan.HOPPER_UNIT_COST_TILES
-                         if hopper_default and tuning.block_m == hopper_decode.BLOCK_M.value else 0),
+        unit_cost_tiles=decode_split_plan.HOPPER_UNIT_COST_TILES if hopper_tile else 0,
         forced_splits=tuning.fixed_splits or 0,
+        persistent=hopper_tile and page_size is not None and page_size % hopper_common.BLOCK_N.value == 0,
     )
     return DecodePlan(tuning, geometry, cu_seqlens_q, num_splits, work, work_state, merge_state, max_q_len,
                       hopper_default, e4m3_scores)
@@ -552,7 +560,7 @@ def triton_mla_decode(
     """
     batch, q_len, heads, _ = q.shape
     plan = plan or plan_decode(cache_seqlens, q_len=q_len, heads=heads, kv_dtype=kv_cache.dtype, num_sms=num_sms,
-                               e4m3_scores=e4m3_scores)
+                               e4m3_scores=e4m3_scores, page_size=pages_view(kv_cache).shape[1])
     out, lse = _outputs(q, kv_lora_rank, out, lse)
     _launch(q.reshape(batch * q_len, heads, -1), kv_cache, block_table, cache_seqlens, kv_lora_rank, softmax_scale,
             kv_scale, plan, out.view(batch * q_len, heads, kv_lora_rank), lse, _lse_strides(lse))
@@ -584,7 +592,8 @@ def triton_mla_extend(
     `e4m3_scores` when not given). No host sync.
     """
     plan = plan or plan_extend(cache_seqlens, cu_seqlens_q, max_q_len=max_q_len, heads=q.shape[1],
-                               kv_dtype=kv_cache.dtype, num_sms=num_sms, e4m3_scores=e4m3_scores)
+                               kv_dtype=kv_cache.dtype, num_sms=num_sms, e4m3_scores=e4m3_scores,
+                               page_size=pages_view(kv_cache).shape[1])
     out, lse = _outputs(q, kv_lora_rank, out, lse)
     _launch(q, kv_cache, block_table, cache_seqlens, kv_lora_rank, softmax_scale, kv_scale, plan, out, lse, _lse_strides(lse))
     return out, lse

@@ -36,11 +36,12 @@ class DecodeKernel(Protocol):
 
 class DecodeMetadataBuilder(Protocol):
     """Builds a backend's per-step decode metadata (e.g. a split plan) once, for every layer's call.
-    `kv_tokens_hint`: the batch's cached tokens in all, as the caller knows it on the host (None: unknown); a
-    backend may use it to choose tiles, never for correctness."""
+    `kv_tokens_hint`: the batch's cached tokens in all, as the caller knows it on the host (None: unknown);
+    `page_size`: the cache's tokens per page (None: unknown); a backend may use them to choose tiles and plans, never
+    for correctness."""
 
     def __call__(self, cache_seqlens: torch.Tensor, *, q_len: int, heads: int, kv_cache_dtype: str,
-                 kv_tokens_hint: int | None = None) -> object: ...
+                 kv_tokens_hint: int | None = None, page_size: int | None = None) -> object: ...
 
 
 class CallPreparer(Protocol):
@@ -69,12 +70,12 @@ class PrefillPreparer(Protocol):
 
 
 class ExtendMetadataBuilder(Protocol):
-    """Builds a backend's per-step extend metadata once, for every layer's call (`kv_tokens_hint` as
+    """Builds a backend's per-step extend metadata once, for every layer's call (`kv_tokens_hint` and `page_size` as
     `DecodeMetadataBuilder`'s)."""
 
     def __call__(
         self, cache_seqlens: torch.Tensor, cu_seqlens_q: torch.Tensor, *, max_q_len: int, heads: int, kv_cache_dtype: str,
-        kv_tokens_hint: int | None = None,
+        kv_tokens_hint: int | None = None, page_size: int | None = None,
     ) -> object: ...
 
 
