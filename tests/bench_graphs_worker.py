@@ -17,7 +17,7 @@ from mlakit.bench import graphs as graphs_bench
 from mlakit.bench.ceilings import Ceilings
 from mlakit.bench.graphs import GraphBenchSettings, StepTime
 from mlakit.distributed import init_parallel
-from mlakit.graphs import DecodeBuffers
+from mlakit.serving.graphs import DecodeBuffers
 
 RANK_SETTINGS = GraphBenchSettings(layers=2, heads=4, batches=(1, 3), context=37, q_len=2, backend="reference",
                                    page_size=8, warmup=0, steps=3, tp_size=2, dcp_size=2, dcp_interleave=4)

@@ -37,7 +37,7 @@ from dcp_worker import SCENARIOS, _collectives, _run_scenario, run_world
 from mlakit import PagedLatentCache, ServingConfig, mla_decode
 from mlakit.distributed import TokenSharding, dcp_attention, dcp_decode_step, init_parallel
 from mlakit.distributed.groups import NO_MULTICAST
-from mlakit.graphs import capture_graph
+from mlakit.serving.graphs import capture_graph
 from mlakit.model.deepseek import DeepseekForCausalLM
 from mlakit.model.loader import load_model
 from tp_worker import generate, scripted_logits

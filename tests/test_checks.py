@@ -108,8 +108,8 @@ def _prefill_call(softmax_scale):
 
 
 def _forward_call(softmax_scale):
-    from mlakit.forward import mla_forward
-    from mlakit.step import AttentionStep
+    from mlakit.serving.forward import mla_forward
+    from mlakit.serving.step import AttentionStep
 
     step = AttentionStep((1, 2), (5, 2), torch.tensor([[0], [1]], dtype=torch.int32), torch.tensor([4, 8, 9]), page_size=8)
     return mla_forward(torch.randn(3, 2, 16), torch.randn(3, 2, 16), torch.randn(2, 8, 48), None, torch.randn(2 * 24, 32), step,

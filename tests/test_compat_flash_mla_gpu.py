@@ -15,7 +15,7 @@ import torch
 import mlakit
 from flash_mla_oracle import LENGTHS, assert_matches_oracle, run
 from mlakit.compat.flash_mla import flash_mla_with_kvcache, get_mla_metadata
-from mlakit.graphs import capture_graph
+from mlakit.serving.graphs import capture_graph
 from paged_inputs import PagedBatch, assert_lse_close, make_paged_batch, relative_error
 
 pytestmark = pytest.mark.gpu

@@ -9,7 +9,7 @@ import torch
 
 from flashinfer_inputs import assert_matches, fp8_cache, make_step, reference, relative_error
 from mlakit.compat.flashinfer import BatchMLAPagedAttentionWrapper
-from mlakit.graphs import capture_graph
+from mlakit.serving.graphs import capture_graph
 
 pytestmark = pytest.mark.gpu
 

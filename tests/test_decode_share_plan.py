@@ -111,8 +111,9 @@ def test_share_plans_are_taken_where_their_estimate_is_a_sixteenth_shorter(kerne
     """On 132 SMs at 128 heads (a share of the tiles plus 13 tiles a piece a part runs, against the split counts'
     makespan): 40 x 8192 x 2 tokens (155 + 3 x 13 against 231), 24 x 16384 at one and two tokens and uneven 32 x
     ~16384 take shares; 64 x ~4096 (126 + 4 x 13 against 180), 64 x 16384 and 128 x 4096 keep their split counts,
-    as do batches that are ragged with pieces past the split ceiling, hold an empty sequence or mixed query lengths, plans without a unit cost, and a
-    GPU whose SMs are not whole groups of a sequence's row tiles; so does every batch with EQUAL_SHARES off."""
+    as do batches that are ragged with pieces past the split ceiling, hold an empty sequence or mixed query lengths,
+    plans without a unit cost or for a grid kernel (not `persistent`), and a GPU whose SMs are not whole groups of a
+    sequence's row tiles; so does every batch with EQUAL_SHARES off."""
     def order(lengths: list[int], q_len: int | list[int], **kwargs) -> int:
         q_lens = q_len if isinstance(q_len, list) else [q_len] * len(lengths)
         return int(_plan(kernel_device, lengths, q_lens, **kwargs)[3][2])
@@ -124,6 +125,7 @@ def test_share_plans_are_taken_where_their_estimate_is_a_sixteenth_shorter(kerne
                            ([65536] + [4096] * 23, 2), ([16384] * 24 + [0], 2), ([16384] * 24, [2] * 23 + [1])]:
         assert order(lengths, q_len) != ORDER_SHARES, (len(lengths), q_len)
     assert order([8192] * 40, 2, unit_cost=0) != ORDER_SHARES
+    assert order([8192] * 40, 2, persistent=False) != ORDER_SHARES  # a grid kernel's plan
     assert order([8192] * 40, 2, num_sms=130) != ORDER_SHARES  # 130 programs are not whole groups of 4 row tiles
     monkeypatch.setattr(decode_split_plan, "EQUAL_SHARES", False)
     for lengths, q_len in shares:
@@ -168,7 +170,7 @@ def test_decode_over_a_share_plan_matches_the_oracle(kernel_device, kv_dtype, se
                        num_sms=8)
     cu_seqlens_q = torch.arange(0, 2 * len(lengths) + 1, 2, dtype=torch.int32, device=kernel_device)
     counts, work, state = decode_split_counts(batch.cache_seqlens, cu_seqlens_q, 16, plan.geometry, 16, 32, 8,
-                                              programs_per_sm=1, unit_cost_tiles=2)
+                                              programs_per_sm=1, unit_cost_tiles=2, persistent=True)
     assert int(state[2]) == ORDER_SHARES and int(counts.max()) > 1
     assert plan.geometry == SplitGeometry(row_tiles=2, max_splits=3)
     plan = dataclasses.replace(plan, num_splits=counts, work=work, work_state=state)

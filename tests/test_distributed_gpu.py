@@ -10,7 +10,7 @@ import torch.distributed as dist
 from dcp_worker import LAYOUTS, run_world
 from mlakit import PagedLatentCache, mla_decode
 from mlakit.distributed import TokenSharding, dcp_attention, dcp_decode_step
-from mlakit.graphs import capture_graph
+from mlakit.serving.graphs import capture_graph
 
 pytestmark = pytest.mark.gpu
 

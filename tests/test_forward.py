@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mlakit.errors import MLAInputError
-from mlakit.forward import mla_forward
+from mlakit.serving.forward import mla_forward
 from mlakit.reference import reference_extend
-from mlakit.step import AttentionStep, draft_decode_steps
+from mlakit.serving.step import AttentionStep, draft_decode_steps
 from paged_inputs import make_paged_batch, relative_error
 
 HEADS, RANK, ROPE, NOPE, V_DIM = 3, 32, 16, 16, 24
@@ -76,8 +76,8 @@ def test_speculative_verify_steps_go_to_decode_when_uniform_and_to_extend_when_u
     # Each part knows its cached tokens from the host's lengths, and its decode metadata is built with them and the
     # cache's page size.
     assert [p.kv_tokens for p in uneven.parts] == [9 + 30, 12 + 5]
-    with mock.patch("mlakit.step.mla_decode_metadata") as build:
-        uniform.parts[0].decode_metadata("triton", 16, "bf16")
+    with mock.patch("mlakit.serving.step.mla_decode_metadata") as build:
+        uniform.parts[0].decode_metadata("triton", 8, "bf16")
     assert build.call_args.kwargs["kv_tokens_hint"] == 9 + 12 + 30 + 5
     assert build.call_args.kwargs["page_size"] == 16
 

@@ -13,7 +13,7 @@ import torch
 from mlakit import ConfigError, FP8SaturationWarning, MLAInputError, PagedLatentCache
 from mlakit.cache import FP8Counts, LatentStore
 from mlakit.cache.kv_quant import AUTO_SCALE_HEADROOM, FP8_MAX, FP8_SATURATION, SCALE_GROUP, dequantize
-from mlakit.graphs import capture_graph
+from mlakit.serving.graphs import capture_graph
 from mlakit.kernels.cache_write import write_rows
 from mlakit.model.deepseek import DeepseekConfig, DeepseekForCausalLM
 from mlakit.model.runner import Request, Runner

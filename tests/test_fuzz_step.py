@@ -25,9 +25,9 @@ from fuzz_strategies import (
 )
 from paged_inputs import relative_error
 from mlakit import MLAKitError, PagedLatentCache
-from mlakit.forward import mla_forward
-from mlakit.graphs import DecodeGraphs
-from mlakit.step import AttentionStep
+from mlakit.serving.forward import mla_forward
+from mlakit.serving.graphs import DecodeGraphs
+from mlakit.serving.step import AttentionStep
 
 HEADS, NOPE, ROPE, RANK, V_DIM, PAGE_SIZE = 2, 8, 8, 16, 8, 4
 STEP_ARGS = ("new_tokens", "cache_lens", "block_table", "slots", "page_size", "decode_q_len", "prefill_form",

@@ -7,7 +7,7 @@ import torch
 
 from mlakit.attention.functional import mla_decode
 from mlakit.errors import ConfigError, MLAInputError
-from mlakit.graphs import DEFAULT_BATCH_BUCKETS, DecodeBuffers, DecodeGraphs, capture_graph
+from mlakit.serving.graphs import DEFAULT_BATCH_BUCKETS, DecodeBuffers, DecodeGraphs, capture_graph
 from mlakit.kernels.cache_write import write_rows
 from mlakit.reference import reference_decode
 from paged_inputs import relative_error

@@ -8,7 +8,7 @@ from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Atten
 
 from mlakit import PagedLatentCache
 from mlakit.model.mla_attention import MLAAttention, MLALayerConfig
-from mlakit.step import AttentionStep
+from mlakit.serving.step import AttentionStep
 from paged_inputs import relative_error
 
 YARN = {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64, "beta_fast": 32, "beta_slow": 1,

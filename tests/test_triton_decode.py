@@ -434,13 +434,16 @@ def test_an_output_of_another_dtype_than_the_queries_is_refused():
 def test_a_pass_merging_all_but_shares_gets_a_share_only_combine(order, merged, monkeypatch):
     """Where the Hopper pass merges every plan but an equal-share one itself (`Merges.ALL_BUT_SHARES`), the launch runs
     the share-only combine behind it, which merges the split sequences of a share plan and leaves other plans' to the
-    pass (here the portable pass stands in for it and merges nothing: their rows keep what the output held)."""
+    pass (here the portable pass stands in for it and merges nothing: their rows keep what the output held). The pass
+    is told whether the plan may take shares (`DecodePlan.may_share`), as it decides whether to merge them."""
     batch = make_paged_batch([900, 0, 1, 333], heads=3, q_len=2, page_size=16, kv_lora_rank=64, rope_dim=16, seed=7)
     plan = plan_decode(batch.cache_seqlens, q_len=2, heads=3, kv_dtype=batch.kv_cache.dtype, num_sms=64)
-    assert int(plan.num_splits.max()) > 1
+    assert int(plan.num_splits.max()) > 1 and not plan.may_share  # the portable tier's plan on the CPU
+    plan = dataclasses.replace(plan, may_share=True)
     plan.work_state[2] = getattr(decode_split_plan, f"ORDER_{order}").value
 
-    def prepare(key, grid, q, pages, kv_lora_rank, *args):
+    def prepare(key, grid, q, pages, kv_lora_rank, work_state, merge_state, max_splits, e4m3_scores, may_share):
+        assert may_share, "the plan's may_share reaches the pass"
         split = triton_decode._portable_split(key, grid, q, pages, kv_lora_rank, plan.tuning, scale_mode(pages, None),
                                               (0, 0))
         return split, triton_decode.hopper_decode.Merges.ALL_BUT_SHARES

@@ -12,7 +12,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 import mlakit
-from mlakit.graphs import capture_graph
+from mlakit.serving.graphs import capture_graph
 from mlakit.kernels.hopper_decode.next_unit_prefetch import PIECE_COUNT, PIECES, allocate_pieces, stage_next_unit
 from mlakit.kernels.hopper_decode.seesaw_kernel import _runs, _unit_item, _unit_work
 from mlakit.kernels.triton_decode import triton_mla_decode
@@ -641,7 +641,8 @@ def test_equal_share_plans_at_128_heads(kv_dtype, lengths, q_len, num_sms, monke
     monkeypatch.setattr(decode_split_plan, "EQUAL_SHARES", True)
     batch = make_paged_batch(lengths, heads=128, q_len=q_len, page_size=64, kv_lora_rank=512, rope_dim=64,
                              kv_dtype=kv_dtype, device="cuda", seed=88)
-    plan = plan_decode(batch.cache_seqlens, q_len=q_len, heads=128, kv_dtype=batch.kv_cache.dtype, num_sms=num_sms)
+    plan = plan_decode(batch.cache_seqlens, q_len=q_len, heads=128, kv_dtype=batch.kv_cache.dtype, num_sms=num_sms,
+                       page_size=64)
     assert int(plan.work_state[2]) == decode_split_plan.ORDER_SHARES and int(plan.num_splits.max()) > 1
     assert _split_kernel(batch, plan) == "hopper"
     if q_len == 2 and num_sms == 132:  # several rounds of units on every SM, merged in the kernel
@@ -660,8 +661,8 @@ def test_equal_share_plans_at_128_heads(kv_dtype, lengths, q_len, num_sms, monke
 def test_ragged_batches_take_equal_shares_at_128_heads(kv_dtype, page_size, sequences, q_len, num_sms):
     """Ragged batches of 100-3000 tokens planned for `num_sms` SMs and the seesaw's pages take equal shares
     (RAGGED_EQUAL_SHARES, in the plan's enlarged rows: a share's short sequences run in rounds of their own) and match
-    the reference launch after launch with fresh queries, launched on every SM, also where the plan's page size was
-    wrong (the cp.async kernel runs it). Planned for pages of 16 or without a page size, they keep their split counts
+    the reference launch after launch with fresh queries (the seesaw launched on every SM), also where the plan's page
+    size was wrong (the cp.async kernel runs it). Planned for pages of 16 or without a page size, they keep their split counts
     in the split counts' rows."""
     from mlakit.kernels import decode_split_plan
     from mlakit.kernels.triton_decode import plan_decode
@@ -687,18 +688,21 @@ def test_ragged_batches_take_equal_shares_at_128_heads(kv_dtype, page_size, sequ
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
-@pytest.mark.parametrize("kv_dtype, lengths, q_len, shares, fixed_splits", [
-    ("bf16", [8192] * 40, 2, True, None),
-    ("fp8_e4m3", [8192 + 97 * (i % 7) - 300 for i in range(40)], 2, True, None),
-    ("bf16", [9000, 0, 4096, 1, 700, 16384, 65] * 4, 2, False, None),  # ragged: units taken as programs finish
-    ("bf16", [9000, 0, 4096, 1, 700, 65] * 11, 1, False, 3),  # three fixed splits a sequence in snake order
+@pytest.mark.parametrize("kv_dtype, lengths, q_len, shares, fixed_splits, planned_pages", [
+    ("bf16", [8192] * 40, 2, True, None, 64),
+    ("fp8_e4m3", [8192 + 97 * (i % 7) - 300 for i in range(40)], 2, True, None, 64),
+    ("bf16", [9000, 0, 4096, 1, 700, 16384, 65] * 4, 2, False, None, 64),  # ragged: units taken as programs finish
+    ("bf16", [9000, 0, 4096, 1, 700, 65] * 11, 1, False, 3, 64),  # three fixed splits a sequence in snake order
+    ("bf16", [8192] * 40, 2, False, None, None),  # planned without the page size: no shares
 ])
 def test_share_plans_merge_in_the_combine_and_other_plans_in_the_seesaw(kv_dtype, lengths, q_len, shares,
-                                                                        fixed_splits):
-    """With SHARE_MERGES_BY_COMBINE (the default) and a split ceiling of at most MERGE_MAX_SPLITS, a combine is
-    launched behind the seesaw: over an equal-share plan the seesaw leaves its cut sequences' partials to it (with the
-    combine's launch skipped, their rows keep what the output held), over other plans it merges them itself and the
-    combine changes nothing; launch after launch with fresh queries, the merge counters at zero."""
+                                                                        fixed_splits, planned_pages):
+    """With SHARE_MERGES_BY_COMBINE (the default), a split ceiling of at most MERGE_MAX_SPLITS and a plan that may
+    take equal shares (planned for the seesaw's pages, with the Hopper tier's tile), a combine is launched behind
+    the seesaw: over an equal-share plan the seesaw leaves its cut sequences' partials to it (with the combine's
+    launch skipped, their rows keep what the output held), over other plans it merges them itself and the combine
+    changes nothing; a plan that cannot take shares (fixed splits, no page size) launches no combine. Launch after
+    launch with fresh queries, the merge counters at zero."""
     from mlakit.kernels import decode_split_plan, hopper_decode, triton_decode
     from mlakit.kernels.triton_decode import DecodeTuning, plan_decode
 
@@ -708,7 +712,8 @@ def test_share_plans_merge_in_the_combine_and_other_plans_in_the_seesaw(kv_dtype
     tuning = fixed_splits and DecodeTuning(64, 64, 8, programs_per_sm=1, fixed_splits=fixed_splits)
 
     def new_plan():
-        return plan_decode(batch.cache_seqlens, q_len=q_len, heads=128, kv_dtype=batch.kv_cache.dtype, tuning=tuning)
+        return plan_decode(batch.cache_seqlens, q_len=q_len, heads=128, kv_dtype=batch.kv_cache.dtype, tuning=tuning,
+                           page_size=planned_pages)
 
     plan = new_plan()
     assert (int(plan.work_state[2]) == decode_split_plan.ORDER_SHARES) == shares and int(plan.num_splits.max()) > 1
@@ -720,7 +725,8 @@ def test_share_plans_merge_in_the_combine_and_other_plans_in_the_seesaw(kv_dtype
             batch.q.copy_(torch.randn(batch.q.shape, device="cuda", generator=gen).to(batch.q.dtype))
             _check(batch, plan=plan)
             assert not plan.merge_state.any(), "every launch leaves the merge counters at zero"
-    assert combine.call_count == 2
+    assert plan.may_share == (fixed_splits is None and planned_pages == 64)
+    assert combine.call_count == (2 if plan.may_share else 0)
     held = torch.full((*batch.q.shape[:3], batch.kv_lora_rank), float("nan"), dtype=batch.q.dtype, device="cuda")
     with mock.patch.object(triton_decode, "_COMBINE", mock.Mock()):
         out, _ = triton_mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens,

@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from mlakit import DeviceInfo, MLAShape, ServingConfig, resolve
-from mlakit.forward import mla_forward
+from mlakit.serving.forward import mla_forward
 from mlakit.kernels import cache_write, decode_split_plan, hopper_decode, hopper_narrow_decode, triton_decode, triton_prefill
-from mlakit.step import AttentionStep
-from mlakit.warmup import warm_up
+from mlakit.serving.step import AttentionStep
+from mlakit.serving.warmup import warm_up
 
 KERNELS = (triton_decode._mla_decode_split_kernel, triton_decode._mla_decode_combine_kernel,
            decode_split_plan._split_counts_kernel, triton_prefill._mha_prefill_kernel, cache_write._write_rows_kernel,

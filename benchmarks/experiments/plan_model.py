@@ -39,7 +39,7 @@ def seesaw_plan(case: DecodeCase, sms: int, unit_cost: int) -> SequenceSplits:
     return decode_split_counts(lengths, cu_seqlens_q, case.heads, geometry, block_m, block_n, sms, programs_per_sm=1,
                                min_tokens_per_split=MIN_TILES_PER_SPLIT * block_n,
                                batched_min_tokens_per_split=BATCHED_MIN_TILES_PER_SPLIT * block_n,
-                               unit_cost_tiles=unit_cost)
+                               unit_cost_tiles=unit_cost, persistent=True)
 
 
 def longest_first_makespan(units: list[int], programs: int) -> int:

@@ -20,7 +20,7 @@ import torch
 from mlakit.bench.ceilings import Ceilings
 from mlakit.bench.timing import clean_l2_ms, eager_us, host_us_per_call, median_ms, sustained_ms
 from mlakit.cache.kv_quant import FP8_DTYPE, STORAGE_DTYPES
-from mlakit.graphs import capture_graph
+from mlakit.serving.graphs import capture_graph
 
 KV_LORA_RANK, ROPE_DIM = 512, 64
 DIM = KV_LORA_RANK + ROPE_DIM

@@ -51,7 +51,7 @@ from mlakit.config import ServingConfig
 from mlakit.distributed import (ParallelGroups, TokenSharding, dcp_attention, dcp_decode_step, exchange_partials,
                                 gather_heads)
 from mlakit.errors import ConfigError
-from mlakit.graphs import DecodeGraphs, require_capturable
+from mlakit.serving.graphs import DecodeGraphs, require_capturable
 from mlakit.registry.catalog import get_backend
 from mlakit.shape import MLAShape
 

@@ -8,7 +8,7 @@
 - `dcp_step` / `dcp_decode_step`: one step's per-rank metadata (local lengths, visible keys
   per query token, local cache slots with -1 for other ranks' tokens), no host sync;
 - `dcp_attention`: one layer's exact attention over the sharded cache (`dcp_mla_forward`: the
-  same from a model's q_nope / q_pe and `kv_b_proj`, as `mlakit.forward.mla_forward`);
+  same from a model's q_nope / q_pe and `kv_b_proj`, as `mlakit.serving.forward.mla_forward`);
 - `mlakit.distributed.tensor_parallel`: which slice of each model weight a TP rank holds, and
   the model's all-reduce / all-gather;
 - `gather_heads` / `merge_across_ranks`: its two collectives, for engines with their own kernels

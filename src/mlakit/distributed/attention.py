@@ -20,7 +20,7 @@ from mlakit.config import AUTO
 from mlakit.distributed.collectives import gather_heads, merge_across_ranks
 from mlakit.distributed.step import DCPStep
 from mlakit.errors import MLAInputError
-from mlakit.forward import absorb_query, absorbed_weights, expand_output, query_dtype_for
+from mlakit.serving.forward import absorb_query, absorbed_weights, expand_output, query_dtype_for
 from mlakit.reference import attend_tokens, pages_view
 
 
@@ -98,7 +98,7 @@ def dcp_mla_forward(
     softmax_scale: float,
     backend: str = AUTO,
 ) -> torch.Tensor:
-    """`mlakit.forward.mla_forward` under decode context parallelism: attention output
+    """`mlakit.serving.forward.mla_forward` under decode context parallelism: attention output
     `[T, heads, d_v]` (float32) of this rank's heads for the step's query tokens, whose latent
     rows this rank already wrote where it owns them (`step.slots`).
 

@@ -51,8 +51,9 @@ HOPPER_UNIT_COST_TILES = 13
 # equal shares of the batch's KV tiles instead (`decode_share_plan`: a sequence cut where a share ends, each share's
 # pieces run one after another by its row tiles' programs) where a share plus the unit cost per piece a share runs
 # is estimated a sixteenth shorter than the split counts' makespan: batches whose split counts round badly (H100,
-# 128 heads: 40 x 8192 x 2 tokens 15% faster, 24 x 16384 5-7%, fp8 11-20%; NOTES.md v88). False keeps the split
-# counts everywhere.
+# 128 heads: 40 x 8192 x 2 tokens 15% faster, 24 x 16384 5-7%, fp8 11-20%; NOTES.md v88). Only for a persistent
+# kernel (`decode_split_counts`): the grid kernels, a program a plan row started in the rows' order, ran the same
+# plans 17-36% slower (H200, pages of 16 and 32, bf16 and fp8; NOTES.md v97, v98). False keeps the split counts everywhere.
 EQUAL_SHARES = True
 # With EQUAL_SHARES, whether a ragged batch whose every sequence is busy at the plan's row tiles (two at least, as for
 # the multi-wave counts) takes equal shares wherever they fit, without an estimate against its split counts (NOTES.md
@@ -109,7 +110,8 @@ ORDER_SHARES = tl.constexpr(2)
 class SequenceSplits(NamedTuple):
     """Per-sequence split counts; the work items, one per (sequence, split) in launch order (longest
     splits first; an equal-share plan's in rounds, `decode_share_plan`), each `[sequence, split, splits, first
-    query token, query tokens, first KV token, end KV token]` (int32 `[batch x max_splits, WORK_FIELDS]`; rows
+    query token, query tokens, first KV token, end KV token]` (int32 `[batch x max_splits, WORK_FIELDS]`, or
+    RAGGED_SHARE_ROWS times those rows where a ragged batch may take equal shares; rows
     without an item hold zeros, which no split matches; a sequence's splits cover its KV tokens once, the last
     one open-ended); and the work state (int32 `[3]`): how many item rows there are, the counter a persistent
     kernel takes units with (0; the kernel leaves it at 0, so launches of one plan must run one after another, as
@@ -313,6 +315,16 @@ def _split_counts_kernel(
     tl.store(WORK_STATE + 2, order_mode)
 
 
+def may_share(persistent: bool, unit_cost_tiles: int) -> bool:
+    """Whether `decode_split_counts` may give a batch equal shares (which batch takes them is decided on the GPU):
+    only for a persistent kernel, with EQUAL_SHARES and a unit cost.
+
+    >>> may_share(True, HOPPER_UNIT_COST_TILES), may_share(False, HOPPER_UNIT_COST_TILES), may_share(True, 0)
+    (True, False, False)
+    """
+    return persistent and EQUAL_SHARES and unit_cost_tiles > 0
+
+
 def decode_split_counts(
     cache_seqlens: torch.Tensor,
     cu_seqlens_q: torch.Tensor,
@@ -341,11 +353,12 @@ def decode_split_counts(
     would need more programs (splits x row tiles over the busy sequences) than run at once, the splits grow by
     sixteenths until they fit or every busy sequence has one split (`FIT_SPLITS_TO_ONE_WAVE`); with
     `unit_cost_tiles` > 0 (a unit's fixed cost in KV tiles) and busy sequences of two row tiles or more, two or three
-    waves' counts replace them where waves x (a unit's tiles + that cost) is a sixteenth smaller or more, and
-    with `EQUAL_SHARES` equal shares of the batch's tiles where their estimate is (every sequence busy at
-    `geometry.row_tiles`; `decode_share_plan`), and where a `persistent` kernel runs the plan (its programs walk
-    their shares' rounds; a grid kernel's program a row would run a share plan's rows in their order), equal shares
-    for a ragged batch busy at two row tiles or more wherever they fit (RAGGED_EQUAL_SHARES). A split
+    waves' counts replace them where waves x (a unit's tiles + that cost) is a sixteenth smaller or more. Where a
+    `persistent` kernel runs the plan (its programs walk their shares' rounds; a grid kernel's program a row would
+    start a share plan's rows in their order, long pieces late), with `EQUAL_SHARES` equal shares of the batch's
+    tiles replace them where their estimate is (every sequence busy at `geometry.row_tiles`; `decode_share_plan`),
+    and a ragged batch busy at two row tiles or more takes them wherever they fit (RAGGED_EQUAL_SHARES;
+    `may_share` says on the host whether a plan can take them). A split
     holds at least `min_tokens_per_split` tokens, so its partial output (rows x kv_lora_rank values,
     written and read again by the combine) stays small next to the KV it reads, and at least
     `batched_min_tokens_per_split` (default: the same) where BATCHED_SEQUENCES sequences or more have work,
@@ -371,7 +384,8 @@ def decode_split_counts(
                          f"got {forced_splits}")
     batch = cache_seqlens.shape[0]
     capacity = batch * geometry.max_splits
-    ragged_shares = (persistent and EQUAL_SHARES and RAGGED_EQUAL_SHARES and unit_cost_tiles > 0
+    shares = may_share(persistent, unit_cost_tiles)
+    ragged_shares = (shares and RAGGED_EQUAL_SHARES
                      and geometry.row_tiles >= MULTI_WAVE_MIN_ROW_TILES.value)
     rows = capacity * RAGGED_SHARE_ROWS if ragged_shares and capacity * RAGGED_SHARE_ROWS <= MAX_WORK_ROWS else capacity
     num_splits = torch.empty(batch, dtype=torch.int32, device=cache_seqlens.device)
@@ -385,6 +399,6 @@ def decode_split_counts(
         unit_cost_tiles, geometry.row_tiles, forced_splits,
         HEADS=heads, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_B=block_b,
         BLOCK_S=max(1, WORK_STORE_TILE // block_b), BLOCK_TAIL=256, FIT_ONE_WAVE=FIT_SPLITS_TO_ONE_WAVE,
-        SHARES=EQUAL_SHARES, RAGGED_SHARES=ragged_shares,
+        SHARES=shares, RAGGED_SHARES=ragged_shares,
     )
     return SequenceSplits(num_splits, work, work_state)

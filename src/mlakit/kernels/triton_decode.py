@@ -397,7 +397,9 @@ class DecodePlan:
     the 64-row Hopper kernel, else the portable kernel with its default tile, over the same split
     counts (`split_kernel_for`; unless the tuning's tier was set to "portable"). `e4m3_scores`: where a Hopper kernel
     takes fp8 pages at DeepSeek's widths (the seesaw or the narrow one), it rounds the query rows to e4m3 and computes
-    S on 8-bit tensor cores (`hopper_decode.prepare`, `hopper_narrow_decode.prepare`)."""
+    S on 8-bit tensor cores (`hopper_decode.prepare`, `hopper_narrow_decode.prepare`). `may_share`: whether the plan
+    kernel could take equal shares (planned for the seesaw's pages: `decode_split_plan.may_share`); only then does the
+    seesaw launch a combine behind it for a share plan's merges."""
 
     tuning: DecodeTuning
     geometry: SplitGeometry
@@ -409,6 +411,7 @@ class DecodePlan:
     max_q_len: int
     hopper_default: bool = False
     e4m3_scores: bool = False
+    may_share: bool = False
     launches: dict[tuple, Callable[..., None]] = dataclasses.field(default_factory=dict, init=False, compare=False,
                                                                    repr=False)
 
@@ -493,16 +496,16 @@ def _plan(
     merge_state = torch.zeros(batch * -(-rows // hopper_decode.BLOCK_M.value), dtype=torch.int32,
                               device=cache_seqlens.device)
     hopper_tile = hopper_default and tuning.block_m == hopper_decode.BLOCK_M.value
+    persistent = hopper_tile and page_size is not None and page_size % hopper_common.BLOCK_N.value == 0
+    unit_cost_tiles = decode_split_plan.HOPPER_UNIT_COST_TILES if hopper_tile else 0
     num_splits, work, work_state = decode_split_counts(
         cache_seqlens, cu_seqlens_q, heads, geometry, tuning.block_m, tuning.block_n, sms, tuning.programs_per_sm,
         min_tokens_per_split=MIN_TILES_PER_SPLIT * tuning.block_n,
         batched_min_tokens_per_split=BATCHED_MIN_TILES_PER_SPLIT * tuning.block_n,
-        unit_cost_tiles=decode_split_plan.HOPPER_UNIT_COST_TILES if hopper_tile else 0,
-        forced_splits=tuning.fixed_splits or 0,
-        persistent=hopper_tile and page_size is not None and page_size % hopper_common.BLOCK_N.value == 0,
+        unit_cost_tiles=unit_cost_tiles, forced_splits=tuning.fixed_splits or 0, persistent=persistent,
     )
     return DecodePlan(tuning, geometry, cu_seqlens_q, num_splits, work, work_state, merge_state, max_q_len,
-                      hopper_default, e4m3_scores)
+                      hopper_default, e4m3_scores, decode_split_plan.may_share(persistent, unit_cost_tiles))
 
 
 def wide_narrow_tile(tuning: DecodeTuning, rows: int, kv_tokens_hint: int | None, num_sms: int,
@@ -778,7 +781,7 @@ def _prepare_launch(
         split = hopper_narrow_decode.prepare(key, grid, q, pages, kv_lora_rank, plan.e4m3_scores, tuning.block_m)
     elif kernel == "hopper":
         split, merges = hopper_decode.prepare(key, grid, q, pages, kv_lora_rank, plan.work_state, plan.merge_state,
-                                              geometry.max_splits, plan.e4m3_scores)
+                                              geometry.max_splits, plan.e4m3_scores, plan.may_share)
     else:
         split = _portable_split(key, grid, q, pages, kv_lora_rank, tuning, scale_mode, scale_strides)
     only_shares = merges == hopper_decode.Merges.ALL_BUT_SHARES

@@ -22,7 +22,7 @@ from mlakit.config.hf import HFConfig
 from mlakit.errors import ConfigError
 from mlakit.model.mla_attention import MLAAttention, MLALayerConfig, RMSNorm
 from mlakit.model.moe import MLP, MoE, MoEConfig
-from mlakit.step import AttentionStep
+from mlakit.serving.step import AttentionStep
 
 SUPPORTED_ARCHITECTURES = ("DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM")
 

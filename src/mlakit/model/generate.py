@@ -19,7 +19,7 @@ from mlakit.model.loader import load_model
 from mlakit.model.runner import Request, Runner
 from mlakit.registry.resolve import resolve
 from mlakit.report import print_plan
-from mlakit.warmup import warm_up
+from mlakit.serving.warmup import warm_up
 
 
 def build_runner(

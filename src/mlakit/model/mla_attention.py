@@ -21,10 +21,10 @@ from mlakit.distributed.attention import dcp_mla_forward
 from mlakit.distributed.groups import ParallelGroups
 from mlakit.distributed.step import DCPStep
 from mlakit.errors import ConfigError
-from mlakit.forward import mla_forward
+from mlakit.serving.forward import mla_forward
 from mlakit.model.rope import RopeConfig, RopeLayout, RotaryEmbedding
 from mlakit.shape import MLAShape
-from mlakit.step import AttentionStep
+from mlakit.serving.step import AttentionStep
 
 LATENT_NORM_EPS = 1e-6
 
@@ -140,7 +140,7 @@ class MLAAttention(nn.Module):
 
         Writes the new tokens' latent rows into `cache` at `step.slots` (-1: another DCP rank's
         token), then attends over each sequence's cached tokens (causal among the new ones),
-        each part of the step on its kernel (`mlakit.forward.mla_forward`), or every token in
+        each part of the step on its kernel (`mlakit.serving.forward.mla_forward`), or every token in
         the latent form over the DCP group's shards (`dcp_mla_forward`).
         """
         q_nope, q_pe = self.project_query(x, positions)

@@ -33,7 +33,7 @@ from mlakit.errors import ConfigError, is_int, FP8SaturationWarning
 from mlakit.model.deepseek import DeepseekForCausalLM
 from mlakit.model.steps import cached_tokens, reserve_step
 from mlakit.registry.catalog import get_backend
-from mlakit.step import DEFAULT_MAX_LATENT_EXTEND_TOKENS
+from mlakit.serving.step import DEFAULT_MAX_LATENT_EXTEND_TOKENS
 
 
 @dataclasses.dataclass

@@ -16,7 +16,7 @@ from mlakit.cache import PagedLatentCache
 from mlakit.distributed.groups import ParallelGroups
 from mlakit.distributed.step import DCPStep, dcp_step
 from mlakit.prefill.metadata import offsets_of, upload_ints
-from mlakit.step import DEFAULT_MAX_LATENT_EXTEND_TOKENS, AttentionStep
+from mlakit.serving.step import DEFAULT_MAX_LATENT_EXTEND_TOKENS, AttentionStep
 
 
 def shards_cache(parallel: ParallelGroups | None) -> bool:

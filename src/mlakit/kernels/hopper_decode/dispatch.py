@@ -38,8 +38,8 @@ class Merges(enum.Enum):
 MERGE_MAX_SPLITS = 4
 # Whether, under that ceiling, an equal-share plan's cut sequences are merged by a combine launched behind the seesaw
 # rather than in it: a share plan's programs all end together, each merge then on the kernel's tail; plans of other
-# orders keep the in-kernel merges, and the combine, launched for any plan under the ceiling (the host does not know
-# the plan's order), finds nothing to do there (NOTES.md, thirty-second session).
+# orders keep the in-kernel merges, and the combine, launched for any plan under the ceiling that may take shares
+# (the host does not know which one it took), finds nothing to do there (NOTES.md v96, v98).
 SHARE_MERGES_BY_COMBINE = True
 # The persistent seesaw asks L2 for a program's next unit (its query rows, its first two KV tiles) this many tile pairs
 # before the unit's end (`next_unit_prefetch`; 0: never), over fp8 pages and over 16-bit ones: on fp8 2-3% faster at
@@ -73,7 +73,7 @@ def supports(q_dtype: torch.dtype, pages: torch.Tensor, scale_mode: int, kv_lora
 
 def prepare(key: Hashable, grid: tuple[int, int], q: torch.Tensor, pages: torch.Tensor, kv_lora_rank: int,
             work_state: torch.Tensor, merge_state: torch.Tensor, max_splits: int,
-            e4m3_scores: bool = False) -> tuple[SplitPass, Merges]:
+            e4m3_scores: bool = False, may_share: bool = False) -> tuple[SplitPass, Merges]:
     """The split pass of one input layout (a call `supports` accepts) over `grid` = (row tiles, rows of the
     plan's work items): the persistent seesaw kernel for pages holding whole tiles (TMA loads) and latent
     widths of at least 128, 16-bit or, at DeepSeek's 512 + 64 widths, fp8 with the one-element
@@ -84,7 +84,8 @@ def prepare(key: Hashable, grid: tuple[int, int], q: torch.Tensor, pages: torch.
     Returns `run(q, pages, kv_scale, shared_args)`, where `shared_args` are the portable split kernel's
     arguments from the block table on, without the scale strides, and which split sequences' partials the kernel
     merges itself (`Merges`: the seesaw, when the plan's split ceiling `max_splits` is at most MERGE_MAX_SPLITS,
-    counting splits in the plan's `merge_state`; with SHARE_MERGES_BY_COMBINE all but an equal-share plan's).
+    counting splits in the plan's `merge_state`; with SHARE_MERGES_BY_COMBINE all but an equal-share plan's, where the
+    plan `may_share`, `decode_split_plan.may_share`).
     `e4m3_scores`: fp8 pages on the seesaw compute S on 8-bit tensor cores, the query rows rounded to e4m3
     (`E4M3_SCORES`); other kernels ignore it."""
     rope_dim = q.shape[-1] - kv_lora_rank
@@ -94,7 +95,7 @@ def prepare(key: Hashable, grid: tuple[int, int], q: torch.Tensor, pages: torch.
         row_tiles, work_rows = grid
         programs = (min(sm_count(q.device), row_tiles * work_rows), 1, 1)
         merge = 1 < max_splits <= MERGE_MAX_SPLITS
-        shares_to_combine = merge and SHARE_MERGES_BY_COMBINE
+        shares_to_combine = merge and SHARE_MERGES_BY_COMBINE and may_share
         if merge:
             merges = Merges.ALL_BUT_SHARES if shares_to_combine else Merges.ALL
         else:

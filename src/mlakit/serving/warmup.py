@@ -24,7 +24,7 @@ from mlakit.cache import LatentStore
 from mlakit.plan import Plan, WarmupReport
 from mlakit.prefill.metadata import plan_prefill
 from mlakit.registry.catalog import get_backend
-from mlakit.step import DEFAULT_MAX_LATENT_EXTEND_TOKENS
+from mlakit.serving.step import DEFAULT_MAX_LATENT_EXTEND_TOKENS
 
 LONG_SEQUENCE = 2048
 # The hint of the warm-up's hinted decodes: past any tile choice's threshold.

@@ -16,7 +16,7 @@ from mlakit.cache.kv_quant import storage_name
 from mlakit.prefill.mha import reference_attention_pass, run_mha_prefill
 from mlakit.reference import reference_extend
 from mlakit.registry.catalog import get_backend
-from mlakit.step import AttentionStep, StepPart
+from mlakit.serving.step import AttentionStep, StepPart
 
 
 def mla_forward(
