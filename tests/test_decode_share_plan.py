@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from mlakit.kernels import decode_split_plan
-from mlakit.kernels.decode_split_plan import (OPEN_KV_END, ORDER_SHARES, ORDER_TAKEN, SplitGeometry, decode_split_counts,
-                                              split_geometry)
+from mlakit.kernels.decode_split_plan import (OPEN_KV_END, ORDER_SHARES, ORDER_TAKEN, SplitGeometry,
+                                              decode_split_counts, split_geometry)
 from mlakit.kernels.triton_decode import DecodeTuning, plan_decode, triton_mla_decode
 from paged_inputs import assert_lse_close, make_paged_batch, naive_decode, relative_error
 

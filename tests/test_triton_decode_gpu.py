@@ -662,8 +662,8 @@ def test_ragged_batches_take_equal_shares_at_128_heads(kv_dtype, page_size, sequ
     """Ragged batches of 100-3000 tokens planned for `num_sms` SMs and the seesaw's pages take equal shares
     (RAGGED_EQUAL_SHARES, in the plan's enlarged rows: a share's short sequences run in rounds of their own) and match
     the reference launch after launch with fresh queries (the seesaw launched on every SM), also where the plan's page
-    size was wrong (the cp.async kernel runs it). Planned for pages of 16 or without a page size, they keep their split counts
-    in the split counts' rows."""
+    size was wrong (the cp.async kernel runs it). Planned for pages of 16 or without a page size, they keep their split
+    counts in the split counts' rows."""
     from mlakit.kernels import decode_split_plan
     from mlakit.kernels.triton_decode import plan_decode
 

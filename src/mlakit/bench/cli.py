@@ -55,8 +55,8 @@ def _tuned_kernel(spec: str | None) -> KernelFactory:
 
     def prepare(inputs: DecodeInputs):
         _, q_len, heads, _ = inputs.q.shape
-        plan = plan_decode(inputs.cache_seqlens, q_len=q_len, heads=heads, kv_dtype=inputs.kv_cache.dtype, tuning=tuning,
-                           page_size=inputs.kv_cache.shape[1])
+        plan = plan_decode(inputs.cache_seqlens, q_len=q_len, heads=heads, kv_dtype=inputs.kv_cache.dtype,
+                           tuning=tuning, page_size=inputs.kv_cache.shape[1])
         return lambda: triton_mla_decode(
             inputs.q, inputs.kv_cache, inputs.block_table, inputs.cache_seqlens,
             kv_lora_rank=512, softmax_scale=inputs.softmax_scale, kv_scale=inputs.kv_scale, plan=plan,

@@ -53,7 +53,8 @@ HOPPER_UNIT_COST_TILES = 13
 # is estimated a sixteenth shorter than the split counts' makespan: batches whose split counts round badly (H100,
 # 128 heads: 40 x 8192 x 2 tokens 15% faster, 24 x 16384 5-7%, fp8 11-20%; NOTES.md v88). Only for a persistent
 # kernel (`decode_split_counts`): the grid kernels, a program a plan row started in the rows' order, ran the same
-# plans 17-36% slower (H200, pages of 16 and 32, bf16 and fp8; NOTES.md v97, v98). False keeps the split counts everywhere.
+# plans 17-36% slower (H200, pages of 16 and 32, bf16 and fp8; NOTES.md v97, v98). False keeps the split counts
+# everywhere.
 EQUAL_SHARES = True
 # With EQUAL_SHARES, whether a ragged batch whose every sequence is busy at the plan's row tiles (two at least, as for
 # the multi-wave counts) takes equal shares wherever they fit, without an estimate against its split counts (NOTES.md
@@ -63,7 +64,8 @@ EQUAL_SHARES = True
 # sequences runs them in rounds of their own).
 RAGGED_EQUAL_SHARES = True
 RAGGED_SHARE_ROWS = 2
-# The split kernels' grid holds one row per row of the plan (sequences x split ceiling, or RAGGED_SHARE_ROWS times that).
+# The split kernels' grid holds one row per row of the plan (sequences x split ceiling, or RAGGED_SHARE_ROWS times
+# that).
 MAX_WORK_ROWS = 65535
 MULTI_WAVE_MIN_ROW_TILES = tl.constexpr(2)
 MULTI_WAVE_MIN_GAIN_DEN = tl.constexpr(16)
@@ -395,7 +397,8 @@ def decode_split_counts(
     _split_counts_kernel[(1,)](
         cache_seqlens, cu_seqlens_q, num_splits, work, work_state, batch, programs_per_sm * num_sms,
         max(1, -(-min_tokens_per_split // block_n)),
-        max(1, -(-(batched_min_tokens_per_split or min_tokens_per_split) // block_n)), geometry.max_splits, capacity, rows,
+        max(1, -(-(batched_min_tokens_per_split or min_tokens_per_split) // block_n)), geometry.max_splits, capacity,
+        rows,
         unit_cost_tiles, geometry.row_tiles, forced_splits,
         HEADS=heads, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_B=block_b,
         BLOCK_S=max(1, WORK_STORE_TILE // block_b), BLOCK_TAIL=256, FIT_ONE_WAVE=FIT_SPLITS_TO_ONE_WAVE,
