@@ -591,6 +591,26 @@ def test_plan_refuses_a_hint_that_is_not_a_token_count(hint):
     plan_decode(lengths, q_len=1, heads=4, kv_tokens_hint=np.int64(5))  # NumPy's integers are ints
 
 
+def test_only_plans_for_the_seesaw_pages_may_take_equal_shares(monkeypatch):
+    """A Hopper-tier plan (forced here on the CPU) may take equal shares, and launches v96's share-only combine, only
+    when told pages of whole 64-token tiles (the persistent seesaw's); other page sizes, no page size or a caller's
+    tuning keep the split counts (NOTES.md v98). 40 x 8192 x 2 tokens at 128 heads on 132 SMs takes shares where it
+    may."""
+    monkeypatch.setattr(triton_decode, "INTERPRET", False)
+    monkeypatch.setattr(triton_decode.hopper_common, "serves", lambda device, kv_dtype: True)
+    lengths = torch.full((40,), 8192, dtype=torch.int32)
+
+    def plan(**kwargs):
+        return plan_decode(lengths, q_len=2, heads=128, num_sms=132, **kwargs)
+
+    for page_size in (64, 128):
+        shared = plan(page_size=page_size)
+        assert shared.may_share and int(shared.work_state[2]) == decode_split_plan.ORDER_SHARES, page_size
+    for kwargs in ({"page_size": 16}, {"page_size": 32}, {}, {"page_size": 64, "tuning": plan(page_size=64).tuning}):
+        kept = plan(**kwargs)
+        assert not kept.may_share and int(kept.work_state[2]) != decode_split_plan.ORDER_SHARES, kwargs
+
+
 @pytest.mark.parametrize("page_size", [0, -16, True, 64.0])
 def test_plan_refuses_a_page_size_that_is_not_a_positive_count(page_size):
     lengths = torch.tensor([5], dtype=torch.int32)
