@@ -44,12 +44,7 @@ def checked_kv_tokens_hint(value: object) -> int | None:
     >>> checked_kv_tokens_hint(None), checked_kv_tokens_hint(4096)
     (None, 4096)
     """
-    if value is None:
-        return None
-    if not is_int(value) or value < 0:
-        raise MLAInputError(f"kv_tokens_hint: expected None or a non-negative int (the batch's cached tokens), "
-                            f"got {value!r}")
-    return int(value)
+    return _checked_count_hint("kv_tokens_hint", value, 0, "a non-negative int (the batch's cached tokens)")
 
 
 def checked_page_size_hint(value: object) -> int | None:
@@ -59,10 +54,16 @@ def checked_page_size_hint(value: object) -> int | None:
     >>> checked_page_size_hint(None), checked_page_size_hint(64)
     (None, 64)
     """
+    return _checked_count_hint("page_size", value, 1, "a positive int (the cache's tokens per page)")
+
+
+def _checked_count_hint(name: str, value: object, minimum: int, expected: str) -> int | None:
+    """A count hint `name` as given: None, or an integer (Python or NumPy) of at least `minimum` as an int; anything
+    else raises MLAInputError naming the argument and what was `expected`."""
     if value is None:
         return None
-    if not is_int(value) or value < 1:
-        raise MLAInputError(f"page_size: expected None or a positive int (the cache's tokens per page), got {value!r}")
+    if not is_int(value) or value < minimum:
+        raise MLAInputError(f"{name}: expected None or {expected}, got {value!r}")
     return int(value)
 
 

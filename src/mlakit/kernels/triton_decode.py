@@ -496,7 +496,7 @@ def _plan(
     merge_state = torch.zeros(batch * -(-rows // hopper_decode.BLOCK_M.value), dtype=torch.int32,
                               device=cache_seqlens.device)
     hopper_tile = hopper_default and tuning.block_m == hopper_decode.BLOCK_M.value
-    persistent = hopper_tile and page_size is not None and page_size % hopper_common.BLOCK_N.value == 0
+    persistent = hopper_tile and page_size is not None and hopper_decode.seesaw_pages(page_size)
     unit_cost_tiles = decode_split_plan.HOPPER_UNIT_COST_TILES if hopper_tile else 0
     num_splits, work, work_state = decode_split_counts(
         cache_seqlens, cu_seqlens_q, heads, geometry, tuning.block_m, tuning.block_n, sms, tuning.programs_per_sm,

@@ -155,10 +155,20 @@ def prefetch_pairs(fp8: bool) -> int:
     return L2_PREFETCH_PAIRS_FP8 if fp8 else L2_PREFETCH_PAIRS_16BIT
 
 
+def seesaw_pages(page_size: int) -> bool:
+    """Whether pages of `page_size` tokens hold whole 64-token KV tiles, as the seesaw's TMA loads need (its other
+    conditions, on the latent widths and fp8, are `_seesaw_takes`'s).
+
+    >>> [seesaw_pages(n) for n in (1, 16, 64, 128)]
+    [False, False, True, True]
+    """
+    return page_size % BLOCK_N.value == 0
+
+
 def _seesaw_takes(page_size: int, kv_lora_rank: int, rope_dim: int, fp8: bool) -> bool:
     """Whether the seesaw kernel serves these pages: whole 64-token tiles per page and at least two latent
     chunks; fp8 only at 512 + 64 (its chunks and rope convert in place as 64-column blocks)."""
-    whole_tiles = page_size % BLOCK_N.value == 0 and kv_lora_rank >= 2 * TMA_CHUNK.value
+    whole_tiles = seesaw_pages(page_size) and kv_lora_rank >= 2 * TMA_CHUNK.value
     return whole_tiles and (not fp8 or (kv_lora_rank, rope_dim) == DEEPSEEK_WIDTHS)
 
 
