@@ -6,7 +6,7 @@ counter takes them) and the waves estimate the plan kernel uses; whether the pla
 `EQUAL_SHARES` on and their estimate (a share of the tiles + the unit cost a round of pieces); and the even share
 with no fixed cost at all.
 
-Usage: python benchmarks/experiments/plan_model.py [--sms 132] [--unit-cost 13] CASE [...]
+Usage: python benchmarks/experiments/plan_model.py [--sms 132] [--unit-cost 8] CASE [...]
 (CASE as `DecodeCase.parse`: HEADS,BATCH,SEQLEN|~SEQLEN|ragged,Q_LEN[,KV_DTYPE[,PAGE_SIZE]]), e.g.
     python benchmarks/experiments/plan_model.py 128,40,8192,2 128,32,~16384,2
 """
@@ -62,7 +62,8 @@ def waves_estimate(units: list[int], programs: int) -> int:
 
 @click.command()
 @click.option("--sms", type=int, default=132, show_default=True, help="SMs (H100: 132).")
-@click.option("--unit-cost", type=int, default=13, show_default=True, help="A unit's fixed cost in KV-tile times.")
+@click.option("--unit-cost", type=int, default=decode_split_plan.HOPPER_UNIT_COST_TILES, show_default=True,
+              help="A unit's fixed cost in KV-tile times.")
 @click.argument("specs", nargs=-1, required=True)
 def main(sms: int, unit_cost: int, specs: tuple[str, ...]) -> None:
     print(f"{'case':<28} {'counts (cost 0 -> cost)':<26} {'makespan':>17} {'waves est.':>17} {'shares':>14} {'even':>7}")
