@@ -41,8 +41,8 @@ WORK_STORE_TILE = 4096
 FIT_SPLITS_TO_ONE_WAVE = True
 # A unit's fixed cost (prologue, the wait to its first scores, its partial's stores and merge) in KV tiles, which the
 # plan is given for the Hopper kernels' 64-row tiles (first fitted at 13 on the bf16 seesaw kernel, H100: ~20 us
-# against ~1.6 us a tile, NOTES.md v79, v87; 8 since the H200's A/B of 8 / 13 / 20, whose share plans at 8 ran 7-14%
-# faster where the plan changed, NOTES.md v99). Where every busy sequence spans two row tiles or more (the
+# against ~1.6 us a tile, NOTES.md v79, v87; 8 since an A/B of 8 / 13 / 20 on the H200, where the batches whose plans
+# take equal shares at 8 ran 7-19% faster, NOTES.md v99). Where every busy sequence spans two row tiles or more (the
 # units are compute-bound), a batch that is not ragged takes the split counts of two or three waves of programs
 # instead of one where the estimated makespan, waves x (a unit's tiles + this cost), is shorter (128 heads x 24 x
 # 16384 x 2 tokens: 96 units over 132 SMs, 4 splits a sequence in 3 waves) by a sixteenth at least (measured gains
