@@ -132,6 +132,22 @@ def test_share_plans_are_taken_where_their_estimate_is_a_sixteenth_shorter(kerne
         assert order(lengths, q_len) != ORDER_SHARES
 
 
+def test_the_default_unit_cost_keeps_the_measured_share_plans(kernel_device):
+    """With HOPPER_UNIT_COST_TILES as set (NOTES.md v99) on 132 SMs at 128 heads: the part-filled waves the H200's A/B
+    measured faster with shares take them (24 x 8192 x 1, 48 x 4096 x 1, 40 x 2048 x 1, 24 x 4096 x 2), the batches
+    that took shares at 13 tiles keep them (24 x 16384 x 2, 48 x 16384 x 1, 40 x 8192 x 2), and full waves keep their
+    split counts (64 x 4096 x 2, 128 x 4096 x 1)."""
+    def order(sequences: int, tokens: int, q_len: int) -> int:
+        return int(_plan(kernel_device, [tokens] * sequences, [q_len] * sequences,
+                         unit_cost=decode_split_plan.HOPPER_UNIT_COST_TILES)[3][2])
+
+    for batch in [(24, 8192, 1), (48, 4096, 1), (40, 2048, 1), (24, 4096, 2), (24, 16384, 2), (48, 16384, 1),
+                  (40, 8192, 2)]:
+        assert order(*batch) == ORDER_SHARES, batch
+    for batch in [(64, 4096, 2), (128, 4096, 1)]:
+        assert order(*batch) != ORDER_SHARES, batch
+
+
 def test_ragged_batches_take_equal_shares_at_two_row_tiles_or_more(kernel_device, monkeypatch):
     """With RAGGED_EQUAL_SHARES a ragged batch at 128 heads takes equal shares at one and two tokens (two and four row
     tiles), in twice the split counts' rows (the host enlarges them wherever a plan may take shares); at 16 heads (one

@@ -6,7 +6,7 @@ counter takes them) and the waves estimate the plan kernel uses; whether the pla
 `EQUAL_SHARES` on and their estimate (a share of the tiles + the unit cost a round of pieces); and the even share
 with no fixed cost at all.
 
-Usage: python benchmarks/experiments/plan_model.py [--sms 132] [--unit-cost 8] CASE [...]
+Usage: python benchmarks/experiments/plan_model.py [--sms 132] [--unit-cost 9] CASE [...]
 (CASE as `DecodeCase.parse`: HEADS,BATCH,SEQLEN|~SEQLEN|ragged,Q_LEN[,KV_DTYPE[,PAGE_SIZE]]), e.g.
     python benchmarks/experiments/plan_model.py 128,40,8192,2 128,32,~16384,2
 """
