@@ -436,8 +436,8 @@ def plan_decode(
     lets the Hopper kernel round queries to e4m3 over fp8 pages. `kv_tokens_hint`: the batch's cached tokens in all
     (the sum of `cache_seqlens`) as the caller knows it on the host, for tiles that pay only on large batches
     (`wide_narrow_tile`); `page_size`: the cache's tokens per page, where the caller knows it, for plans that suit
-    only the persistent seesaw kernel (which serves pages of whole 64-token tiles; `split_kernel_for`): a ragged
-    batch's equal shares (`decode_split_plan.RAGGED_EQUAL_SHARES`). A wrong hint costs speed, never correctness.
+    only the persistent seesaw kernel (which serves pages of whole 64-token tiles; `split_kernel_for`): equal shares,
+    of uniform and of ragged batches (`decode_split_plan.may_share`). A wrong hint costs speed, never correctness.
     """
     batch = cache_seqlens.shape[0]
     cu_seqlens_q = torch.arange(0, (batch + 1) * q_len, q_len, dtype=torch.int32, device=cache_seqlens.device)
