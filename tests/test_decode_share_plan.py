@@ -21,7 +21,8 @@ def equal_shares(monkeypatch):
 
 
 def _plan(device: str, lengths: list[int], q_lens: list[int], heads: int = 128, num_sms: int = 132,
-          unit_cost: int = 13, block_m: int = 64, block_n: int = BLOCK_N, persistent: bool = True):
+          unit_cost: int = 13, piece_cost: int | None = None, block_m: int = 64, block_n: int = BLOCK_N,
+          persistent: bool = True):
     """The split plan's geometry, counts, items and work state for one program an SM (the seesaw's plan; a grid
     kernel's with `persistent` False)."""
     cu_seqlens_q = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
@@ -29,7 +30,7 @@ def _plan(device: str, lengths: list[int], q_lens: list[int], heads: int = 128, 
     counts, work, state = decode_split_counts(
         torch.tensor(lengths, dtype=torch.int32, device=device), cu_seqlens_q, heads, geometry, block_m, block_n,
         num_sms, programs_per_sm=1, min_tokens_per_split=2 * block_n, batched_min_tokens_per_split=4 * block_n,
-        unit_cost_tiles=unit_cost, persistent=persistent)
+        unit_cost_tiles=unit_cost, piece_cost_tiles=piece_cost, persistent=persistent)
     return geometry, counts.cpu(), work.cpu(), state.cpu()
 
 
@@ -132,19 +133,22 @@ def test_share_plans_are_taken_where_their_estimate_is_a_sixteenth_shorter(kerne
         assert order(lengths, q_len) != ORDER_SHARES
 
 
-def test_the_default_unit_cost_keeps_the_measured_share_plans(kernel_device):
-    """With HOPPER_UNIT_COST_TILES as set (NOTES.md v99) on 132 SMs at 128 heads: the part-filled waves the H200's A/B
-    measured faster with shares take them (24 x 8192 x 1, 48 x 4096 x 1, 40 x 2048 x 1, 24 x 4096 x 2), the batches
-    that took shares at 13 tiles keep them (24 x 16384 x 2, 48 x 16384 x 1, 40 x 8192 x 2), and full waves keep their
-    split counts (64 x 4096 x 2, 128 x 4096 x 1)."""
+def test_the_default_costs_keep_the_measured_share_plans(kernel_device):
+    """With HOPPER_UNIT_COST_TILES and HOPPER_SHARE_PIECE_COST_TILES as set (NOTES.md v99, v100) on 132 SMs at 128
+    heads: the part-filled waves the H200's A/Bs measured faster with shares take them (24 x 8192 x 1, 48 x 4096 x 1,
+    40 x 2048 x 1, 24 x 4096 x 2; since v100 96 x 2048 x 1, 48 x 4096 x 2, 48 x 2048 x 2, 80 x 1024 x 1, 40 x 1024 x
+    2), the batches that took shares at 13 tiles keep them (24 x 16384 x 2, 48 x 16384 x 1, 40 x 8192 x 2), and full
+    waves and the batches that lost with shares at lower piece costs keep their split counts (64 x 4096 x 2, 128 x
+    4096 x 1, 40 x 1024 x 1, 48 x 1024 x 1)."""
     def order(sequences: int, tokens: int, q_len: int) -> int:
         return int(_plan(kernel_device, [tokens] * sequences, [q_len] * sequences,
-                         unit_cost=decode_split_plan.HOPPER_UNIT_COST_TILES)[3][2])
+                         unit_cost=decode_split_plan.HOPPER_UNIT_COST_TILES,
+                         piece_cost=decode_split_plan.HOPPER_SHARE_PIECE_COST_TILES)[3][2])
 
     for batch in [(24, 8192, 1), (48, 4096, 1), (40, 2048, 1), (24, 4096, 2), (24, 16384, 2), (48, 16384, 1),
-                  (40, 8192, 2)]:
+                  (40, 8192, 2), (96, 2048, 1), (48, 4096, 2), (48, 2048, 2), (80, 1024, 1), (40, 1024, 2)]:
         assert order(*batch) == ORDER_SHARES, batch
-    for batch in [(64, 4096, 2), (128, 4096, 1)]:
+    for batch in [(64, 4096, 2), (128, 4096, 1), (40, 1024, 1), (48, 1024, 1)]:
         assert order(*batch) != ORDER_SHARES, batch
 
 

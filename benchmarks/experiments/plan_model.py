@@ -3,10 +3,10 @@ change before device time is spent (NOTES.md v87, v88, "Next (issue 23)"). Per c
 under the Triton interpreter) with and without the unit cost, each plan's makespan in KV-tile times under the model
 (units of a sequence's tiles / splits + the unit cost, longest first onto the least-loaded program, as the seesaw's
 counter takes them) and the waves estimate the plan kernel uses; whether the plan takes equal shares with
-`EQUAL_SHARES` on and their estimate (a share of the tiles + the unit cost a round of pieces); and the even share
+`EQUAL_SHARES` on and their estimate (a share of the tiles + a piece's cost a round of pieces); and the even share
 with no fixed cost at all.
 
-Usage: python benchmarks/experiments/plan_model.py [--sms 132] [--unit-cost 9] CASE [...]
+Usage: python benchmarks/experiments/plan_model.py [--sms 132] [--unit-cost 9] [--piece-cost 7] CASE [...]
 (CASE as `DecodeCase.parse`: HEADS,BATCH,SEQLEN|~SEQLEN|ragged,Q_LEN[,KV_DTYPE[,PAGE_SIZE]]), e.g.
     python benchmarks/experiments/plan_model.py 128,40,8192,2 128,32,~16384,2
 """
@@ -30,7 +30,7 @@ from mlakit.kernels.hopper_common import BLOCK_N  # noqa: E402
 from mlakit.kernels.triton_decode import BATCHED_MIN_TILES_PER_SPLIT, MIN_TILES_PER_SPLIT  # noqa: E402
 
 
-def seesaw_plan(case: DecodeCase, sms: int, unit_cost: int) -> SequenceSplits:
+def seesaw_plan(case: DecodeCase, sms: int, unit_cost: int, piece_cost: int) -> SequenceSplits:
     """The plan kernel's plan for `case` on `sms` SMs as the seesaw's (one program an SM)."""
     lengths = torch.tensor(case.lengths(), dtype=torch.int32)
     cu_seqlens_q = torch.arange(len(lengths) + 1, dtype=torch.int32) * case.q_len
@@ -39,7 +39,7 @@ def seesaw_plan(case: DecodeCase, sms: int, unit_cost: int) -> SequenceSplits:
     return decode_split_counts(lengths, cu_seqlens_q, case.heads, geometry, block_m, block_n, sms, programs_per_sm=1,
                                min_tokens_per_split=MIN_TILES_PER_SPLIT * block_n,
                                batched_min_tokens_per_split=BATCHED_MIN_TILES_PER_SPLIT * block_n,
-                               unit_cost_tiles=unit_cost, persistent=True)
+                               unit_cost_tiles=unit_cost, piece_cost_tiles=piece_cost, persistent=True)
 
 
 def longest_first_makespan(units: list[int], programs: int) -> int:
@@ -64,23 +64,25 @@ def waves_estimate(units: list[int], programs: int) -> int:
 @click.option("--sms", type=int, default=132, show_default=True, help="SMs (H100: 132).")
 @click.option("--unit-cost", type=int, default=decode_split_plan.HOPPER_UNIT_COST_TILES, show_default=True,
               help="A unit's fixed cost in KV-tile times.")
+@click.option("--piece-cost", type=int, default=decode_split_plan.HOPPER_SHARE_PIECE_COST_TILES, show_default=True,
+              help="An equal share's fixed cost a piece in KV-tile times.")
 @click.argument("specs", nargs=-1, required=True)
-def main(sms: int, unit_cost: int, specs: tuple[str, ...]) -> None:
+def main(sms: int, unit_cost: int, piece_cost: int, specs: tuple[str, ...]) -> None:
     print(f"{'case':<28} {'counts (cost 0 -> cost)':<26} {'makespan':>17} {'waves est.':>17} {'shares':>14} {'even':>7}")
     for spec in specs:
         case = DecodeCase.parse(spec)
         tiles = [-(-n // BLOCK_N.value) for n in case.lengths()]
         row_tiles = -(-case.heads * case.q_len // BLOCK_M.value)
         decode_split_plan.EQUAL_SHARES = False  # the split counts; the share plan below
-        plans = [seesaw_plan(case, sms, cost).counts.tolist() for cost in (0, unit_cost)]
+        plans = [seesaw_plan(case, sms, cost, cost).counts.tolist() for cost in (0, unit_cost)]
         units = [plan_units(tiles, counts, row_tiles, unit_cost) for counts in plans]
         makespans = [longest_first_makespan(u, sms) for u in units]
         estimates = [waves_estimate(u, sms) for u in units]
         parts = sms // row_tiles
         decode_split_plan.EQUAL_SHARES = True
-        shared = seesaw_plan(case, sms, unit_cost).work_state.tolist()
+        shared = seesaw_plan(case, sms, unit_cost, piece_cost).work_state.tolist()
         rounds = shared[0] // parts
-        shares = f"{-(-sum(tiles) // parts) + rounds * unit_cost} ({rounds} r.)" if shared[2] == ORDER_SHARES else "-"
+        shares = f"{-(-sum(tiles) // parts) + rounds * piece_cost} ({rounds} r.)" if shared[2] == ORDER_SHARES else "-"
         even = sum(tiles) * row_tiles / sms
         spread = "->".join(f"{min(c)}-{max(c)}" if min(c) != max(c) else str(c[0]) for c in plans)
         print(f"{case.label:<28} {spread:<26} {makespans[0]:>8} {makespans[1]:>8} {estimates[0]:>8} {estimates[1]:>8} "

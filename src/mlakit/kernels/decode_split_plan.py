@@ -49,9 +49,15 @@ FIT_SPLITS_TO_ONE_WAVE = True
 # x 16384 x 2 tokens: 96 units over 132 SMs, 4 splits a sequence in 3 waves) by a sixteenth at least (measured gains
 # were 4-5% below the estimate's: the combine and merges of the extra partials). 0 turns it off.
 HOPPER_UNIT_COST_TILES = 9
+# The Hopper kernels' fixed cost of a piece of an equal share in the share estimate below, in KV tiles, apart from the
+# unit cost of the split counts' estimates since an A/B of 9 / 8 / 7 / 6 / 5 on the H200 (NOTES.md v100): at 7,
+# batches whose split counts ran one or two splits over part-filled waves (128 heads x 96 x 2048 / 4096 x 1, 48 x
+# 2048 / 4096 x 2, 80 x 1024 x 1, ...) take equal shares, 3-15% faster; at 6 and 5 some that then take shares
+# lose (40 x 1024 x 1 +4%, 48 x 1024 x 1 +11%).
+HOPPER_SHARE_PIECE_COST_TILES = 7
 # With EQUAL_SHARES, where the unit cost applies, a batch whose every sequence is busy at the plan's row tiles takes
 # equal shares of the batch's KV tiles instead (`decode_share_plan`: a sequence cut where a share ends, each share's
-# pieces run one after another by its row tiles' programs) where a share plus the unit cost per piece a share runs
+# pieces run one after another by its row tiles' programs) where a share plus a piece's cost per piece a share runs
 # is estimated a sixteenth shorter than the split counts' makespan: batches whose split counts round badly (H100,
 # 128 heads: 40 x 8192 x 2 tokens 15% faster, 24 x 16384 5-7%, fp8 11-20%; NOTES.md v88). Only for a persistent
 # kernel (`decode_split_counts`): the grid kernels, a program a plan row started in the rows' order, ran the same
@@ -178,7 +184,7 @@ def _store_items(WORK, row, taken, sequence, split, splits, first_token, q_token
 
 @triton.jit
 def _equal_shares(tiles, row_tiles, in_batch, offsets, batch, busy, total_tiles, parts, first_tile, min_tiles,
-                  max_splits, capacity, unit_cost, programs, plan_row_tiles, SCRATCH):
+                  max_splits, capacity, piece_cost, programs, plan_row_tiles, SCRATCH):
     """Whether the batch can take equal shares, and their layout (`share_layout`) and estimated span: every sequence
     busy at the plan's row tiles (a share's programs are its row tiles), shares of a split's minimum tiles at least,
     every sequence's pieces within the split ceiling and the rounds within the plan's rows. Returns (shareable,
@@ -189,14 +195,14 @@ def _equal_shares(tiles, row_tiles, in_batch, offsets, batch, busy, total_tiles,
     rounds = tl.max(tl.where(in_batch, last_round, 0), 0) + 1
     shareable = ((busy == batch) & (at_plan_rows == batch) & (total_tiles >= parts * min_tiles)
                  & (programs % plan_row_tiles == 0) & (rounds * parts <= capacity) & (tl.max(pieces, 0) <= max_splits))
-    return shareable, first_part, pieces, last_round, tl.cdiv(total_tiles, parts) + rounds * unit_cost
+    return shareable, first_part, pieces, last_round, tl.cdiv(total_tiles, parts) + rounds * piece_cost
 
 
 @triton.jit(do_not_specialize=["batch", "programs", "min_tiles", "batched_min_tiles", "max_splits", "capacity",
-                               "rows", "unit_cost", "plan_row_tiles", "forced_splits"])
+                               "rows", "unit_cost", "piece_cost", "plan_row_tiles", "forced_splits"])
 def _split_counts_kernel(
     SEQLENS, CU_SEQLENS_Q, NUM_SPLITS, WORK, WORK_STATE, batch, programs, min_tiles, batched_min_tiles, max_splits,
-    capacity, rows, unit_cost, plan_row_tiles, forced_splits,
+    capacity, rows, unit_cost, piece_cost, plan_row_tiles, forced_splits,
     HEADS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_TAIL: tl.constexpr, FIT_ONE_WAVE: tl.constexpr, SHARES: tl.constexpr,
     RAGGED_SHARES: tl.constexpr,
@@ -242,11 +248,11 @@ def _split_counts_kernel(
                     best = tl.where(shorter, makespan, best)
                 counts = splits
                 if SHARES and BLOCK_B <= MAX_SORTED_BATCH:
-                    # Taken where their estimate, a share plus a unit's fixed cost per piece a share runs, is a
+                    # Taken where their estimate, a share plus a piece's fixed cost per piece a share runs, is a
                     # sixteenth shorter than the split counts'.
                     shareable, first_part, pieces, last_round, span = _equal_shares(
                         tiles, row_tiles, in_batch, offsets, batch, busy, total_tiles, parts, first_tile, min_tiles,
-                        max_splits, capacity, unit_cost, programs, plan_row_tiles, NUM_SPLITS)
+                        max_splits, capacity, piece_cost, programs, plan_row_tiles, NUM_SPLITS)
                     take = shareable & (span * MULTI_WAVE_MIN_GAIN_DEN < best * (MULTI_WAVE_MIN_GAIN_DEN - 1))
                     counts = tl.where(take, pieces, splits)
                     order_mode = tl.where(take, ORDER_SHARES, order_mode)
@@ -256,7 +262,7 @@ def _split_counts_kernel(
             # rounds of their own.
             shareable, first_part, pieces, last_round, span = _equal_shares(
                 tiles, row_tiles, in_batch, offsets, batch, busy, total_tiles, parts, first_tile, min_tiles,
-                max_splits, rows, unit_cost, programs, plan_row_tiles, NUM_SPLITS)
+                max_splits, rows, piece_cost, programs, plan_row_tiles, NUM_SPLITS)
             counts = tl.where(shareable, pieces, splits)
             order_mode = tl.where(shareable, ORDER_SHARES, order_mode)
     if forced_splits > 0:  # `decode_split_counts` checked it against the plan's capacity
@@ -341,6 +347,7 @@ def decode_split_counts(
     min_tokens_per_split: int = 1,
     batched_min_tokens_per_split: int | None = None,
     unit_cost_tiles: int = 0,
+    piece_cost_tiles: int | None = None,
     forced_splits: int = 0,
     persistent: bool = False,
 ) -> SequenceSplits:
@@ -360,7 +367,8 @@ def decode_split_counts(
     waves' counts replace them where waves x (a unit's tiles + that cost) is a sixteenth smaller or more. Where a
     `persistent` kernel runs the plan (its programs walk their shares' rounds; a grid kernel's program a row would
     start a share plan's rows in their order, long pieces late), with `EQUAL_SHARES` equal shares of the batch's
-    tiles replace them where their estimate is (every sequence busy at `geometry.row_tiles`; `decode_share_plan`),
+    tiles replace them where their estimate, a share + `piece_cost_tiles` (default: the unit cost) per round of
+    pieces, is a sixteenth smaller (every sequence busy at `geometry.row_tiles`; `decode_share_plan`),
     and a ragged batch busy at two row tiles or more takes them wherever they fit (RAGGED_EQUAL_SHARES;
     `may_share` says on the host whether a plan can take them). A split
     holds at least `min_tokens_per_split` tokens, so its partial output (rows x kv_lora_rank values,
@@ -401,7 +409,8 @@ def decode_split_counts(
         max(1, -(-min_tokens_per_split // block_n)),
         max(1, -(-(batched_min_tokens_per_split or min_tokens_per_split) // block_n)), geometry.max_splits, capacity,
         rows,
-        unit_cost_tiles, geometry.row_tiles, forced_splits,
+        unit_cost_tiles, unit_cost_tiles if piece_cost_tiles is None else piece_cost_tiles, geometry.row_tiles,
+        forced_splits,
         HEADS=heads, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_B=block_b,
         BLOCK_S=max(1, WORK_STORE_TILE // block_b), BLOCK_TAIL=256, FIT_ONE_WAVE=FIT_SPLITS_TO_ONE_WAVE,
         SHARES=shares, RAGGED_SHARES=ragged_shares,
