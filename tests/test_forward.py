@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mlakit.attention.functional import mla_decode_metadata
 from mlakit.errors import MLAInputError
 from mlakit.serving.forward import mla_forward
 from mlakit.reference import reference_extend
@@ -80,6 +81,22 @@ def test_speculative_verify_steps_go_to_decode_when_uniform_and_to_extend_when_u
         uniform.parts[0].decode_metadata("triton", 8, "bf16")
     assert build.call_args.kwargs["kv_tokens_hint"] == 9 + 12 + 30 + 5
     assert build.call_args.kwargs["page_size"] == 16
+
+
+@pytest.mark.parametrize("scale_layout, page_hint", [("tensor", 16), ("group", None)])
+def test_decode_metadata_takes_the_page_hint_unless_the_fp8_scales_are_per_group(kernel_device, scale_layout,
+                                                                                   page_hint):
+    """The page-size hint lets a plan take equal shares, which only the persistent kernel runs well; per-group fp8
+    scales are read by grid kernels only, so a forward over them builds its decode plan without the hint."""
+    batch, step = _mixed_step((1, 1), (9, 20), 16, kernel_device, 0, "fp8_e4m3", scale_layout)
+    gen = torch.Generator().manual_seed(0)
+    q_nope = torch.randn(2, HEADS, NOPE, generator=gen).to(kernel_device, torch.bfloat16)
+    q_pe = torch.randn(2, HEADS, ROPE, generator=gen).to(kernel_device, torch.bfloat16)
+    kv_b_weight = torch.randn(HEADS * (NOPE + V_DIM), RANK, generator=gen).to(kernel_device, torch.bfloat16)
+    with mock.patch("mlakit.serving.step.mla_decode_metadata", wraps=mla_decode_metadata) as build:
+        mla_forward(q_nope, q_pe, batch.kv_cache, batch.kv_scale, kv_b_weight, step, softmax_scale=batch.softmax_scale,
+                    decode_backend="triton", prefill_backend="triton")
+    assert build.call_count == 1 and build.call_args.kwargs["page_size"] == page_hint
 
 
 def test_prefill_form_policy_and_bad_steps():

@@ -1,9 +1,12 @@
 """Warm start: after `warm_up(plan)`, serving steps of any batch size and mix compile nothing new."""
 
+from unittest import mock
+
 import pytest
 import torch
 
 from mlakit import DeviceInfo, MLAShape, ServingConfig, resolve
+from mlakit.attention.functional import mla_decode_metadata
 from mlakit.serving.forward import mla_forward
 from mlakit.kernels import cache_write, decode_split_plan, hopper_decode, hopper_narrow_decode, triton_decode, triton_prefill
 from mlakit.serving.step import AttentionStep
@@ -43,6 +46,18 @@ def test_warm_up_runs_each_decode_again_through_metadata_hinting_a_large_batch(k
         plan = warm_up(resolve(ServingConfig(device=kernel_device, max_batch_size=2, decode_backend=backend), shape),
                        max_latent_extend_tokens=0)
         assert ("decode q_len 1, batch 2, metadata hinted a large batch" in plan.warmup.calls) == hinted, backend
+
+
+@pytest.mark.parametrize("scale_layout, hinted", [("tensor", True), ("group", False)])
+def test_warm_up_hints_the_page_size_unless_the_fp8_scales_are_per_group(kernel_device, scale_layout, hinted):
+    """As a step's metadata (`StepPart.decode_metadata`): the hinted decodes pass the page size, except over per-group
+    fp8 scales, which only grid kernels read (the hint lets plans take equal shares, for the persistent kernel)."""
+    config = ServingConfig(device=kernel_device, max_batch_size=2, decode_backend="triton", kv_cache_dtype="fp8_e4m3")
+    plan = resolve(config, MLAShape.preset("deepseek-v2-lite"))
+    with mock.patch("mlakit.serving.warmup.mla_decode_metadata", wraps=mla_decode_metadata) as build:
+        warm_up(plan, scale_layout=scale_layout, max_latent_extend_tokens=0)
+    assert build.call_count > 0
+    assert {call.kwargs["page_size"] for call in build.call_args_list} == {plan.page_size if hinted else None}
 
 
 def test_warm_up_without_latent_extends_runs_none():

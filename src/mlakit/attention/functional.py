@@ -94,7 +94,8 @@ def mla_decode_metadata(
     e.g. SGLang's `seq_lens_sum`); it lets a backend pick tiles that pay only on large batches (the triton_fp8
     backend's 32-row tile for 17-32 query rows a sequence); without it the choice stays the safe one. `page_size`:
     the cache's tokens per page, where the caller knows it when it plans; it lets a backend choose plans that suit
-    only some pages' kernels (the triton backend's equal shares, on pages of whole 64-token tiles).
+    only some pages' kernels (the triton backend's equal shares, on pages of whole 64-token tiles; leave it out over
+    fp8 with per-group scales, which those kernels do not read).
     Neither hint is checked against the calls: a wrong one costs speed, never correctness.
 
     >>> md = mla_decode_metadata(torch.tensor([20, 3], dtype=torch.int32), q_len=1, heads=4, backend="reference")

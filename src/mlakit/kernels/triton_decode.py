@@ -565,11 +565,27 @@ def triton_mla_decode(
     """
     batch, q_len, heads, _ = q.shape
     plan = plan or plan_decode(cache_seqlens, q_len=q_len, heads=heads, kv_dtype=kv_cache.dtype, num_sms=num_sms,
-                               e4m3_scores=e4m3_scores, page_size=pages_view(kv_cache).shape[1])
+                               e4m3_scores=e4m3_scores, page_size=page_size_hint(kv_cache, kv_scale, kv_lora_rank))
     out, lse = _outputs(q, kv_lora_rank, out, lse)
     _launch(q.reshape(batch * q_len, heads, -1), kv_cache, block_table, cache_seqlens, kv_lora_rank, softmax_scale,
             kv_scale, plan, out.view(batch * q_len, heads, kv_lora_rank), lse, _lse_strides(lse))
     return out, lse
+
+
+def page_size_hint(kv_cache: torch.Tensor, kv_scale: torch.Tensor | None, kv_lora_rank: int) -> int | None:
+    """The `page_size` hint for a plan of calls over this cache: its tokens per page where the persistent seesaw
+    reads its layout (`hopper_decode.seesaw_serves`), else None (the plan then takes no equal shares, which the grid
+    kernels run slowly).
+
+    >>> from mlakit.cache.kv_quant import FP8_DTYPE
+    >>> pages = torch.zeros(2, 64, 576, dtype=FP8_DTYPE)
+    >>> page_size_hint(pages, torch.ones(1), 512), page_size_hint(pages, torch.ones(2, 64, 5), 512)
+    (64, None)
+    """
+    pages = pages_view(kv_cache)
+    serves = hopper_decode.seesaw_serves(pages.shape[1], kv_lora_rank, pages.shape[-1] - kv_lora_rank,
+                                         pages.dtype == FP8_DTYPE, kv_scale_mode(pages, kv_scale))
+    return pages.shape[1] if serves else None
 
 
 def triton_mla_extend(
@@ -598,7 +614,7 @@ def triton_mla_extend(
     """
     plan = plan or plan_extend(cache_seqlens, cu_seqlens_q, max_q_len=max_q_len, heads=q.shape[1],
                                kv_dtype=kv_cache.dtype, num_sms=num_sms, e4m3_scores=e4m3_scores,
-                               page_size=pages_view(kv_cache).shape[1])
+                               page_size=page_size_hint(kv_cache, kv_scale, kv_lora_rank))
     out, lse = _outputs(q, kv_lora_rank, out, lse)
     _launch(q, kv_cache, block_table, cache_seqlens, kv_lora_rank, softmax_scale, kv_scale, plan, out, lse, _lse_strides(lse))
     return out, lse

@@ -70,19 +70,22 @@ class StepPart:
     prefill: PrefillMetadata | None = None
     kv_tokens: int | None = None
     page_size: int | None = None
-    _decode_metadata: dict[tuple[str, int, str], DecodeMetadata] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    _decode_metadata: dict[tuple[str, int, str, bool], DecodeMetadata] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     @property
     def num_tokens(self) -> int:
         return sum(self.new_tokens)
 
-    def decode_metadata(self, backend: str, heads: int, kv_cache_dtype: str) -> DecodeMetadata:
-        """The decode backend's per-step metadata for this part, built on first use and shared by every layer."""
-        key = (backend, heads, kv_cache_dtype)
+    def decode_metadata(self, backend: str, heads: int, kv_cache_dtype: str,
+                        per_group_scales: bool = False) -> DecodeMetadata:
+        """The decode backend's per-step metadata for this part, built on first use and shared by every layer.
+        `per_group_scales`: the cache is fp8 with per-group scales, which only grid kernels read; the plan is then
+        built without the page-size hint, whose plans (equal shares) suit the persistent kernel only."""
+        key = (backend, heads, kv_cache_dtype, per_group_scales)
         if key not in self._decode_metadata:
             self._decode_metadata[key] = mla_decode_metadata(
                 self.cache_seqlens, q_len=self.q_len or 1, heads=heads, backend=backend, kv_cache_dtype=kv_cache_dtype,
-                kv_tokens_hint=self.kv_tokens, page_size=self.page_size,
+                kv_tokens_hint=self.kv_tokens, page_size=None if per_group_scales else self.page_size,
             )
         return self._decode_metadata[key]
 

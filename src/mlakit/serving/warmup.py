@@ -21,6 +21,7 @@ import torch
 
 from mlakit.attention.functional import mla_decode, mla_decode_metadata, mla_extend, mla_prefill
 from mlakit.cache import LatentStore
+from mlakit.cache.kv_quant import SCALE_PER_GROUP, scale_mode
 from mlakit.plan import Plan, WarmupReport
 from mlakit.prefill.metadata import plan_prefill
 from mlakit.registry.catalog import get_backend
@@ -106,6 +107,9 @@ class _DummyWorld:
         self.kv_b_weight = torch.randn(self.heads * (shape.qk_nope_head_dim + shape.v_head_dim), self.rank,
                                        device=self.device, dtype=self.q_dtype)
         self.nope_dim = shape.qk_nope_head_dim
+        # As the step's metadata (`StepPart.decode_metadata`): no page-size hint over per-group fp8 scales.
+        per_group = scale_mode(self.store.data, self.store.scale) == SCALE_PER_GROUP
+        self.page_size_hint = None if per_group else page
 
     def write(self) -> None:
         slots = torch.arange(self.store.data.shape[0] * self.store.data.shape[1], device=self.device)
@@ -119,7 +123,7 @@ class _DummyWorld:
         if kv_tokens_hint is not None:
             metadata = mla_decode_metadata(self.lengths[rows], q_len=q_len, heads=self.heads,
                                            backend=self.plan.decode_backend, kv_cache_dtype=self.plan.kv_cache_dtype,
-                                           kv_tokens_hint=kv_tokens_hint, page_size=self.plan.page_size)
+                                           kv_tokens_hint=kv_tokens_hint, page_size=self.page_size_hint)
         mla_decode(q, self.store.data, self.table[rows], self.lengths[rows], softmax_scale=self.scale,
                    backend=self.plan.decode_backend, kv_scale=self.store.scale, kv_lora_rank=self.rank,
                    metadata=metadata, return_lse=False, check_inputs=False)

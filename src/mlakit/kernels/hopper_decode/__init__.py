@@ -51,7 +51,7 @@ from mlakit.kernels.hopper_decode.constants import BLOCK_M, NUM_WARPS
 from mlakit.kernels.hopper_decode.descriptors import chunk_descriptors
 from mlakit.kernels.hopper_decode.dispatch import (MERGE_MAX_SPLITS, SEESAW, Merges, SplitPass, _seesaw_takes,
                                                    partial_dtype, prepare, rows_are_contiguous, seesaw_pages,
-                                                   supports)
+                                                   seesaw_serves, supports)
 from mlakit.kernels.hopper_decode.fp8_split_kernel import mla_decode_hopper_fp8_kernel
 from mlakit.kernels.hopper_decode.seesaw_kernel import mla_decode_hopper_seesaw_kernel
 from mlakit.kernels.hopper_decode.split_kernel import mla_decode_hopper_split_kernel
@@ -73,5 +73,6 @@ __all__ = [
     "prepare",
     "rows_are_contiguous",
     "seesaw_pages",
+    "seesaw_serves",
     "supports",
 ]

@@ -172,6 +172,18 @@ def _seesaw_takes(page_size: int, kv_lora_rank: int, rope_dim: int, fp8: bool) -
     return whole_tiles and (not fp8 or (kv_lora_rank, rope_dim) == DEEPSEEK_WIDTHS)
 
 
+def seesaw_serves(page_size: int, kv_lora_rank: int, rope_dim: int, fp8: bool, scale_mode: int) -> bool:
+    """Whether the persistent seesaw kernel reads pages of this layout (on a GPU the Hopper kernels serve), where a
+    plan may take equal shares (`decode_split_plan.may_share`): `_seesaw_takes`'s pages and widths, fp8 with one
+    per-tensor scale.
+
+    >>> from mlakit.cache.kv_quant import SCALE_PER_GROUP
+    >>> seesaw_serves(64, 512, 64, True, SCALE_PER_TENSOR), seesaw_serves(64, 512, 64, True, SCALE_PER_GROUP)
+    (True, False)
+    """
+    return _seesaw_takes(page_size, kv_lora_rank, rope_dim, fp8) and (not fp8 or scale_mode == SCALE_PER_TENSOR)
+
+
 def rows_are_contiguous(pages: torch.Tensor) -> bool:
     """Whether `[num_pages, page_size, dim]` pages are one `[rows, dim]` matrix (what TMA reads)."""
     return pages.stride(2) == 1 and pages.stride(0) == pages.shape[1] * pages.stride(1)
