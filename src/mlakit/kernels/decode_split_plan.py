@@ -52,7 +52,7 @@ HOPPER_UNIT_COST_TILES = 9
 # The Hopper kernels' fixed cost of a piece of an equal share in the share estimate below, in KV tiles, apart from the
 # unit cost of the split counts' estimates since an A/B of 9 / 8 / 7 / 6 / 5 on the H200 (NOTES.md v100): at 7,
 # batches whose split counts ran one or two splits over part-filled waves (128 heads x 96 x 2048 / 4096 x 1, 48 x
-# 2048 / 4096 x 2, 80 x 1024 x 1, ...) take equal shares, 3-15% faster; at 6 and 5 some that then take shares
+# 2048 / 4096 x 2, 80 x 1024 x 1, ...) take equal shares, 3-18% faster; at 6 and 5 some that then take shares
 # lose (40 x 1024 x 1 +4%, 48 x 1024 x 1 +11%).
 HOPPER_SHARE_PIECE_COST_TILES = 7
 # With EQUAL_SHARES, where the unit cost applies, a batch whose every sequence is busy at the plan's row tiles takes
