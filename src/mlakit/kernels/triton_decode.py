@@ -498,13 +498,12 @@ def _plan(
     hopper_tile = hopper_default and tuning.block_m == hopper_decode.BLOCK_M.value
     persistent = hopper_tile and page_size is not None and hopper_decode.seesaw_pages(page_size)
     unit_cost_tiles = decode_split_plan.HOPPER_UNIT_COST_TILES if hopper_tile else 0
-    piece_cost_tiles = decode_split_plan.HOPPER_SHARE_PIECE_COST_TILES if hopper_tile else 0
     num_splits, work, work_state = decode_split_counts(
         cache_seqlens, cu_seqlens_q, heads, geometry, tuning.block_m, tuning.block_n, sms, tuning.programs_per_sm,
         min_tokens_per_split=MIN_TILES_PER_SPLIT * tuning.block_n,
         batched_min_tokens_per_split=BATCHED_MIN_TILES_PER_SPLIT * tuning.block_n,
-        unit_cost_tiles=unit_cost_tiles, piece_cost_tiles=piece_cost_tiles, forced_splits=tuning.fixed_splits or 0,
-        persistent=persistent,
+        unit_cost_tiles=unit_cost_tiles, piece_cost_tiles=decode_split_plan.HOPPER_SHARE_PIECE_COST_TILES,
+        forced_splits=tuning.fixed_splits or 0, persistent=persistent,
     )
     return DecodePlan(tuning, geometry, cu_seqlens_q, num_splits, work, work_state, merge_state, max_q_len,
                       hopper_default, e4m3_scores, decode_split_plan.may_share(persistent, unit_cost_tiles))
