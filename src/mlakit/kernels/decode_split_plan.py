@@ -40,14 +40,16 @@ WORK_STORE_TILE = 4096
 # several waves below, which starts from the one-wave counts.
 FIT_SPLITS_TO_ONE_WAVE = True
 # A unit's fixed cost (prologue, the wait to its first scores, its partial's stores and merge) in KV tiles, which the
-# plan is given for the Hopper kernels' 64-row tiles (first fitted at 13 on the bf16 seesaw kernel, H100: ~20 us against
-# ~1.6 us a tile, NOTES.md v79, v87). 9 since an A/B of 8 / 13 / 20 on the H200 (NOTES.md v99): at 9, as at 8, batches
-# of part-filled waves take equal shares (7-19% faster there), while 8 would lose the shares that 128 heads x 24 x 16384
-# x 2 tokens and 48 x 16384 x 1 take (by less than the sixteenth below). Where every busy sequence spans two row tiles
-# or more (the units are compute-bound), a batch that is not ragged takes the split counts of two or three waves of
-# programs instead of one where the estimated makespan, waves x (a unit's tiles + this cost), is shorter (128 heads x 24
-# x 16384 x 2 tokens: 96 units over 132 SMs, 4 splits a sequence in 3 waves) by a sixteenth at least (measured gains
-# were 4-5% below the estimate's: the combine and merges of the extra partials). 0 turns it off.
+# plan is given for the Hopper kernels' 64-row tiles (first fitted at 13 on the bf16 seesaw kernel, H100: ~20 us
+# against ~1.6 us a tile, NOTES.md v79, v87). 9 since an A/B of 8 / 13 / 20 on the H200 (NOTES.md v99): at 9, as at 8,
+# batches of part-filled waves take equal shares (7-19% faster there), while 8, when it also priced a share's pieces,
+# lost the shares that 128 heads x 24 x 16384 x 2 tokens and 48 x 16384 x 1 take (by less than the sixteenth below);
+# since v100 the pieces have their own cost (s35a: where 8 or 13 moved only the split counts, they were level or
+# slower). Where every busy sequence spans two row tiles or more (the units are compute-bound), a batch that is not
+# ragged takes the split counts of two or three waves of programs instead of one where the estimated makespan, waves x
+# (a unit's tiles + this cost), is shorter (128 heads x 24 x 16384 x 2 tokens: 96 units over 132 SMs, 4 splits a
+# sequence in 3 waves) by a sixteenth at least (measured gains were 4-5% below the estimate's: the combine and merges
+# of the extra partials). 0 turns it off.
 HOPPER_UNIT_COST_TILES = 9
 # The Hopper kernels' fixed cost of a piece of an equal share in the share estimate below, in KV tiles, apart from the
 # unit cost of the split counts' estimates since an A/B of 9 / 8 / 7 / 6 / 5 on the H200 (NOTES.md v100): at 7,
