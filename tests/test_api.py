@@ -170,3 +170,20 @@ def test_decode_metadata_hands_the_hint_to_the_split_plan(monkeypatch):
                         backend="triton", kv_tokens_hint=23, page_size=16)
     mlakit.mla_decode_metadata(lengths, q_len=1, heads=4, backend="triton")
     assert seen == [(23, 64), (23, 16), (None, None)]
+
+
+@pytest.mark.parametrize("pages, scale, rank, hint", [
+    ((3, 64, 576), None, 512, 64),                                # bf16 on whole 64-token tiles
+    ((3, 128, 1, 576), None, 512, 128),                           # FlashMLA's head axis
+    ((3, 64, 288), None, 256, 64),                                # the smaller latent
+    ((3, 16, 576), None, 512, None),                              # pages that are not whole tiles
+    ((3, 64, 48), None, 32, None),                                # a latent too narrow for the persistent kernel
+    ((3, 64, 576), torch.ones(1), 512, 64),                       # fp8 with one scale
+    ((3, 64, 576), torch.ones(3, 64, 5), 512, None),              # fp8 with per-group scales
+    ((3, 64, 288), torch.ones(1), 256, None),                     # fp8 at widths other than 512 + 64
+    ((576,), None, 512, None),                                    # not a cache: the call refuses it, not the hint
+])
+def test_decode_page_size_hint_names_the_page_size_where_the_persistent_kernel_reads_the_cache(pages, scale, rank,
+                                                                                               hint):
+    dtype = torch.bfloat16 if scale is None else torch.float8_e4m3fn
+    assert mlakit.decode_page_size_hint(torch.zeros(pages, dtype=dtype), scale, rank) == hint

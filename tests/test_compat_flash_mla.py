@@ -30,13 +30,31 @@ def test_any_head_count_and_page_size(heads, page_size):
     assert_matches_oracle(batch, *run(batch, causal=True), causal=True)
 
 
-def test_the_schedule_is_planned_for_the_cache_page_size():
-    """The first call fills the schedule with metadata planned for its cache's pages (`page_size`, a hint the plan
-    takes equal shares for ragged batches by)."""
-    batch = make_paged_batch([40, 0, 3], heads=4, q_len=1, page_size=32, kv_lora_rank=512, rope_dim=64, seed=3)
+@pytest.mark.parametrize("kv_dtype, page_size, scale_layout, hint", [
+    ("bf16", 64, "tensor", 64), ("bf16", 32, "tensor", None), ("fp8_e4m3", 128, "tensor", 128),
+    ("fp8_e4m3", 64, "group", None),
+])
+def test_the_schedule_is_planned_with_the_caches_page_size_hint(kv_dtype, page_size, scale_layout, hint):
+    """The first call fills the schedule with metadata planned with `decode_page_size_hint` of its cache: the page
+    size where the persistent kernel reads the pages (whole 64-token tiles, bf16 or fp8 with one scale), else None."""
+    batch = make_paged_batch([40, 0, 3], heads=4, q_len=1, page_size=page_size, kv_lora_rank=512, rope_dim=64, seed=3,
+                             kv_dtype=kv_dtype, scale_layout=scale_layout)
     with mock.patch.object(compat, "mla_decode_metadata", wraps=compat.mla_decode_metadata) as build:
         assert_matches_oracle(batch, *run(batch, causal=True), causal=True)
-    assert build.call_args.kwargs["page_size"] == 32
+    assert build.call_args.kwargs["page_size"] == hint
+
+
+def test_a_layout_with_per_group_scales_is_not_the_per_tensor_layout():
+    """The remembered verdicts tell per-tensor from per-group scales, so each plans with its own page-size hint."""
+    compat._CALL_LAYOUTS.clear()
+    hints = []
+    for layout in ("tensor", "group"):
+        batch = make_paged_batch([40, 3], heads=4, q_len=1, page_size=64, kv_lora_rank=512, rope_dim=64, seed=5,
+                                 kv_dtype="fp8_e4m3", scale_layout=layout)
+        with mock.patch.object(compat, "mla_decode_metadata", wraps=compat.mla_decode_metadata) as build:
+            assert_matches_oracle(batch, *run(batch, causal=True), causal=True)
+        hints.append(build.call_args.kwargs["page_size"])
+    assert hints == [64, None] and len(compat._CALL_LAYOUTS) == 2
 
 
 @pytest.mark.parametrize("q_dtype", [torch.float16, torch.bfloat16])

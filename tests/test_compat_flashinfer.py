@@ -347,6 +347,7 @@ def _plan_with(**overrides):
         ("use_sinks", dict(use_sinks=True)),
         ("output_scale", dict(output_scale="per-tensor")),
         ("scale_mode", dict(scale_mode="bmm-scalar")),
+        ("kv_scale_layout", dict(kv_scale_layout="channel")),
         ("lse_mode", dict(lse_mode="base10")),
         ("query_layout", dict(query_layout="interleaved")),
         ("output_dtype", dict(output_dtype=torch.float32)),
@@ -391,6 +392,30 @@ def test_plan_refusals_name_the_argument(name, overrides):
 def test_plan_hints_the_steps_cached_tokens_from_its_host_lengths(monkeypatch, q_lens, causal, tokens):
     """`plan` knows the lengths on the host: the metadata builders get their sum (each row's, where a non-causal step
     runs one row per query token) as `kv_tokens_hint`, with no device read, and the planned page size as `page_size`."""
+    hints = _metadata_hints(monkeypatch)
+    step = make_step([30, 0, 18], q_lens, heads=4, page_size=64, seed=5)
+    out, lse = run_legacy(planned(step, causal=causal), step, return_lse=True)
+    assert hints == [(tokens, 64)]
+    assert_matches(out, lse, reference(step, causal=causal))
+
+
+@pytest.mark.parametrize(("kv_data_type", "page_size", "kv_scale_layout", "hint"), [
+    (torch.bfloat16, 64, "tensor", 64), (torch.bfloat16, 16, "tensor", None),
+    (torch.float8_e4m3fn, 128, "tensor", 128), (torch.float8_e4m3fn, 64, "group", None),
+])
+def test_plan_hints_the_page_size_only_where_the_persistent_kernel_reads_the_planned_cache(
+    monkeypatch, kv_data_type, page_size, kv_scale_layout, hint
+):
+    """As `mlakit.decode_page_size_hint` over such a cache: whole 64-token tiles, bf16 or fp8 with one scale
+    (`kv_scale_layout="group"` declares per-group scales, which that kernel does not read)."""
+    hints = _metadata_hints(monkeypatch)
+    step = make_step([30, 0, 18], [1, 1, 1], heads=4, page_size=page_size, seed=6)
+    planned(step, kv_data_type=kv_data_type, kv_scale_layout=kv_scale_layout)
+    assert [page for _, page in hints] == [hint]
+
+
+def _metadata_hints(monkeypatch) -> list[tuple[int | None, int | None]]:
+    """The (kv_tokens_hint, page_size) of each metadata the flashinfer drop-in builds from now on."""
     from mlakit.compat import flashinfer
 
     hints = []
@@ -399,7 +424,4 @@ def test_plan_hints_the_steps_cached_tokens_from_its_host_lengths(monkeypatch, q
         monkeypatch.setattr(flashinfer, name,
                             lambda *args, _original=original, **kwargs:
                             hints.append((kwargs["kv_tokens_hint"], kwargs["page_size"])) or _original(*args, **kwargs))
-    step = make_step([30, 0, 18], q_lens, heads=4, page_size=16, seed=5)
-    out, lse = run_legacy(planned(step, causal=causal), step, return_lse=True)
-    assert hints == [(tokens, 16)]
-    assert_matches(out, lse, reference(step, causal=causal))
+    return hints

@@ -75,28 +75,31 @@ def test_speculative_verify_steps_go_to_decode_when_uniform_and_to_extend_when_u
     assert uneven.parts[0].token_rows.tolist() == [0, 1, 2, 3, 6, 7, 8, 9]
     assert uneven.parts[1].token_rows.tolist() == [4, 5, 10]
     # Each part knows its cached tokens from the host's lengths, and its decode metadata is built with them and the
-    # cache's page size.
+    # page-size hint it is given.
     assert [p.kv_tokens for p in uneven.parts] == [9 + 30, 12 + 5]
     with mock.patch("mlakit.serving.step.mla_decode_metadata") as build:
-        uniform.parts[0].decode_metadata("triton", 8, "bf16")
+        uniform.parts[0].decode_metadata("triton", 8, "bf16", 16)
     assert build.call_args.kwargs["kv_tokens_hint"] == 9 + 12 + 30 + 5
     assert build.call_args.kwargs["page_size"] == 16
 
 
-@pytest.mark.parametrize("scale_layout, page_hint", [("tensor", 16), ("group", None)])
-def test_decode_metadata_takes_the_page_hint_unless_the_fp8_scales_are_per_group(kernel_device, scale_layout,
-                                                                                   page_hint):
-    """The page-size hint lets a plan take equal shares, which only the persistent kernel runs well; per-group fp8
-    scales are read by grid kernels only, so a forward over them builds its decode plan without the hint."""
+@pytest.mark.parametrize("scale_layout", ["tensor", "group"])
+def test_decode_metadata_takes_the_page_size_hint_of_the_layers_cache(kernel_device, scale_layout):
+    """A forward builds its decode plan with `decode_page_size_hint` of the cache and scale it is given (one rule
+    with the drop-ins and warm-up), and keeps one plan per hint."""
     batch, step = _mixed_step((1, 1), (9, 20), 16, kernel_device, 0, "fp8_e4m3", scale_layout)
     gen = torch.Generator().manual_seed(0)
     q_nope = torch.randn(2, HEADS, NOPE, generator=gen).to(kernel_device, torch.bfloat16)
     q_pe = torch.randn(2, HEADS, ROPE, generator=gen).to(kernel_device, torch.bfloat16)
     kv_b_weight = torch.randn(HEADS * (NOPE + V_DIM), RANK, generator=gen).to(kernel_device, torch.bfloat16)
-    with mock.patch("mlakit.serving.step.mla_decode_metadata", wraps=mla_decode_metadata) as build:
-        mla_forward(q_nope, q_pe, batch.kv_cache, batch.kv_scale, kv_b_weight, step, softmax_scale=batch.softmax_scale,
-                    decode_backend="triton", prefill_backend="triton")
-    assert build.call_count == 1 and build.call_args.kwargs["page_size"] == page_hint
+    with (mock.patch("mlakit.serving.step.mla_decode_metadata", wraps=mla_decode_metadata) as build,
+          mock.patch("mlakit.serving.forward.decode_page_size_hint", side_effect=[16, 16, None]) as hint):
+        for _ in range(3):
+            mla_forward(q_nope, q_pe, batch.kv_cache, batch.kv_scale, kv_b_weight, step,
+                        softmax_scale=batch.softmax_scale, decode_backend="triton", prefill_backend="triton")
+    cache, scale, rank = hint.call_args.args
+    assert cache is batch.kv_cache and scale is batch.kv_scale and rank == RANK
+    assert [call.kwargs["page_size"] for call in build.call_args_list] == [16, None]
 
 
 def test_prefill_form_policy_and_bad_steps():

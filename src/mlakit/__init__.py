@@ -5,7 +5,9 @@
 'reference'
 """
 
-from mlakit.attention.functional import DecodeMetadata, mla_decode, mla_decode_metadata, mla_extend, mla_prefill
+from mlakit.attention.functional import (
+    DecodeMetadata, decode_page_size_hint, mla_decode, mla_decode_metadata, mla_extend, mla_prefill,
+)
 from mlakit.cache import PageAllocator, PagedLatentCache
 from mlakit.config import ServingConfig
 from mlakit.device import DeviceInfo
@@ -35,6 +37,7 @@ __all__ = [
     "WorkspaceError",
     "WorkspacePool",
     "WorkspaceRequest",
+    "decode_page_size_hint",
     "distributed",
     "merge_attention_states",
     "mla_decode",

@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from mlakit.attention.functional import DecodeMetadata, mla_decode, mla_decode_metadata
+from mlakit.attention.functional import DecodeMetadata, decode_page_size_hint, mla_decode, mla_decode_metadata
 from mlakit.cache.kv_quant import FP8_DTYPE, storage_name
 from mlakit.compat._arguments import describe, is_positive_int
 from mlakit.errors import MLAInputError
@@ -163,7 +163,7 @@ def flash_mla_with_kvcache(
 
     q's and k_cache's shapes and dtypes are checked against the other arguments once per layout
     (their shapes, dtypes and devices, head_dim_v, causal, is_fp8_kvcache and whether kv_scale is
-    given): a repeated layout reuses the verdict, so every layer after the first costs little host
+    absent, one per-tensor scale or per-group scales): a repeated layout reuses the verdict, so every layer after the first costs little host
     time. lse's -inf become +inf in one kernel (in place on mla_decode's lse where it is contiguous).
 
     >>> q = torch.randn(2, 1, 4, 576, dtype=torch.bfloat16)
@@ -197,13 +197,14 @@ def flash_mla_with_kvcache(
 @dataclasses.dataclass(frozen=True)
 class _CallLayout:
     """What the checks of `flash_mla_with_kvcache` decided for one layout of its arguments: the
-    schedule layout, the shape q is folded to (None: q goes as it is), the backend, and whether
-    `check_inputs=None` reads values."""
+    schedule layout, the shape q is folded to (None: q goes as it is), the backend, whether
+    `check_inputs=None` reads values, and the plan's page-size hint (`decode_page_size_hint`)."""
 
     layout: ScheduleLayout
     folded_shape: tuple[int, int, int, int] | None
     backend: str
     checks_values: bool
+    page_size_hint: int | None
 
     @property
     def rows(self) -> tuple[int, int]:
@@ -236,13 +237,14 @@ def _layout_key(
     q: object, k_cache: object, head_dim_v: object, causal: object, is_fp8_kvcache: object, kv_scale: object
 ) -> tuple | None:
     """Everything `_check_call` reads, or None (check in full every call) unless q and k_cache are
-    tensors and head_dim_v, causal and is_fp8_kvcache are a plain int and bools."""
+    tensors, kv_scale a tensor or None, and head_dim_v, causal and is_fp8_kvcache a plain int and bools."""
     if not (
-        isinstance(q, torch.Tensor) and isinstance(k_cache, torch.Tensor)
+        isinstance(q, torch.Tensor) and isinstance(k_cache, torch.Tensor) and isinstance(kv_scale, torch.Tensor | None)
         and type(head_dim_v) is int and type(causal) is bool and type(is_fp8_kvcache) is bool
     ):
         return None
-    return (q.shape, q.dtype, q.device, k_cache.shape, k_cache.dtype, head_dim_v, causal, is_fp8_kvcache, kv_scale is None)
+    one_scale = None if kv_scale is None else kv_scale.numel() == 1
+    return (q.shape, q.dtype, q.device, k_cache.shape, k_cache.dtype, head_dim_v, causal, is_fp8_kvcache, one_scale)
 
 
 def _check_call(
@@ -258,7 +260,8 @@ def _check_call(
     # Without a causal mask every query token sees the same keys: fold the tokens into the heads.
     folded_shape = None if (causal and s_q > 1) or s_q == 1 else (batch, 1, s_q * h_q, dim)
     layout = ScheduleLayout(batch, s_q, h_q, k_cache.shape[1], bool(causal), kv_cache_dtype)
-    return _CallLayout(layout, folded_shape, "triton" if q.is_cuda else "reference", q.device.type == "cpu")
+    hint = decode_page_size_hint(k_cache, kv_scale, head_dim_v)
+    return _CallLayout(layout, folded_shape, "triton" if q.is_cuda else "reference", q.device.type == "cpu", hint)
 
 
 def _with_posinf_for_no_keys(lse: torch.Tensor) -> torch.Tensor:
@@ -281,7 +284,7 @@ def _filled(
         q_len, heads = call.rows
         schedule.metadata = mla_decode_metadata(
             lengths, q_len=q_len, heads=heads, backend=call.backend, kv_cache_dtype=layout.kv_cache_dtype,
-            page_size=layout.page_block_size,
+            page_size=call.page_size_hint,
         )
         schedule.layout = layout
         return schedule.metadata
@@ -327,8 +330,11 @@ def _cache_dtype(k_cache: torch.Tensor, q: torch.Tensor, is_fp8_kvcache: bool, k
     if bool(is_fp8_kvcache) != fp8:
         fix = "pass is_fp8_kvcache=True with an fp8 cache" if fp8 else "is_fp8_kvcache=True needs a float8_e4m3fn cache"
         raise MLAInputError(f"is_fp8_kvcache: got {is_fp8_kvcache!r} for a {k_cache.dtype} cache; {fix}")
-    if fp8 and kv_scale is None:
-        raise MLAInputError("kv_scale: required with an fp8 cache (mlakit's keyword: a float32 per-tensor scale [1] or per-group scales)")
+    if fp8 and not isinstance(kv_scale, torch.Tensor):
+        raise MLAInputError(
+            "kv_scale: required with an fp8 cache (mlakit's keyword: a float32 per-tensor scale [1] or per-group scales), "
+            f"got {describe(kv_scale)}"
+        )
     try:
         return storage_name(k_cache.dtype)
     except KeyError:

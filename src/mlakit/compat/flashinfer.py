@@ -47,7 +47,7 @@ from mlakit.attention.functional import (
     mla_extend,
     mla_extend_metadata,
 )
-from mlakit.cache.kv_quant import FP8_DTYPE, storage_name
+from mlakit.cache.kv_quant import FP8_DTYPE, SCALE_PER_GROUP, SCALE_PER_TENSOR, storage_name
 from mlakit.compat._arguments import describe, is_positive_int
 from mlakit.errors import MLAInputError
 
@@ -262,6 +262,7 @@ class BatchMLAPagedAttentionWrapper:
         skip_softmax: bool = False,
         enable_pdl: bool | None = None,
         use_sinks: bool = False,
+        kv_scale_layout: Literal["tensor", "group"] = "tensor",
     ) -> None:
         """Describes one step's requests (CSR, dense, or `metadata=`) and the attention every
         `run()` until the next plan computes. Host-side: it reads the offsets and lengths once
@@ -271,7 +272,9 @@ class BatchMLAPagedAttentionWrapper:
         `return_lse_base_on_e` picks the lse base); `enable_pdl` is a launch hint mlakit does
         not need. Refused (MLAInputError naming them): `use_profiler`, `skip_softmax`,
         `use_sinks`, an `output_scale`, an `output_dtype` other than `q_data_type`, and
-        `scale_mode` other than "default" / "kv-per-tensor".
+        `scale_mode` other than "default" / "kv-per-tensor". mlakit's addition `kv_scale_layout`: "group" where
+        the fp8 cache's `run(kv_scale=)` will be per-group scales; the plan then leaves out the equal shares that
+        only a per-tensor scale's kernel runs well (a wrong value costs speed, never correctness).
 
         >>> wrapper = BatchMLAPagedAttentionWrapper(torch.empty(8, dtype=torch.uint8))
         >>> wrapper.plan(metadata=MLAPlanMetadata.dense(torch.tensor([0, 2], dtype=torch.int32),
@@ -288,6 +291,7 @@ class BatchMLAPagedAttentionWrapper:
         _check_choice("lse_mode", lse_mode, ("none", "base2", "basee"))
         _check_choice("output_scale", output_scale, ("none",))
         _check_choice("scale_mode", scale_mode, ("default", "kv-per-tensor"))
+        _check_choice("kv_scale_layout", kv_scale_layout, ("tensor", "group"))
         required = dict(num_heads=num_heads, head_dim_ckv=head_dim_ckv, head_dim_kpe=head_dim_kpe, page_size=page_size,
                         causal=causal, sm_scale=sm_scale, q_data_type=q_data_type, kv_data_type=kv_data_type)
         missing = [name for name, value in required.items() if value is None]
@@ -302,7 +306,7 @@ class BatchMLAPagedAttentionWrapper:
             config.page_size,
             self.device,
         )
-        step = _plan_step(requests, config, self._backend)
+        step = _plan_step(requests, config, self._backend, _page_size_hint(config, kv_scale_layout == "group"))
         if self._graph_buffers is not None:
             step = self._graph_buffers.hold(step, requests, config)
         if self._step is None or (config, step.total_q, step.q_len) != (self._config, self._step.total_q, self._step.q_len):
@@ -786,10 +790,21 @@ def _used_pages(requests: StepRequests) -> torch.Tensor:
     return torch.arange(table.shape[1], device=table.device)[None, :] < needed[:, None]
 
 
-def _plan_step(requests: StepRequests, config: PlanConfig, backend: str) -> PlannedStep:
+def _page_size_hint(config: PlanConfig, per_group_scales: bool) -> int | None:
+    """The plan's `page_size` hint (`mlakit.decode_page_size_hint`'s, from the planned layout instead of a cache)."""
+    from mlakit.kernels.hopper_decode import seesaw_serves
+
+    fp8 = config.kv_data_type == FP8_DTYPE
+    serves = seesaw_serves(config.page_size, config.head_dim_ckv, config.head_dim_kpe, fp8,
+                           SCALE_PER_GROUP if per_group_scales else SCALE_PER_TENSOR)
+    return config.page_size if serves else None
+
+
+def _plan_step(requests: StepRequests, config: PlanConfig, backend: str, page_size_hint: int | None) -> PlannedStep:
     """The rows mlakit's kernels run: one per request, as a decode when every request has the same
     number of query tokens and as an extend when they differ; with `causal=False` and several
-    query tokens, one single-token row per query token (each sees its request's whole cache)."""
+    query tokens, one single-token row per query token (each sees its request's whole cache).
+    `page_size_hint`: the metadata's `page_size`."""
     offsets = requests.query_offsets
     q_lens = [b - a for a, b in zip(offsets, offsets[1:])]
     if offsets[-1] == 0:
@@ -807,12 +822,12 @@ def _plan_step(requests: StepRequests, config: PlanConfig, backend: str) -> Plan
     if len(set(q_lens)) == 1:
         metadata = mla_decode_metadata(lengths, q_len=q_lens[0], heads=config.num_heads, backend=backend,
                                        kv_cache_dtype=storage_name(config.kv_data_type),
-                                       kv_tokens_hint=kv_tokens, page_size=requests.page_size)
+                                       kv_tokens_hint=kv_tokens, page_size=page_size_hint)
         return PlannedStep(offsets, table, lengths, q_lens[0], None, metadata, requests.largest_page)
     cu_seqlens_q = torch.tensor(offsets, dtype=torch.int32, device=device)
     metadata = mla_extend_metadata(lengths, cu_seqlens_q, max_q_len=max(q_lens), heads=config.num_heads, backend=backend,
                                    kv_cache_dtype=storage_name(config.kv_data_type), kv_tokens_hint=kv_tokens,
-                                   page_size=requests.page_size)
+                                   page_size=page_size_hint)
     return PlannedStep(offsets, table, lengths, 0, cu_seqlens_q, metadata, requests.largest_page)
 
 

@@ -574,7 +574,7 @@ def triton_mla_decode(
 def page_size_hint(kv_cache: torch.Tensor, kv_scale: torch.Tensor | None, kv_lora_rank: int) -> int | None:
     """The `page_size` hint for a plan of calls over this cache: its tokens per page where the persistent seesaw
     reads its layout (`hopper_decode.seesaw_serves`), else None (the plan then takes no equal shares, which the grid
-    kernels run slowly).
+    kernels run slowly; also None for a cache that is not `[num_pages, page_size, dim]`, which the calls refuse).
 
     >>> from mlakit.cache.kv_quant import FP8_DTYPE
     >>> pages = torch.zeros(2, 64, 576, dtype=FP8_DTYPE)
@@ -582,6 +582,8 @@ def page_size_hint(kv_cache: torch.Tensor, kv_scale: torch.Tensor | None, kv_lor
     (64, None)
     """
     pages = pages_view(kv_cache)
+    if pages.dim() != 3:
+        return None
     serves = hopper_decode.seesaw_serves(pages.shape[1], kv_lora_rank, pages.shape[-1] - kv_lora_rank,
                                          pages.dtype == FP8_DTYPE, kv_scale_mode(pages, kv_scale))
     return pages.shape[1] if serves else None

@@ -9,10 +9,10 @@ from __future__ import annotations
 import torch
 
 from mlakit.attention.checks import checked_softmax_scale
-from mlakit.attention.functional import mla_decode, mla_extend, mla_prefill
+from mlakit.attention.functional import decode_page_size_hint, mla_decode, mla_extend, mla_prefill
 from mlakit.config import AUTO
 from mlakit.errors import MLAInputError
-from mlakit.cache.kv_quant import SCALE_PER_GROUP, scale_mode, storage_name
+from mlakit.cache.kv_quant import storage_name
 from mlakit.prefill.mha import reference_attention_pass, run_mha_prefill
 from mlakit.reference import reference_extend
 from mlakit.registry.catalog import get_backend
@@ -173,9 +173,10 @@ def _latent_part(
         return out
     if part.kind == "decode":
         batch = len(part.sequences)
-        per_group = scale_mode(kv_cache, kv_scale) == SCALE_PER_GROUP
-        metadata = None if backend == AUTO else part.decode_metadata(backend, q_latent.shape[1],
-                                                                     storage_name(kv_cache.dtype), per_group)
+        metadata = None
+        if backend != AUTO:
+            metadata = part.decode_metadata(backend, q_latent.shape[1], storage_name(kv_cache.dtype),
+                                            decode_page_size_hint(kv_cache, kv_scale, rank))
         out, _ = mla_decode(
             q_latent.view(batch, part.q_len, *q_latent.shape[1:]), kv_cache, part.block_table, part.cache_seqlens,
             softmax_scale=softmax_scale, backend=backend, kv_scale=kv_scale, kv_lora_rank=rank, return_lse=False,

@@ -55,8 +55,7 @@ class StepPart:
     `token_rows` are the part's rows in the packed batch (int64 on the device), or None
     when the part is the whole batch in order. For `decode`, `q_len` is the uniform query
     length; for `mha_prefill`, `prefill` holds the passes. `kv_tokens`: the part's cached tokens in all (from
-    the host's lengths), the decode metadata's `kv_tokens_hint`; `page_size`: the cache's, the decode metadata's
-    `page_size` hint.
+    the host's lengths), the decode metadata's `kv_tokens_hint`.
     """
 
     kind: PartKind
@@ -69,23 +68,21 @@ class StepPart:
     q_len: int | None = None
     prefill: PrefillMetadata | None = None
     kv_tokens: int | None = None
-    page_size: int | None = None
-    _decode_metadata: dict[tuple[str, int, str, bool], DecodeMetadata] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    _decode_metadata: dict[tuple[str, int, str, int | None], DecodeMetadata] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     @property
     def num_tokens(self) -> int:
         return sum(self.new_tokens)
 
     def decode_metadata(self, backend: str, heads: int, kv_cache_dtype: str,
-                        per_group_scales: bool = False) -> DecodeMetadata:
+                        page_size_hint: int | None = None) -> DecodeMetadata:
         """The decode backend's per-step metadata for this part, built on first use and shared by every layer.
-        `per_group_scales`: the cache is fp8 with per-group scales, which only grid kernels read; the plan is then
-        built without the page-size hint, whose plans (equal shares) suit the persistent kernel only."""
-        key = (backend, heads, kv_cache_dtype, per_group_scales)
+        `page_size_hint`: `mla_decode_metadata`'s `page_size` (`decode_page_size_hint` of the layers' cache)."""
+        key = (backend, heads, kv_cache_dtype, page_size_hint)
         if key not in self._decode_metadata:
             self._decode_metadata[key] = mla_decode_metadata(
                 self.cache_seqlens, q_len=self.q_len or 1, heads=heads, backend=backend, kv_cache_dtype=kv_cache_dtype,
-                kv_tokens_hint=self.kv_tokens, page_size=None if per_group_scales else self.page_size,
+                kv_tokens_hint=self.kv_tokens, page_size=page_size_hint,
             )
         return self._decode_metadata[key]
 
@@ -224,7 +221,6 @@ class AttentionStep:
             q_len=self.batch_decode_q_len if kind == "decode" else None,
             prefill=prefill,
             kv_tokens=sum(lens),
-            page_size=self.page_size,
         )
 
 

@@ -19,9 +19,8 @@ import time
 
 import torch
 
-from mlakit.attention.functional import mla_decode, mla_decode_metadata, mla_extend, mla_prefill
+from mlakit.attention.functional import decode_page_size_hint, mla_decode, mla_decode_metadata, mla_extend, mla_prefill
 from mlakit.cache import LatentStore
-from mlakit.cache.kv_quant import SCALE_PER_GROUP, scale_mode
 from mlakit.plan import Plan, WarmupReport
 from mlakit.prefill.metadata import plan_prefill
 from mlakit.registry.catalog import get_backend
@@ -107,9 +106,7 @@ class _DummyWorld:
         self.kv_b_weight = torch.randn(self.heads * (shape.qk_nope_head_dim + shape.v_head_dim), self.rank,
                                        device=self.device, dtype=self.q_dtype)
         self.nope_dim = shape.qk_nope_head_dim
-        # As the step's metadata (`StepPart.decode_metadata`): no page-size hint over per-group fp8 scales.
-        per_group = scale_mode(self.store.data, self.store.scale) == SCALE_PER_GROUP
-        self.page_size_hint = None if per_group else page
+        self.page_size_hint = decode_page_size_hint(self.store.data, self.store.scale, self.rank)
 
     def write(self) -> None:
         slots = torch.arange(self.store.data.shape[0] * self.store.data.shape[1], device=self.device)
