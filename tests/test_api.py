@@ -72,20 +72,34 @@ def test_return_lse_false_gives_none():
 
 
 def test_reference_path_works_without_triton_installed():
+    """The reference path, the page-size hint, both drop-ins and warm-up on the CPU, with triton unimportable."""
     script = (
         "import sys; sys.modules['triton'] = None\n"
         "import torch, mlakit\n"
+        "from mlakit.compat.flash_mla import flash_mla_with_kvcache, get_mla_metadata\n"
+        "from mlakit.compat.flashinfer import BatchMLAPagedAttentionWrapper\n"
+        "from mlakit.serving.warmup import warm_up\n"
         "q = torch.randn(1, 1, 2, 576).bfloat16(); kv = torch.randn(2, 64, 576).bfloat16()\n"
-        "out, lse = mlakit.mla_decode(q, kv, torch.zeros(1, 1, dtype=torch.int32), torch.tensor([5], dtype=torch.int32))\n"
+        "table, lengths = torch.zeros(1, 1, dtype=torch.int32), torch.tensor([5], dtype=torch.int32)\n"
+        "out, lse = mlakit.mla_decode(q, kv, table, lengths)\n"
+        "drop_in, _ = flash_mla_with_kvcache(q, kv.unsqueeze(2), table, lengths, 512, *get_mla_metadata())\n"
+        "wrapper = BatchMLAPagedAttentionWrapper(torch.empty(8, dtype=torch.uint8))\n"
+        "offsets = torch.tensor([0, 1], dtype=torch.int32)\n"
+        "wrapper.plan(offsets, offsets, table[0], lengths, 2, 512, 64, 64, True, 0.07, torch.bfloat16, torch.bfloat16)\n"
+        "planned = wrapper.run(query=q[0], kv_cache=kv)\n"
+        "plan = mlakit.resolve(mlakit.ServingConfig(max_batch_size=2), mlakit.MLAShape.preset('deepseek-v2-lite'),\n"
+        "                      mlakit.DeviceInfo.from_arch('cpu'))\n"
+        "warm_up(plan, max_latent_extend_tokens=0)\n"
         "record = mlakit.registry.get_backend('triton').record\n"
-        "print(tuple(out.shape), record.missing_packages())\n"
+        "hint = mlakit.decode_page_size_hint(kv, None, 512)\n"
+        "print(tuple(out.shape), tuple(drop_in.shape), tuple(planned.shape), hint, record.missing_packages())\n"
     )
     source = Path(mlakit.__file__).resolve().parents[1]
     checkout_src = [str(source)] if source.name == "src" else []  # a checkout where mlakit may not be installed
     inherited = [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []
     env = os.environ | {"PYTHONPATH": os.pathsep.join(checkout_src + inherited)}
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, env=env)
-    assert result.stdout.strip() == "(1, 1, 2, 512) ['triton']"
+    assert result.stdout.strip() == "(1, 1, 2, 512) (1, 1, 2, 512) (1, 2, 512) 64 ['triton']"
 
 
 def test_mla_extend_matches_the_reference_and_checks_its_offsets():

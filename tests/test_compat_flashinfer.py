@@ -196,6 +196,15 @@ def test_cuda_graph_mode_limits():
         planned(make_step([30, 4], [1, 1], heads=4, page_size=16), wrapper=small)
 
 
+def test_cuda_graph_mode_keeps_the_first_plans_kv_scale_layout():
+    wrapper, _ = graph_wrapper(2, capacity=64)
+    step = make_step([30, 4], [1, 1], heads=4, page_size=64)
+    planned(step, wrapper=wrapper, kv_data_type=torch.float8_e4m3fn)
+    keeps = r"^plan\(\): a CUDA-graph wrapper keeps its first plan.*kv_scale_layout='tensor'"
+    with pytest.raises(MLAInputError, match=keeps):
+        planned(step, wrapper=wrapper, kv_data_type=torch.float8_e4m3fn, kv_scale_layout="group")
+
+
 @pytest.mark.parametrize("missing", ["qo_indptr", "kv_indptr", "kv_indices", "kv_len_arr"])
 def test_cuda_graph_mode_needs_every_buffer(missing):
     buffers = dict(qo_indptr=torch.zeros(3, dtype=torch.int32), kv_indptr=torch.zeros(3, dtype=torch.int32),
@@ -348,6 +357,8 @@ def _plan_with(**overrides):
         ("output_scale", dict(output_scale="per-tensor")),
         ("scale_mode", dict(scale_mode="bmm-scalar")),
         ("kv_scale_layout", dict(kv_scale_layout="channel")),
+        ("kv_scale_layout", dict(kv_scale_layout="group")),  # a bf16 cache has no scales
+        ("kv_scale_layout", dict(kv_scale_layout="group", kv_data_type=torch.float8_e4m3fn, scale_mode="kv-per-tensor")),
         ("lse_mode", dict(lse_mode="base10")),
         ("query_layout", dict(query_layout="interleaved")),
         ("output_dtype", dict(output_dtype=torch.float32)),

@@ -20,8 +20,9 @@ from paged_inputs import make_paged_batch, relative_error
 HEADS, RANK, ROPE, NOPE, V_DIM = 3, 32, 16, 16, 24
 
 
-def _mixed_step(new_tokens, cache_lens, page_size, device, seed, kv_dtype="bf16", scale_layout="tensor", **policy):
-    batch = make_paged_batch(list(cache_lens), heads=HEADS, page_size=page_size, kv_lora_rank=RANK, rope_dim=ROPE,
+def _mixed_step(new_tokens, cache_lens, page_size, device, seed, kv_dtype="bf16", scale_layout="tensor", rank=RANK,
+                rope=ROPE, **policy):
+    batch = make_paged_batch(list(cache_lens), heads=HEADS, page_size=page_size, kv_lora_rank=rank, rope_dim=rope,
                              kv_dtype=kv_dtype, scale_layout=scale_layout, seed=seed, device=device)
     table, page = batch.block_table, page_size
     host_table = table.cpu()
@@ -83,23 +84,23 @@ def test_speculative_verify_steps_go_to_decode_when_uniform_and_to_extend_when_u
     assert build.call_args.kwargs["page_size"] == 16
 
 
-@pytest.mark.parametrize("scale_layout", ["tensor", "group"])
-def test_decode_metadata_takes_the_page_size_hint_of_the_layers_cache(kernel_device, scale_layout):
-    """A forward builds its decode plan with `decode_page_size_hint` of the cache and scale it is given (one rule
-    with the drop-ins and warm-up), and keeps one plan per hint."""
-    batch, step = _mixed_step((1, 1), (9, 20), 16, kernel_device, 0, "fp8_e4m3", scale_layout)
+@pytest.mark.parametrize("kv_dtype, scale_layout, rank, rope, hint", [
+    ("fp8_e4m3", "tensor", 512, 64, 64), ("fp8_e4m3", "group", 512, 64, None), ("bf16", "tensor", RANK, ROPE, None),
+])
+def test_decode_metadata_takes_the_page_size_hint_of_the_layers_cache(kv_dtype, scale_layout, rank, rope, hint):
+    """A forward plans its decode with `decode_page_size_hint` of the cache it is given (one rule with the drop-ins
+    and warm-up), on pages of 64 here: the page size over DeepSeek-width fp8 with one scale; None over per-group
+    scales and over a latent narrower than the persistent kernel's two 64-column chunks."""
+    batch, step = _mixed_step((1, 1), (9, 20), 64, "cpu", 0, kv_dtype, scale_layout, rank, rope)
     gen = torch.Generator().manual_seed(0)
-    q_nope = torch.randn(2, HEADS, NOPE, generator=gen).to(kernel_device, torch.bfloat16)
-    q_pe = torch.randn(2, HEADS, ROPE, generator=gen).to(kernel_device, torch.bfloat16)
-    kv_b_weight = torch.randn(HEADS * (NOPE + V_DIM), RANK, generator=gen).to(kernel_device, torch.bfloat16)
-    with (mock.patch("mlakit.serving.step.mla_decode_metadata", wraps=mla_decode_metadata) as build,
-          mock.patch("mlakit.serving.forward.decode_page_size_hint", side_effect=[16, 16, None]) as hint):
-        for _ in range(3):
+    q_nope = torch.randn(2, HEADS, NOPE, generator=gen).bfloat16()
+    q_pe = torch.randn(2, HEADS, rope, generator=gen).bfloat16()
+    kv_b_weight = torch.randn(HEADS * (NOPE + V_DIM), rank, generator=gen).bfloat16()
+    with mock.patch("mlakit.serving.step.mla_decode_metadata", wraps=mla_decode_metadata) as build:
+        for _ in range(2):
             mla_forward(q_nope, q_pe, batch.kv_cache, batch.kv_scale, kv_b_weight, step,
-                        softmax_scale=batch.softmax_scale, decode_backend="triton", prefill_backend="triton")
-    cache, scale, rank = hint.call_args.args
-    assert cache is batch.kv_cache and scale is batch.kv_scale and rank == RANK
-    assert [call.kwargs["page_size"] for call in build.call_args_list] == [16, None]
+                        softmax_scale=batch.softmax_scale, decode_backend="reference", prefill_backend="reference")
+    assert [call.kwargs["page_size"] for call in build.call_args_list] == [hint]
 
 
 def test_prefill_form_policy_and_bad_steps():

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from mlakit.kernels import hopper_decode
+from mlakit.kernels.seesaw_layout import seesaw_takes
 
 
 @pytest.mark.parametrize(
@@ -19,7 +20,7 @@ from mlakit.kernels import hopper_decode
     ],
 )
 def test_seesaw_takes_whole_tile_pages_and_fp8_only_at_deepseek_widths(page_size, kv_lora_rank, rope_dim, fp8, seesaw):
-    assert hopper_decode._seesaw_takes(page_size, kv_lora_rank, rope_dim, fp8) == seesaw
+    assert seesaw_takes(page_size, kv_lora_rank, rope_dim, fp8) == seesaw
 
 
 @pytest.mark.parametrize(

@@ -50,8 +50,9 @@ def test_warm_up_runs_each_decode_again_through_metadata_hinting_a_large_batch(k
 
 @pytest.mark.parametrize("scale_layout, hinted", [("tensor", True), ("group", False)])
 def test_warm_up_hints_the_page_size_unless_the_fp8_scales_are_per_group(kernel_device, scale_layout, hinted):
-    """As a step's metadata (`StepPart.decode_metadata`): the hinted decodes pass the page size, except over per-group
-    fp8 scales, which only grid kernels read (the hint lets plans take equal shares, for the persistent kernel)."""
+    """As a step's metadata: the hinted decodes pass `decode_page_size_hint` of the warm-up cache, the page size
+    here except over per-group fp8 scales, which only grid kernels read (the hint lets plans take equal shares, for
+    the persistent kernel)."""
     config = ServingConfig(device=kernel_device, max_batch_size=2, decode_backend="triton", kv_cache_dtype="fp8_e4m3")
     plan = resolve(config, MLAShape.preset("deepseek-v2-lite"))
     with mock.patch("mlakit.serving.warmup.mla_decode_metadata", wraps=mla_decode_metadata) as build:

@@ -5,12 +5,11 @@
 'reference'
 """
 
-from mlakit.attention.functional import (
-    DecodeMetadata, decode_page_size_hint, mla_decode, mla_decode_metadata, mla_extend, mla_prefill,
-)
+from mlakit.attention.functional import DecodeMetadata, mla_decode, mla_decode_metadata, mla_extend, mla_prefill
 from mlakit.cache import PageAllocator, PagedLatentCache
 from mlakit.config import ServingConfig
 from mlakit.device import DeviceInfo
+from mlakit.kernels.seesaw_layout import decode_page_size_hint
 from mlakit.errors import CacheFullError, ConfigError, FP8SaturationWarning, MLAInputError, MLAKitError, WorkspaceError
 from mlakit.plan import Plan, WorkspaceRequest
 from mlakit.prefill.metadata import PrefillMetadata, plan_prefill

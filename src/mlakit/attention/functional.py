@@ -95,7 +95,7 @@ def mla_decode_metadata(
     backend's 32-row tile for 17-32 query rows a sequence); without it the choice stays the safe one. `page_size`:
     the cache's tokens per page, where the caller knows it when it plans; it lets a backend choose plans that suit
     only some caches' kernels (the triton backend's equal shares, which its persistent Hopper kernel runs well and
-    the others slowly): pass `decode_page_size_hint(kv_cache, kv_scale, kv_lora_rank)`, which leaves it out where
+    the others slowly): pass `mlakit.decode_page_size_hint(kv_cache, kv_scale, kv_lora_rank)`, which leaves it out where
     that kernel does not read the cache (fp8 with per-group scales, pages that are not whole 64-token tiles).
     Neither hint is checked against the calls: a wrong one costs speed, never correctness.
 
@@ -139,20 +139,6 @@ def mla_extend_metadata(
     data = None if builder is None else builder(cache_seqlens, cu_seqlens_q, max_q_len=max_q_len, heads=heads,
                                                 kv_cache_dtype=kv_cache_dtype, **hint)
     return ExtendMetadata(backend, max_q_len, heads, kv_cache_dtype, cu_seqlens_q, cu_seqlens_q.clone(), data)
-
-
-def decode_page_size_hint(kv_cache: torch.Tensor, kv_scale: torch.Tensor | None, kv_lora_rank: int) -> int | None:
-    """The `page_size` hint for `mla_decode_metadata` / `mla_extend_metadata` over this cache (and its fp8 scale):
-    its tokens per page where the triton backend's persistent kernel reads the cache, else None. Host-side, reads
-    shapes and dtypes only (about a microsecond).
-
-    >>> pages = torch.zeros(2, 64, 576, dtype=torch.float8_e4m3fn)
-    >>> decode_page_size_hint(pages, torch.ones(1), 512), decode_page_size_hint(pages, torch.ones(2, 64, 5), 512)
-    (64, None)
-    """
-    from mlakit.kernels.triton_decode import page_size_hint
-
-    return page_size_hint(kv_cache, kv_scale, kv_lora_rank)
 
 
 def mla_decode(

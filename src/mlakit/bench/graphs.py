@@ -51,6 +51,7 @@ from mlakit.config import ServingConfig
 from mlakit.distributed import (ParallelGroups, TokenSharding, dcp_attention, dcp_decode_step, exchange_partials,
                                 gather_heads)
 from mlakit.errors import ConfigError
+from mlakit.kernels.seesaw_layout import decode_page_size_hint
 from mlakit.serving.graphs import DecodeGraphs, require_capturable
 from mlakit.registry.catalog import get_backend
 from mlakit.shape import MLAShape
@@ -395,11 +396,12 @@ def attention_stack(caches: Sequence[torch.Tensor], settings: GraphBenchSettings
     """The step: the backend's decode metadata built once (`mla_decode_metadata`), then one
     `mla_decode` per layer on that layer's cache (same q, table and lengths); returns the last
     layer's output `[batch, q_len, heads, kv_lora_rank]`."""
+    page_size_hint = decode_page_size_hint(caches[0], None, settings.kv_lora_rank)
 
     def step(q: torch.Tensor, table: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         out = q
         metadata = mla_decode_metadata(lengths, q_len=q.shape[1], heads=q.shape[2], backend=settings.backend,
-                                       kv_cache_dtype=storage_name(caches[0].dtype), page_size=settings.page_size)
+                                       kv_cache_dtype=storage_name(caches[0].dtype), page_size=page_size_hint)
         for cache in caches:
             out, _ = mla_decode(q, cache, table, lengths, softmax_scale=settings.softmax_scale, backend=settings.backend,
                                 kv_lora_rank=settings.kv_lora_rank, return_lse=False, check_inputs=check_inputs,
@@ -427,13 +429,14 @@ def dcp_attention_stack(caches: Sequence[torch.Tensor], settings: GraphBenchSett
     >>> dist.destroy_process_group()
     """
     sharding, rank = TokenSharding(dist.get_world_size(group), settings.dcp_interleave), dist.get_rank(group)
+    page_size_hint = decode_page_size_hint(caches[0], None, settings.kv_lora_rank)
 
     def step(q: torch.Tensor, table: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         dcp = dcp_decode_step(sharding, rank, table, lengths, q_len=q.shape[1], page_size=settings.page_size)
         tokens = q.flatten(0, 1)
         metadata = mla_decode_metadata(dcp.visible, q_len=1, heads=tokens.shape[1] * sharding.dcp_size,
                                        backend=settings.backend, kv_cache_dtype=storage_name(caches[0].dtype),
-                                       page_size=settings.page_size)
+                                       page_size=page_size_hint)
         out = tokens
         for cache in caches:
             out, _ = dcp_attention(tokens, cache, dcp, group, kv_lora_rank=settings.kv_lora_rank,

@@ -23,10 +23,11 @@ import math
 
 import torch
 
-from mlakit.attention.functional import DecodeMetadata, decode_page_size_hint, mla_decode, mla_decode_metadata
+from mlakit.attention.functional import DecodeMetadata, mla_decode, mla_decode_metadata
 from mlakit.cache.kv_quant import FP8_DTYPE, storage_name
 from mlakit.compat._arguments import describe, is_positive_int
 from mlakit.errors import MLAInputError
+from mlakit.kernels.seesaw_layout import decode_page_size_hint
 
 # FlashMLA's packed fp8 row for DeepSeek's 512 + 64 widths: 512 e4m3 values, 4 float32 scales, 64 bf16 rope values.
 _PACKED_FP8_ROW_BYTES = 656
@@ -163,7 +164,8 @@ def flash_mla_with_kvcache(
 
     q's and k_cache's shapes and dtypes are checked against the other arguments once per layout
     (their shapes, dtypes and devices, head_dim_v, causal, is_fp8_kvcache and whether kv_scale is
-    absent, one per-tensor scale or per-group scales): a repeated layout reuses the verdict, so every layer after the first costs little host
+    absent, one per-tensor scale or per-group scales): a repeated
+    layout reuses the verdict, so every layer after the first costs little host
     time. lse's -inf become +inf in one kernel (in place on mla_decode's lse where it is contiguous).
 
     >>> q = torch.randn(2, 1, 4, 576, dtype=torch.bfloat16)
@@ -330,10 +332,11 @@ def _cache_dtype(k_cache: torch.Tensor, q: torch.Tensor, is_fp8_kvcache: bool, k
     if bool(is_fp8_kvcache) != fp8:
         fix = "pass is_fp8_kvcache=True with an fp8 cache" if fp8 else "is_fp8_kvcache=True needs a float8_e4m3fn cache"
         raise MLAInputError(f"is_fp8_kvcache: got {is_fp8_kvcache!r} for a {k_cache.dtype} cache; {fix}")
+    if fp8 and kv_scale is None:
+        raise MLAInputError("kv_scale: required with an fp8 cache (mlakit's keyword: a float32 per-tensor scale [1] or per-group scales)")
     if fp8 and not isinstance(kv_scale, torch.Tensor):
         raise MLAInputError(
-            "kv_scale: required with an fp8 cache (mlakit's keyword: a float32 per-tensor scale [1] or per-group scales), "
-            f"got {describe(kv_scale)}"
+            f"kv_scale: expected a float32 tensor (a per-tensor scale [1] or per-group scales), got {describe(kv_scale)}"
         )
     try:
         return storage_name(k_cache.dtype)

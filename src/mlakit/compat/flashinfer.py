@@ -50,6 +50,7 @@ from mlakit.attention.functional import (
 from mlakit.cache.kv_quant import FP8_DTYPE, SCALE_PER_GROUP, SCALE_PER_TENSOR, storage_name
 from mlakit.compat._arguments import describe, is_positive_int
 from mlakit.errors import MLAInputError
+from mlakit.kernels.seesaw_layout import seesaw_serves
 
 LOG2E = 1.4426950408889634
 FLASHINFER_BACKENDS = frozenset(
@@ -146,6 +147,7 @@ class PlanConfig:
     sm_scale: float
     q_data_type: torch.dtype
     kv_data_type: torch.dtype
+    kv_scale_layout: Literal["tensor", "group"] = "tensor"
 
     def __post_init__(self) -> None:
         for name in ("num_heads", "head_dim_ckv", "head_dim_kpe", "page_size"):
@@ -162,6 +164,11 @@ class PlanConfig:
         if self.kv_data_type not in _CACHE_DTYPES:
             raise MLAInputError(
                 f"kv_data_type: expected one of {[str(d) for d in _CACHE_DTYPES]}, got {self.kv_data_type!r}"
+            )
+        _check_choice("kv_scale_layout", self.kv_scale_layout, ("tensor", "group"))
+        if self.kv_scale_layout == "group" and self.kv_data_type != FP8_DTYPE:
+            raise MLAInputError(
+                f"kv_scale_layout: 'group' declares per-group fp8 scales, got a {self.kv_data_type} cache"
             )
 
     @property
@@ -274,7 +281,8 @@ class BatchMLAPagedAttentionWrapper:
         `use_sinks`, an `output_scale`, an `output_dtype` other than `q_data_type`, and
         `scale_mode` other than "default" / "kv-per-tensor". mlakit's addition `kv_scale_layout`: "group" where
         the fp8 cache's `run(kv_scale=)` will be per-group scales; the plan then leaves out the equal shares that
-        only a per-tensor scale's kernel runs well (a wrong value costs speed, never correctness).
+        only a per-tensor scale's kernel runs well (a wrong value costs speed, never correctness; "group" is refused
+        with a 16-bit cache or `scale_mode="kv-per-tensor"`).
 
         >>> wrapper = BatchMLAPagedAttentionWrapper(torch.empty(8, dtype=torch.uint8))
         >>> wrapper.plan(metadata=MLAPlanMetadata.dense(torch.tensor([0, 2], dtype=torch.int32),
@@ -291,13 +299,14 @@ class BatchMLAPagedAttentionWrapper:
         _check_choice("lse_mode", lse_mode, ("none", "base2", "basee"))
         _check_choice("output_scale", output_scale, ("none",))
         _check_choice("scale_mode", scale_mode, ("default", "kv-per-tensor"))
-        _check_choice("kv_scale_layout", kv_scale_layout, ("tensor", "group"))
+        if scale_mode == "kv-per-tensor" and kv_scale_layout == "group":
+            raise MLAInputError("kv_scale_layout: 'group' contradicts scale_mode='kv-per-tensor'")
         required = dict(num_heads=num_heads, head_dim_ckv=head_dim_ckv, head_dim_kpe=head_dim_kpe, page_size=page_size,
                         causal=causal, sm_scale=sm_scale, q_data_type=q_data_type, kv_data_type=kv_data_type)
         missing = [name for name, value in required.items() if value is None]
         if missing:
             raise MLAInputError(f"{', '.join(missing)}: required by plan(), got None")
-        config = PlanConfig(**required)
+        config = PlanConfig(**required, kv_scale_layout=kv_scale_layout)
         if output_dtype is not None and output_dtype != config.q_data_type:
             raise MLAInputError(f"output_dtype: expected None or q_data_type ({config.q_data_type}), got {output_dtype}")
         requests = _requests_from(
@@ -306,7 +315,7 @@ class BatchMLAPagedAttentionWrapper:
             config.page_size,
             self.device,
         )
-        step = _plan_step(requests, config, self._backend, _page_size_hint(config, kv_scale_layout == "group"))
+        step = _plan_step(requests, config, self._backend, _page_size_hint(config))
         if self._graph_buffers is not None:
             step = self._graph_buffers.hold(step, requests, config)
         if self._step is None or (config, step.total_q, step.q_len) != (self._config, self._step.total_q, self._step.q_len):
@@ -790,13 +799,11 @@ def _used_pages(requests: StepRequests) -> torch.Tensor:
     return torch.arange(table.shape[1], device=table.device)[None, :] < needed[:, None]
 
 
-def _page_size_hint(config: PlanConfig, per_group_scales: bool) -> int | None:
+def _page_size_hint(config: PlanConfig) -> int | None:
     """The plan's `page_size` hint (`mlakit.decode_page_size_hint`'s, from the planned layout instead of a cache)."""
-    from mlakit.kernels.hopper_decode import seesaw_serves
-
     fp8 = config.kv_data_type == FP8_DTYPE
     serves = seesaw_serves(config.page_size, config.head_dim_ckv, config.head_dim_kpe, fp8,
-                           SCALE_PER_GROUP if per_group_scales else SCALE_PER_TENSOR)
+                           SCALE_PER_GROUP if config.kv_scale_layout == "group" else SCALE_PER_TENSOR)
     return config.page_size if serves else None
 
 

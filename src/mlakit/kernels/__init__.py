@@ -1,1 +1,2 @@
-"""Triton kernels. Importing a kernel module needs triton; the registry records do not."""
+"""Triton kernels. Importing a kernel module needs triton; the registry records and `seesaw_layout` (which caches the
+persistent decode kernel reads, in plain ints) do not."""

@@ -15,15 +15,13 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from mlakit.kernels.decode_split_plan import WORK_FIELDS
 from mlakit.cache.kv_quant import FP8_DTYPE
+from mlakit.kernels.seesaw_layout import KV_TILE_TOKENS
 
-BLOCK_N = gl.constexpr(64)
+BLOCK_N = gl.constexpr(KV_TILE_TOKENS)
 # float32's smallest normal value (`online_softmax`'s floor for a score scale).
 SMALLEST_NORMAL = gl.constexpr(1.1754943508222875e-38)
 KV_LORA_RANKS = frozenset({64, 128, 256, 512})
 ROPE_DIMS = frozenset({16, 32, 64})
-# DeepSeek's latent and rope widths: the seesaw takes fp8 pages only at these, and S runs on 8-bit tensor cores
-# (`e4m3_scores`) only at these in either kernel.
-DEEPSEEK_WIDTHS = (512, 64)
 LN2 = gl.constexpr(0.6931471805599453)
 
 

@@ -34,7 +34,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from mlakit.kernels.hopper_common import (
     BLOCK_N,
-    DEEPSEEK_WIDTHS,
     E4M3_QUERY_EXPONENT,
     FP16_QUERY_EXPONENT,
     KV_LORA_RANKS,
@@ -52,6 +51,7 @@ from mlakit.kernels.hopper_common import (
     wgmma_k,
     zero_rows_from,
 )
+from mlakit.kernels.seesaw_layout import DEEPSEEK_WIDTHS
 from mlakit.cache.kv_quant import FP8_DTYPE, SCALE_PER_TENSOR
 from mlakit.kernels.l2_evict_first import HintedKey, evict_first_tma_loads, mark_evict_first, streams_evict_first
 from mlakit.kernels.launch import CachedLaunch

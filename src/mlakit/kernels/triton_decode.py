@@ -26,6 +26,7 @@ from mlakit.kernels.decode_split_plan import (MAX_WORK_ROWS, WORK_FIELDS, SplitG
                                              split_geometry)
 from mlakit.kernels.interpreter import INTERPRET
 from mlakit.kernels.launch import CachedLaunch
+from mlakit.kernels.seesaw_layout import decode_page_size_hint, seesaw_pages
 from mlakit.cache.kv_quant import FP8_DTYPE, SCALE_GROUP, SCALE_PER_GROUP
 from mlakit.cache.kv_quant import scale_mode as kv_scale_mode
 from mlakit.device import sm_count
@@ -496,7 +497,7 @@ def _plan(
     merge_state = torch.zeros(batch * -(-rows // hopper_decode.BLOCK_M.value), dtype=torch.int32,
                               device=cache_seqlens.device)
     hopper_tile = hopper_default and tuning.block_m == hopper_decode.BLOCK_M.value
-    persistent = hopper_tile and page_size is not None and hopper_decode.seesaw_pages(page_size)
+    persistent = hopper_tile and page_size is not None and seesaw_pages(page_size)
     unit_cost_tiles = decode_split_plan.HOPPER_UNIT_COST_TILES if hopper_tile else 0
     num_splits, work, work_state = decode_split_counts(
         cache_seqlens, cu_seqlens_q, heads, geometry, tuning.block_m, tuning.block_n, sms, tuning.programs_per_sm,
@@ -564,29 +565,12 @@ def triton_mla_decode(
     """
     batch, q_len, heads, _ = q.shape
     plan = plan or plan_decode(cache_seqlens, q_len=q_len, heads=heads, kv_dtype=kv_cache.dtype, num_sms=num_sms,
-                               e4m3_scores=e4m3_scores, page_size=page_size_hint(kv_cache, kv_scale, kv_lora_rank))
+                               e4m3_scores=e4m3_scores,
+                               page_size=decode_page_size_hint(kv_cache, kv_scale, kv_lora_rank))
     out, lse = _outputs(q, kv_lora_rank, out, lse)
     _launch(q.reshape(batch * q_len, heads, -1), kv_cache, block_table, cache_seqlens, kv_lora_rank, softmax_scale,
             kv_scale, plan, out.view(batch * q_len, heads, kv_lora_rank), lse, _lse_strides(lse))
     return out, lse
-
-
-def page_size_hint(kv_cache: torch.Tensor, kv_scale: torch.Tensor | None, kv_lora_rank: int) -> int | None:
-    """The `page_size` hint for a plan of calls over this cache: its tokens per page where the persistent seesaw
-    reads its layout (`hopper_decode.seesaw_serves`), else None (the plan then takes no equal shares, which the grid
-    kernels run slowly; also None for a cache that is not `[num_pages, page_size, dim]`, which the calls refuse).
-
-    >>> from mlakit.cache.kv_quant import FP8_DTYPE
-    >>> pages = torch.zeros(2, 64, 576, dtype=FP8_DTYPE)
-    >>> page_size_hint(pages, torch.ones(1), 512), page_size_hint(pages, torch.ones(2, 64, 5), 512)
-    (64, None)
-    """
-    pages = pages_view(kv_cache)
-    if pages.dim() != 3:
-        return None
-    serves = hopper_decode.seesaw_serves(pages.shape[1], kv_lora_rank, pages.shape[-1] - kv_lora_rank,
-                                         pages.dtype == FP8_DTYPE, kv_scale_mode(pages, kv_scale))
-    return pages.shape[1] if serves else None
 
 
 def triton_mla_extend(
@@ -615,7 +599,7 @@ def triton_mla_extend(
     """
     plan = plan or plan_extend(cache_seqlens, cu_seqlens_q, max_q_len=max_q_len, heads=q.shape[1],
                                kv_dtype=kv_cache.dtype, num_sms=num_sms, e4m3_scores=e4m3_scores,
-                               page_size=page_size_hint(kv_cache, kv_scale, kv_lora_rank))
+                               page_size=decode_page_size_hint(kv_cache, kv_scale, kv_lora_rank))
     out, lse = _outputs(q, kv_lora_rank, out, lse)
     _launch(q, kv_cache, block_table, cache_seqlens, kv_lora_rank, softmax_scale, kv_scale, plan, out, lse, _lse_strides(lse))
     return out, lse

@@ -9,10 +9,11 @@ from __future__ import annotations
 import torch
 
 from mlakit.attention.checks import checked_softmax_scale
-from mlakit.attention.functional import decode_page_size_hint, mla_decode, mla_extend, mla_prefill
+from mlakit.attention.functional import mla_decode, mla_extend, mla_prefill
 from mlakit.config import AUTO
 from mlakit.errors import MLAInputError
 from mlakit.cache.kv_quant import storage_name
+from mlakit.kernels.seesaw_layout import decode_page_size_hint
 from mlakit.prefill.mha import reference_attention_pass, run_mha_prefill
 from mlakit.reference import reference_extend
 from mlakit.registry.catalog import get_backend

@@ -68,7 +68,9 @@ class StepPart:
     q_len: int | None = None
     prefill: PrefillMetadata | None = None
     kv_tokens: int | None = None
-    _decode_metadata: dict[tuple[str, int, str, int | None], DecodeMetadata] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    _decode_metadata: dict[tuple[str, int, str, int | None], DecodeMetadata] = dataclasses.field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     @property
     def num_tokens(self) -> int:

@@ -19,8 +19,9 @@ import time
 
 import torch
 
-from mlakit.attention.functional import decode_page_size_hint, mla_decode, mla_decode_metadata, mla_extend, mla_prefill
+from mlakit.attention.functional import mla_decode, mla_decode_metadata, mla_extend, mla_prefill
 from mlakit.cache import LatentStore
+from mlakit.kernels.seesaw_layout import decode_page_size_hint
 from mlakit.plan import Plan, WarmupReport
 from mlakit.prefill.metadata import plan_prefill
 from mlakit.registry.catalog import get_backend

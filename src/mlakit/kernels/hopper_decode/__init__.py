@@ -49,9 +49,8 @@ defined: an experiment changes it there.
 from mlakit.cache.kv_quant import FP8_DTYPE
 from mlakit.kernels.hopper_decode.constants import BLOCK_M, NUM_WARPS
 from mlakit.kernels.hopper_decode.descriptors import chunk_descriptors
-from mlakit.kernels.hopper_decode.dispatch import (MERGE_MAX_SPLITS, SEESAW, Merges, SplitPass, _seesaw_takes,
-                                                   partial_dtype, prepare, rows_are_contiguous, seesaw_pages,
-                                                   seesaw_serves, supports)
+from mlakit.kernels.hopper_decode.dispatch import (MERGE_MAX_SPLITS, SEESAW, Merges, SplitPass, partial_dtype,
+                                                   prepare, rows_are_contiguous, supports)
 from mlakit.kernels.hopper_decode.fp8_split_kernel import mla_decode_hopper_fp8_kernel
 from mlakit.kernels.hopper_decode.seesaw_kernel import mla_decode_hopper_seesaw_kernel
 from mlakit.kernels.hopper_decode.split_kernel import mla_decode_hopper_split_kernel
@@ -64,7 +63,6 @@ __all__ = [
     "NUM_WARPS",
     "SEESAW",
     "SplitPass",
-    "_seesaw_takes",
     "chunk_descriptors",
     "mla_decode_hopper_fp8_kernel",
     "mla_decode_hopper_seesaw_kernel",
@@ -72,7 +70,5 @@ __all__ = [
     "partial_dtype",
     "prepare",
     "rows_are_contiguous",
-    "seesaw_pages",
-    "seesaw_serves",
     "supports",
 ]

@@ -6,11 +6,12 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from mlakit.kernels.hopper_common import BLOCK_N, wgmma_k
+from mlakit.kernels.seesaw_layout import LATENT_CHUNK_COLUMNS
 
 BLOCK_M = gl.constexpr(64)
 NUM_WARPS = gl.constexpr(8)
 STAGES = gl.constexpr(2)
-TMA_CHUNK = gl.constexpr(64)
+TMA_CHUNK = gl.constexpr(LATENT_CHUNK_COLUMNS)
 # Hardware named barriers for the seesaw's hand-offs between its two warpgroups (the compiler takes
 # barriers 0-2 for its own synchronization in a two-partition kernel).
 EVEN_MAX_READY = gl.constexpr(10)

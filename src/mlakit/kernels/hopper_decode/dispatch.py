@@ -1,6 +1,6 @@
 """Host side of the Hopper decode kernels: whether they take a call (`supports`, `rows_are_contiguous`), which of them
-serves a page layout (`_seesaw_takes`), and the split pass prepared per input layout (`prepare`), launched through
-the kernels' `CachedLaunch` objects."""
+serves a page layout (`seesaw_layout.seesaw_takes`), and the split pass prepared per input layout (`prepare`),
+launched through the kernels' `CachedLaunch` objects."""
 from __future__ import annotations
 
 import enum
@@ -10,14 +10,15 @@ import torch
 
 from mlakit.cache.kv_quant import FP8_DTYPE, SCALE_PER_TENSOR
 from mlakit.device import sm_count
-from mlakit.kernels.hopper_common import BLOCK_N, DEEPSEEK_WIDTHS, GLUON_DTYPES, KV_LORA_RANKS, ROPE_DIMS, serves
-from mlakit.kernels.hopper_decode.constants import NUM_WARPS, TMA_CHUNK
+from mlakit.kernels.hopper_common import GLUON_DTYPES, KV_LORA_RANKS, ROPE_DIMS, serves
+from mlakit.kernels.hopper_decode.constants import NUM_WARPS
 from mlakit.kernels.hopper_decode.descriptors import chunk_descriptors
 from mlakit.kernels.hopper_decode.fp8_split_kernel import mla_decode_hopper_fp8_kernel
 from mlakit.kernels.hopper_decode.seesaw_kernel import mla_decode_hopper_seesaw_kernel
 from mlakit.kernels.hopper_decode.split_kernel import mla_decode_hopper_split_kernel
 from mlakit.kernels.l2_evict_first import HintedKey, evict_first_tma_loads, streams_evict_first
 from mlakit.kernels.launch import CachedLaunch
+from mlakit.kernels.seesaw_layout import seesaw_takes
 
 # A prepared split pass: run(q, pages, kv_scale, shared_args).
 SplitPass = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", tuple], None]
@@ -91,7 +92,7 @@ def prepare(key: Hashable, grid: tuple[int, int], q: torch.Tensor, pages: torch.
     rope_dim = q.shape[-1] - kv_lora_rank
     constants = dict(HEADS=q.shape[1], PAGE_SIZE=pages.shape[1], KV_LORA_RANK=kv_lora_rank, ROPE_DIM=rope_dim)
     fp8 = pages.dtype == FP8_DTYPE
-    if _seesaw_takes(pages.shape[1], kv_lora_rank, rope_dim, fp8):
+    if seesaw_takes(pages.shape[1], kv_lora_rank, rope_dim, fp8):
         row_tiles, work_rows = grid
         programs = (min(sm_count(q.device), row_tiles * work_rows), 1, 1)
         merge = 1 < max_splits <= MERGE_MAX_SPLITS
@@ -138,7 +139,7 @@ def partial_dtype(out_dtype: torch.dtype, pages: torch.Tensor, kv_lora_rank: int
     torch.float32
     """
     fp8 = pages.dtype == FP8_DTYPE
-    if not SEESAW_16BIT_PARTIALS or not _seesaw_takes(pages.shape[1], kv_lora_rank, rope_dim, fp8):
+    if not SEESAW_16BIT_PARTIALS or not seesaw_takes(pages.shape[1], kv_lora_rank, rope_dim, fp8):
         return torch.float32
     if out_dtype == torch.bfloat16 or out_dtype == pages.dtype == torch.float16:
         return out_dtype
@@ -153,35 +154,6 @@ def prefetch_pairs(fp8: bool) -> int:
     0
     """
     return L2_PREFETCH_PAIRS_FP8 if fp8 else L2_PREFETCH_PAIRS_16BIT
-
-
-def seesaw_pages(page_size: int) -> bool:
-    """Whether pages of `page_size` tokens hold whole 64-token KV tiles, as the seesaw's TMA loads need (its other
-    conditions, on the latent widths and fp8, are `_seesaw_takes`'s).
-
-    >>> [seesaw_pages(n) for n in (1, 16, 64, 128)]
-    [False, False, True, True]
-    """
-    return page_size % BLOCK_N.value == 0
-
-
-def _seesaw_takes(page_size: int, kv_lora_rank: int, rope_dim: int, fp8: bool) -> bool:
-    """Whether the seesaw kernel serves these pages: whole 64-token tiles per page and at least two latent
-    chunks; fp8 only at 512 + 64 (its chunks and rope convert in place as 64-column blocks)."""
-    whole_tiles = seesaw_pages(page_size) and kv_lora_rank >= 2 * TMA_CHUNK.value
-    return whole_tiles and (not fp8 or (kv_lora_rank, rope_dim) == DEEPSEEK_WIDTHS)
-
-
-def seesaw_serves(page_size: int, kv_lora_rank: int, rope_dim: int, fp8: bool, scale_mode: int) -> bool:
-    """Whether the persistent seesaw kernel reads pages of this layout (on a GPU the Hopper kernels serve), where a
-    plan may take equal shares (`decode_split_plan.may_share`): `_seesaw_takes`'s pages and widths, fp8 with one
-    per-tensor scale.
-
-    >>> from mlakit.cache.kv_quant import SCALE_PER_GROUP
-    >>> seesaw_serves(64, 512, 64, True, SCALE_PER_TENSOR), seesaw_serves(64, 512, 64, True, SCALE_PER_GROUP)
-    (True, False)
-    """
-    return _seesaw_takes(page_size, kv_lora_rank, rope_dim, fp8) and (not fp8 or scale_mode == SCALE_PER_TENSOR)
 
 
 def rows_are_contiguous(pages: torch.Tensor) -> bool:
