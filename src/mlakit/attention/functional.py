@@ -95,8 +95,9 @@ def mla_decode_metadata(
     backend's 32-row tile for 17-32 query rows a sequence); without it the choice stays the safe one. `page_size`:
     the cache's tokens per page, where the caller knows it when it plans; it lets a backend choose plans that suit
     only some caches' kernels (the triton backend's equal shares, which its persistent Hopper kernel runs well and
-    the others slowly): pass `mlakit.decode_page_size_hint(kv_cache, kv_scale, kv_lora_rank)`, which leaves it out where
-    that kernel does not read the cache (fp8 with per-group scales, pages that are not whole 64-token tiles).
+    the others slowly): pass `mlakit.decode_page_size_hint(kv_cache, kv_scale, kv_lora_rank)`, which leaves it out
+    where that kernel does not read the cache (fp8 with per-group scales, pages that are not whole 64-token tiles,
+    latents it does not take).
     Neither hint is checked against the calls: a wrong one costs speed, never correctness.
 
     >>> md = mla_decode_metadata(torch.tensor([20, 3], dtype=torch.int32), q_len=1, heads=4, backend="reference")

@@ -164,9 +164,9 @@ def flash_mla_with_kvcache(
 
     q's and k_cache's shapes and dtypes are checked against the other arguments once per layout
     (their shapes, dtypes and devices, head_dim_v, causal, is_fp8_kvcache and whether kv_scale is
-    absent, one per-tensor scale or per-group scales): a repeated
-    layout reuses the verdict, so every layer after the first costs little host
-    time. lse's -inf become +inf in one kernel (in place on mla_decode's lse where it is contiguous).
+    absent, one per-tensor scale or per-group scales): a repeated layout reuses the verdict, so
+    every layer after the first costs little host time. lse's -inf become +inf in one kernel (in
+    place on mla_decode's lse where it is contiguous).
 
     >>> q = torch.randn(2, 1, 4, 576, dtype=torch.bfloat16)
     >>> cache = torch.randn(8, 16, 1, 576, dtype=torch.bfloat16)
