@@ -50,7 +50,7 @@ from mlakit.attention.functional import (
 from mlakit.cache.kv_quant import FP8_DTYPE, SCALE_PER_GROUP, SCALE_PER_TENSOR, storage_name
 from mlakit.compat._arguments import describe, is_positive_int
 from mlakit.errors import MLAInputError
-from mlakit.kernels.seesaw_layout import seesaw_serves
+from mlakit.kernels.seesaw_layout import layout_page_size_hint
 
 LOG2E = 1.4426950408889634
 FLASHINFER_BACKENDS = frozenset(
@@ -800,11 +800,10 @@ def _used_pages(requests: StepRequests) -> torch.Tensor:
 
 
 def _page_size_hint(config: PlanConfig) -> int | None:
-    """The plan's `page_size` hint (`mlakit.decode_page_size_hint`'s, from the planned layout instead of a cache)."""
-    fp8 = config.kv_data_type == FP8_DTYPE
-    serves = seesaw_serves(config.page_size, config.head_dim_ckv, config.head_dim_kpe, fp8,
-                           SCALE_PER_GROUP if config.kv_scale_layout == "group" else SCALE_PER_TENSOR)
-    return config.page_size if serves else None
+    """The plan's `page_size` hint, from the planned layout (`plan()` sees no cache)."""
+    kv_scale_mode = SCALE_PER_GROUP if config.kv_scale_layout == "group" else SCALE_PER_TENSOR
+    return layout_page_size_hint(config.page_size, config.head_dim_ckv, config.head_dim_kpe,
+                                 config.kv_data_type == FP8_DTYPE, kv_scale_mode)
 
 
 def _plan_step(requests: StepRequests, config: PlanConfig, backend: str, page_size_hint: int | None) -> PlannedStep:

@@ -50,6 +50,18 @@ def seesaw_serves(page_size: int, kv_lora_rank: int, rope_dim: int, fp8: bool, k
     return seesaw_takes(page_size, kv_lora_rank, rope_dim, fp8) and (not fp8 or kv_scale_mode == SCALE_PER_TENSOR)
 
 
+def layout_page_size_hint(page_size: int, kv_lora_rank: int, rope_dim: int, fp8: bool,
+                          kv_scale_mode: int) -> int | None:
+    """`decode_page_size_hint` for a cache described by its layout (`seesaw_serves`'s arguments) instead of a tensor,
+    for a caller that plans before it sees the cache (the FlashInfer drop-in's `plan()`).
+
+    >>> from mlakit.cache.kv_quant import SCALE_PER_GROUP
+    >>> [layout_page_size_hint(128, 512, 64, True, mode) for mode in (SCALE_PER_TENSOR, SCALE_PER_GROUP)]
+    [128, None]
+    """
+    return page_size if seesaw_serves(page_size, kv_lora_rank, rope_dim, fp8, kv_scale_mode) else None
+
+
 def decode_page_size_hint(kv_cache: torch.Tensor, kv_scale: torch.Tensor | None, kv_lora_rank: int) -> int | None:
     """The `page_size` hint for `mla_decode_metadata` / `mla_extend_metadata` (and `plan_decode` / `plan_extend`)
     over this cache and its fp8 scale: its tokens per page where the seesaw reads the cache (`seesaw_serves`), else
@@ -63,6 +75,5 @@ def decode_page_size_hint(kv_cache: torch.Tensor, kv_scale: torch.Tensor | None,
     pages = pages_view(kv_cache)
     if pages.dim() != 3:
         return None
-    serves = seesaw_serves(pages.shape[1], kv_lora_rank, pages.shape[-1] - kv_lora_rank, pages.dtype == FP8_DTYPE,
-                           scale_mode(pages, kv_scale))
-    return pages.shape[1] if serves else None
+    return layout_page_size_hint(pages.shape[1], kv_lora_rank, pages.shape[-1] - kv_lora_rank, pages.dtype == FP8_DTYPE,
+                                 scale_mode(pages, kv_scale))
