@@ -17,7 +17,10 @@ BLOCK_N = 64
 
 @pytest.fixture(autouse=True)
 def equal_shares(monkeypatch):
+    """Shares on, from any Triton's plan kernel: these tests check its layout (on a GPU, with Triton 3.7.1's build,
+    they find what `decode_split_plan.SHARE_PLAN_TRITONS` keeps out)."""
     monkeypatch.setattr(decode_split_plan, "EQUAL_SHARES", True)
+    monkeypatch.setattr(decode_split_plan, "SHARE_PLAN_TRITONS", ("",))
 
 
 def _plan(device: str, lengths: list[int], q_lens: list[int], heads: int = 128, num_sms: int = 132,

@@ -7,6 +7,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
+import triton
 
 from mlakit.cache.kv_quant import scale_mode
 from mlakit.errors import MLAInputError
@@ -609,6 +610,24 @@ def test_only_plans_for_the_seesaw_pages_may_take_equal_shares(monkeypatch):
     for kwargs in ({"page_size": 16}, {"page_size": 32}, {}, {"page_size": 64, "tuning": plan(page_size=64).tuning}):
         kept = plan(**kwargs)
         assert not kept.may_share and int(kept.work_state[2]) != decode_split_plan.ORDER_SHARES, kwargs
+
+
+def test_no_equal_shares_from_a_plan_kernel_built_by_an_unchecked_triton(monkeypatch):
+    """A plan kernel compiled (not interpreted) by a Triton version outside SHARE_PLAN_TRITONS takes no equal shares
+    (Triton 3.7.1's GPU build counts a share plan's items short): the same plan as above keeps its split counts and
+    launches no share-only combine; under the interpreter, or with the version listed, it takes them."""
+    monkeypatch.setattr(triton_decode, "INTERPRET", False)
+    monkeypatch.setattr(triton_decode.hopper_common, "serves", lambda device, kv_dtype: True)
+    lengths = torch.full((40,), 8192, dtype=torch.int32)
+    monkeypatch.setattr(decode_split_plan, "SHARE_PLAN_TRITONS", ("0.0.",))
+    assert decode_split_plan.share_plans_laid_out_right()  # the CPU interpreter lays them out
+    monkeypatch.setattr(decode_split_plan, "INTERPRET", False)
+    assert not decode_split_plan.share_plans_laid_out_right()
+    kept = plan_decode(lengths, q_len=2, heads=128, num_sms=132, page_size=64)
+    assert not kept.may_share and int(kept.work_state[2]) != decode_split_plan.ORDER_SHARES
+    monkeypatch.setattr(decode_split_plan, "SHARE_PLAN_TRITONS", (triton.__version__,))
+    shared = plan_decode(lengths, q_len=2, heads=128, num_sms=132, page_size=64)
+    assert shared.may_share and int(shared.work_state[2]) == decode_split_plan.ORDER_SHARES
 
 
 @pytest.mark.parametrize("page_size", [0, -16, True, 64.0])

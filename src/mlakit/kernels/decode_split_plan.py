@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from mlakit.kernels.decode_share_plan import share_bound, share_layout
+from mlakit.kernels.interpreter import INTERPRET
 
 OVERSUBSCRIPTION = 3
 MAX_SPLITS = 512
@@ -74,6 +75,12 @@ EQUAL_SHARES = True
 # sequences runs them in rounds of their own).
 RAGGED_EQUAL_SHARES = True
 RAGGED_SHARE_ROWS = 2
+# The Triton versions whose GPU build of the plan kernel was checked to lay equal shares out right. Triton 3.7.1's
+# build counts a share plan's items short on an H200 (WORK_STATE[0] 66 where the rows hold 132: 128 heads, 24 x 16384
+# tokens, one query token), so the second round of units never runs and the output keeps whatever its buffer held;
+# its CPU interpreter counts them right (NOTES.md, "The Gluon kernels under Triton 3.7"). Until that is understood, a
+# plan kernel compiled by any other version takes no equal shares: the split counts run, slower where shares win.
+SHARE_PLAN_TRITONS = ("3.6.",)
 # The split kernels' grid holds one row per row of the plan (sequences x split ceiling, or RAGGED_SHARE_ROWS times
 # that).
 MAX_WORK_ROWS = 65535
@@ -329,12 +336,23 @@ def _split_counts_kernel(
 
 def may_share(persistent: bool, unit_cost_tiles: int) -> bool:
     """Whether `decode_split_counts` may give a batch equal shares (which batch takes them is decided on the GPU):
-    only for a persistent kernel, with EQUAL_SHARES and a unit cost.
+    only for a persistent kernel, with EQUAL_SHARES and a unit cost, where the plan kernel lays shares out right
+    (`share_plans_laid_out_right`).
 
-    >>> may_share(True, HOPPER_UNIT_COST_TILES), may_share(False, HOPPER_UNIT_COST_TILES), may_share(True, 0)
-    (True, False, False)
+    >>> may_share(False, HOPPER_UNIT_COST_TILES), may_share(True, 0)
+    (False, False)
     """
-    return persistent and EQUAL_SHARES and unit_cost_tiles > 0
+    return persistent and EQUAL_SHARES and unit_cost_tiles > 0 and share_plans_laid_out_right()
+
+
+def share_plans_laid_out_right(version: str | None = None) -> bool:
+    """Whether this process's plan kernel lays equal shares out right: under the CPU interpreter, or built by a Triton
+    `version` (the installed one by default) of SHARE_PLAN_TRITONS.
+
+    >>> share_plans_laid_out_right("3.6.0"), share_plans_laid_out_right("3.7.1") == bool(INTERPRET)
+    (True, True)
+    """
+    return bool(INTERPRET) or (version or triton.__version__).startswith(SHARE_PLAN_TRITONS)
 
 
 def decode_split_counts(

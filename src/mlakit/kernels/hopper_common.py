@@ -15,6 +15,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from mlakit.kernels.decode_split_plan import WORK_FIELDS
 from mlakit.cache.kv_quant import FP8_DTYPE
+from mlakit.kernels.gluon_compat import thread_barrier
 from mlakit.kernels.seesaw_layout import KV_TILE_TOKENS
 
 BLOCK_N = gl.constexpr(KV_TILE_TOKENS)
@@ -208,7 +209,7 @@ def staged_in_row_pieces(staging, values):
     this warpgroup may use it meanwhile) and read back in `row_piece_layout(width)`, for global stores in 16-byte
     row pieces (an MMA accumulator's layout would store 4-byte ones, half a sector at a time)."""
     staging.store(values)
-    gl.thread_barrier()
+    thread_barrier()
     return staging.load(row_piece_layout(values.shape[1]))
 
 

@@ -32,6 +32,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from mlakit.kernels.gluon_compat import thread_barrier
 from mlakit.kernels.hopper_common import (
     BLOCK_N,
     E4M3_QUERY_EXPONENT,
@@ -348,7 +349,7 @@ def mla_decode_hopper_narrow_fp8_kernel(
     kv_scale = gl.load(KV_SCALE)
     unscale = _store_query(q_lat_smem, q_rope_smem, q_lat, q_rope, latent_width)
     fence_async_shared()
-    gl.thread_barrier()
+    thread_barrier()
 
     rows = tile * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(0, s_layout))
     visible = seqlen - q_len + rows // HEADS + 1
@@ -364,7 +365,7 @@ def mla_decode_hopper_narrow_fp8_kernel(
         if tok0 + BLOCK_N > end:
             # TMA brought whole page rows: those past the end may hold anything, NaN included.
             zero_rows_from(k_lat, end - tok0, latent_width, ZEROING_LAYOUT)
-            gl.thread_barrier()
+            thread_barrier()
         s = _transposed_scores(k_lat, k_rope_smem.index(stage), q_lat_smem, q_rope_smem, s_zero, latent_width)
         toks = tok0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
         s = gl.where((toks[:, None] < end) & (toks[:, None] < visible[None, :]), s * row_scale[None, :],
@@ -374,10 +375,10 @@ def mla_decode_hopper_narrow_fp8_kernel(
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, layout))[None, :]
         p_smem.store(p.to(gl.float16))
         fence_async_shared()
-        gl.thread_barrier()
+        thread_barrier()
         acc = _accumulate_values(acc, k_lat, p_smem)
         fence_async_shared()
-        gl.thread_barrier()
+        thread_barrier()
         _load_tile(LATENT_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, tok0 + STAGES * BLOCK_N, end, ready.index(stage),
                    k_lat, k_rope_smem.index(stage), t + STAGES < num_tiles, PAGE_SIZE)
 

@@ -49,6 +49,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                              warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from mlakit.kernels.gluon_compat import thread_barrier
 from mlakit.kernels.hopper_common import (GLUON_DTYPES, Matrix, capability, finish_rows, matrix_descriptor, no_keys_yet,
                                           hand_over, named_barrier_at, online_softmax, row_piece_layout,
                                           staged_in_row_pieces,
@@ -402,7 +403,7 @@ def _attend_rows(q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, ones, q_read
             else:
                 zero_rows_from(v_smem.index(stage), k_len - t * BLOCK_N, ZERO_CHUNK, ZERO_LAYOUT)
             fence_async_shared()
-            gl.thread_barrier()
+            thread_barrier()
         # The turn covers issuing this tile's MMAs; they run on while the other warpgroup issues its own.
         take_over(my_turn)
         s = s_zero
@@ -524,7 +525,7 @@ def _store_rows(acc, m_i, l_i, v_scale, q_nope_smem, kn_smem, q_free, OUT, LSE, 
             _give_q_back(q_free)
         if STAGING == STAGE_IN_K:
             fence_async_shared()
-            gl.thread_barrier()
+            thread_barrier()
             _release_stage(k_stage, K_RING)
         piece_rows = row0 + gl.arange(0, WARPGROUP_ROWS, layout=gl.SliceLayout(1, pieces))
         piece_cols = gl.arange(0, V_DIM, layout=gl.SliceLayout(0, pieces))
@@ -542,7 +543,7 @@ def _give_q_back(q_free):
     """The persistent form's consumer warpgroup is done with Q (its MMAs and reads): one of `q_free`'s two
     arrivals, after every thread's reads and a proxy fence (the next Q arrives by TMA)."""
     fence_async_shared()
-    gl.thread_barrier()
+    thread_barrier()
     mbarrier.arrive(q_free, count=1)
 
 
@@ -642,7 +643,7 @@ def mha_prefill_hopper_kernel(
         Q_DESC.block_type.element_ty, NOPE_DIM, ROPE_DIM, V_DIM, BLOCK_N, STAGES, 1)
     ones = _ones_operand(Q_DESC.block_type.element_ty, BLOCK_N, v_smem)
     fence_async_shared()
-    gl.thread_barrier()
+    thread_barrier()
 
     gl.warp_specialize([
         (_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, ones, q_ready, k_ready, v_ready,
@@ -698,7 +699,7 @@ def _publish_unit(unit_smem, unit_ready, unit_free, work, published):
         mbarrier.wait(unit_free.index(slot), (published // 2 - 1) & 1)
     for field in gl.static_range(UNIT_FIELDS):
         unit_smem.index(slot * UNIT_FIELDS + field).store(gl.full([1], work[field], gl.int32, layout))
-    gl.thread_barrier()
+    thread_barrier()
     mbarrier.arrive(unit_ready.index(slot), count=1)
 
 
@@ -712,7 +713,7 @@ def _read_unit(unit_smem, unit_ready, unit_free, published):
     work = ()
     for field in gl.static_range(UNIT_FIELDS):
         work = work + (gl.max(unit_smem.index(slot * UNIT_FIELDS + field).load(layout), axis=0),)
-    gl.thread_barrier()
+    thread_barrier()
     mbarrier.arrive(unit_free.index(slot), count=1)
     return work
 
@@ -830,7 +831,7 @@ def mha_prefill_hopper_persistent_kernel(
         mbarrier.init(unit_ready.index(slot), count=1)
         mbarrier.init(unit_free.index(slot), count=2)
     fence_async_shared()
-    gl.thread_barrier()
+    thread_barrier()
 
     gl.warp_specialize([
         (_persistent_consumer, (q_nope_smem, q_pe_smem, kn_smem, kpe_smem, v_smem, ones, q_ready, q_free, k_ready, v_ready,

@@ -9,6 +9,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
+from mlakit.kernels.gluon_compat import thread_barrier
 from mlakit.kernels.hopper_common import (BLOCK_N, finish_rows, grid_work, no_keys_yet, online_softmax, split_range,
                                           store_lse)
 from mlakit.kernels.hopper_decode.constants import BLOCK_M, STAGES, WARPGROUP_ROWS, _half_output_layout, _score_layout
@@ -53,7 +54,7 @@ def _store_converted(lat, rope, lat_dst, rope_dst, ready):
     _store_words_converted(lat, _as_pairs(lat_dst), lat_dst.dtype)
     _store_words_converted(rope, _as_pairs(rope_dst), rope_dst.dtype)
     fence_async_shared()
-    gl.thread_barrier()
+    thread_barrier()
     mbarrier.arrive(ready, count=1)
 
 
@@ -97,7 +98,7 @@ def _fp8_softmax_partition(
         alpha = _row_vector(alpha, o_layout)
         row_smem.store(alpha)
         fence_async_shared()
-        gl.thread_barrier()
+        thread_barrier()
         mbarrier.arrive(p_ready, count=1)
 
         acc = acc * alpha[:, None]
@@ -110,7 +111,7 @@ def _fp8_softmax_partition(
     if num_tiles > 0:
         mbarrier.wait(p_free, (num_tiles - 1) & 1)
     row_smem.store(inv_l)
-    gl.thread_barrier()
+    thread_barrier()
     mbarrier.arrive(p_ready, count=1)
     _store_columns(acc * inv_l[:, None], 0, OUT, PART_OUT, first_token, b, split, num_splits, tile, q_len,
                    OUT_STRIDES, PART_STRIDES, HEADS, o_layout)
@@ -140,7 +141,7 @@ def _fp8_value_partition(
         acc = acc * alpha[:, None]
         acc = warpgroup_mma(p_smem, k_lat_smem.index(stage).slice(half, half, dim=1), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-        gl.thread_barrier()
+        thread_barrier()
         mbarrier.arrive(p_free, count=1)
         mbarrier.arrive(kv_free.index(stage), count=1)
         if t + STAGES < num_tiles:
@@ -194,7 +195,7 @@ def mla_decode_hopper_fp8_kernel(
         _store_converted(lat, rope, k_lat_smem.index(st), k_rope_smem.index(st), kv_ready.index(st))
     async_copy.wait_group(0)
     fence_async_shared()
-    gl.thread_barrier()
+    thread_barrier()
 
     gl.warp_specialize([
         (_fp8_softmax_partition, (

@@ -6,6 +6,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared
 
+from mlakit.kernels.gluon_compat import thread_barrier
 from mlakit.kernels.hopper_common import BLOCK_N, E4M3_QUERY_EXPONENT, FP16_QUERY_EXPONENT, query_row_factor
 from mlakit.kernels.hopper_decode.constants import BLOCK_M, FP8_BOX_WORDS, QUERY_BLOCK, TMA_CHUNK
 from mlakit.kernels.hopper_decode.e4m3_words import _store_words_converted
@@ -19,10 +20,10 @@ def _convert_block_in_place(buffer, block: gl.constexpr, valid_rows):
     block's values overwrite the box), rows from valid_rows on become zeros (past a sequence's end: any
     bytes, NaN included), and the values are fenced for the MMAs that read them next."""
     words = _box_words(buffer, block, valid_rows)
-    gl.thread_barrier()
+    thread_barrier()
     _store_block_converted(buffer, block, words)
     fence_async_shared()
-    gl.thread_barrier()
+    thread_barrier()
 
 
 @gluon.jit
@@ -33,13 +34,13 @@ def _convert_four_blocks_in_place(buffer, FIRST: gl.constexpr, valid_rows):
     w1 = _box_words(buffer, FIRST + 1, valid_rows)
     w2 = _box_words(buffer, FIRST + 2, valid_rows)
     w3 = _box_words(buffer, FIRST + 3, valid_rows)
-    gl.thread_barrier()
+    thread_barrier()
     _store_block_converted(buffer, FIRST, w0)
     _store_block_converted(buffer, FIRST + 1, w1)
     _store_block_converted(buffer, FIRST + 2, w2)
     _store_block_converted(buffer, FIRST + 3, w3)
     fence_async_shared()
-    gl.thread_barrier()
+    thread_barrier()
 
 
 @gluon.jit
@@ -89,7 +90,7 @@ def _scale_query(q_lat, q_rope, q_dtype: gl.constexpr, unscale_smem, E4M3: gl.co
 def _store_e4m3_block(buffer, block: gl.constexpr, values):
     """Block `block`'s values (read from it) rounded to e4m3 into its first half, once every thread has read it."""
     rounded = values.to(gl.float8e4nv)
-    gl.thread_barrier()
+    thread_barrier()
     _fp8_block(buffer, block, gl.float8e4nv).store(rounded)
 
 

@@ -9,6 +9,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
 from mlakit.kernels.decode_split_plan import ORDER_SHARES, ORDER_TAKEN
+from mlakit.kernels.gluon_compat import thread_barrier
 from mlakit.kernels.hopper_common import (BLOCK_N, no_keys_yet, split_range, store_lse, store_output, take_unit,
                                           work_item)
 from mlakit.kernels.hopper_decode.constants import (BLOCK_M, EARLY_TRIGGER_MAX_SPLITS, MERGE_COLUMNS, MERGE_LAYOUT,
@@ -140,7 +141,7 @@ def _merge_if_last(WORK, unit, row_tiles, MERGE_STATE, OUT, LSE, PART_OUT, PART_
     arrivals = MERGE_STATE + b * row_tiles + tile
     # The other warpgroup's partial stores are ordered by the CTA-wide barrier that ends warp_specialize;
     # this one orders this warpgroup's before the one-thread acq_rel atomic.
-    gl.thread_barrier()
+    thread_barrier()
     if gl.atomic_add(arrivals, 1) == num_splits - 1:
         gl.store(arrivals, 0)
         gl.static_assert(KV_LORA_RANK % MERGE_COLUMNS == 0, "the merge's blocks cover the latent columns")
@@ -249,10 +250,10 @@ def _seesaw_unit(
     async_copy.wait_group(0)
     query_unscale = rows_smem.index(6)
     if FP8:
-        gl.thread_barrier()
+        thread_barrier()
         _scale_query(q_lat_all.index(0), q_rope_smem, q_dtype, query_unscale, E4M3)
     fence_async_shared()
-    gl.thread_barrier()
+    thread_barrier()
 
     m_even, scale_even, m_odd, scale_odd, sum_odd, final_rows = (rows_smem.index(0), rows_smem.index(1),
                                                                  rows_smem.index(2), rows_smem.index(3),

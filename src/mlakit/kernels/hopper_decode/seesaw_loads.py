@@ -7,6 +7,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
+from mlakit.kernels.gluon_compat import thread_barrier
 from mlakit.kernels.hopper_common import BLOCK_N, zero_rows_from
 from mlakit.kernels.hopper_decode.constants import TMA_CHUNK, WARPGROUP_ROWS
 
@@ -122,7 +123,7 @@ def _zero_tail(k_lat, chunk_ready, stage: gl.constexpr, phase, first_bad):
     _wait_chunks(chunk_ready, k_lat, stage, phase)
     zero_rows_from(k_lat, first_bad, TMA_CHUNK, WARPGROUP_ROWS)
     fence_async_shared()
-    gl.thread_barrier()
+    thread_barrier()
 
 
 @gluon.jit

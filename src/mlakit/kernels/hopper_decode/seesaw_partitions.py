@@ -8,6 +8,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
+from mlakit.kernels.gluon_compat import thread_barrier
 from mlakit.kernels.hopper_common import (BLOCK_N, finish_rows, hand_over, launch_dependents, no_keys_yet,
                                           online_softmax, row_piece_layout, staged_in_row_pieces, store_lse,
                                           store_output, take_over)
@@ -160,7 +161,7 @@ def _seesaw_even_partition(
         acc = acc * _row_vector(scale0, o_layout)[:, None]
         acc = warpgroup_mma(gl.convert_layout(p0.to(dtype), p_layout), k0.slice(0, half, dim=1), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-        gl.thread_barrier()
+        thread_barrier()
         _load_chunks(CHUNK_DESC, ROPE_DESC, next_even, chunk_ready, 0, k0, slots.index(0), 0, lat_chunks // 2, False,
                      t0 + 2 < num_tiles)
 
@@ -185,7 +186,7 @@ def _seesaw_even_partition(
             acc = acc * _row_vector(scale1, o_layout)[:, None]
             acc = warpgroup_mma(slots.index(1), k1.slice(0, half, dim=1), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-            gl.thread_barrier()
+            thread_barrier()
             _load_chunks(CHUNK_DESC, ROPE_DESC, next_odd, chunk_ready, 1, k1, slots.index(1), 0, lat_chunks // 2, True,
                          t0 + 3 < num_tiles)
 
@@ -275,7 +276,7 @@ def _seesaw_odd_partition(
                 pending = warpgroup_mma(p1_operand, k1.slice(half, half, dim=1), acc, is_async=True)
                 pending = _even_right_values(slots, k0, pending, end - tok1 + BLOCK_N, half, E4M3, True)
                 warpgroup_mma_wait(num_outstanding=1, deps=[p1_operand])
-            gl.thread_barrier()
+            thread_barrier()
             _load_chunks(CHUNK_DESC, ROPE_DESC, next_odd, chunk_ready, 1, k1, slots.index(1), lat_chunks // 2,
                          lat_chunks // 2, False, t1 + 2 < num_tiles)
         else:
@@ -287,7 +288,7 @@ def _seesaw_odd_partition(
         if FP8:  # fp8 pages: the first P . V waited for before the second is issued (5% faster there, NOTES.md v69)
             pending = _even_right_values(slots, k0, acc, end - tok1 + BLOCK_N, half, E4M3, False)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[pending])
-        gl.thread_barrier()
+        thread_barrier()
         _load_chunks(CHUNK_DESC, ROPE_DESC, next_even, chunk_ready, 0, k0, slots.index(0), lat_chunks // 2,
                      lat_chunks // 2, True, t1 + 1 < num_tiles)
     take_over(ROW_SUMS_READY)

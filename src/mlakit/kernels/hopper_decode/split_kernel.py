@@ -7,6 +7,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
+from mlakit.kernels.gluon_compat import thread_barrier
 from mlakit.kernels.hopper_common import BLOCK_N, finish_rows, grid_work, online_softmax, split_range, store_lse
 from mlakit.kernels.hopper_decode.constants import BLOCK_M, NUM_WARPS, STAGES
 from mlakit.kernels.hopper_decode.tile_helpers import (_allocate_tiles, _load_query, _masked_scores, _row_vector,
@@ -72,7 +73,7 @@ def mla_decode_hopper_split_kernel(
         fence_async_shared()
         # One barrier: tile t has landed for every thread, and every warpgroup is past P.V of
         # tile t - 1, so the other stage and P may be overwritten.
-        gl.thread_barrier()
+        thread_barrier()
         _gather_rows(k_lat_smem.index(next_stage), KV, BLOCK_TABLE, bt_row, tok0 + BLOCK_N, end,
                      KV_STRIDES, 0, KV_LORA_RANK, PAGE_SIZE, load_layout)
         _gather_rows(k_rope_smem.index(next_stage), KV, BLOCK_TABLE, bt_row, tok0 + BLOCK_N, end,
@@ -86,7 +87,7 @@ def mla_decode_hopper_split_kernel(
         l_parts = l_parts * alpha[:, None] + p
         p_smem.store(p.to(p_smem.dtype))
         fence_async_shared()
-        gl.thread_barrier()
+        thread_barrier()
 
         acc = acc * _row_vector(alpha, o_layout)[:, None]
         acc = warpgroup_mma(p_smem, k_lat, acc, is_async=True)
