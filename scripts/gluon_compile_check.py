@@ -106,9 +106,9 @@ def spill_lines(listing: str) -> list[tuple[str, str, int]]:
 
 def loop_syncs(listing: str, min_size: int = 200) -> list[tuple[int, collections.Counter]]:
     """The innermost loops of an nvdisasm listing with line information (`located_lines`) of at least `min_size`
-    instructions: each loop's size and its warpgroup-wide syncs (`BAR.SYNC` of 128 threads: the
-    compiler's `gl.thread_barrier` and the ones its barrier analysis adds) by source line, in program order. A
-    branch to an earlier label closes a loop; a loop holding another is not innermost."""
+    instructions: each loop's size and its warpgroup-wide syncs (`BAR.SYNC` of 128 threads: the kernels'
+    `gluon_compat.thread_barrier` and the ones the compiler's barrier analysis adds) by source line, in program
+    order. A branch to an earlier label closes a loop; a loop holding another is not innermost."""
     labels, pending, rows = {}, [], []
     for where, line in located_lines(listing):
         if label := re.match(r"\s*(\.L_x_\d+):", line):

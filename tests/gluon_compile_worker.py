@@ -13,12 +13,14 @@ from pathlib import Path
 
 import torch
 
+from mlakit.kernels import hopper_decode as hd
+from mlakit.kernels import hopper_narrow_decode as nd
+
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("gluon_compile_check", ROOT / "scripts" / "gluon_compile_check.py")
 check = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = check  # its dataclass looks its module up there
 spec.loader.exec_module(check)
-hd, nd = check.hd, check.nd
 
 
 def seesaw(kv_dtype: torch.dtype, e4m3: bool) -> str:
@@ -40,13 +42,19 @@ def split(kv_dtype: torch.dtype) -> str:
     return check.report(lambda: check.compile_like_launch(kernel, arguments, constants))
 
 
-reports = {
-    "seesaw bf16": seesaw(torch.bfloat16, False),
-    "seesaw fp8 e4m3 scores": seesaw(hd.FP8_DTYPE, True),
-    "narrow fp8": narrow(),
-    "split bf16": split(torch.bfloat16),
-    "split fp8": split(hd.FP8_DTYPE),
-    **{f"prefill {kernel}": check.compile_one(64, 32, 64, 64, 2, True, True, torch.bfloat16, kernel)
-       for kernel in check.KERNELS},
-}
-print(json.dumps(reports))
+def main() -> None:
+    reports = {
+        "seesaw bf16": seesaw(torch.bfloat16, False),
+        "seesaw fp8": seesaw(hd.FP8_DTYPE, False),
+        "seesaw fp8 e4m3 scores": seesaw(hd.FP8_DTYPE, True),
+        "narrow fp8": narrow(),
+        "split bf16": split(torch.bfloat16),
+        "split fp8": split(hd.FP8_DTYPE),
+        **{f"prefill {kernel}": check.compile_one(64, 32, 64, 64, 2, True, True, torch.bfloat16, kernel)
+           for kernel in check.KERNELS},
+    }
+    print(json.dumps(reports))
+
+
+if __name__ == "__main__":
+    main()

@@ -15,6 +15,10 @@ from paged_inputs import assert_lse_close, make_paged_batch, naive_decode, relat
 BLOCK_N = 64
 
 
+# Whether this Triton's plan kernel lays share plans out right, read before `equal_shares` lifts the guard.
+LAID_OUT_RIGHT = decode_split_plan.share_plans_laid_out_right()
+
+
 @pytest.fixture(autouse=True)
 def equal_shares(monkeypatch):
     """Shares on, from any Triton's plan kernel: these tests check its layout (on a GPU, with Triton 3.7.1's build,
@@ -80,9 +84,12 @@ def _ragged(sequences: int, seed: int) -> list[int]:
     (_ragged(64, 3), 1),  # several short sequences in a share: rounds past the split counts' rows
     (_ragged(64, 4), 2),
 ])
-def test_share_plan_items_follow_the_layout(kernel_device, lengths, q_len):
+def test_share_plan_items_follow_the_layout(kernel_device, lengths, q_len, request):
     """Every sequence's pieces cover its tiles once, in order, the last one open-ended; the rows, the counts and
-    the work state as the layout's model gives them; every other row zero."""
+    the work state as the layout's model gives them; every other row zero. (Triton 3.7.1's GPU build counts the items
+    of plans of two rounds or more short: expected to fail there.)"""
+    if kernel_device == "cuda" and not LAID_OUT_RIGHT:
+        request.applymarker(pytest.mark.xfail(reason="this Triton's GPU plan kernel counts share items short"))
     num_sms = 132 if len(lengths) > 10 else 32
     geometry, counts, work, state = _plan(kernel_device, lengths, [q_len] * len(lengths), num_sms=num_sms)
     assert int(state[2]) == ORDER_SHARES, "the batch takes equal shares"

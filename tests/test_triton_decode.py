@@ -620,6 +620,7 @@ def test_no_equal_shares_from_a_plan_kernel_built_by_an_unchecked_triton(monkeyp
     monkeypatch.setattr(triton_decode.hopper_common, "serves", lambda device, kv_dtype: True)
     lengths = torch.full((40,), 8192, dtype=torch.int32)
     monkeypatch.setattr(decode_split_plan, "SHARE_PLAN_TRITONS", ("0.0.",))
+    monkeypatch.setattr(decode_split_plan, "INTERPRET", True)
     assert decode_split_plan.share_plans_laid_out_right()  # the CPU interpreter lays them out
     monkeypatch.setattr(decode_split_plan, "INTERPRET", False)
     assert not decode_split_plan.share_plans_laid_out_right()

@@ -22,6 +22,7 @@ from decode_case import own_plan_kernel  # noqa: E402
 from mlakit.bench.decode import DecodeCase, check_against_reference, make_inputs  # noqa: E402
 from mlakit.kernels import hopper_decode as hd  # noqa: E402
 from mlakit.reference import e4m3_rounded_queries  # noqa: E402
+from mlakit.kernels.gluon_compat import thread_barrier  # noqa: E402
 
 
 @gluon.jit
@@ -46,7 +47,7 @@ def _constant_p_hand(slot, p, E4M3: gl.constexpr):
 def _zero_values(buffer, half: gl.constexpr, valid_rows):
     hd._e4m3_values(buffer, half, gl.int32).store(gl.zeros([256, 16], gl.int32, hd.E4M3_HALF_WORDS))
     fence_async_shared()
-    gl.thread_barrier()
+    thread_barrier()
 
 
 @gluon.jit

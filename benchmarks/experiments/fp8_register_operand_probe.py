@@ -15,6 +15,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
+from mlakit.kernels.gluon_compat import thread_barrier
+
 FILL = gl.constexpr(gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0]))
 
 
@@ -34,7 +36,7 @@ def probe(A, D, N: gl.constexpr, K: gl.constexpr, VIA_ASM: gl.constexpr):
     ones = gl.allocate_shared_memory(gl.float8e4nv, [N, K], gl.NVMMASharedLayout.get_default_for([N, K], gl.float8e4nv))
     ones.store(gl.full([N, K], 1.0, gl.float32, layout=FILL).to(gl.float8e4nv))
     fence_async_shared()
-    gl.thread_barrier()
+    thread_barrier()
     zero = gl.zeros([64, N], gl.float32, layout=d_layout)
     d = warpgroup_mma(a, ones.permute((1, 0)), zero, use_acc=False, is_async=True)
     d = warpgroup_mma_wait(num_outstanding=0, deps=[d])

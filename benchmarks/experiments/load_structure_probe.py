@@ -39,6 +39,7 @@ from mlakit.device import sm_count  # noqa: E402
 from mlakit.kernels.hopper_common import matrix_descriptor  # noqa: E402
 from mlakit.kernels.l2_evict_first import evict_first_tma_loads, mark_evict_first  # noqa: E402
 from mlakit.kernels.launch import ptx_rewritten  # noqa: E402
+from mlakit.kernels.gluon_compat import thread_barrier  # noqa: E402
 
 CHUNK = gl.constexpr(64)
 WIDTH = gl.constexpr(576)
@@ -123,7 +124,7 @@ def load_probe_kernel(DESC, BLOCK_TABLE, UNITS, TAKEN, SINK, num_units, stride_b
         mbarrier.wait(ready.index(stage), (consumed // STAGES) & 1)
         total += ring.index(stage * chunks).load(read_layout).to(gl.float32)
         _spin(DELAY * TILE // 64)
-        gl.thread_barrier()
+        thread_barrier()
         unit, b, tok, end, more = _issue(DESC, BLOCK_TABLE, UNITS, TAKEN, ring, ready, stage, unit, b, tok, end,
                                          num_units, programs, stride_bt, TILE, PAGE_SIZE, DYNAMIC)
         issued += more

@@ -38,8 +38,8 @@ EDITS = {
          "    _stamp(TL, slot, 0)\n"
          "    _record(TL, slot, 6, gl.inline_asm_elementwise(\"mov.u32 $0, %smid;\", \"=r,r\", [slot], dtype=gl.int32,\n"
          "                                                  is_pure=True, pack=1))\n"),
-        ("    fence_async_shared()\n    gl.thread_barrier()\n\n    rows = tile * ROWS",
-         "    fence_async_shared()\n    gl.thread_barrier()\n    _stamp(TL, slot, 1)\n\n    rows = tile * ROWS"),
+        ("    fence_async_shared()\n    thread_barrier()\n\n    rows = tile * ROWS",
+         "    fence_async_shared()\n    thread_barrier()\n    _stamp(TL, slot, 1)\n\n    rows = tile * ROWS"),
         ("        mbarrier.wait(ready.index(stage), (t // STAGES) & 1)\n",
          "        mbarrier.wait(ready.index(stage), (t // STAGES) & 1)\n        if t == 0:\n            _stamp(TL, slot, 2)\n"),
         ("    lse, inv_l = finish_rows(m_i, l_i)\n", "    _stamp(TL, slot, 3)\n    lse, inv_l = finish_rows(m_i, l_i)\n"),

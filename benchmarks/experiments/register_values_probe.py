@@ -26,6 +26,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from mlakit.bench.ceilings import measure_ceilings
 from mlakit.bench.decode import environment
 from mlakit.kernels.hopper_decode import seesaw_fp8, seesaw_loads
+from mlakit.kernels.gluon_compat import thread_barrier
 
 ROWS, TOKENS, COLUMNS = gl.constexpr(64), gl.constexpr(64), gl.constexpr(256)
 MODES = ("registers", "given", "converted")
@@ -88,7 +89,7 @@ def probe_kernel(V8, V16, P, OUT, iterations, MODE: gl.constexpr):
                                                             instr_shape=[16, 64, 16])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
         fence_async_shared()
-        gl.thread_barrier()
+        thread_barrier()
         acc = gl.zeros([256, ROWS], gl.float32, acc_layout)
         for i in range(iterations):
             words = boxes.index(i % 2)._reinterpret(gl.int32, [256, 16], words_layout)
@@ -108,7 +109,7 @@ def probe_kernel(V8, V16, P, OUT, iterations, MODE: gl.constexpr):
                 seesaw_loads._fp8_block(values, block, gl.float8e4nv).store(
                     gl.load(V8 + rows64[:, None] * COLUMNS + block * 64 + cols[None, :]))
         fence_async_shared()
-        gl.thread_barrier()
+        thread_barrier()
         acc = gl.zeros([ROWS, 256], gl.float32, acc_layout)
         for _ in range(iterations):
             if MODE == 2:

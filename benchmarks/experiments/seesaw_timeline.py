@@ -68,8 +68,8 @@ EDITS = {
          "PART_STRIDES,\n    last, prefetch, HEADS: gl.constexpr,",
          "    OUT, LSE, PART_OUT, PART_LSE, scale_log2, kv_scale, Q_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, "
          "PART_STRIDES,\n    last, prefetch, TL, slot, HEADS: gl.constexpr,"),
-        ("    fence_async_shared()\n    gl.thread_barrier()\n\n    m_even, scale_even",
-         "    fence_async_shared()\n    gl.thread_barrier()\n    _stamp(TL, slot, 1)\n\n    m_even, scale_even"),
+        ("    fence_async_shared()\n    thread_barrier()\n\n    m_even, scale_even",
+         "    fence_async_shared()\n    thread_barrier()\n    _stamp(TL, slot, 1)\n\n    m_even, scale_even"),
         ("            PART_STRIDES, last, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3)),",
          "            PART_STRIDES, last, TL, slot, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3)),"),
         ("            num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES, prefetch[0],\n            HEADS, PAGE_SIZE, "

@@ -17,6 +17,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared
 
 from mlakit.kernels import hopper_decode as hd
+from mlakit.kernels.gluon_compat import thread_barrier
 
 
 @gluon.jit
@@ -24,7 +25,7 @@ def _fence_and_sync_only(buffer, part: gl.constexpr, valid_rows):
     """Stands in for any of the preparations below (each takes a buffer, a constexpr part of it and the valid rows):
     their fence and barrier without their work."""
     fence_async_shared()
-    gl.thread_barrier()
+    thread_barrier()
 
 
 # two tokens' words in, their four halves each out twice: the operand's registers filled without permutes or conversions

@@ -339,6 +339,8 @@ def may_share(persistent: bool, unit_cost_tiles: int) -> bool:
     only for a persistent kernel, with EQUAL_SHARES and a unit cost, where the plan kernel lays shares out right
     (`share_plans_laid_out_right`).
 
+    >>> may_share(True, HOPPER_UNIT_COST_TILES) == share_plans_laid_out_right()
+    True
     >>> may_share(False, HOPPER_UNIT_COST_TILES), may_share(True, 0)
     (False, False)
     """
