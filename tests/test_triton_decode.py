@@ -592,11 +592,10 @@ def test_plan_refuses_a_hint_that_is_not_a_token_count(hint):
     plan_decode(lengths, q_len=1, heads=4, kv_tokens_hint=np.int64(5))  # NumPy's integers are ints
 
 
-def test_only_plans_for_the_seesaw_pages_may_take_equal_shares(monkeypatch):
-    """A Hopper-tier plan (forced here on the CPU) may take equal shares, and launches v96's share-only combine, only
-    when told pages of whole 64-token tiles (the persistent seesaw's); other page sizes, no page size or a caller's
-    tuning keep the split counts (NOTES.md v98). 40 x 8192 x 2 tokens at 128 heads on 132 SMs takes shares where it
-    may."""
+@pytest.fixture
+def hopper_tier_plan(monkeypatch):
+    """`plan(**kwargs)`: a Hopper-tier plan (forced here on the CPU) of 40 x 8192 x 2 tokens at 128 heads on 132 SMs,
+    a batch that takes equal shares where it may."""
     monkeypatch.setattr(triton_decode, "INTERPRET", False)
     monkeypatch.setattr(triton_decode.hopper_common, "serves", lambda device, kv_dtype: True)
     lengths = torch.full((40,), 8192, dtype=torch.int32)
@@ -604,6 +603,14 @@ def test_only_plans_for_the_seesaw_pages_may_take_equal_shares(monkeypatch):
     def plan(**kwargs):
         return plan_decode(lengths, q_len=2, heads=128, num_sms=132, **kwargs)
 
+    return plan
+
+
+def test_only_plans_for_the_seesaw_pages_may_take_equal_shares(hopper_tier_plan):
+    """A Hopper-tier plan may take equal shares, and launches v96's share-only combine, only when told pages of whole
+    64-token tiles (the persistent seesaw's); other page sizes, no page size or a caller's tuning keep the split
+    counts (NOTES.md v98)."""
+    plan = hopper_tier_plan
     for page_size in (64, 128):
         shared = plan(page_size=page_size)
         assert shared.may_share and int(shared.work_state[2]) == decode_split_plan.ORDER_SHARES, page_size
@@ -612,22 +619,19 @@ def test_only_plans_for_the_seesaw_pages_may_take_equal_shares(monkeypatch):
         assert not kept.may_share and int(kept.work_state[2]) != decode_split_plan.ORDER_SHARES, kwargs
 
 
-def test_no_equal_shares_from_a_plan_kernel_built_by_an_unchecked_triton(monkeypatch):
+def test_no_equal_shares_from_a_plan_kernel_built_by_an_unchecked_triton(hopper_tier_plan, monkeypatch):
     """A plan kernel compiled (not interpreted) by a Triton version outside SHARE_PLAN_TRITONS takes no equal shares
     (Triton 3.7.1's GPU build counts a share plan's items short): the same plan as above keeps its split counts and
     launches no share-only combine; under the interpreter, or with the version listed, it takes them."""
-    monkeypatch.setattr(triton_decode, "INTERPRET", False)
-    monkeypatch.setattr(triton_decode.hopper_common, "serves", lambda device, kv_dtype: True)
-    lengths = torch.full((40,), 8192, dtype=torch.int32)
     monkeypatch.setattr(decode_split_plan, "SHARE_PLAN_TRITONS", ("0.0.",))
     monkeypatch.setattr(decode_split_plan, "INTERPRET", True)
     assert decode_split_plan.share_plans_laid_out_right()  # the CPU interpreter lays them out
     monkeypatch.setattr(decode_split_plan, "INTERPRET", False)
     assert not decode_split_plan.share_plans_laid_out_right()
-    kept = plan_decode(lengths, q_len=2, heads=128, num_sms=132, page_size=64)
+    kept = hopper_tier_plan(page_size=64)
     assert not kept.may_share and int(kept.work_state[2]) != decode_split_plan.ORDER_SHARES
     monkeypatch.setattr(decode_split_plan, "SHARE_PLAN_TRITONS", (triton.__version__,))
-    shared = plan_decode(lengths, q_len=2, heads=128, num_sms=132, page_size=64)
+    shared = hopper_tier_plan(page_size=64)
     assert shared.may_share and int(shared.work_state[2]) == decode_split_plan.ORDER_SHARES
 
 
