@@ -8,6 +8,7 @@ dtypes, 16-byte alignment and divisibility, constexprs), and reports per configu
     python scripts/gluon_compile_check.py --kernel seesaw      # the decode seesaw (`hopper_decode`)
     python scripts/gluon_compile_check.py --kernel narrow --heads 16 --q-lens 1,2   # the narrow fp8 decode kernel
     python scripts/gluon_compile_check.py --kernel split       # the decode cp.async split kernel (or: fp8_split)
+    python scripts/gluon_compile_check.py --kernel plan        # the decode split-plan kernel (a Triton kernel)
     python scripts/gluon_compile_check.py --kernel seesaw --heads 128 --q-lens 2 --loop-syncs   # + each inner loop's
                                                                # warpgroup syncs by source line
     PYTHONPATH=/path/to/triton-3.6/site-packages python scripts/gluon_compile_check.py   # the device's version
@@ -28,20 +29,21 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from unittest import mock
 
 import click
 import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
-from triton.compiler import make_backend
-from triton.experimental.gluon._runtime import GluonASTSource
+from triton.compiler import ASTSource, make_backend
+from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
 from triton.runtime.jit import create_function_from_signature
 
 from mlakit.kernels import hopper_decode as hd
 from mlakit.kernels import hopper_narrow_decode as nd
 from mlakit.kernels import hopper_prefill as hp
-from mlakit.kernels import triton_decode
+from mlakit.kernels import decode_split_plan, triton_decode
 from mlakit.kernels.decode_split_plan import WORK_FIELDS
 from mlakit.kernels.hopper_common import matrix_descriptor, row_descriptors
 from mlakit.kernels.l2_evict_first import streams_evict_first
@@ -50,13 +52,14 @@ SM90 = GPUTarget("cuda", 90, 32)
 
 
 def compile_like_launch(fn: object, args: list[object], constants: dict[str, object]) -> object:
-    """`fn` compiled for sm_90a as `fn[grid](*args, **constants)` would compile it on an H100: Triton's own binder
-    (for the sm_90 backend) specializes the arguments."""
+    """`fn` (a Gluon or a Triton kernel) compiled for sm_90a as `fn[grid](*args, **constants)` would compile it on an
+    H100: Triton's own binder (for the sm_90 backend) specializes the arguments."""
     backend = make_backend(SM90)
     binder = create_function_from_signature(fn.signature, fn.params, backend)
     bound, specialization, options = binder(*args, **constants)
     options, signature, constexprs, attrs = fn._pack_args(backend, constants, bound, specialization, options)
-    return triton.compile(GluonASTSource(fn, signature, constexprs, attrs), target=SM90, options=options.__dict__)
+    source = GluonASTSource if isinstance(fn, GluonJITFunction) else ASTSource
+    return triton.compile(source(fn, signature, constexprs, attrs), target=SM90, options=options.__dict__)
 
 
 def disassembly(kernel: object, line_info: bool = False) -> str:
@@ -83,6 +86,14 @@ def instruction_digest(sass: str) -> tuple[int, str]:
     instructions = [text for line in sass.splitlines() if (text := instruction(line))]
     text = re.sub(r"\b(U?R|U?P)\d+\b|\.reuse\b|`\(\.L_x_\d+\)|0x7f[0-9a-f]+", r"\1", "\n".join(instructions))
     return len(instructions), hashlib.md5(text.encode()).hexdigest()[:10]
+
+
+def predicated_warp_reductions(sass: str) -> list[str]:
+    """An nvdisasm listing's warp reductions (REDUX) under a predicate. Triton reduces in warp-uniform code, so such
+    an instruction is ptxas's if-conversion of a runtime `if` around a reduction, and for Triton 3.7's PTX ptxas
+    (12.8 and 13.0) predicates it on the wrong register: the plan kernel counted its items short (NOTES.md, "The plan
+    kernel under Triton 3.7"). The kernels keep reductions out of such branches; this finds one that is not."""
+    return [text for line in sass.splitlines() if (text := instruction(line)) and re.match(r"@!?U?P\d+\s+REDUX", text)]
 
 
 def located_lines(listing: str) -> Iterator[tuple[str, str]]:
@@ -154,9 +165,11 @@ def report(compile_kernel: Callable[[], object], details: Details = Details()) -
     barriers = len(re.findall(r"^\s*(?:@%p\d+\s+)?(?:bar|barrier)\.", ptx, re.M))
     mmas, waits = len(re.findall(r"wgmma\.mma_async", ptx)), len(re.findall(r"wgmma\.wait_group", ptx))
     hinted = len(re.findall(r"cp\.async\.bulk\.tensor\S*\.L2::cache_hint", ptx))
-    count, digest = instruction_digest(disassembly(kernel))
+    sass = disassembly(kernel)
+    count, digest = instruction_digest(sass)
     line = (f"ok: shared {kernel.metadata.shared} B, spills (stores, loads) {spills}, barriers {barriers}, "
-            f"wgmma {mmas}, wgmma waits {waits}, TMA loads with an L2 hint {hinted}, SASS {count} digest {digest}")
+            f"wgmma {mmas}, wgmma waits {waits}, TMA loads with an L2 hint {hinted}, SASS {count} digest {digest}, "
+            f"predicated warp reductions {len(predicated_warp_reductions(sass))}")
     listing = disassembly(kernel, line_info=True) if details.spills or details.loop_syncs else ""
     if details.spills:
         line += "".join(f"\n    {n:4d} {op} {where}" for where, op, n in spill_lines(listing))
@@ -280,6 +293,40 @@ def split_arguments(heads: int, q_len: int, kv_dtype: torch.dtype, page_size: in
             {**constants, "num_warps": hd.NUM_WARPS.value})
 
 
+def plan_arguments(lengths: list[int], heads: int, q_len: int, shares: bool = True, num_sms: int = 132
+                   ) -> tuple[list[object], dict[str, object]]:
+    """The arguments and constants of the split-plan kernel (`decode_split_plan._split_counts_kernel`) that
+    `plan_decode` launches for a Hopper-tier plan of `lengths` (CPU tensors) over pages of 64 tokens, recorded
+    instead of launched; with `shares`, equal shares compiled in whichever Triton builds it."""
+
+    class Recorder:
+        def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., None]:
+            def record(*args: object, **constants: object) -> None:
+                recorded.extend([list(args), constants])
+            return record
+
+    recorded: list = []
+    with (mock.patch.object(decode_split_plan, "_split_counts_kernel", Recorder()),
+          mock.patch.object(decode_split_plan, "SHARE_PLAN_TRITONS", ("",) if shares else ("none",)),
+          mock.patch.object(decode_split_plan, "INTERPRET", False), mock.patch.object(triton_decode, "INTERPRET", False),
+          mock.patch.object(triton_decode.hopper_common, "serves", lambda device, kv_dtype: True)):
+        triton_decode.plan_decode(torch.tensor(lengths, dtype=torch.int32), q_len=q_len, heads=heads,
+                                  num_sms=num_sms, page_size=64)
+    return recorded[0], recorded[1]
+
+
+def _plan_main(details: Details) -> bool:
+    """The split-plan kernel with and without equal shares, over a batch of 24 and of 100 sequences; whether one failed
+    or holds a predicated warp reduction (`predicated_warp_reductions`)."""
+    failed = False
+    for shares, batch in itertools.product((True, False), (24, 100)):
+        arguments, constants = plan_arguments([16384] * batch, 128, 1, shares)
+        line = report(lambda: compile_like_launch(decode_split_plan._split_counts_kernel, arguments, constants), details)
+        failed |= line.startswith("FAILED") or not line.split("\n")[0].endswith("predicated warp reductions 0")
+        print(f"plan batch {batch} shares {shares}: {line}")
+    return failed
+
+
 def _narrow_main(heads_list: str, q_lens: str, details: Details) -> bool:
     """The narrow fp8 kernel for each head count and q_len with at most its 32 rows, page sizes 16 and 64, in 16-row
     tiles and, with e4m3 scores over more than 16 rows, in 32-row ones; whether one failed."""
@@ -357,7 +404,7 @@ def _seesaw_main(heads_list: str, q_lens: str, details: Details) -> bool:
 @click.option("--stages", "stage_counts", default="2,3", show_default=True, help="prefill: ring depths")
 @click.option("--heads", "heads_list", default="128,16", show_default=True, help="decode kernels: head counts")
 @click.option("--q-lens", "q_lens", default="1", show_default=True, help="decode kernels: query tokens per sequence")
-@click.option("--kernel", "kernel_name", type=click.Choice([*KERNELS, "both", "seesaw", "narrow", "split", "fp8_split"]),
+@click.option("--kernel", "kernel_name", type=click.Choice([*KERNELS, "both", "seesaw", "narrow", "split", "fp8_split", "plan"]),
               default="hopper", show_default=True)
 @click.option("--fp8", is_flag=True, help="prefill: e4m3 operands (v transposed) instead of bf16")
 @click.option("--where-spills", is_flag=True, help="List the source lines of each configuration's spills (nvdisasm).")
@@ -371,6 +418,8 @@ def main(dims: str, block_ns: str, stage_counts: str, heads_list: str, q_lens: s
         failed = _seesaw_main(heads_list, q_lens, details)
     elif kernel_name == "narrow":
         failed = _narrow_main(heads_list, q_lens, details)
+    elif kernel_name == "plan":
+        failed = _plan_main(details)
     elif kernel_name in ("split", "fp8_split"):
         failed = _split_main(heads_list, q_lens, hd.FP8_DTYPE if kernel_name == "fp8_split" else torch.bfloat16,
                              details)

@@ -621,7 +621,7 @@ def test_only_plans_for_the_seesaw_pages_may_take_equal_shares(hopper_tier_plan)
 
 def test_no_equal_shares_from_a_plan_kernel_built_by_an_unchecked_triton(hopper_tier_plan, monkeypatch):
     """A plan kernel compiled (not interpreted) by a Triton version outside SHARE_PLAN_TRITONS takes no equal shares
-    (Triton 3.7.1's GPU build counts a share plan's items short): the same plan as above keeps its split counts and
+    (a version not checked on a GPU): the same plan as above keeps its split counts and
     launches no share-only combine; under the interpreter, or with the version listed, it takes them."""
     monkeypatch.setattr(decode_split_plan, "SHARE_PLAN_TRITONS", ("0.0.",))
     monkeypatch.setattr(decode_split_plan, "INTERPRET", True)

@@ -155,8 +155,8 @@ def _on_hopper() -> bool:
     return torch.cuda.get_device_capability()[0] == 9
 
 
-# Tests of equal-share plans need a plan kernel that lays them out right (`share_plans_laid_out_right`: not Triton
-# 3.7.1's GPU build).
+# Tests of equal-share plans need a plan kernel checked to lay them out right (`share_plans_laid_out_right`: a
+# Triton version of SHARE_PLAN_TRITONS).
 needs_share_plans = pytest.mark.skipif(not share_plans_laid_out_right(),
                                        reason="this Triton's plan kernel takes no equal shares (SHARE_PLAN_TRITONS)")
 

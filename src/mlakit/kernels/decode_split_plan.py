@@ -75,12 +75,12 @@ EQUAL_SHARES = True
 # sequences runs them in rounds of their own).
 RAGGED_EQUAL_SHARES = True
 RAGGED_SHARE_ROWS = 2
-# The Triton versions whose GPU build of the plan kernel was checked to lay equal shares out right. Triton 3.7.1's
-# build counts a share plan's items short on an H200 (WORK_STATE[0] 66 where the rows hold 132: 128 heads, 24 x 16384
-# tokens, one query token), so the second round of units never runs and the output keeps whatever its buffer held;
-# its CPU interpreter counts them right (NOTES.md, "The Gluon kernels under Triton 3.7"). Until that is understood, a
-# plan kernel compiled by any other version takes no equal shares: the split counts run, slower where shares win.
-SHARE_PLAN_TRITONS = ("3.6.",)
+# The Triton versions whose GPU build of the plan kernel was checked on a GPU to lay equal shares out right. Under
+# 3.7.1 it once counted a share plan's items short and left rows uncleared: ptxas had predicated the warp reductions
+# of an if-converted branch on the wrong register (NOTES.md, "The plan kernel under Triton 3.7"); the kernel now keeps
+# its reductions out of small runtime `if`s, and `make test` compiles it to check that none is predicated. A plan
+# kernel compiled by any other version takes no equal shares: the split counts run, slower where shares win.
+SHARE_PLAN_TRITONS = ("3.6.", "3.7.")
 # The split kernels' grid holds one row per row of the plan (sequences x split ceiling, or RAGGED_SHARE_ROWS times
 # that).
 MAX_WORK_ROWS = 65535
@@ -278,12 +278,14 @@ def _split_counts_kernel(
         counts = tl.full([BLOCK_B], forced_splits, tl.int32)
         order_mode = ORDER_WAVES
     tl.store(NUM_SPLITS + offsets, counts, mask=in_batch)
-    if order_mode == ORDER_SHARES:
-        items = (tl.max(tl.where(in_batch, last_round, 0), 0) + 1) * parts
-        unused_from = 0
-    else:
-        items = tl.sum(tl.where(in_batch, counts, 0), 0)
-        unused_from = items
+    # Reduced unconditionally, not in a small runtime `if`: ptxas if-converts such a branch of Triton 3.7's PTX and
+    # predicates its warp reductions on the wrong register (NOTES.md, "The plan kernel under Triton 3.7"; the compile
+    # test of `make test` finds a predicated one).
+    share_items = (tl.max(tl.where(in_batch, last_round, 0), 0) + 1) * parts
+    split_items = tl.sum(tl.where(in_batch, counts, 0), 0)
+    most_pieces = tl.max(counts, 0)
+    items = tl.where(order_mode == ORDER_SHARES, share_items, split_items)
+    unused_from = tl.where(order_mode == ORDER_SHARES, 0, split_items)
     # Unused rows hold zeros (split 0 of 0, which no program takes); a share plan's unused rows lie between its
     # items, so its rows are all cleared before its items are written.
     field = tl.arange(0, WORK_FIELDS_TILE)[None, :]
@@ -295,7 +297,7 @@ def _split_counts_kernel(
     tile: tl.constexpr = [BLOCK_B, BLOCK_S]
     lane = tl.arange(0, BLOCK_S)[None, :]
     if order_mode == ORDER_SHARES:
-        for first_piece in range(0, tl.max(counts, 0), BLOCK_S):
+        for first_piece in range(0, most_pieces, BLOCK_S):
             piece = tl.broadcast_to(first_piece + lane, tile)
             part = first_part[:, None] + piece
             last = piece == counts[:, None] - 1
@@ -351,7 +353,7 @@ def share_plans_laid_out_right(version: str | None = None) -> bool:
     """Whether this process's plan kernel lays equal shares out right: under the CPU interpreter, or built by a Triton
     `version` (the installed one by default) of SHARE_PLAN_TRITONS.
 
-    >>> share_plans_laid_out_right("3.6.0"), share_plans_laid_out_right("3.7.1") == bool(INTERPRET)
+    >>> share_plans_laid_out_right("3.7.1"), share_plans_laid_out_right("3.8.0") == bool(INTERPRET)
     (True, True)
     """
     return bool(INTERPRET) or (version or triton.__version__).startswith(SHARE_PLAN_TRITONS)
