@@ -88,12 +88,14 @@ def instruction_digest(sass: str) -> tuple[int, str]:
     return len(instructions), hashlib.md5(text.encode()).hexdigest()[:10]
 
 
-def predicated_warp_reductions(sass: str) -> list[str]:
-    """An nvdisasm listing's warp reductions (REDUX) under a predicate. Triton reduces in warp-uniform code, so such
-    an instruction is ptxas's if-conversion of a runtime `if` around a reduction, and for Triton 3.7's PTX ptxas
-    (12.8 and 13.0) predicates it on the wrong register: the plan kernel counted its items short (NOTES.md, "The plan
-    kernel under Triton 3.7"). The kernels keep reductions out of such branches; this finds one that is not."""
-    return [text for line in sass.splitlines() if (text := instruction(line)) and re.match(r"@!?U?P\d+\s+REDUX", text)]
+def predicated_warp_collectives(sass: str) -> list[str]:
+    """An nvdisasm listing's warp reductions (REDUX) and shuffles (SHFL, the reductions of small vectors) under a
+    predicate. Triton reduces in warp-uniform code, so such an instruction is ptxas's if-conversion of a runtime `if`
+    around a reduction, and for Triton 3.7's PTX ptxas 12.8 predicates it on the wrong register: the plan kernel
+    counted its items short (NOTES.md, "The plan kernel under Triton 3.7"). The kernels keep reductions out of such
+    branches; this finds one that is not."""
+    return [text for line in sass.splitlines()
+            if (text := instruction(line)) and re.match(r"@!?U?P\d+\s+(REDUX|SHFL)\b", text)]
 
 
 def located_lines(listing: str) -> Iterator[tuple[str, str]]:
@@ -169,7 +171,7 @@ def report(compile_kernel: Callable[[], object], details: Details = Details()) -
     count, digest = instruction_digest(sass)
     line = (f"ok: shared {kernel.metadata.shared} B, spills (stores, loads) {spills}, barriers {barriers}, "
             f"wgmma {mmas}, wgmma waits {waits}, TMA loads with an L2 hint {hinted}, SASS {count} digest {digest}, "
-            f"predicated warp reductions {len(predicated_warp_reductions(sass))}")
+            f"predicated warp collectives {len(predicated_warp_collectives(sass))}")
     listing = disassembly(kernel, line_info=True) if details.spills or details.loop_syncs else ""
     if details.spills:
         line += "".join(f"\n    {n:4d} {op} {where}" for where, op, n in spill_lines(listing))
@@ -298,32 +300,46 @@ def plan_arguments(lengths: list[int], heads: int, q_len: int, shares: bool = Tr
     """The arguments and constants of the split-plan kernel (`decode_split_plan._split_counts_kernel`) that
     `plan_decode` launches for a Hopper-tier plan of `lengths` (CPU tensors) over pages of 64 tokens, recorded
     instead of launched; with `shares`, equal shares compiled in whichever Triton builds it."""
+    recorded: list[object] = []
 
     class Recorder:
-        def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., None]:
-            def record(*args: object, **constants: object) -> None:
-                recorded.extend([list(args), constants])
-            return record
+        """Stands in for the kernel: `kernel[grid](*args, **constants)` records its arguments."""
 
-    recorded: list = []
+        def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., None]:
+            return lambda *args, **constants: recorded.extend([list(args), constants])
+
+    shares_from = ("",) if shares else ("none",)
     with (mock.patch.object(decode_split_plan, "_split_counts_kernel", Recorder()),
-          mock.patch.object(decode_split_plan, "SHARE_PLAN_TRITONS", ("",) if shares else ("none",)),
-          mock.patch.object(decode_split_plan, "INTERPRET", False), mock.patch.object(triton_decode, "INTERPRET", False),
+          mock.patch.object(decode_split_plan, "SHARE_PLAN_TRITONS", shares_from),
+          mock.patch.object(decode_split_plan, "INTERPRET", False),
+          mock.patch.object(triton_decode, "INTERPRET", False),
           mock.patch.object(triton_decode.hopper_common, "serves", lambda device, kv_dtype: True)):
         triton_decode.plan_decode(torch.tensor(lengths, dtype=torch.int32), q_len=q_len, heads=heads,
                                   num_sms=num_sms, page_size=64)
     return recorded[0], recorded[1]
 
 
+# Plans whose kernel builds differ: (name, lengths, heads, shares). 24 sequences reduce with REDUX, 8 (BLOCK_B 16)
+# with shuffles; at 16 heads (one row tile) shares are on and ragged shares off.
+PLANS = [("24 x 128h", [16384] * 24, 128, True), ("24 x 128h no shares", [16384] * 24, 128, False),
+         ("8 x 128h", [16384] * 8, 128, True), ("24 x 16h", [16384] * 24, 16, True),
+         ("100 x 128h", [16384] * 100, 128, True)]
+
+
+def compile_plan(lengths: list[int], heads: int, shares: bool, details: Details = Details()) -> str:
+    """`report` of the plan kernel as `plan_arguments` records its launch (one query token a sequence)."""
+    arguments, constants = plan_arguments(lengths, heads, 1, shares)
+    return report(lambda: compile_like_launch(decode_split_plan._split_counts_kernel, arguments, constants), details)
+
+
 def _plan_main(details: Details) -> bool:
-    """The split-plan kernel with and without equal shares, over a batch of 24 and of 100 sequences; whether one failed
-    or holds a predicated warp reduction (`predicated_warp_reductions`)."""
+    """The split-plan kernel of each of PLANS; whether one failed or holds a predicated warp collective
+    (`predicated_warp_collectives`)."""
     failed = False
-    for shares, batch in itertools.product((True, False), (24, 100)):
-        arguments, constants = plan_arguments([16384] * batch, 128, 1, shares)
-        line = report(lambda: compile_like_launch(decode_split_plan._split_counts_kernel, arguments, constants), details)
-        failed |= line.startswith("FAILED") or not line.split("\n")[0].endswith("predicated warp reductions 0")
-        print(f"plan batch {batch} shares {shares}: {line}")
+    for name, lengths, heads, shares in PLANS:
+        line = compile_plan(lengths, heads, shares, details)
+        failed |= line.startswith("FAILED") or not line.split("\n")[0].endswith("predicated warp collectives 0")
+        print(f"plan {name}: {line}")
     return failed
 
 
@@ -404,7 +420,8 @@ def _seesaw_main(heads_list: str, q_lens: str, details: Details) -> bool:
 @click.option("--stages", "stage_counts", default="2,3", show_default=True, help="prefill: ring depths")
 @click.option("--heads", "heads_list", default="128,16", show_default=True, help="decode kernels: head counts")
 @click.option("--q-lens", "q_lens", default="1", show_default=True, help="decode kernels: query tokens per sequence")
-@click.option("--kernel", "kernel_name", type=click.Choice([*KERNELS, "both", "seesaw", "narrow", "split", "fp8_split", "plan"]),
+@click.option("--kernel", "kernel_name",
+              type=click.Choice([*KERNELS, "both", "seesaw", "narrow", "split", "fp8_split", "plan"]),
               default="hopper", show_default=True)
 @click.option("--fp8", is_flag=True, help="prefill: e4m3 operands (v transposed) instead of bf16")
 @click.option("--where-spills", is_flag=True, help="List the source lines of each configuration's spills (nvdisasm).")

@@ -1,8 +1,8 @@
-"""Compiles one configuration of each Gluon kernel family, and the decode split-plan kernel with and without equal
-shares, for sm_90a with the installed Triton (no GPU needed) and prints each one's `scripts/gluon_compile_check.py`
-report line, as one JSON object. tests/test_gluon_compile_check.py
-runs it in a process of its own: Triton's CPU interpreter, which other tests run, leaves the language patched for the
-rest of a process, and a Gluon kernel then no longer compiles there.
+"""Compiles one configuration of each Gluon kernel family, and the decode split-plan kernel of each of the script's
+PLANS, for sm_90a with the installed Triton (no GPU needed) and prints each one's `scripts/gluon_compile_check.py`
+report line, as one JSON object. tests/test_gluon_compile_check.py runs it in a process of its own: Triton's CPU
+interpreter, which other tests run, leaves the language patched for the rest of a process, and a Gluon kernel then no
+longer compiles there.
 
     python tests/gluon_compile_worker.py
 """
@@ -14,7 +14,6 @@ from pathlib import Path
 
 import torch
 
-from mlakit.kernels import decode_split_plan
 from mlakit.kernels import hopper_decode as hd
 from mlakit.kernels import hopper_narrow_decode as nd
 
@@ -44,11 +43,6 @@ def split(kv_dtype: torch.dtype) -> str:
     return check.report(lambda: check.compile_like_launch(kernel, arguments, constants))
 
 
-def plan(shares: bool) -> str:
-    arguments, constants = check.plan_arguments([16384] * 24, 128, 1, shares)
-    return check.report(lambda: check.compile_like_launch(decode_split_plan._split_counts_kernel, arguments, constants))
-
-
 def main() -> None:
     reports = {
         "seesaw bf16": seesaw(torch.bfloat16, False),
@@ -57,8 +51,7 @@ def main() -> None:
         "narrow fp8": narrow(),
         "split bf16": split(torch.bfloat16),
         "split fp8": split(hd.FP8_DTYPE),
-        "plan": plan(False),
-        "plan with shares": plan(True),
+        **{f"plan {name}": check.compile_plan(lengths, heads, shares) for name, lengths, heads, shares in check.PLANS},
         **{f"prefill {kernel}": check.compile_one(64, 32, 64, 64, 2, True, True, torch.bfloat16, kernel)
            for kernel in check.KERNELS},
     }

@@ -1,7 +1,7 @@
 """`scripts/gluon_compile_check.py` builds each kernel's arguments by hand (the plan kernel's by recording
 `plan_decode`'s launch): they must keep matching the kernels' parameters; and one configuration of each Gluon kernel
-family, and the plan kernel, compiles for sm_90a with the installed Triton (the CPU
-build pins torch 2.13's Triton, 3.7; the CUDA images these kernels were tuned on have 3.6), without a GPU."""
+family, and the plan kernel, compiles for sm_90a with the installed Triton (the CPU build pins torch 2.13's Triton,
+3.7; the CUDA images these kernels were tuned on have 3.6), without a GPU."""
 
 from __future__ import annotations
 
@@ -78,25 +78,34 @@ def test_prefill_arguments_fill_every_parameter(script, kernel_name):
 
 
 def test_plan_arguments_fill_every_parameter_and_take_shares_when_asked(script):
-    """The plan kernel's launch as `plan_decode` makes it for a Hopper-tier batch, recorded, not launched; the
-    module's kernel and share versions are restored after."""
+    """The plan kernel's launch as `plan_decode` makes it for a Hopper-tier batch, recorded, not launched; what
+    `plan_arguments` patches for it is restored after."""
+    patched = [(decode_split_plan, "_split_counts_kernel"), (decode_split_plan, "SHARE_PLAN_TRITONS"),
+               (decode_split_plan, "INTERPRET"), (triton_decode, "INTERPRET"), (triton_decode.hopper_common, "serves")]
+    before = [getattr(module, name) for module, name in patched]
     kernel = decode_split_plan._split_counts_kernel
     for shares in (True, False):
         arguments, constants = script.plan_arguments([16384] * 24, 128, 1, shares)
         names = kernel.arg_names  # an interpreted function here (TRITON_INTERPRET)
         assert len(arguments) == len([name for name in names if name not in constants]) and set(constants) <= set(names)
         assert constants["SHARES"] is shares and constants["BLOCK_B"] == 32 and arguments[0].tolist() == [16384] * 24
-    assert decode_split_plan._split_counts_kernel is kernel and triton_decode.INTERPRET == decode_split_plan.INTERPRET
+    assert all(getattr(module, name) is value for (module, name), value in zip(patched, before))
 
 
-def test_predicated_warp_reductions_finds_only_reductions_under_a_predicate(script):
+def test_predicated_warp_collectives_finds_only_reductions_and_shuffles_under_a_predicate(script):
+    """The two instructions the plan kernel held under Triton 3.7.1 (NOTES.md) and a predicated shuffle; not an
+    unpredicated reduction, a predicated global reduction (RED) or other predicated instructions."""
     listing = """
         /*0000*/                   REDUX.SUM.S32 UR6, R2 ;
         /*0010*/              @!P1 REDUX.MAX.S32 UR7, R2 ;
         /*0020*/               @P4 SEL R3, R116, RZ, !P0 ;
-        /*0030*/               @UP1 UMOV UR10, UR6 ;
+        /*0030*/               @P1 REDUX.SUM.S32 UR6, R9 ;
+        /*0040*/               @P2 RED.E.ADD.STRONG.GPU desc[UR4][R2.64], R5 ;
+        /*0050*/              @!P3 SHFL.BFLY PT, R4, R3, 0x10, 0x1f ;
+        /*0060*/               @UP1 UMOV UR10, UR6 ;
     """
-    assert script.predicated_warp_reductions(listing) == ["@!P1 REDUX.MAX.S32 UR7, R2"]
+    assert script.predicated_warp_collectives(listing) == [
+        "@!P1 REDUX.MAX.S32 UR7, R2", "@P1 REDUX.SUM.S32 UR6, R9", "@!P3 SHFL.BFLY PT, R4, R3, 0x10, 0x1f"]
 
 
 def test_instruction_digest_ignores_register_numbers_and_addresses_but_not_order(script):
@@ -141,12 +150,13 @@ def test_loop_syncs_counts_warpgroup_syncs_of_innermost_loops_by_line(script):
     assert script.loop_syncs(LISTING, min_size=6) == []
 
 
-def test_every_gluon_kernel_family_compiles_for_sm90_with_the_installed_triton():
+def test_every_gluon_kernel_family_compiles_for_sm90_with_the_installed_triton(script):
     """tests/gluon_compile_worker.py in a process of its own (no CPU interpreter in it, a Triton cache of its own):
-    the decode seesaw (bf16; fp8 with fp16 and with e4m3 scores), the narrow fp8 kernel, both split kernels and both prefill
-    kernels compile, e.g. no Gluon builtin the installed Triton lacks (3.7 renamed `thread_barrier` to `barrier`); so does
-    the split-plan kernel, and no kernel holds a warp reduction that ptxas if-converted (under Triton 3.7 it predicated
-    the plan kernel's on the wrong register: `predicated_warp_reductions`)."""
+    the decode seesaw (bf16; fp8 with fp16 and with e4m3 scores), the narrow fp8 kernel, both split kernels and both
+    prefill kernels compile, e.g. no Gluon builtin the installed Triton lacks (3.7 renamed `thread_barrier` to
+    `barrier`); so does the split-plan kernel (the script's PLANS), and no kernel holds a warp reduction or shuffle
+    that ptxas if-converted (for 3.7 it predicated the plan kernel's on the wrong register:
+    `predicated_warp_collectives`)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
     with tempfile.TemporaryDirectory() as cache:
@@ -155,9 +165,10 @@ def test_every_gluon_kernel_family_compiles_for_sm90_with_the_installed_triton()
                               text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     reports = json.loads(done.stdout.strip().splitlines()[-1])
+    plans = {f"plan {name}" for name, *_ in script.PLANS}
     assert set(reports) == {"seesaw bf16", "seesaw fp8", "seesaw fp8 e4m3 scores", "narrow fp8", "split bf16",
-                            "split fp8", "plan", "plan with shares", "prefill hopper", "prefill hopper_persistent"}
+                            "split fp8", "prefill hopper", "prefill hopper_persistent"} | plans
     failed = {name: line for name, line in reports.items() if not line.startswith("ok")}
     assert not failed, failed
-    predicated = {name: line for name, line in reports.items() if not line.endswith("predicated warp reductions 0")}
+    predicated = {name: line for name, line in reports.items() if not line.endswith("predicated warp collectives 0")}
     assert not predicated, predicated

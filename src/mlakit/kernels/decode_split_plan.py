@@ -75,11 +75,12 @@ EQUAL_SHARES = True
 # sequences runs them in rounds of their own).
 RAGGED_EQUAL_SHARES = True
 RAGGED_SHARE_ROWS = 2
-# The Triton versions whose GPU build of the plan kernel was checked on a GPU to lay equal shares out right. Under
-# 3.7.1 it once counted a share plan's items short and left rows uncleared: ptxas had predicated the warp reductions
-# of an if-converted branch on the wrong register (NOTES.md, "The plan kernel under Triton 3.7"); the kernel now keeps
-# its reductions out of small runtime `if`s, and `make test` compiles it to check that none is predicated. A plan
-# kernel compiled by any other version takes no equal shares: the split counts run, slower where shares win.
+# The Triton versions whose build of the plan kernel was checked on a GPU to lay equal shares out right (3.6.0 and
+# 3.7.1; their other patch releases are taken as the same). Under 3.7.1 it once counted a share plan's items short and
+# left rows uncleared: ptxas had predicated the warp reductions of an if-converted branch on the wrong register
+# (NOTES.md, "The plan kernel under Triton 3.7"); the kernel now keeps its reductions out of small runtime `if`s, and
+# `make test` compiles it to check that none is predicated. A plan kernel compiled by any other version takes no
+# equal shares: the split counts run, slower where shares win.
 SHARE_PLAN_TRITONS = ("3.6.", "3.7.")
 # The split kernels' grid holds one row per row of the plan (sequences x split ceiling, or RAGGED_SHARE_ROWS times
 # that).
@@ -283,7 +284,7 @@ def _split_counts_kernel(
     # test of `make test` finds a predicated one).
     share_items = (tl.max(tl.where(in_batch, last_round, 0), 0) + 1) * parts
     split_items = tl.sum(tl.where(in_batch, counts, 0), 0)
-    most_pieces = tl.max(counts, 0)
+    most_splits = tl.max(counts, 0)  # a share plan's pieces, or splits
     items = tl.where(order_mode == ORDER_SHARES, share_items, split_items)
     unused_from = tl.where(order_mode == ORDER_SHARES, 0, split_items)
     # Unused rows hold zeros (split 0 of 0, which no program takes); a share plan's unused rows lie between its
@@ -297,7 +298,7 @@ def _split_counts_kernel(
     tile: tl.constexpr = [BLOCK_B, BLOCK_S]
     lane = tl.arange(0, BLOCK_S)[None, :]
     if order_mode == ORDER_SHARES:
-        for first_piece in range(0, most_pieces, BLOCK_S):
+        for first_piece in range(0, most_splits, BLOCK_S):
             piece = tl.broadcast_to(first_piece + lane, tile)
             part = first_part[:, None] + piece
             last = piece == counts[:, None] - 1
@@ -326,7 +327,7 @@ def _split_counts_kernel(
         first_item = tl.cumsum(ordered_splits, 0) - ordered_splits
         first_token = tl.load(CU_SEQLENS_Q + order, mask=in_batch, other=0)
         q_tokens = tl.load(CU_SEQLENS_Q + order + 1, mask=in_batch, other=0) - first_token
-        for first_split in range(0, tl.max(ordered_splits, 0), BLOCK_S):
+        for first_split in range(0, most_splits, BLOCK_S):
             split = tl.broadcast_to(first_split + lane, tile)
             _store_items(WORK, first_item[:, None] + split, split < ordered_splits[:, None], order[:, None], split,
                          ordered_splits[:, None], first_token[:, None], q_tokens[:, None], split * split_span,
