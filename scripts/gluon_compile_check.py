@@ -9,6 +9,7 @@ dtypes, 16-byte alignment and divisibility, constexprs), and reports per configu
     python scripts/gluon_compile_check.py --kernel narrow --heads 16 --q-lens 1,2   # the narrow fp8 decode kernel
     python scripts/gluon_compile_check.py --kernel split       # the decode cp.async split kernel (or: fp8_split)
     python scripts/gluon_compile_check.py --kernel plan        # the decode split-plan kernel (a Triton kernel)
+    python scripts/gluon_compile_check.py --scan-cache DIR     # every kernel a GPU run compiled into a Triton cache
     python scripts/gluon_compile_check.py --kernel seesaw --heads 128 --q-lens 2 --loop-syncs   # + each inner loop's
                                                                # warpgroup syncs by source line
     PYTHONPATH=/path/to/triton-3.6/site-packages python scripts/gluon_compile_check.py   # the device's version
@@ -64,12 +65,28 @@ def compile_like_launch(fn: object, args: list[object], constants: dict[str, obj
 
 def disassembly(kernel: object, line_info: bool = False) -> str:
     """A compiled kernel's SASS (nvdisasm; with `line_info`, its source-line comments)."""
-    nvdisasm = str(Path(get_ptxas(90).path).with_name("nvdisasm"))
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp, "k.cubin")
         cubin.write_bytes(kernel.asm["cubin"])
-        return subprocess.run([nvdisasm, *(["-g"] if line_info else []), "-c", str(cubin)], capture_output=True,
-                              text=True, check=True).stdout
+        return cubin_disassembly(cubin, line_info)
+
+
+def cubin_disassembly(cubin: Path, line_info: bool = False) -> str:
+    """A cubin file's SASS (nvdisasm beside the ptxas Triton uses; with `line_info`, its source-line comments)."""
+    nvdisasm = str(Path(get_ptxas(90).path).with_name("nvdisasm"))
+    return subprocess.run([nvdisasm, *(["-g"] if line_info else []), "-c", str(cubin)], capture_output=True,
+                          text=True, check=True).stdout
+
+
+def scan_cache(folder: Path, disassemble: Callable[[Path], str] = cubin_disassembly) -> dict[str, list[str]]:
+    """Every kernel a Triton cache folder holds (what a GPU run compiled into its TRITON_CACHE_DIR), as
+    "<cache entry>/<kernel>", with its predicated warp collectives (`predicated_warp_collectives`): the check of the
+    compile test over every build and specialization the run made.
+
+        TRITON_CACHE_DIR=/tmp/cache pytest -m gpu ...; python scripts/gluon_compile_check.py --scan-cache /tmp/cache
+    """
+    return {f"{cubin.parent.name[:10]}/{cubin.stem}": predicated_warp_collectives(disassemble(cubin))
+            for cubin in sorted(folder.rglob("*.cubin"))}
 
 
 def instruction(line: str) -> str | None:
@@ -427,11 +444,20 @@ def _seesaw_main(heads_list: str, q_lens: str, details: Details) -> bool:
 @click.option("--where-spills", is_flag=True, help="List the source lines of each configuration's spills (nvdisasm).")
 @click.option("--loop-syncs", is_flag=True,
               help="List each configuration's innermost loops with their warpgroup syncs by source line (nvdisasm).")
+@click.option("--scan-cache", "cache_folder", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Instead of compiling: every cubin of this Triton cache folder checked for predicated warp "
+                   "collectives (fails on one, or on none found).")
 def main(dims: str, block_ns: str, stage_counts: str, heads_list: str, q_lens: str, kernel_name: str, fp8: bool,
-         where_spills: bool, loop_syncs: bool) -> None:
+         where_spills: bool, loop_syncs: bool, cache_folder: Path | None) -> None:
     print(f"triton {triton.__version__}")
     details = Details(where_spills, loop_syncs)
-    if kernel_name == "seesaw":
+    if cache_folder is not None:
+        found = scan_cache(cache_folder)
+        for name, predicated in found.items():
+            print(f"{name}: predicated warp collectives {len(predicated)}" + "".join(f"\n    {p}" for p in predicated))
+        failed = not found or any(found.values())
+        print(f"{len(found)} kernels, {sum(map(bool, found.values()))} with predicated warp collectives")
+    elif kernel_name == "seesaw":
         failed = _seesaw_main(heads_list, q_lens, details)
     elif kernel_name == "narrow":
         failed = _narrow_main(heads_list, q_lens, details)

@@ -108,6 +108,19 @@ def test_predicated_warp_collectives_finds_only_reductions_and_shuffles_under_a_
         "@!P1 REDUX.MAX.S32 UR7, R2", "@P1 REDUX.SUM.S32 UR6, R9", "@!P3 SHFL.BFLY PT, R4, R3, 0x10, 0x1f"]
 
 
+def test_scan_cache_reports_every_cubin_of_a_cache_folder_by_entry_and_kernel(script, tmp_path):
+    """A cache folder as a GPU run leaves it (an entry folder a build, its cubin named after the kernel): every cubin
+    found, nested or not, each with its predicated warp collectives (here from stand-in listings)."""
+    for entry, kernel in [("ENTRYONE0123", "_split_counts_kernel"), ("ENTRYTWO4567", "combine_kernel")]:
+        (tmp_path / entry).mkdir()
+        (tmp_path / entry / f"{kernel}.cubin").write_bytes(b"")
+        (tmp_path / entry / f"{kernel}.json").write_text("{}")
+    listings = {"_split_counts_kernel": "/*0010*/   @!P1 REDUX.MAX.S32 UR7, R2 ;",
+                "combine_kernel": "/*0010*/   EXIT ;"}
+    found = script.scan_cache(tmp_path, disassemble=lambda cubin: listings[cubin.stem])
+    assert found == {"ENTRYONE01/_split_counts_kernel": ["@!P1 REDUX.MAX.S32 UR7, R2"], "ENTRYTWO45/combine_kernel": []}
+
+
 def test_instruction_digest_ignores_register_numbers_and_addresses_but_not_order(script):
     listing = """
         /*0000*/                   LDC R1, c[0x0][0x28] ;
