@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Compiles the Gluon kernels for sm_90a without a GPU, specialized as a launch would specialize them (argument
-dtypes, 16-byte alignment and divisibility, constexprs), and reports per configuration shared memory, spills
-(ptxas -v), the PTX's barrier, wgmma and wgmma-wait counts and a digest of the SASS.
+"""Compiles the Gluon kernels (and the decode split-plan kernel) for sm_90a without a GPU, specialized as a launch
+would specialize them (argument dtypes, 16-byte alignment and divisibility, constexprs), and reports per configuration
+shared memory, spills (ptxas -v), the PTX's barrier, wgmma and wgmma-wait counts, a digest of the SASS and its
+predicated warp collectives (a ptxas fault under Triton 3.7, `predicated_warp_collectives`).
 
     python scripts/gluon_compile_check.py                      # the prefill kernel, with the installed triton
     python scripts/gluon_compile_check.py --kernel hopper_persistent   # its persistent form (or: both)
