@@ -14,7 +14,6 @@ Needs Triton 3.7 or later (cluster barriers, `multicast=`). Under 3.7.1: multica
 pointer where it takes a generic or cluster one); store is not lowered at all (`ttg.local_store` illegal).
 """
 import contextlib
-import importlib.util
 import os
 import re
 import sys
@@ -28,7 +27,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gluon_compile_check.py"
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 SPLIT = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0], cga_layout=[[1, 0]]))
 WHOLE = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0], cga_layout=[[0, 0]]))
 SHARED = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2, cga_layout=[[0, 0]]))
@@ -89,10 +88,8 @@ def outcome(check: object, kernel: object, arguments: list[object]) -> str:
 
 
 def main() -> None:
-    spec = importlib.util.spec_from_file_location("gluon_compile_check", SCRIPT)
-    check = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = check
-    spec.loader.exec_module(check)
+    sys.path.insert(0, str(SCRIPTS))
+    import gluon_compile_check as check
     out = torch.empty(64, 64, dtype=torch.float16)
     scale = torch.empty(1, dtype=torch.float8_e4m3fn)
     desc = TensorDescriptor.from_tensor(torch.empty(64, 64, dtype=torch.float16), [64, 64], SHARED.value)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import collections
 import importlib
-import importlib.util
 import json
 import os
 import sys
@@ -87,10 +86,8 @@ def _rebuilt(value: object) -> object:
 
 def compile_all(launches_file: Path) -> int:
     """Each recorded launch compiled for sm_90a: its predicated warp collectives, or the compiler's error."""
-    spec = importlib.util.spec_from_file_location("gluon_compile_check", ROOT / "scripts" / "gluon_compile_check.py")
-    check = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = check
-    spec.loader.exec_module(check)
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gluon_compile_check as check
     found = 0
     for entry in json.loads(launches_file.read_text()):
         kernel = getattr(importlib.import_module(entry["module"]), entry["name"])
