@@ -22,6 +22,7 @@ shapes, shared memory over the limit) and register spills before device time is 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import hashlib
 import itertools
@@ -86,8 +87,11 @@ def scan_cache(folder: Path, disassemble: Callable[[Path], str] = cubin_disassem
 
         TRITON_CACHE_DIR=/tmp/cache pytest -m gpu ...; python scripts/gluon_compile_check.py --scan-cache /tmp/cache
     """
-    return {f"{cubin.parent.name[:10]}/{cubin.stem}": predicated_warp_collectives(disassemble(cubin))
-            for cubin in sorted(folder.rglob("*.cubin"))}
+    cubins = sorted(folder.rglob("*.cubin"))
+    with concurrent.futures.ThreadPoolExecutor() as pool:  # nvdisasm processes: a GPU run's cache holds hundreds
+        listings = pool.map(disassemble, cubins)
+        return {f"{cubin.parent.name[:10]}/{cubin.stem}": predicated_warp_collectives(listing)
+                for cubin, listing in zip(cubins, listings)}
 
 
 def instruction(line: str) -> str | None:
