@@ -75,6 +75,12 @@ EQUAL_SHARES = True
 # sequences runs them in rounds of their own).
 RAGGED_EQUAL_SHARES = True
 RAGGED_SHARE_ROWS = 2
+# With SHARES_BY_COST, equal shares are cut by cost, not tiles: each sequence's tiles lie behind a piece's cost
+# (`decode_share_plan`), so a share holding several short sequences gets fewer tiles, and the share estimate is a
+# share's cost plus one piece's (v102, NOTES.md "v102"). Under the plan model (`experiments/plan_model.py`) the
+# benchmark's ragged batch at 128 heads is 8-10% shorter (q2 271 -> 250 tile-times, q1 143 -> 129), the uniform share
+# plans 1-5%. Not yet measured on a GPU: off until it is (`setting_ab.py decode_split_plan.SHARES_BY_COST ...`).
+SHARES_BY_COST = False
 # The Triton versions whose build of the plan kernel was checked on a GPU to lay equal shares out right (3.6.0 and
 # 3.7.1; their other patch releases are taken as the same). Under 3.7.1 it once counted a share plan's items short and
 # left rows uncleared: ptxas had predicated the warp reductions of an if-converted branch on the wrong register
@@ -193,19 +199,34 @@ def _store_items(WORK, row, taken, sequence, split, splits, first_token, q_token
 
 
 @triton.jit
-def _equal_shares(tiles, row_tiles, in_batch, offsets, batch, busy, total_tiles, parts, first_tile, min_tiles,
-                  max_splits, capacity, piece_cost, programs, plan_row_tiles, SCRATCH):
-    """Whether the batch can take equal shares, and their layout (`share_layout`) and estimated span: every sequence
-    busy at the plan's row tiles (a share's programs are its row tiles), shares of a split's minimum tiles at least,
-    every sequence's pieces within the split ceiling and the rounds within the plan's rows. Returns (shareable,
-    first_part, pieces, last_round, span in KV tiles)."""
+def _equal_shares(tiles, row_tiles, in_batch, offsets, batch, busy, total_tiles, parts, share_first, share_total,
+                  min_tiles, max_splits, capacity, piece_cost, programs, plan_row_tiles, SCRATCH,
+                  BY_COST: tl.constexpr):
+    """Whether the batch can take equal shares, and their layout (`share_layout`, over `share_first` and
+    `share_total`: `_share_layout_sizes`) and estimated span: every sequence busy at the plan's row tiles (a share's
+    programs are its row tiles), shares of a split's minimum tiles at least, every sequence's pieces within the split
+    ceiling and the rounds within the plan's rows. The span is a share's tiles and a piece's cost per round of pieces,
+    or with shares of equal cost (BY_COST) a share's cost and the cost of its first piece, whose lead may lie in the
+    share before. Returns (shareable, first_part, pieces, last_round, span in KV tiles)."""
     at_plan_rows = tl.sum((in_batch & (row_tiles == plan_row_tiles)).to(tl.int32), 0)
-    first_part, pieces, last_round = share_layout(first_tile, tiles, offsets, in_batch, batch, total_tiles, parts,
-                                                  SCRATCH)
+    first_part, pieces, last_round = share_layout(share_first, tiles, offsets, in_batch, batch, share_total, parts,
+                                                  piece_cost if BY_COST else 0, SCRATCH)
     rounds = tl.max(tl.where(in_batch, last_round, 0), 0) + 1
     shareable = ((busy == batch) & (at_plan_rows == batch) & (total_tiles >= parts * min_tiles)
                  & (programs % plan_row_tiles == 0) & (rounds * parts <= capacity) & (tl.max(pieces, 0) <= max_splits))
-    return shareable, first_part, pieces, last_round, tl.cdiv(total_tiles, parts) + rounds * piece_cost
+    pieces_priced = 1 if BY_COST else rounds
+    return shareable, first_part, pieces, last_round, tl.cdiv(share_total, parts) + pieces_priced * piece_cost
+
+
+@triton.jit
+def _share_layout_sizes(tiles, first_tile, total_tiles, in_batch, piece_cost, BY_COST: tl.constexpr):
+    """Each sequence's first tile and the total in the share layout's coordinates: the tiles as they lie in the batch,
+    or with shares of equal cost (BY_COST) each sequence's tiles behind a piece's cost of lead tiles."""
+    if BY_COST:
+        lead = tl.where(in_batch, piece_cost, 0)
+        first_tile = tl.cumsum(tiles + lead, 0) - tiles
+        total_tiles = tl.maximum(tl.sum(tiles + lead, 0), 1)
+    return first_tile, total_tiles
 
 
 @triton.jit(do_not_specialize=["batch", "programs", "min_tiles", "batched_min_tiles", "max_splits", "capacity",
@@ -215,7 +236,7 @@ def _split_counts_kernel(
     capacity, rows, unit_cost, piece_cost, plan_row_tiles, forced_splits,
     HEADS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_TAIL: tl.constexpr, FIT_ONE_WAVE: tl.constexpr, SHARES: tl.constexpr,
-    RAGGED_SHARES: tl.constexpr,
+    RAGGED_SHARES: tl.constexpr, SHARES_BY_COST: tl.constexpr,
 ):
     offsets = tl.arange(0, BLOCK_B)
     in_batch = offsets < batch
@@ -238,6 +259,8 @@ def _split_counts_kernel(
     total_tiles = tl.maximum(tl.sum(tiles, 0), 1)
     parts = tl.maximum(tl.minimum(programs, plan_row_tiles * capacity) // plan_row_tiles, 1)
     first_tile = tl.cumsum(tiles, 0) - tiles
+    share_first, share_total = _share_layout_sizes(tiles, first_tile, total_tiles, in_batch, piece_cost,
+                                                   SHARES_BY_COST)
     first_part = tl.zeros_like(tiles)
     last_round = tl.zeros_like(tiles)
     if FIT_ONE_WAVE:
@@ -261,8 +284,9 @@ def _split_counts_kernel(
                     # Taken where their estimate, a share plus a piece's fixed cost per piece a share runs, is a
                     # sixteenth shorter than the split counts'.
                     shareable, first_part, pieces, last_round, span = _equal_shares(
-                        tiles, row_tiles, in_batch, offsets, batch, busy, total_tiles, parts, first_tile, min_tiles,
-                        max_splits, capacity, piece_cost, programs, plan_row_tiles, NUM_SPLITS)
+                        tiles, row_tiles, in_batch, offsets, batch, busy, total_tiles, parts, share_first, share_total,
+                        min_tiles, max_splits, capacity, piece_cost, programs, plan_row_tiles, NUM_SPLITS,
+                        SHARES_BY_COST)
                     take = shareable & (span * MULTI_WAVE_MIN_GAIN_DEN < best * (MULTI_WAVE_MIN_GAIN_DEN - 1))
                     counts = tl.where(take, pieces, splits)
                     order_mode = tl.where(take, ORDER_SHARES, order_mode)
@@ -271,8 +295,8 @@ def _split_counts_kernel(
             # `decode_split_counts`), within the plan's `rows`, which leave room for a share's short sequences in
             # rounds of their own.
             shareable, first_part, pieces, last_round, span = _equal_shares(
-                tiles, row_tiles, in_batch, offsets, batch, busy, total_tiles, parts, first_tile, min_tiles,
-                max_splits, rows, piece_cost, programs, plan_row_tiles, NUM_SPLITS)
+                tiles, row_tiles, in_batch, offsets, batch, busy, total_tiles, parts, share_first, share_total,
+                min_tiles, max_splits, rows, piece_cost, programs, plan_row_tiles, NUM_SPLITS, SHARES_BY_COST)
             counts = tl.where(shareable, pieces, splits)
             order_mode = tl.where(shareable, ORDER_SHARES, order_mode)
     if forced_splits > 0:  # `decode_split_counts` checked it against the plan's capacity
@@ -302,15 +326,15 @@ def _split_counts_kernel(
             piece = tl.broadcast_to(first_piece + lane, tile)
             part = first_part[:, None] + piece
             last = piece == counts[:, None] - 1
-            piece_start = tl.maximum(share_bound(part, total_tiles, parts), first_tile[:, None]) - first_tile[:, None]
-            piece_end = tl.minimum(share_bound(part + 1, total_tiles, parts), (first_tile + tiles)[:, None])
+            piece_start = tl.maximum(share_bound(part, share_total, parts), share_first[:, None]) - share_first[:, None]
+            piece_end = tl.minimum(share_bound(part + 1, share_total, parts), (share_first + tiles)[:, None])
             piece_round = tl.where(last, last_round[:, None], 0)
             # The persistent kernel takes the rounds in snake order: odd rounds hold the parts mirrored, so that
             # each part stays on its programs.
             _store_items(WORK, piece_round * parts + tl.where(piece_round % 2 == 0, part, parts - 1 - part),
                          in_batch[:, None] & (piece < counts[:, None]), offsets[:, None], piece, counts[:, None],
                          first_q_token[:, None], q_lens[:, None], piece_start * BLOCK_N,
-                         tl.where(last, OPEN_KV_END, (piece_end - first_tile[:, None]) * BLOCK_N))
+                         tl.where(last, OPEN_KV_END, (piece_end - share_first[:, None]) * BLOCK_N))
     else:
         if (BLOCK_B <= MAX_SORTED_BATCH) & (forced_splits == 0):
             # Longest-processing-time order: sequences by tiles per split, descending (ties in batch order,
@@ -438,6 +462,6 @@ def decode_split_counts(
         forced_splits,
         HEADS=heads, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_B=block_b,
         BLOCK_S=max(1, WORK_STORE_TILE // block_b), BLOCK_TAIL=256, FIT_ONE_WAVE=FIT_SPLITS_TO_ONE_WAVE,
-        SHARES=shares, RAGGED_SHARES=ragged_shares,
+        SHARES=shares, RAGGED_SHARES=ragged_shares, SHARES_BY_COST=SHARES_BY_COST,
     )
     return SequenceSplits(num_splits, work, work_state)
