@@ -5,10 +5,13 @@ import dataclasses
 
 import pytest
 import torch
+from fuzz_outcomes import FUZZ
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from mlakit.kernels import decode_split_plan
-from mlakit.kernels.decode_split_plan import (OPEN_KV_END, ORDER_SHARES, ORDER_TAKEN, ORDER_WAVES, SplitGeometry,
-                                              decode_split_counts, split_geometry)
+from mlakit.kernels.decode_split_plan import (OPEN_KV_END, ORDER_SHARES, ORDER_TAKEN, ORDER_WAVES, SequenceSplits,
+                                              SplitGeometry, decode_split_counts, share_costs, split_geometry)
 from mlakit.kernels.triton_decode import DecodeTuning, plan_decode, triton_mla_decode
 from paged_inputs import assert_lse_close, make_paged_batch, naive_decode, relative_error
 
@@ -83,6 +86,34 @@ def _ragged(sequences: int, seed: int) -> list[int]:
     return torch.randint(400, 16001, (sequences,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
+def _assert_share_layout(lengths: list[int], q_len: int, lead: int, geometry: SplitGeometry, counts: torch.Tensor,
+                         work: torch.Tensor, state: torch.Tensor, num_sms: int) -> None:
+    """A share plan's rows, counts and work state are the layout model's (each sequence's tiles behind `lead`
+    tiles); every other row is zero; the snake order keeps each program on one share, round after round."""
+    parts = num_sms // geometry.row_tiles
+    tiles = [-(-n // BLOCK_N) for n in lengths]
+    expected = _expected_pieces(tiles, parts, lead)
+    rounds = 1 + max(row for row, *_ in expected.values()) // parts
+    assert state.tolist() == [rounds * parts, 0, ORDER_SHARES]
+    seen = torch.zeros(work.shape[0], dtype=torch.bool)
+    for (b, piece), (row, lo, hi, pieces) in expected.items():
+        end = OPEN_KV_END.value if piece == pieces - 1 else hi * BLOCK_N
+        assert work[row].tolist() == [b, piece, pieces, b * q_len, q_len, lo * BLOCK_N, end], (b, piece)
+        seen[row] = True
+    assert counts.tolist() == [max(p for (s, p) in expected if s == b) + 1 for b in range(len(lengths))]
+    assert (work[~seen] == 0).all(), "rows without a piece name no split"
+    assert max(counts) <= geometry.max_splits
+    # The share of a row's piece is where the piece's first tile lies in the layout.
+    first_tiles, total = _layout_starts(tiles, lead)
+    bounds = [j * total // parts for j in range(parts)]
+    for program in range(num_sms):
+        units = [k * num_sms + (program if k % 2 == 0 else num_sms - 1 - program) for k in range(rounds)]
+        rows = [int(unit) // geometry.row_tiles for unit in units if seen[int(unit) // geometry.row_tiles]]
+        starts = [first_tiles[int(work[row, 0])] + int(work[row, 5]) // BLOCK_N for row in rows]
+        assert {max(j for j, bound in enumerate(bounds) if bound <= start) for start in starts} == {
+            program // geometry.row_tiles}, program
+
+
 @pytest.mark.parametrize("by_cost", [False, True], ids=["equal tiles", "equal cost"])
 @pytest.mark.parametrize("lengths, q_len", [
     ([8192] * 40, 2),
@@ -103,66 +134,50 @@ def test_share_plan_items_follow_the_layout(kernel_device, lengths, q_len, by_co
     num_sms = 132 if len(lengths) > 10 else 32
     geometry, counts, work, state = _plan(kernel_device, lengths, [q_len] * len(lengths), num_sms=num_sms)
     assert int(state[2]) == ORDER_SHARES, "the batch takes equal shares"
-    parts = num_sms // geometry.row_tiles
-    tiles = [-(-n // BLOCK_N) for n in lengths]
-    lead = UNIT_COST if by_cost else 0
-    expected = _expected_pieces(tiles, parts, lead)
-    rounds = 1 + max(row for row, *_ in expected.values()) // parts
-    assert state.tolist() == [rounds * parts, 0, ORDER_SHARES]
-    seen = torch.zeros(work.shape[0], dtype=torch.bool)
-    for (b, piece), (row, lo, hi, pieces) in expected.items():
-        end = OPEN_KV_END.value if piece == pieces - 1 else hi * BLOCK_N
-        assert work[row].tolist() == [b, piece, pieces, b * q_len, q_len, lo * BLOCK_N, end], (b, piece)
-        seen[row] = True
-    assert counts.tolist() == [max(p for (s, p) in expected if s == b) + 1 for b in range(len(lengths))]
-    assert (work[~seen] == 0).all(), "rows without a piece name no split"
-    assert max(counts) <= geometry.max_splits
-    # The persistent kernel's snake order over num_sms programs keeps each program on one share, round after round:
-    # the share of a row's piece is where the piece's first tile lies in the batch.
-    first_tiles, total = _layout_starts(tiles, lead)
-    bounds = [j * total // parts for j in range(parts)]
-    for program in range(num_sms):
-        units = [k * num_sms + (program if k % 2 == 0 else num_sms - 1 - program) for k in range(rounds)]
-        rows = [int(unit) // geometry.row_tiles for unit in units if seen[int(unit) // geometry.row_tiles]]
-        starts = [first_tiles[int(work[row, 0])] + int(work[row, 5]) // BLOCK_N for row in rows]
-        assert {max(j for j, bound in enumerate(bounds) if bound <= start) for start in starts} == {
-            program // geometry.row_tiles}, program
-
-
-def _share_costs(lengths: list[int], work: torch.Tensor, state: torch.Tensor, parts: int, piece_cost: int) -> list[int]:
-    """Each share's cost in KV tiles from a share plan's rows: its pieces' tiles and a piece's cost each."""
-    costs = [0] * parts
-    for row in range(int(state[0])):
-        b, _, pieces, _, _, kv_start, kv_end = work[row].tolist()
-        if pieces:
-            kv_end = lengths[b] if kv_end == OPEN_KV_END.value else kv_end
-            costs[row % parts if row // parts % 2 == 0 else parts - 1 - row % parts] += (
-                -(-kv_end // BLOCK_N) - kv_start // BLOCK_N + piece_cost)
-    return costs
+    _assert_share_layout(lengths, q_len, UNIT_COST if by_cost else 0, geometry, counts, work, state, num_sms)
 
 
 def test_shares_of_equal_cost_even_out_what_the_shares_cost(kernel_device, monkeypatch):
     """With SHARES_BY_COST a share holding several short sequences gets fewer tiles: on ragged 128-head batches every
     share costs at most the layout's total over the shares plus one piece (its first piece's lead may lie in the share
-    before), the plan's span estimate, and the costliest share less than with shares of equal tiles; a uniform batch
-    whose split counts beat the equal-tile estimate by less than a sixteenth (64 x ~4096 x 2: 126 + 4 x 13 against
-    180) takes shares of equal cost (150 + 13)."""
+    before), the plan's span estimate, and the costliest share less than with shares of equal tiles. The estimate
+    decides as the equal-tile one does (132 SMs, unit and piece cost 13): an uneven batch whose equal-tile estimate
+    is not a sixteenth under its split counts' (64 x ~4096 x 2: 122 + 4 x 13 = 174 against 178) takes shares of equal
+    cost (147 + 13 = 160), and 48 x 16384 x 2 keeps its counts (392 + 13 = 405 against 3 waves of 128 + 13 = 423);
+    without the leads in the estimate (373 + 13) or the one piece (392) it would take shares."""
     def costliest(lengths: list[int], q_len: int, by_cost: bool) -> tuple[int, int]:
         monkeypatch.setattr(decode_split_plan, "SHARES_BY_COST", by_cost)
-        geometry, _, work, state = _plan(kernel_device, lengths, [q_len] * len(lengths))
+        geometry, counts, work, state = _plan(kernel_device, lengths, [q_len] * len(lengths))
         assert int(state[2]) == ORDER_SHARES
         parts = 132 // geometry.row_tiles
         _, total = _layout_starts([-(-n // BLOCK_N) for n in lengths], UNIT_COST)
-        return max(_share_costs(lengths, work, state, parts, UNIT_COST)), -(-total // parts) + UNIT_COST
+        costs = share_costs(SequenceSplits(counts, work, state), lengths, parts, UNIT_COST, BLOCK_N)
+        return max(costs), -(-total // parts) + UNIT_COST
 
     for lengths, q_len in [(_ragged(64, 4), 2), (_ragged(64, 6), 1)]:
         by_cost, bound = costliest(lengths, q_len, True)
         by_tiles, _ = costliest(lengths, q_len, False)
         assert by_cost <= bound and by_cost < by_tiles, (q_len, by_cost, bound, by_tiles)
-    lengths = _uneven(64, 4096, 3)
-    for by_cost, order in [(False, ORDER_WAVES), (True, ORDER_SHARES)]:
+    uneven = _uneven(64, 4096, 3)
+    for lengths, by_cost, order in [(uneven, False, ORDER_WAVES), (uneven, True, ORDER_SHARES),
+                                    ([16384] * 48, True, ORDER_WAVES)]:
         monkeypatch.setattr(decode_split_plan, "SHARES_BY_COST", by_cost)
-        assert int(_plan(kernel_device, lengths, [2] * 64)[3][2]) == order, by_cost
+        assert int(_plan(kernel_device, lengths, [2] * len(lengths))[3][2]) == order, (len(lengths), by_cost)
+
+
+@settings(FUZZ, max_examples=40, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(tiles=st.lists(st.integers(1, 40), min_size=1, max_size=20), parts=st.integers(1, 12), lead=st.integers(0, 9))
+def test_share_layouts_of_any_lead_follow_the_model(kernel_device, monkeypatch, tiles, parts, lead):
+    """Small random batches at 128 heads x 1 token (two row tiles a sequence) over 1-12 shares, each sequence's tiles
+    behind 0-9 lead tiles (SHARES_BY_COST, the piece's cost): boundaries in leads, at a sequence's first tile, shares
+    inside one lead, one-tile sequences. Where the plan takes shares (a unit cost past any batch's makes the split
+    counts lose), its rows are the layout model's."""
+    monkeypatch.setattr(decode_split_plan, "SHARES_BY_COST", True)
+    lengths = [n * BLOCK_N for n in tiles]
+    geometry, counts, work, state = _plan(kernel_device, lengths, [1] * len(lengths), num_sms=2 * parts,
+                                          unit_cost=1 << 20, piece_cost=lead)
+    assume(int(state[2]) == ORDER_SHARES)
+    _assert_share_layout(lengths, 1, lead, geometry, counts, work, state, 2 * parts)
 
 
 def test_share_plans_are_taken_where_their_estimate_is_a_sixteenth_shorter(kernel_device, monkeypatch):

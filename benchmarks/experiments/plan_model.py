@@ -24,8 +24,8 @@ import torch  # noqa: E402
 
 from mlakit.bench.decode import DecodeCase  # noqa: E402
 from mlakit.kernels import decode_split_plan  # noqa: E402
-from mlakit.kernels.decode_split_plan import (OPEN_KV_END, ORDER_SHARES, SequenceSplits,  # noqa: E402
-                                              decode_split_counts, split_geometry)
+from mlakit.kernels.decode_split_plan import (ORDER_SHARES, SequenceSplits, decode_split_counts,  # noqa: E402
+                                              share_costs, split_geometry)
 from mlakit.kernels.hopper_decode import BLOCK_M  # noqa: E402
 from mlakit.kernels.hopper_common import BLOCK_N  # noqa: E402
 from mlakit.kernels.triton_decode import BATCHED_MIN_TILES_PER_SPLIT, MIN_TILES_PER_SPLIT  # noqa: E402
@@ -54,18 +54,6 @@ def longest_first_makespan(units: list[int], programs: int) -> int:
 def plan_units(tiles: list[int], counts: list[int], row_tiles: int, unit_cost: int) -> list[int]:
     """Each busy sequence's units: its row tiles x splits of cdiv(tiles, splits) tiles + the unit cost."""
     return [-(-n // s) + unit_cost for n, s in zip(tiles, counts) if n > 0 for _ in range(s * row_tiles)]
-
-
-def share_makespan(plan: SequenceSplits, tiles: list[int], parts: int, piece_cost: int) -> int:
-    """The costliest share of an equal-share plan: its pieces' tiles and a piece's cost each (rows in rounds of
-    `parts`, odd rounds mirrored: `decode_share_plan`)."""
-    costs = [0] * parts
-    for row, (b, _, pieces, _, _, kv_start, kv_end) in enumerate(plan.work[:int(plan.work_state[0])].tolist()):
-        if pieces:
-            end = tiles[b] if kv_end == OPEN_KV_END.value else -(-kv_end // BLOCK_N.value)
-            costs[row % parts if row // parts % 2 == 0 else parts - 1 - row % parts] += (
-                end - kv_start // BLOCK_N.value + piece_cost)
-    return max(costs)
 
 
 def waves_estimate(units: list[int], programs: int) -> int:
@@ -97,7 +85,7 @@ def main(sms: int, unit_cost: int, piece_cost: int, by_cost: bool, specs: tuple[
         decode_split_plan.EQUAL_SHARES = True
         shared = seesaw_plan(case, sms, unit_cost, piece_cost)
         rounds = int(shared.work_state[0]) // parts
-        shares = (f"{share_makespan(shared, tiles, parts, piece_cost)} ({rounds} r.)"
+        shares = (f"{max(share_costs(shared, case.lengths(), parts, piece_cost, BLOCK_N.value))} ({rounds} r.)"
                   if int(shared.work_state[2]) == ORDER_SHARES else "-")
         even = sum(tiles) * row_tiles / sms
         spread = "->".join(f"{min(c)}-{max(c)}" if min(c) != max(c) else str(c[0]) for c in plans)

@@ -66,7 +66,7 @@ def share_layout(first_tile, tiles, offsets, in_batch, batch, total, parts, lead
     last_part = _share_of(end_tile - 1, total, parts)
     pieces = tl.where(in_batch, last_part - first_part + 1, 0)
     # A part's first piece belongs to the sequence holding the part's first tile: the sequence itself where the part
-    # starts in its tiles or its lead, else the last sequence before it that holds any share boundary.
+    # starts at its first tile or in its lead, else the last sequence before it that holds any share boundary.
     holds_boundary = in_batch & (share_bound(last_part, total, parts) >= lead_start)
     holder = _shifted(tl.where(holds_boundary, offsets, -1), offsets, in_batch, batch, 1, -1, SCRATCH)
     latest_holder = tl.associative_scan(holder, 0, _maximum)

@@ -79,7 +79,7 @@ RAGGED_SHARE_ROWS = 2
 # (`decode_share_plan`), so a share holding several short sequences gets fewer tiles, and the share estimate is a
 # share's cost plus one piece's (v102, NOTES.md "v102"). Under the plan model (`experiments/plan_model.py`) the
 # benchmark's ragged batch at 128 heads is 8-10% shorter (q2 271 -> 250 tile-times, q1 143 -> 129), the uniform share
-# plans 1-5%. Not yet measured on a GPU: off until it is (`setting_ab.py decode_split_plan.SHARES_BY_COST ...`).
+# plans 1-12%. Not yet measured on a GPU: off until it is (`setting_ab.py decode_split_plan.SHARES_BY_COST ...`).
 SHARES_BY_COST = False
 # The Triton versions whose build of the plan kernel was checked on a GPU to lay equal shares out right (3.6.0 and
 # 3.7.1; their other patch releases are taken as the same). Under 3.7.1 it once counted a share plan's items short and
@@ -199,34 +199,30 @@ def _store_items(WORK, row, taken, sequence, split, splits, first_token, q_token
 
 
 @triton.jit
-def _equal_shares(tiles, row_tiles, in_batch, offsets, batch, busy, total_tiles, parts, share_first, share_total,
-                  min_tiles, max_splits, capacity, piece_cost, programs, plan_row_tiles, SCRATCH,
-                  BY_COST: tl.constexpr):
+def _equal_shares(tiles, row_tiles, in_batch, offsets, batch, busy, parts, share_first, share_total, lead, min_tiles,
+                  max_splits, capacity, piece_cost, programs, plan_row_tiles, SCRATCH, BY_COST: tl.constexpr):
     """Whether the batch can take equal shares, and their layout (`share_layout`, over `share_first` and
-    `share_total`: `_share_layout_sizes`) and estimated span: every sequence busy at the plan's row tiles (a share's
-    programs are its row tiles), shares of a split's minimum tiles at least, every sequence's pieces within the split
-    ceiling and the rounds within the plan's rows. The span is a share's tiles and a piece's cost per round of pieces,
-    or with shares of equal cost (BY_COST) a share's cost and the cost of its first piece, whose lead may lie in the
-    share before. Returns (shareable, first_part, pieces, last_round, span in KV tiles)."""
+    `share_total`, each sequence's tiles behind `lead` tiles: `_share_coordinates`) and estimated span: every sequence
+    busy at the plan's row tiles (a share's programs are its row tiles), shares of a split's minimum tiles and two
+    leads at least (so that no share lies in a lead alone), every sequence's pieces within the split ceiling and the
+    rounds within the plan's rows. The span is a share's tiles and a piece's cost per round of pieces, or with shares
+    of equal cost (BY_COST, `lead` a piece's cost) a share's cost and one piece's, that of its first piece, whose lead
+    may lie in the share before. Returns (shareable, first_part, pieces, last_round, span in KV tiles)."""
     at_plan_rows = tl.sum((in_batch & (row_tiles == plan_row_tiles)).to(tl.int32), 0)
     first_part, pieces, last_round = share_layout(share_first, tiles, offsets, in_batch, batch, share_total, parts,
-                                                  piece_cost if BY_COST else 0, SCRATCH)
+                                                  lead, SCRATCH)
     rounds = tl.max(tl.where(in_batch, last_round, 0), 0) + 1
-    shareable = ((busy == batch) & (at_plan_rows == batch) & (total_tiles >= parts * min_tiles)
+    shareable = ((busy == batch) & (at_plan_rows == batch) & (share_total >= parts * (min_tiles + 2 * lead))
                  & (programs % plan_row_tiles == 0) & (rounds * parts <= capacity) & (tl.max(pieces, 0) <= max_splits))
     pieces_priced = 1 if BY_COST else rounds
     return shareable, first_part, pieces, last_round, tl.cdiv(share_total, parts) + pieces_priced * piece_cost
 
 
 @triton.jit
-def _share_layout_sizes(tiles, first_tile, total_tiles, in_batch, piece_cost, BY_COST: tl.constexpr):
-    """Each sequence's first tile and the total in the share layout's coordinates: the tiles as they lie in the batch,
-    or with shares of equal cost (BY_COST) each sequence's tiles behind a piece's cost of lead tiles."""
-    if BY_COST:
-        lead = tl.where(in_batch, piece_cost, 0)
-        first_tile = tl.cumsum(tiles + lead, 0) - tiles
-        total_tiles = tl.maximum(tl.sum(tiles + lead, 0), 1)
-    return first_tile, total_tiles
+def _share_coordinates(first_tile, total_tiles, offsets, batch, lead):
+    """Each sequence's first tile and the batch's total in the share layout's coordinates, where each sequence's
+    tiles lie behind `lead` tiles of its own (0: as they lie in the batch)."""
+    return first_tile + (offsets + 1) * lead, total_tiles + batch * lead
 
 
 @triton.jit(do_not_specialize=["batch", "programs", "min_tiles", "batched_min_tiles", "max_splits", "capacity",
@@ -259,8 +255,8 @@ def _split_counts_kernel(
     total_tiles = tl.maximum(tl.sum(tiles, 0), 1)
     parts = tl.maximum(tl.minimum(programs, plan_row_tiles * capacity) // plan_row_tiles, 1)
     first_tile = tl.cumsum(tiles, 0) - tiles
-    share_first, share_total = _share_layout_sizes(tiles, first_tile, total_tiles, in_batch, piece_cost,
-                                                   SHARES_BY_COST)
+    share_lead = piece_cost if SHARES_BY_COST else 0  # shares of equal cost, or of equal tiles
+    share_first, share_total = _share_coordinates(first_tile, total_tiles, offsets, batch, share_lead)
     first_part = tl.zeros_like(tiles)
     last_round = tl.zeros_like(tiles)
     if FIT_ONE_WAVE:
@@ -281,10 +277,10 @@ def _split_counts_kernel(
                     best = tl.where(shorter, makespan, best)
                 counts = splits
                 if SHARES and BLOCK_B <= MAX_SORTED_BATCH:
-                    # Taken where their estimate, a share plus a piece's fixed cost per piece a share runs, is a
-                    # sixteenth shorter than the split counts'.
+                    # Taken where their estimate, a share plus a piece's fixed cost per piece a share runs (by cost:
+                    # a share's cost and one piece's), is a sixteenth shorter than the split counts'.
                     shareable, first_part, pieces, last_round, span = _equal_shares(
-                        tiles, row_tiles, in_batch, offsets, batch, busy, total_tiles, parts, share_first, share_total,
+                        tiles, row_tiles, in_batch, offsets, batch, busy, parts, share_first, share_total, share_lead,
                         min_tiles, max_splits, capacity, piece_cost, programs, plan_row_tiles, NUM_SPLITS,
                         SHARES_BY_COST)
                     take = shareable & (span * MULTI_WAVE_MIN_GAIN_DEN < best * (MULTI_WAVE_MIN_GAIN_DEN - 1))
@@ -295,7 +291,7 @@ def _split_counts_kernel(
             # `decode_split_counts`), within the plan's `rows`, which leave room for a share's short sequences in
             # rounds of their own.
             shareable, first_part, pieces, last_round, span = _equal_shares(
-                tiles, row_tiles, in_batch, offsets, batch, busy, total_tiles, parts, share_first, share_total,
+                tiles, row_tiles, in_batch, offsets, batch, busy, parts, share_first, share_total, share_lead,
                 min_tiles, max_splits, rows, piece_cost, programs, plan_row_tiles, NUM_SPLITS, SHARES_BY_COST)
             counts = tl.where(shareable, pieces, splits)
             order_mode = tl.where(shareable, ORDER_SHARES, order_mode)
@@ -361,6 +357,22 @@ def _split_counts_kernel(
     tl.store(WORK_STATE + 2, order_mode)
 
 
+def share_costs(splits: SequenceSplits, lengths: list[int], parts: int, piece_cost: int, block_n: int) -> list[int]:
+    """What each share of an equal-share plan costs in KV tiles, read from its rows: its pieces' tiles and
+    `piece_cost` each (round k's share j in row `k x parts + j`, mirrored in odd rounds: `decode_share_plan`).
+
+    Example: for a plan of `lengths` that took equal shares (`work_state[2] == ORDER_SHARES`) over 33 shares,
+    `max(share_costs(plan, lengths, 33, 7, 64))` is its makespan in the plan model (`experiments/plan_model.py`).
+    """
+    costs = [0] * parts
+    for row, (b, _, pieces, _, _, kv_start, kv_end) in enumerate(splits.work[:int(splits.work_state[0])].tolist()):
+        if pieces:
+            end = lengths[b] if kv_end == OPEN_KV_END.value else kv_end
+            share = row % parts if row // parts % 2 == 0 else parts - 1 - row % parts
+            costs[share] += -(-end // block_n) - kv_start // block_n + piece_cost
+    return costs
+
+
 def may_share(persistent: bool, unit_cost_tiles: int) -> bool:
     """Whether `decode_split_counts` may give a batch equal shares (which batch takes them is decided on the GPU):
     only for a persistent kernel, with EQUAL_SHARES and a unit cost, where the plan kernel lays shares out right
@@ -417,7 +429,9 @@ def decode_split_counts(
     `persistent` kernel runs the plan (its programs walk their shares' rounds; a grid kernel's program a row would
     start a share plan's rows in their order, long pieces late), with `EQUAL_SHARES` equal shares of the batch's
     tiles replace them where their estimate, a share + `piece_cost_tiles` (default: the unit cost) per round of
-    pieces, is a sixteenth smaller (every sequence busy at `geometry.row_tiles`; `decode_share_plan`),
+    pieces, is a sixteenth smaller (every sequence busy at `geometry.row_tiles`; `decode_share_plan`; with
+    `SHARES_BY_COST` shares of equal cost, each sequence's tiles behind a piece's cost, estimated at a share's cost
+    and one piece's),
     and a ragged batch busy at two row tiles or more takes them wherever they fit (RAGGED_EQUAL_SHARES;
     `may_share` says on the host whether a plan can take them). A split
     holds at least `min_tokens_per_split` tokens, so its partial output (rows x kv_lora_rank values,
