@@ -21,7 +21,7 @@ tail -n 2 $R/tests-t36.txt $R/tests-t37.txt
 PYTHONPATH=src timeout 60 python scripts/gluon_compile_check.py --scan-cache /tmp/cache36 | tail -n 1
 PYTHONPATH=$PACKED_TRITON:src timeout 60 python scripts/gluon_compile_check.py --scan-cache /tmp/cache37 | tail -n 1
 v102="128,64,ragged,2 128,64,ragged,1 128,64,ragged,2,fp8_e4m3 64,64,ragged,2 128,40,8192,2 128,40,1024,2 \
-128,24,4096,1 128,40,2048,2 128,64,~4096,2 128,48,8192,2 128,96,8192,1 128,56,4096,1 128,128,~1024,1 128,16,~4096,1"
+128,24,4096,1 128,40,2048,2 128,64,~4096,2 128,48,8192,2 128,96,8192,1 128,56,4096,1 128,128,~1024,1 128,16,~8192,1"
 PYTHONPATH=src:benchmarks/experiments timeout 300 python benchmarks/experiments/setting_ab.py \
   decode_split_plan.SHARES_BY_COST tiles=False cost=True -- $v102 2>&1 | grep -v "Warn\|_sync_debug" > $R/ab-v102.txt
 tail -n 16 $R/ab-v102.txt
