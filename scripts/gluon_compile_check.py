@@ -317,6 +317,11 @@ def split_arguments(heads: int, q_len: int, kv_dtype: torch.dtype, page_size: in
             {**constants, "num_warps": hd.NUM_WARPS.value})
 
 
+# How a plan build takes equal shares: not at all, of equal tiles, or of equal cost
+# (`decode_split_plan.SHARES_BY_COST`).
+SHARE_MODES = ("off", "tiles", "cost")
+
+
 def plan_arguments(lengths: list[int], heads: int, q_len: int, shares: str = "tiles", num_sms: int = 132
                    ) -> tuple[list[object], dict[str, object]]:
     """The arguments and constants of the split-plan kernel (`decode_split_plan._split_counts_kernel`) that
@@ -345,9 +350,6 @@ def plan_arguments(lengths: list[int], heads: int, q_len: int, shares: str = "ti
     return recorded[0], recorded[1]
 
 
-# How a plan build takes equal shares: not at all, of equal tiles, or of equal cost
-# (`decode_split_plan.SHARES_BY_COST`).
-SHARE_MODES = ("off", "tiles", "cost")
 # Plans whose kernel builds differ: (name, lengths, heads, shares). 24 sequences reduce with REDUX, 8 (BLOCK_B 16)
 # with shuffles; at 16 heads (one row tile) shares are on and ragged shares off.
 PLANS = [("24 x 128h", [16384] * 24, 128, "tiles"), ("24 x 128h no shares", [16384] * 24, 128, "off"),

@@ -172,6 +172,8 @@ def test_share_layouts_of_any_lead_follow_the_model(kernel_device, monkeypatch, 
     behind 0-9 lead tiles (SHARES_BY_COST, the piece's cost): boundaries in leads, at a sequence's first tile, shares
     inside one lead, one-tile sequences. Where the plan takes shares (a unit cost past any batch's makes the split
     counts lose), its rows are the layout model's."""
+    if kernel_device == "cuda" and not LAID_OUT_RIGHT:
+        pytest.xfail("a Triton whose GPU plan kernel was not checked")
     monkeypatch.setattr(decode_split_plan, "SHARES_BY_COST", True)
     lengths = [n * BLOCK_N for n in tiles]
     geometry, counts, work, state = _plan(kernel_device, lengths, [1] * len(lengths), num_sms=2 * parts,
