@@ -120,6 +120,11 @@ def predicated_warp_collectives(sass: str) -> list[str]:
             if (text := instruction(line)) and re.match(r"@!?U?P\d+\s+(REDUX|SHFL)\b", text)]
 
 
+def predicated_summary(predicated: list[str]) -> str:
+    """A kernel's `predicated_warp_collectives` as reported: their count, then each instruction on an indented line."""
+    return f"predicated warp collectives {len(predicated)}" + "".join(f"\n    {p}" for p in predicated)
+
+
 def located_lines(listing: str) -> Iterator[tuple[str, str]]:
     """The lines of an nvdisasm listing with line information (`disassembly(kernel, line_info=True)`) but its
     source-line comments, each with the source file:line it comes from ("?" before the first)."""
@@ -468,7 +473,7 @@ def main(dims: str, block_ns: str, stage_counts: str, heads_list: str, q_lens: s
     if cache_folder is not None:
         found = scan_cache(cache_folder)
         for name, predicated in found.items():
-            print(f"{name}: predicated warp collectives {len(predicated)}" + "".join(f"\n    {p}" for p in predicated))
+            print(f"{name}: {predicated_summary(predicated)}")
         failed = not found or any(found.values())
         print(f"{len(found)} kernels, {sum(map(bool, found.values()))} with predicated warp collectives")
     elif kernel_name == "seesaw":

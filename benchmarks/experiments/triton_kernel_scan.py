@@ -97,7 +97,7 @@ def compile_all(launches_file: Path) -> int:
             compiled = check.compile_like_launch(kernel, args, kwargs)
             predicated = check.predicated_warp_collectives(check.disassembly(compiled))
             found += bool(predicated)
-            line = f"predicated warp collectives {len(predicated)}" + "".join(f"\n    {p}" for p in predicated)
+            line = check.predicated_summary(predicated)
         except Exception as exc:  # a launch the stand-ins cannot rebuild is reported, not fatal
             line = f"not compiled: {type(exc).__name__}: {str(exc).splitlines()[-1][:200] if str(exc) else ''}"
         constants = {k: v for k, v in entry["kwargs"].items() if k.isupper()}
