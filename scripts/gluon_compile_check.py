@@ -322,17 +322,11 @@ def split_arguments(heads: int, q_len: int, kv_dtype: torch.dtype, page_size: in
             {**constants, "num_warps": hd.NUM_WARPS.value})
 
 
-# How a plan build takes equal shares: not at all, of equal tiles, or of equal cost
-# (`decode_split_plan.SHARES_BY_COST`).
-SHARE_MODES = ("off", "tiles", "cost")
-
-
-def plan_arguments(lengths: list[int], heads: int, q_len: int, shares: str = "tiles", num_sms: int = 132
+def plan_arguments(lengths: list[int], heads: int, q_len: int, shares: bool = True, num_sms: int = 132
                    ) -> tuple[list[object], dict[str, object]]:
     """The arguments and constants of the split-plan kernel (`decode_split_plan._split_counts_kernel`) that
     `plan_decode` launches for a Hopper-tier plan of `lengths` (CPU tensors) over pages of 64 tokens, recorded
-    instead of launched; `shares` one of SHARE_MODES, equal shares compiled in whichever Triton builds it unless
-    "off"."""
+    instead of launched; with `shares`, equal shares compiled in whichever Triton builds it."""
     recorded: list[object] = []
 
     class Recorder:
@@ -341,12 +335,9 @@ def plan_arguments(lengths: list[int], heads: int, q_len: int, shares: str = "ti
         def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., None]:
             return lambda *args, **constants: recorded.extend([list(args), constants])
 
-    if shares not in SHARE_MODES:
-        raise ValueError(f"shares: expected one of {SHARE_MODES}, got {shares!r}")
-    shares_from = ("none",) if shares == "off" else ("",)
+    shares_from = ("",) if shares else ("none",)
     with (mock.patch.object(decode_split_plan, "_split_counts_kernel", Recorder()),
           mock.patch.object(decode_split_plan, "SHARE_PLAN_TRITONS", shares_from),
-          mock.patch.object(decode_split_plan, "SHARES_BY_COST", shares == "cost"),
           mock.patch.object(decode_split_plan, "INTERPRET", False),
           mock.patch.object(triton_decode, "INTERPRET", False),
           mock.patch.object(triton_decode.hopper_common, "serves", lambda device, kv_dtype: True)):
@@ -357,12 +348,12 @@ def plan_arguments(lengths: list[int], heads: int, q_len: int, shares: str = "ti
 
 # Plans whose kernel builds differ: (name, lengths, heads, shares). 24 sequences reduce with REDUX, 8 (BLOCK_B 16)
 # with shuffles; at 16 heads (one row tile) shares are on and ragged shares off.
-PLANS = [("24 x 128h", [16384] * 24, 128, "tiles"), ("24 x 128h no shares", [16384] * 24, 128, "off"),
-         ("24 x 128h shares by cost", [16384] * 24, 128, "cost"), ("8 x 128h", [16384] * 8, 128, "tiles"),
-         ("24 x 16h", [16384] * 24, 16, "tiles"), ("100 x 128h", [16384] * 100, 128, "tiles")]
+PLANS = [("24 x 128h", [16384] * 24, 128, True), ("24 x 128h no shares", [16384] * 24, 128, False),
+         ("8 x 128h", [16384] * 8, 128, True), ("24 x 16h", [16384] * 24, 16, True),
+         ("100 x 128h", [16384] * 100, 128, True)]
 
 
-def compile_plan(lengths: list[int], heads: int, shares: str, details: Details = Details()) -> str:
+def compile_plan(lengths: list[int], heads: int, shares: bool, details: Details = Details()) -> str:
     """`report` of the plan kernel as `plan_arguments` records its launch (one query token a sequence)."""
     arguments, constants = plan_arguments(lengths, heads, 1, shares)
     return report(lambda: compile_like_launch(decode_split_plan._split_counts_kernel, arguments, constants), details)

@@ -10,14 +10,12 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from mlakit.kernels import decode_split_plan
-from mlakit.kernels.decode_split_plan import (OPEN_KV_END, ORDER_SHARES, ORDER_TAKEN, ORDER_WAVES, SequenceSplits,
-                                              SplitGeometry, decode_split_counts, share_costs, split_geometry)
+from mlakit.kernels.decode_split_plan import (OPEN_KV_END, ORDER_SHARES, ORDER_TAKEN, SplitGeometry,
+                                              decode_split_counts, split_geometry)
 from mlakit.kernels.triton_decode import DecodeTuning, plan_decode, triton_mla_decode
 from paged_inputs import assert_lse_close, make_paged_batch, naive_decode, relative_error
 
 BLOCK_N = 64
-# The unit cost these plans are made with, and so their pieces' cost (and lead tiles in shares of equal cost).
-UNIT_COST = 13
 
 
 # Whether this Triton's plan kernel lays share plans out right, read before `equal_shares` lifts the guard.
@@ -33,7 +31,7 @@ def equal_shares(monkeypatch):
 
 
 def _plan(device: str, lengths: list[int], q_lens: list[int], heads: int = 128, num_sms: int = 132,
-          unit_cost: int = UNIT_COST, piece_cost: int | None = None, block_m: int = 64, block_n: int = BLOCK_N,
+          unit_cost: int = 13, piece_cost: int | None = None, block_m: int = 64, block_n: int = BLOCK_N,
           persistent: bool = True):
     """The split plan's geometry, counts, items and work state for one program an SM (the seesaw's plan; a grid
     kernel's with `persistent` False)."""
@@ -46,27 +44,22 @@ def _plan(device: str, lengths: list[int], q_lens: list[int], heads: int = 128, 
     return geometry, counts.cpu(), work.cpu(), state.cpu()
 
 
-def _layout_starts(tiles: list[int], lead: int) -> tuple[list[int], int]:
-    """Each sequence's first tile in the share layout (its tiles behind `lead` tiles of its own) and the total."""
-    return [sum(tiles[:b]) + (b + 1) * lead for b in range(len(tiles))], sum(tiles) + lead * len(tiles)
-
-
-def _expected_pieces(tiles: list[int], parts: int,
-                     lead: int = 0) -> dict[tuple[int, int], tuple[int, int, int, int]]:
+def _expected_pieces(tiles: list[int], parts: int) -> dict[tuple[int, int], tuple[int, int, int, int]]:
     """The layout's model: (sequence, piece) -> (row, first tile, end tile, pieces of the sequence). The tiles laid
-    end to end, each sequence's behind `lead` tiles (shares of equal cost; 0: of equal tiles), and cut at
-    `j x total // parts`; a part's pieces in batch order but the one cut at the part's end first; round k's part j in
-    row `k x parts + j`, parts mirrored in odd rounds."""
-    starts, total = _layout_starts(tiles, lead)
+    end to end and cut at `j x total // parts`; a part's pieces in batch order but the one cut at the part's end
+    first; round k's part j in row `k x parts + j`, parts mirrored in odd rounds."""
+    total = sum(tiles)
     bounds = [j * total // parts for j in range(parts + 1)]
     by_part: list[list[tuple[int, int, int, int, bool]]] = [[] for _ in range(parts)]
     pieces = [0] * len(tiles)
-    for b, (n, start) in enumerate(zip(tiles, starts)):
+    start = 0
+    for b, n in enumerate(tiles):
         for j in range(parts):
             lo, hi = max(start, bounds[j]), min(start + n, bounds[j + 1])
             if lo < hi:
                 by_part[j].append((b, pieces[b], lo - start, hi - start, hi < start + n))
                 pieces[b] += 1
+        start += n
     expected = {}
     for j, part in enumerate(by_part):
         if part and part[-1][4]:
@@ -86,13 +79,13 @@ def _ragged(sequences: int, seed: int) -> list[int]:
     return torch.randint(400, 16001, (sequences,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def _assert_share_layout(lengths: list[int], q_len: int, lead: int, geometry: SplitGeometry, counts: torch.Tensor,
+def _assert_share_layout(lengths: list[int], q_len: int, geometry: SplitGeometry, counts: torch.Tensor,
                          work: torch.Tensor, state: torch.Tensor, num_sms: int) -> None:
-    """A share plan's rows, counts and work state are the layout model's (each sequence's tiles behind `lead`
-    tiles); every other row is zero; the snake order keeps each program on one share, round after round."""
+    """A share plan's rows, counts and work state are the layout model's; every other row is zero; the persistent
+    kernel's snake order over `num_sms` programs keeps each program on one share, round after round."""
     parts = num_sms // geometry.row_tiles
     tiles = [-(-n // BLOCK_N) for n in lengths]
-    expected = _expected_pieces(tiles, parts, lead)
+    expected = _expected_pieces(tiles, parts)
     rounds = 1 + max(row for row, *_ in expected.values()) // parts
     assert state.tolist() == [rounds * parts, 0, ORDER_SHARES]
     seen = torch.zeros(work.shape[0], dtype=torch.bool)
@@ -103,9 +96,9 @@ def _assert_share_layout(lengths: list[int], q_len: int, lead: int, geometry: Sp
     assert counts.tolist() == [max(p for (s, p) in expected if s == b) + 1 for b in range(len(lengths))]
     assert (work[~seen] == 0).all(), "rows without a piece name no split"
     assert max(counts) <= geometry.max_splits
-    # The share of a row's piece is where the piece's first tile lies in the layout.
-    first_tiles, total = _layout_starts(tiles, lead)
-    bounds = [j * total // parts for j in range(parts)]
+    # The share of a row's piece is where the piece's first tile lies in the batch.
+    first_tiles = [sum(tiles[:b]) for b in range(len(tiles))]
+    bounds = [j * sum(tiles) // parts for j in range(parts)]
     for program in range(num_sms):
         units = [k * num_sms + (program if k % 2 == 0 else num_sms - 1 - program) for k in range(rounds)]
         rows = [int(unit) // geometry.row_tiles for unit in units if seen[int(unit) // geometry.row_tiles]]
@@ -114,7 +107,6 @@ def _assert_share_layout(lengths: list[int], q_len: int, lead: int, geometry: Sp
             program // geometry.row_tiles}, program
 
 
-@pytest.mark.parametrize("by_cost", [False, True], ids=["equal tiles", "equal cost"])
 @pytest.mark.parametrize("lengths, q_len", [
     ([8192] * 40, 2),
     ([16384] * 24, 1),
@@ -123,63 +115,31 @@ def _assert_share_layout(lengths: list[int], q_len: int, lead: int, geometry: Sp
     (_ragged(64, 3), 1),  # several short sequences in a share: rounds past the split counts' rows
     (_ragged(64, 4), 2),
 ])
-def test_share_plan_items_follow_the_layout(kernel_device, lengths, q_len, by_cost, monkeypatch, request):
+def test_share_plan_items_follow_the_layout(kernel_device, lengths, q_len, request):
     """Every sequence's pieces cover its tiles once, in order, the last one open-ended; the rows, the counts and
-    the work state as the layout's model gives them, shares of equal tiles or (SHARES_BY_COST) of equal cost; every
-    other row zero. (Before v101 Triton 3.7.1's GPU build counted the items of plans of two rounds or more short; a
-    build of a version not checked may fail.)"""
+    the work state as the layout's model gives them; every other row zero. (Before v101 Triton 3.7.1's GPU build
+    counted the items of plans of two rounds or more short; a build of a version not checked may fail.)"""
     if kernel_device == "cuda" and not LAID_OUT_RIGHT:
         request.applymarker(pytest.mark.xfail(reason="a Triton whose GPU plan kernel was not checked"))
-    monkeypatch.setattr(decode_split_plan, "SHARES_BY_COST", by_cost)
     num_sms = 132 if len(lengths) > 10 else 32
     geometry, counts, work, state = _plan(kernel_device, lengths, [q_len] * len(lengths), num_sms=num_sms)
     assert int(state[2]) == ORDER_SHARES, "the batch takes equal shares"
-    _assert_share_layout(lengths, q_len, UNIT_COST if by_cost else 0, geometry, counts, work, state, num_sms)
-
-
-def test_shares_of_equal_cost_even_out_what_the_shares_cost(kernel_device, monkeypatch):
-    """With SHARES_BY_COST a share holding several short sequences gets fewer tiles: on ragged 128-head batches every
-    share costs at most the layout's total over the shares plus one piece (its first piece's lead may lie in the share
-    before), the plan's span estimate, and the costliest share less than with shares of equal tiles. The estimate
-    decides as the equal-tile one does (132 SMs, unit and piece cost 13): an uneven batch whose equal-tile estimate
-    is not a sixteenth under its split counts' (64 x ~4096 x 2: 122 + 4 x 13 = 174 against 178) takes shares of equal
-    cost (147 + 13 = 160), and 48 x 16384 x 2 keeps its counts (392 + 13 = 405 against 3 waves of 128 + 13 = 423);
-    without the leads in the estimate (373 + 13) or the one piece (392) it would take shares."""
-    def costliest(lengths: list[int], q_len: int, by_cost: bool) -> tuple[int, int]:
-        monkeypatch.setattr(decode_split_plan, "SHARES_BY_COST", by_cost)
-        geometry, counts, work, state = _plan(kernel_device, lengths, [q_len] * len(lengths))
-        assert int(state[2]) == ORDER_SHARES
-        parts = 132 // geometry.row_tiles
-        _, total = _layout_starts([-(-n // BLOCK_N) for n in lengths], UNIT_COST)
-        costs = share_costs(SequenceSplits(counts, work, state), lengths, parts, UNIT_COST, BLOCK_N)
-        return max(costs), -(-total // parts) + UNIT_COST
-
-    for lengths, q_len in [(_ragged(64, 4), 2), (_ragged(64, 6), 1)]:
-        by_cost, bound = costliest(lengths, q_len, True)
-        by_tiles, _ = costliest(lengths, q_len, False)
-        assert by_cost <= bound and by_cost < by_tiles, (q_len, by_cost, bound, by_tiles)
-    uneven = _uneven(64, 4096, 3)
-    for lengths, by_cost, order in [(uneven, False, ORDER_WAVES), (uneven, True, ORDER_SHARES),
-                                    ([16384] * 48, True, ORDER_WAVES)]:
-        monkeypatch.setattr(decode_split_plan, "SHARES_BY_COST", by_cost)
-        assert int(_plan(kernel_device, lengths, [2] * len(lengths))[3][2]) == order, (len(lengths), by_cost)
+    _assert_share_layout(lengths, q_len, geometry, counts, work, state, num_sms)
 
 
 @settings(FUZZ, max_examples=40, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-@given(tiles=st.lists(st.integers(1, 40), min_size=1, max_size=20), parts=st.integers(1, 12), lead=st.integers(0, 9))
-def test_share_layouts_of_any_lead_follow_the_model(kernel_device, monkeypatch, tiles, parts, lead):
-    """Small random batches at 128 heads x 1 token (two row tiles a sequence) over 1-12 shares, each sequence's tiles
-    behind 0-9 lead tiles (SHARES_BY_COST, the piece's cost): boundaries in leads, at a sequence's first tile, shares
-    inside one lead, one-tile sequences. Where the plan takes shares (a unit cost past any batch's makes the split
-    counts lose), its rows are the layout model's."""
+@given(tiles=st.lists(st.integers(1, 40), min_size=1, max_size=20), parts=st.integers(1, 12))
+def test_share_layouts_of_random_batches_follow_the_model(kernel_device, tiles, parts):
+    """Small random batches at 128 heads x 1 token (two row tiles a sequence) over 1-12 shares: boundaries at a
+    sequence's first tile or inside it, one-tile sequences, a share holding several sequences. Where the plan takes
+    shares (a unit cost past any batch's makes the split counts lose), its rows are the layout model's."""
     if kernel_device == "cuda" and not LAID_OUT_RIGHT:
         pytest.xfail("a Triton whose GPU plan kernel was not checked")
-    monkeypatch.setattr(decode_split_plan, "SHARES_BY_COST", True)
     lengths = [n * BLOCK_N for n in tiles]
     geometry, counts, work, state = _plan(kernel_device, lengths, [1] * len(lengths), num_sms=2 * parts,
-                                          unit_cost=1 << 20, piece_cost=lead)
+                                          unit_cost=1 << 20, piece_cost=0)
     assume(int(state[2]) == ORDER_SHARES)
-    _assert_share_layout(lengths, 1, lead, geometry, counts, work, state, 2 * parts)
+    _assert_share_layout(lengths, 1, geometry, counts, work, state, 2 * parts)
 
 
 def test_share_plans_are_taken_where_their_estimate_is_a_sixteenth_shorter(kernel_device, monkeypatch):
@@ -251,12 +211,11 @@ def test_ragged_batches_take_equal_shares_at_two_row_tiles_or_more(kernel_device
     assert order == ORDER_TAKEN and rows == capacity
 
 
-@pytest.mark.parametrize("kv_dtype, seed, by_cost", [("bf16", 0, False), ("fp8_e4m3", 1, False), ("bf16", 2, True)])
-def test_decode_over_a_share_plan_matches_the_oracle(kernel_device, kv_dtype, seed, by_cost, monkeypatch):
+@pytest.mark.parametrize("kv_dtype, seed", [("bf16", 0), ("fp8_e4m3", 1)])
+def test_decode_over_a_share_plan_matches_the_oracle(kernel_device, kv_dtype, seed):
     """16 heads x 2 tokens in 16-row tiles (two row tiles a sequence), 8 programs: five sequences of 20-26 KV tiles
-    of 32 tokens cut into four shares (of equal tiles, or of equal cost), run by the portable kernel, against the
-    float64 oracle (pages in random order, garbage in the unused ones)."""
-    monkeypatch.setattr(decode_split_plan, "SHARES_BY_COST", by_cost)
+    of 32 tokens cut into four shares, run by the portable kernel, against the float64 oracle (pages in random
+    order, garbage in the unused ones)."""
     lengths = [700 + 37 * i for i in range(4)] + [641]
     batch = make_paged_batch(lengths, heads=16, q_len=2, page_size=16, kv_dtype=kv_dtype, seed=seed,
                              device=kernel_device)

@@ -81,18 +81,14 @@ def test_plan_arguments_fill_every_parameter_and_take_shares_when_asked(script):
     """The plan kernel's launch as `plan_decode` makes it for a Hopper-tier batch, recorded, not launched; what
     `plan_arguments` patches for it is restored after."""
     patched = [(decode_split_plan, "_split_counts_kernel"), (decode_split_plan, "SHARE_PLAN_TRITONS"),
-               (decode_split_plan, "SHARES_BY_COST"), (decode_split_plan, "INTERPRET"), (triton_decode, "INTERPRET"),
-               (triton_decode.hopper_common, "serves")]
+               (decode_split_plan, "INTERPRET"), (triton_decode, "INTERPRET"), (triton_decode.hopper_common, "serves")]
     before = [getattr(module, name) for module, name in patched]
     kernel = decode_split_plan._split_counts_kernel
-    for shares in script.SHARE_MODES:
+    for shares in (True, False):
         arguments, constants = script.plan_arguments([16384] * 24, 128, 1, shares)
         names = kernel.arg_names  # an interpreted function here (TRITON_INTERPRET)
         assert len(arguments) == len([name for name in names if name not in constants]) and set(constants) <= set(names)
-        assert constants["SHARES"] is (shares != "off") and constants["SHARES_BY_COST"] is (shares == "cost")
-        assert constants["BLOCK_B"] == 32 and arguments[0].tolist() == [16384] * 24
-    with pytest.raises(ValueError, match="shares: expected one of"):
-        script.plan_arguments([16384] * 24, 128, 1, "yes")
+        assert constants["SHARES"] is shares and constants["BLOCK_B"] == 32 and arguments[0].tolist() == [16384] * 24
     assert all(getattr(module, name) is value for (module, name), value in zip(patched, before))
 
 

@@ -3,11 +3,10 @@ change before device time is spent (NOTES.md v87, v88, "Next (issue 23)"). Per c
 under the Triton interpreter) with and without the unit cost, each plan's makespan in KV-tile times under the model
 (units of a sequence's tiles / splits + the unit cost, longest first onto the least-loaded program, as the seesaw's
 counter takes them) and the waves estimate the plan kernel uses; whether the plan takes equal shares with
-`EQUAL_SHARES` on, and their makespan under the same model (each share's pieces' tiles + a piece's cost each, from
-the plan's rows), shares of equal tiles or with `--by-cost` of equal cost (`decode_split_plan.SHARES_BY_COST`); and
-the even share with no fixed cost at all.
+`EQUAL_SHARES` on and their estimate (a share of the tiles + a piece's cost a round of pieces); and the even share
+with no fixed cost at all.
 
-Usage: python benchmarks/experiments/plan_model.py [--sms 132] [--unit-cost 9] [--piece-cost 7] [--by-cost] CASE [...]
+Usage: python benchmarks/experiments/plan_model.py [--sms 132] [--unit-cost 9] [--piece-cost 7] CASE [...]
 (CASE as `DecodeCase.parse`: HEADS,BATCH,SEQLEN|~SEQLEN|ragged,Q_LEN[,KV_DTYPE[,PAGE_SIZE]]), e.g.
     python benchmarks/experiments/plan_model.py 128,40,8192,2 128,32,~16384,2
 """
@@ -25,7 +24,7 @@ import torch  # noqa: E402
 from mlakit.bench.decode import DecodeCase  # noqa: E402
 from mlakit.kernels import decode_split_plan  # noqa: E402
 from mlakit.kernels.decode_split_plan import (ORDER_SHARES, SequenceSplits, decode_split_counts,  # noqa: E402
-                                              share_costs, split_geometry)
+                                              split_geometry)
 from mlakit.kernels.hopper_decode import BLOCK_M  # noqa: E402
 from mlakit.kernels.hopper_common import BLOCK_N  # noqa: E402
 from mlakit.kernels.triton_decode import BATCHED_MIN_TILES_PER_SPLIT, MIN_TILES_PER_SPLIT  # noqa: E402
@@ -67,10 +66,8 @@ def waves_estimate(units: list[int], programs: int) -> int:
               help="A unit's fixed cost in KV-tile times.")
 @click.option("--piece-cost", type=int, default=decode_split_plan.HOPPER_SHARE_PIECE_COST_TILES, show_default=True,
               help="An equal share's fixed cost a piece in KV-tile times.")
-@click.option("--by-cost", is_flag=True, help="Shares of equal cost (decode_split_plan.SHARES_BY_COST).")
 @click.argument("specs", nargs=-1, required=True)
-def main(sms: int, unit_cost: int, piece_cost: int, by_cost: bool, specs: tuple[str, ...]) -> None:
-    decode_split_plan.SHARES_BY_COST = by_cost
+def main(sms: int, unit_cost: int, piece_cost: int, specs: tuple[str, ...]) -> None:
     print(f"{'case':<28} {'counts (cost 0 -> cost)':<26} {'makespan':>17} {'waves est.':>17} {'shares':>14} {'even':>7}")
     for spec in specs:
         case = DecodeCase.parse(spec)
@@ -83,10 +80,9 @@ def main(sms: int, unit_cost: int, piece_cost: int, by_cost: bool, specs: tuple[
         estimates = [waves_estimate(u, sms) for u in units]
         parts = sms // row_tiles
         decode_split_plan.EQUAL_SHARES = True
-        shared = seesaw_plan(case, sms, unit_cost, piece_cost)
-        rounds = int(shared.work_state[0]) // parts
-        shares = (f"{max(share_costs(shared, case.lengths(), parts, piece_cost, BLOCK_N.value))} ({rounds} r.)"
-                  if int(shared.work_state[2]) == ORDER_SHARES else "-")
+        shared = seesaw_plan(case, sms, unit_cost, piece_cost).work_state.tolist()
+        rounds = shared[0] // parts
+        shares = f"{-(-sum(tiles) // parts) + rounds * piece_cost} ({rounds} r.)" if shared[2] == ORDER_SHARES else "-"
         even = sum(tiles) * row_tiles / sms
         spread = "->".join(f"{min(c)}-{max(c)}" if min(c) != max(c) else str(c[0]) for c in plans)
         print(f"{case.label:<28} {spread:<26} {makespans[0]:>8} {makespans[1]:>8} {estimates[0]:>8} {estimates[1]:>8} "

@@ -75,12 +75,6 @@ EQUAL_SHARES = True
 # sequences runs them in rounds of their own).
 RAGGED_EQUAL_SHARES = True
 RAGGED_SHARE_ROWS = 2
-# With SHARES_BY_COST, equal shares are cut by cost, not tiles: each sequence's tiles lie behind a piece's cost
-# (`decode_share_plan`), so a share holding several short sequences gets fewer tiles, and the share estimate is a
-# share's cost plus one piece's (v102, NOTES.md "v102"). Under the plan model (`experiments/plan_model.py`) the
-# benchmark's ragged batch at 128 heads is 8-10% shorter (q2 271 -> 250 tile-times, q1 143 -> 129), the uniform share
-# plans 1-12%. Not yet measured on a GPU: off until it is (`setting_ab.py decode_split_plan.SHARES_BY_COST ...`).
-SHARES_BY_COST = False
 # The Triton versions whose build of the plan kernel was checked on a GPU to lay equal shares out right (3.6.0 and
 # 3.7.1; their other patch releases are taken as the same). Under 3.7.1 it once counted a share plan's items short and
 # left rows uncleared: ptxas had predicated the warp reductions of an if-converted branch on the wrong register
@@ -199,30 +193,19 @@ def _store_items(WORK, row, taken, sequence, split, splits, first_token, q_token
 
 
 @triton.jit
-def _equal_shares(tiles, row_tiles, in_batch, offsets, batch, busy, parts, share_first, share_total, lead, min_tiles,
-                  max_splits, capacity, piece_cost, programs, plan_row_tiles, SCRATCH, BY_COST: tl.constexpr):
-    """Whether the batch can take equal shares, and their layout (`share_layout`, over `share_first` and
-    `share_total`, each sequence's tiles behind `lead` tiles: `_share_coordinates`) and estimated span: every sequence
-    busy at the plan's row tiles (a share's programs are its row tiles), shares of a split's minimum tiles and two
-    leads at least (so that no share lies in a lead alone), every sequence's pieces within the split ceiling and the
-    rounds within the plan's rows. The span is a share's tiles and a piece's cost per round of pieces, or with shares
-    of equal cost (BY_COST, `lead` a piece's cost) a share's cost and one piece's, that of its first piece, whose lead
-    may lie in the share before. Returns (shareable, first_part, pieces, last_round, span in KV tiles)."""
+def _equal_shares(tiles, row_tiles, in_batch, offsets, batch, busy, total_tiles, parts, first_tile, min_tiles,
+                  max_splits, capacity, piece_cost, programs, plan_row_tiles, SCRATCH):
+    """Whether the batch can take equal shares, and their layout (`share_layout`) and estimated span: every sequence
+    busy at the plan's row tiles (a share's programs are its row tiles), shares of a split's minimum tiles at least,
+    every sequence's pieces within the split ceiling and the rounds within the plan's rows. Returns (shareable,
+    first_part, pieces, last_round, span in KV tiles)."""
     at_plan_rows = tl.sum((in_batch & (row_tiles == plan_row_tiles)).to(tl.int32), 0)
-    first_part, pieces, last_round = share_layout(share_first, tiles, offsets, in_batch, batch, share_total, parts,
-                                                  lead, SCRATCH)
+    first_part, pieces, last_round = share_layout(first_tile, tiles, offsets, in_batch, batch, total_tiles, parts,
+                                                  SCRATCH)
     rounds = tl.max(tl.where(in_batch, last_round, 0), 0) + 1
-    shareable = ((busy == batch) & (at_plan_rows == batch) & (share_total >= parts * (min_tiles + 2 * lead))
+    shareable = ((busy == batch) & (at_plan_rows == batch) & (total_tiles >= parts * min_tiles)
                  & (programs % plan_row_tiles == 0) & (rounds * parts <= capacity) & (tl.max(pieces, 0) <= max_splits))
-    pieces_priced = 1 if BY_COST else rounds
-    return shareable, first_part, pieces, last_round, tl.cdiv(share_total, parts) + pieces_priced * piece_cost
-
-
-@triton.jit
-def _share_coordinates(first_tile, total_tiles, offsets, batch, lead):
-    """Each sequence's first tile and the batch's total in the share layout's coordinates, where each sequence's
-    tiles lie behind `lead` tiles of its own (0: as they lie in the batch)."""
-    return first_tile + (offsets + 1) * lead, total_tiles + batch * lead
+    return shareable, first_part, pieces, last_round, tl.cdiv(total_tiles, parts) + rounds * piece_cost
 
 
 @triton.jit(do_not_specialize=["batch", "programs", "min_tiles", "batched_min_tiles", "max_splits", "capacity",
@@ -232,7 +215,7 @@ def _split_counts_kernel(
     capacity, rows, unit_cost, piece_cost, plan_row_tiles, forced_splits,
     HEADS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_TAIL: tl.constexpr, FIT_ONE_WAVE: tl.constexpr, SHARES: tl.constexpr,
-    RAGGED_SHARES: tl.constexpr, SHARES_BY_COST: tl.constexpr,
+    RAGGED_SHARES: tl.constexpr,
 ):
     offsets = tl.arange(0, BLOCK_B)
     in_batch = offsets < batch
@@ -255,8 +238,6 @@ def _split_counts_kernel(
     total_tiles = tl.maximum(tl.sum(tiles, 0), 1)
     parts = tl.maximum(tl.minimum(programs, plan_row_tiles * capacity) // plan_row_tiles, 1)
     first_tile = tl.cumsum(tiles, 0) - tiles
-    share_lead = piece_cost if SHARES_BY_COST else 0  # shares of equal cost, or of equal tiles
-    share_first, share_total = _share_coordinates(first_tile, total_tiles, offsets, batch, share_lead)
     first_part = tl.zeros_like(tiles)
     last_round = tl.zeros_like(tiles)
     if FIT_ONE_WAVE:
@@ -277,12 +258,11 @@ def _split_counts_kernel(
                     best = tl.where(shorter, makespan, best)
                 counts = splits
                 if SHARES and BLOCK_B <= MAX_SORTED_BATCH:
-                    # Taken where their estimate, a share plus a piece's fixed cost per piece a share runs (by cost:
-                    # a share's cost and one piece's), is a sixteenth shorter than the split counts'.
+                    # Taken where their estimate, a share plus a piece's fixed cost per piece a share runs, is a
+                    # sixteenth shorter than the split counts'.
                     shareable, first_part, pieces, last_round, span = _equal_shares(
-                        tiles, row_tiles, in_batch, offsets, batch, busy, parts, share_first, share_total, share_lead,
-                        min_tiles, max_splits, capacity, piece_cost, programs, plan_row_tiles, NUM_SPLITS,
-                        SHARES_BY_COST)
+                        tiles, row_tiles, in_batch, offsets, batch, busy, total_tiles, parts, first_tile, min_tiles,
+                        max_splits, capacity, piece_cost, programs, plan_row_tiles, NUM_SPLITS)
                     take = shareable & (span * MULTI_WAVE_MIN_GAIN_DEN < best * (MULTI_WAVE_MIN_GAIN_DEN - 1))
                     counts = tl.where(take, pieces, splits)
                     order_mode = tl.where(take, ORDER_SHARES, order_mode)
@@ -291,8 +271,8 @@ def _split_counts_kernel(
             # `decode_split_counts`), within the plan's `rows`, which leave room for a share's short sequences in
             # rounds of their own.
             shareable, first_part, pieces, last_round, span = _equal_shares(
-                tiles, row_tiles, in_batch, offsets, batch, busy, parts, share_first, share_total, share_lead,
-                min_tiles, max_splits, rows, piece_cost, programs, plan_row_tiles, NUM_SPLITS, SHARES_BY_COST)
+                tiles, row_tiles, in_batch, offsets, batch, busy, total_tiles, parts, first_tile, min_tiles,
+                max_splits, rows, piece_cost, programs, plan_row_tiles, NUM_SPLITS)
             counts = tl.where(shareable, pieces, splits)
             order_mode = tl.where(shareable, ORDER_SHARES, order_mode)
     if forced_splits > 0:  # `decode_split_counts` checked it against the plan's capacity
@@ -322,15 +302,15 @@ def _split_counts_kernel(
             piece = tl.broadcast_to(first_piece + lane, tile)
             part = first_part[:, None] + piece
             last = piece == counts[:, None] - 1
-            piece_start = tl.maximum(share_bound(part, share_total, parts), share_first[:, None]) - share_first[:, None]
-            piece_end = tl.minimum(share_bound(part + 1, share_total, parts), (share_first + tiles)[:, None])
+            piece_start = tl.maximum(share_bound(part, total_tiles, parts), first_tile[:, None]) - first_tile[:, None]
+            piece_end = tl.minimum(share_bound(part + 1, total_tiles, parts), (first_tile + tiles)[:, None])
             piece_round = tl.where(last, last_round[:, None], 0)
             # The persistent kernel takes the rounds in snake order: odd rounds hold the parts mirrored, so that
             # each part stays on its programs.
             _store_items(WORK, piece_round * parts + tl.where(piece_round % 2 == 0, part, parts - 1 - part),
                          in_batch[:, None] & (piece < counts[:, None]), offsets[:, None], piece, counts[:, None],
                          first_q_token[:, None], q_lens[:, None], piece_start * BLOCK_N,
-                         tl.where(last, OPEN_KV_END, (piece_end - share_first[:, None]) * BLOCK_N))
+                         tl.where(last, OPEN_KV_END, (piece_end - first_tile[:, None]) * BLOCK_N))
     else:
         if (BLOCK_B <= MAX_SORTED_BATCH) & (forced_splits == 0):
             # Longest-processing-time order: sequences by tiles per split, descending (ties in batch order,
@@ -355,22 +335,6 @@ def _split_counts_kernel(
     tl.store(WORK_STATE, items)
     tl.store(WORK_STATE + 1, 0)  # the persistent kernel's count of units taken, zero between launches
     tl.store(WORK_STATE + 2, order_mode)
-
-
-def share_costs(splits: SequenceSplits, lengths: list[int], parts: int, piece_cost: int, block_n: int) -> list[int]:
-    """What each share of an equal-share plan costs in KV tiles, read from its rows: its pieces' tiles and
-    `piece_cost` each (round k's share j in row `k x parts + j`, mirrored in odd rounds: `decode_share_plan`).
-
-    Example: for a plan of `lengths` that took equal shares (`work_state[2] == ORDER_SHARES`) over 33 shares,
-    `max(share_costs(plan, lengths, 33, 7, 64))` is its makespan in the plan model (`experiments/plan_model.py`).
-    """
-    costs = [0] * parts
-    for row, (b, _, pieces, _, _, kv_start, kv_end) in enumerate(splits.work[:int(splits.work_state[0])].tolist()):
-        if pieces:
-            end = lengths[b] if kv_end == OPEN_KV_END.value else kv_end
-            share = row % parts if row // parts % 2 == 0 else parts - 1 - row % parts
-            costs[share] += -(-end // block_n) - kv_start // block_n + piece_cost
-    return costs
 
 
 def may_share(persistent: bool, unit_cost_tiles: int) -> bool:
@@ -429,9 +393,7 @@ def decode_split_counts(
     `persistent` kernel runs the plan (its programs walk their shares' rounds; a grid kernel's program a row would
     start a share plan's rows in their order, long pieces late), with `EQUAL_SHARES` equal shares of the batch's
     tiles replace them where their estimate, a share + `piece_cost_tiles` (default: the unit cost) per round of
-    pieces, is a sixteenth smaller (every sequence busy at `geometry.row_tiles`; `decode_share_plan`; with
-    `SHARES_BY_COST` shares of equal cost, each sequence's tiles behind a piece's cost, estimated at a share's cost
-    and one piece's),
+    pieces, is a sixteenth smaller (every sequence busy at `geometry.row_tiles`; `decode_share_plan`),
     and a ragged batch busy at two row tiles or more takes them wherever they fit (RAGGED_EQUAL_SHARES;
     `may_share` says on the host whether a plan can take them). A split
     holds at least `min_tokens_per_split` tokens, so its partial output (rows x kv_lora_rank values,
@@ -476,6 +438,6 @@ def decode_split_counts(
         forced_splits,
         HEADS=heads, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_B=block_b,
         BLOCK_S=max(1, WORK_STORE_TILE // block_b), BLOCK_TAIL=256, FIT_ONE_WAVE=FIT_SPLITS_TO_ONE_WAVE,
-        SHARES=shares, RAGGED_SHARES=ragged_shares, SHARES_BY_COST=SHARES_BY_COST,
+        SHARES=shares, RAGGED_SHARES=ragged_shares,
     )
     return SequenceSplits(num_splits, work, work_state)

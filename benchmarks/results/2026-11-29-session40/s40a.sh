@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Prepared, not run (the thirty-ninth session's device time is spent). Carry ["build/triton37"]. v102 first met a GPU:
+# Prepared in the thirty-ninth session, run in the fortieth. Carry ["build/triton37"]. v102 first met a GPU:
 # the share-plan GPU tests (their layout tests now over shares of equal tiles and of equal cost, and over random
 # leads) under the image's Triton 3.6 and under 3.7.1 (packed), every kernel they compiled scanned for predicated warp
-# collectives. Then s40b-prepared.sh.
+# collectives. Then s40b.sh.
 set -uo pipefail
 R=$OUT/s40a
 mkdir -p $R /tmp/cache36 /tmp/cache37

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepared, not run. Carry ["build/triton37"]. setting_ab.py (graph replay, clean L2, variants interleaved in one
+# Prepared in the thirty-ninth session, run in the fortieth. Carry ["build/triton37"]. setting_ab.py (graph replay, clean L2, variants interleaved in one
 # process): (1) v102 under the image's Triton 3.6, decode_split_plan.SHARES_BY_COST off / on, over the ragged batches,
 # uniform share batches and batches that take shares only by cost (NOTES.md "v102"; the model's figures:
 # results/2026-11-29-session39/v102-plan-model.txt); (2) equal shares on / off on the ragged batches under 3.6 and
