@@ -45,7 +45,8 @@ SHARE_MERGES_BY_COMBINE = True
 # The persistent seesaw asks L2 for a program's next unit (its query rows, its first two KV tiles) this many tile pairs
 # before the unit's end (`next_unit_prefetch`; 0: never), over fp8 pages and over 16-bit ones: on fp8 2-3% faster at
 # 128 heads on 4096-token batches of several units a program, ~1% at 1024 (more with e4m3 scores); on 16-bit pages it
-# lost up to 5%, and two pairs ahead gained nothing on fp8 (NOTES.md v90, v90b, twenty-ninth session).
+# lost up to 5%, and two pairs ahead gained nothing on fp8 (NOTES.md v90, v90b, twenty-ninth session). On the ragged
+# batches' share plans (H200, fortieth session): fp8 3-7% faster with it, 16-bit pages level (0.2-0.8% slower).
 L2_PREFETCH_PAIRS_FP8 = 1
 L2_PREFETCH_PAIRS_16BIT = 0
 # Whether the seesaw writes a split's partial in the output's 16-bit dtype (`partial_dtype` says where), staged in the
