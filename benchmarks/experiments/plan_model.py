@@ -4,9 +4,9 @@ under the Triton interpreter) with and without the unit cost, each plan's makesp
 (units of a sequence's tiles / splits + the unit cost, longest first onto the least-loaded program, as the seesaw's
 counter takes them) and the waves estimate the plan kernel uses; whether the plan takes equal shares with
 `EQUAL_SHARES` on and their estimate (a share of the tiles + a piece's cost a round of pieces); and the even share
-with no fixed cost at all.
+with no fixed cost at all; with `--pieces`, how the share plan's pieces fall on its shares.
 
-Usage: python benchmarks/experiments/plan_model.py [--sms 132] [--unit-cost 9] [--piece-cost 7] CASE [...]
+Usage: python benchmarks/experiments/plan_model.py [--sms 132] [--unit-cost 9] [--piece-cost 7] [--pieces] CASE [...]
 (CASE as `DecodeCase.parse`: HEADS,BATCH,SEQLEN|~SEQLEN|ragged,Q_LEN[,KV_DTYPE[,PAGE_SIZE]]), e.g.
     python benchmarks/experiments/plan_model.py 128,40,8192,2 128,32,~16384,2
 """
@@ -23,8 +23,8 @@ import torch  # noqa: E402
 
 from mlakit.bench.decode import DecodeCase  # noqa: E402
 from mlakit.kernels import decode_split_plan  # noqa: E402
-from mlakit.kernels.decode_split_plan import (ORDER_SHARES, SequenceSplits, decode_split_counts,  # noqa: E402
-                                              split_geometry)
+from mlakit.kernels.decode_split_plan import (OPEN_KV_END, ORDER_SHARES, SequenceSplits,  # noqa: E402
+                                              decode_split_counts, split_geometry)
 from mlakit.kernels.hopper_decode import BLOCK_M  # noqa: E402
 from mlakit.kernels.hopper_common import BLOCK_N  # noqa: E402
 from mlakit.kernels.triton_decode import BATCHED_MIN_TILES_PER_SPLIT, MIN_TILES_PER_SPLIT  # noqa: E402
@@ -55,6 +55,29 @@ def plan_units(tiles: list[int], counts: list[int], row_tiles: int, unit_cost: i
     return [-(-n // s) + unit_cost for n, s in zip(tiles, counts) if n > 0 for _ in range(s * row_tiles)]
 
 
+def share_pieces(plan: SequenceSplits, lengths: list[int], parts: int) -> list[list[tuple[int, int, bool]]]:
+    """An equal-share plan's pieces by share, read from its rows (round k's share j in row `k x parts + j`, mirrored
+    in odd rounds): (sequence, KV tiles, whether the sequence is cut) each."""
+    shares: list[list[tuple[int, int, bool]]] = [[] for _ in range(parts)]
+    block_n = BLOCK_N.value
+    for row, (b, _, pieces, _, _, kv_start, kv_end) in enumerate(plan.work[:int(plan.work_state[0])].tolist()):
+        if pieces:
+            end = lengths[b] if kv_end == OPEN_KV_END.value else kv_end
+            share = row % parts if row // parts % 2 == 0 else parts - 1 - row % parts
+            shares[share].append((b, -(-end // block_n) - kv_start // block_n, pieces > 1))
+    return shares
+
+
+def pieces_summary(shares: list[list[tuple[int, int, bool]]], small: int) -> str:
+    """How many shares run each number of pieces, and the cut pieces of fewer than `small` tiles."""
+    by_count: dict[int, int] = {}
+    for share in shares:
+        by_count[len(share)] = by_count.get(len(share), 0) + 1
+    tiny = sorted(tiles for share in shares for _, tiles, cut in share if cut and tiles < small)
+    return (", ".join(f"{shares_with} x {count}" for count, shares_with in sorted(by_count.items()))
+            + f" pieces; cut pieces under {small} tiles: {tiny or 'none'}")
+
+
 def waves_estimate(units: list[int], programs: int) -> int:
     """The plan kernel's estimate: waves of programs x the longest unit."""
     return -(-len(units) // programs) * max(units)
@@ -66,8 +89,10 @@ def waves_estimate(units: list[int], programs: int) -> int:
               help="A unit's fixed cost in KV-tile times.")
 @click.option("--piece-cost", type=int, default=decode_split_plan.HOPPER_SHARE_PIECE_COST_TILES, show_default=True,
               help="An equal share's fixed cost a piece in KV-tile times.")
+@click.option("--pieces", is_flag=True,
+              help="Under each share plan: shares by their number of pieces, and its short cut pieces.")
 @click.argument("specs", nargs=-1, required=True)
-def main(sms: int, unit_cost: int, piece_cost: int, specs: tuple[str, ...]) -> None:
+def main(sms: int, unit_cost: int, piece_cost: int, pieces: bool, specs: tuple[str, ...]) -> None:
     print(f"{'case':<28} {'counts (cost 0 -> cost)':<26} {'makespan':>17} {'waves est.':>17} {'shares':>14} {'even':>7}")
     for spec in specs:
         case = DecodeCase.parse(spec)
@@ -80,13 +105,16 @@ def main(sms: int, unit_cost: int, piece_cost: int, specs: tuple[str, ...]) -> N
         estimates = [waves_estimate(u, sms) for u in units]
         parts = sms // row_tiles
         decode_split_plan.EQUAL_SHARES = True
-        shared = seesaw_plan(case, sms, unit_cost, piece_cost).work_state.tolist()
+        share_plan = seesaw_plan(case, sms, unit_cost, piece_cost)
+        shared = share_plan.work_state.tolist()
         rounds = shared[0] // parts
         shares = f"{-(-sum(tiles) // parts) + rounds * piece_cost} ({rounds} r.)" if shared[2] == ORDER_SHARES else "-"
         even = sum(tiles) * row_tiles / sms
         spread = "->".join(f"{min(c)}-{max(c)}" if min(c) != max(c) else str(c[0]) for c in plans)
         print(f"{case.label:<28} {spread:<26} {makespans[0]:>8} {makespans[1]:>8} {estimates[0]:>8} {estimates[1]:>8} "
               f"{shares:>14} {even:>7.1f}")
+        if pieces and shared[2] == ORDER_SHARES:
+            print(f"    {pieces_summary(share_pieces(share_plan, case.lengths(), parts), 2 * piece_cost)}")
 
 
 if __name__ == "__main__":
