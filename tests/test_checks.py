@@ -185,3 +185,86 @@ def test_extend_refuses_decreasing_cu_seqlens_q():
     check_extend_inputs(**args, cu_seqlens_q=torch.tensor([0, 1, 3, 4], dtype=torch.int32))
     with pytest.raises(MLAInputError, match=r"cu_seqlens_q: expected non-decreasing offsets, got \[0, 3, 1, 4\]"):
         check_extend_inputs(**args, cu_seqlens_q=torch.tensor([0, 3, 1, 4], dtype=torch.int32))
+
+
+def _strided(tensor: torch.Tensor, garbage: int) -> torch.Tensor:
+    """`tensor`'s values in a view whose last dim steps over a `garbage` element after each value."""
+    wide = torch.full((*tensor.shape[:-1], 2 * tensor.shape[-1]), garbage, dtype=tensor.dtype)
+    wide[..., ::2] = tensor
+    return wide[..., ::2]
+
+
+@pytest.mark.parametrize("argument, view, pattern", [
+    ("block_table", lambda b: _strided(b.block_table, 10**6),
+     r"block_table: expected a contiguous last dim \(stride 1: a sequence's page indices\), got strides \(\d+, 2\)"),
+    ("cache_seqlens", lambda b: _strided(b.cache_seqlens, 0), r"cache_seqlens: expected a contiguous last dim .*got strides \(2,\)"),
+    ("kv_cache", lambda b: b.kv_cache.transpose(1, 2).contiguous().transpose(1, 2),
+     r"kv_cache: expected a contiguous last dim \(stride 1: a token's latent and rope values\)"),
+])
+def test_views_the_kernels_cannot_read_are_refused(argument, view, pattern):
+    """Strided views whose values are right but whose memory holds other values between them (out-of-range page
+    indices, in the block table's case): the kernels read the memory, so the view is refused, checks on or off."""
+    batch = _batch()
+    viewed = view(batch)
+    assert torch.allclose(viewed, getattr(batch, argument), rtol=0, atol=0, equal_nan=True), "the same values"
+    for check_inputs in (True, False):
+        with pytest.raises(MLAInputError, match=pattern):
+            mlakit.mla_decode(**{**dict(q=batch.q, kv_cache=batch.kv_cache, block_table=batch.block_table,
+                                        cache_seqlens=batch.cache_seqlens), argument: viewed},
+                              softmax_scale=batch.softmax_scale, check_inputs=check_inputs)
+
+
+def test_extend_refuses_strided_offsets():
+    batch = make_paged_batch([9, 4], heads=2, page_size=4, kv_lora_rank=512, rope_dim=64)
+    offsets = _strided(torch.tensor([0, 1, 2], dtype=torch.int32), 7)
+    with pytest.raises(MLAInputError, match=r"cu_seqlens_q: expected a contiguous last dim .*got strides \(2,\)"):
+        mlakit.mla_extend(batch.q.view(2, 2, 576), batch.kv_cache, batch.block_table, batch.cache_seqlens, offsets,
+                          max_q_len=1, softmax_scale=batch.softmax_scale)
+
+
+@pytest.mark.parametrize("name", ["out", "lse"])
+def test_expanded_outputs_are_refused(name):
+    batch = _batch()
+    expanded = {"out": torch.empty(3, 1, 1, 512, dtype=batch.q.dtype).expand(3, 1, 3, 512),
+                "lse": torch.empty(3, 1, 1).expand(3, 3, 1)}[name]
+    with pytest.raises(MLAInputError, match=rf"{name}: expected a \[.*\] tensor whose elements are distinct memory"):
+        mlakit.mla_decode(batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens,
+                          softmax_scale=batch.softmax_scale, **{name: expanded})
+
+
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), 0.0, -1.0])
+def test_fp8_tensor_scale_must_be_finite_and_positive(scale):
+    batch = make_paged_batch([9, 4], heads=2, page_size=4, kv_lora_rank=512, rope_dim=64, kv_dtype="fp8_e4m3")
+    _call(batch)
+    with pytest.raises(MLAInputError, match=r"kv_scale: expected a finite scale > 0 .*got"):
+        _call(batch, kv_scale=torch.full((1,), scale))
+
+
+@pytest.mark.parametrize("arguments, pattern", [
+    (dict(cache_seqlens=[20, 3]), r"cache_seqlens: expected a torch.Tensor, got list"),
+    (dict(cache_seqlens=torch.tensor(20, dtype=torch.int32)), r"cache_seqlens: expected 1 dimensions, got shape \(\)"),
+    (dict(cache_seqlens=torch.zeros(0, dtype=torch.int32)), r"cache_seqlens: expected \[batch\] lengths with batch >= 1"),
+    (dict(cache_seqlens=torch.tensor([20, 3])), r"cache_seqlens: expected dtype in \['torch.int32'\], got torch.int64"),
+    (dict(q_len=0), r"q_len: expected an integer >= 1, got 0"),
+    (dict(q_len=1.5), r"q_len: expected an integer >= 1, got 1.5"),
+    (dict(heads=-3), r"heads: expected an integer >= 1, got -3"),
+])
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_decode_metadata_arguments_are_named(arguments, pattern, backend):
+    call = dict(cache_seqlens=torch.tensor([20, 3], dtype=torch.int32), q_len=1, heads=4) | arguments
+    with pytest.raises(MLAInputError, match=pattern):
+        mlakit.mla_decode_metadata(call.pop("cache_seqlens"), backend=backend, **call)
+
+
+@pytest.mark.parametrize("arguments, pattern", [
+    (dict(cu_seqlens_q=[0, 2, 3]), r"cu_seqlens_q: expected a torch.Tensor, got list"),
+    (dict(cu_seqlens_q=torch.tensor([0, 3], dtype=torch.int32)), r"cu_seqlens_q: expected \[3\] offsets \(batch \+ 1\)"),
+    (dict(max_q_len=0), r"max_q_len: expected an integer >= 1, got 0"),
+])
+def test_extend_metadata_arguments_are_named(arguments, pattern):
+    from mlakit.attention.functional import mla_extend_metadata
+
+    call = dict(cu_seqlens_q=torch.tensor([0, 2, 3], dtype=torch.int32), max_q_len=2) | arguments
+    with pytest.raises(MLAInputError, match=pattern):
+        mla_extend_metadata(torch.tensor([20, 3], dtype=torch.int32), call.pop("cu_seqlens_q"), heads=4,
+                            backend="reference", **call)

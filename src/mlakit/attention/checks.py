@@ -88,10 +88,64 @@ def check_output(
     _check_tensor(argument, tensor, len(shape), (dtype,), device)
     if tuple(tensor.shape) != shape:
         raise _fail(argument, f"shape {list(shape)}", f"shape {tuple(tensor.shape)}")
+    if _overlaps_itself(tensor):
+        raise _fail(argument, f"a {list(shape)} tensor whose elements are distinct memory (not expanded)",
+                    f"strides {tensor.stride()}")
     writable = any_strides or tensor.stride(-1) == 1 and (mergeable == 1 or shape[0] == 1 or tensor.stride(0) == mergeable * tensor.stride(1))
     if not writable:
         raise _fail(argument, f"a {list(shape)} tensor with a contiguous last dim" + (
             " and its first two dims viewable as one" if mergeable > 1 else ""), f"strides {tensor.stride()}")
+
+
+def _overlaps_itself(tensor: torch.Tensor) -> bool:
+    """Whether two elements of `tensor` may share memory: its dims of more than one element, by stride, do not each
+    step past the span of the smaller ones (an expanded tensor's stride 0, say).
+
+    >>> _overlaps_itself(torch.empty(2, 1, 3).expand(2, 4, 3)), _overlaps_itself(torch.empty(4, 3).t())
+    (True, False)
+    """
+    span = 1
+    for stride, size in sorted((stride, size) for stride, size in zip(tensor.stride(), tensor.shape) if size > 1):
+        if stride < span:
+            return True
+        span += stride * (size - 1)
+    return False
+
+
+def _check_contiguous_last_dim(argument: str, tensor: torch.Tensor, reason: str) -> None:
+    """MLAInputError unless `tensor`'s last dim is contiguous (stride 1) where it holds more than one element: the
+    kernels read it as one run of memory (`reason` says what it holds)."""
+    if tensor.shape[-1] > 1 and tensor.stride(-1) != 1:
+        raise _fail(argument, f"a contiguous last dim (stride 1: {reason})", f"strides {tuple(tensor.stride())}")
+
+
+def check_metadata_arguments(cache_seqlens: object, heads: object, q_len_name: str, q_len: object,
+                             cu_seqlens_q: object = None) -> None:
+    """Raises MLAInputError naming the first bad argument of `mla_decode_metadata` (`q_len`) or
+    `mla_extend_metadata` (`max_q_len`, `cu_seqlens_q`): their types and shapes only, no values read.
+
+    >>> check_metadata_arguments([20, 3], 4, "q_len", 1)
+    Traceback (most recent call last):
+    ...
+    mlakit.errors.MLAInputError: cache_seqlens: expected a torch.Tensor, got list
+    """
+    if not isinstance(cache_seqlens, torch.Tensor):
+        raise _fail("cache_seqlens", "a torch.Tensor", type(cache_seqlens).__name__)
+    _check_tensor("cache_seqlens", cache_seqlens, 1, (torch.int32,), cache_seqlens.device)
+    if cache_seqlens.shape[0] == 0:
+        raise _fail("cache_seqlens", "[batch] lengths with batch >= 1", f"shape {tuple(cache_seqlens.shape)}")
+    _check_contiguous_last_dim("cache_seqlens", cache_seqlens, "one length a sequence")
+    for name, value in (("heads", heads), (q_len_name, q_len)):
+        if not is_int(value) or value < 1:
+            raise _fail(name, "an integer >= 1", repr(value))
+    if cu_seqlens_q is not None:
+        if not isinstance(cu_seqlens_q, torch.Tensor):
+            raise _fail("cu_seqlens_q", "a torch.Tensor", type(cu_seqlens_q).__name__)
+        _check_tensor("cu_seqlens_q", cu_seqlens_q, 1, (torch.int32,), cache_seqlens.device)
+        if cu_seqlens_q.shape[0] != cache_seqlens.shape[0] + 1:
+            raise _fail("cu_seqlens_q", f"[{cache_seqlens.shape[0] + 1}] offsets (batch + 1)",
+                        f"shape {tuple(cu_seqlens_q.shape)}")
+        _check_contiguous_last_dim("cu_seqlens_q", cu_seqlens_q, "the sequences' offsets")
 
 
 def check_decode_inputs(
@@ -150,6 +204,7 @@ def check_extend_inputs(
     _check_tensor("cu_seqlens_q", cu_seqlens_q, 1, (torch.int32,), q.device)
     if cu_seqlens_q.shape[0] < 2:
         raise _fail("cu_seqlens_q", "[batch + 1] offsets with batch >= 1", f"shape {tuple(cu_seqlens_q.shape)}")
+    _check_contiguous_last_dim("cu_seqlens_q", cu_seqlens_q, "the sequences' offsets")
     if not is_int(max_q_len) or max_q_len < 1:
         raise _fail("max_q_len", "an integer >= 1 (the most new tokens of any sequence)", repr(max_q_len))
     batch = cu_seqlens_q.shape[0] - 1
@@ -200,17 +255,20 @@ def _check_paged_operands(
         raise _fail("kv_cache", f"last dim {dim} (the last dim of q)", f"shape {tuple(kv_cache.shape)}")
     if num_pages == 0 or page_size == 0:
         raise _fail("kv_cache", "at least one page of at least one token", f"shape {tuple(kv_cache.shape)}")
+    _check_contiguous_last_dim("kv_cache", pages, "a token's latent and rope values")
 
     _check_tensor("block_table", block_table, 2, (torch.int32,), device)
     if block_table.shape[0] != batch:
         raise _fail("block_table", f"shape [{batch}, max_pages] (batch of q)", f"shape {tuple(block_table.shape)}")
     _check_tensor("cache_seqlens", cache_seqlens, 1, (torch.int32,), device)
+    _check_contiguous_last_dim("block_table", block_table, "a sequence's page indices")
     if cache_seqlens.shape[0] != batch:
         raise _fail("cache_seqlens", f"shape [{batch}] (batch of q)", f"shape {tuple(cache_seqlens.shape)}")
+    _check_contiguous_last_dim("cache_seqlens", cache_seqlens, "one length a sequence")
 
     _check_kv_scale(kv_scale, pages, device)
     if check_values:
-        _check_lengths_and_pages(block_table, cache_seqlens, page_size, num_pages)
+        _check_lengths_and_pages(block_table, cache_seqlens, page_size, num_pages, kv_scale)
 
 
 def _check_kv_scale(kv_scale: torch.Tensor | None, pages: torch.Tensor, device: torch.device) -> None:
@@ -230,14 +288,22 @@ def _check_kv_scale(kv_scale: torch.Tensor | None, pages: torch.Tensor, device: 
         raise _fail("kv_scale", f"one element or shape {list(per_group)}", f"shape {tuple(kv_scale.shape)}")
 
 
-def _check_lengths_and_pages(block_table: torch.Tensor, cache_seqlens: torch.Tensor, page_size: int, num_pages: int) -> None:
+def _check_lengths_and_pages(block_table: torch.Tensor, cache_seqlens: torch.Tensor, page_size: int, num_pages: int,
+                             kv_scale: torch.Tensor | None = None) -> None:
+    """The values `_check_paged_operands` reads, in one host sync: lengths, the page indices they use and a
+    per-tensor fp8 scale (per-group scales of unwritten slots may hold anything, so those are not read)."""
     max_pages = block_table.shape[1]
     lengths = cache_seqlens.long()
     pages_needed = (lengths + page_size - 1) // page_size
     page_used = torch.arange(max_pages, device=block_table.device)[None, :] < pages_needed[:, None]
     bad_page = page_used & ((block_table < 0) | (block_table >= num_pages))
-    problems = torch.stack([(lengths < 0).any(), (lengths > max_pages * page_size).any(), bad_page.any()])
-    negative, too_long, out_of_range = problems.tolist()
+    problems = [(lengths < 0).any(), (lengths > max_pages * page_size).any(), bad_page.any()]
+    if kv_scale is not None and kv_scale.numel() == 1:
+        problems.append(~(torch.isfinite(kv_scale) & (kv_scale > 0)).all())
+    negative, too_long, out_of_range, *scale_unusable = torch.stack(problems).tolist()
+    if any(scale_unusable):
+        raise _fail("kv_scale", "a finite scale > 0 (the fp8 cache's values times it are the latent)",
+                    float(kv_scale.reshape(())))
     if negative:
         b = int(torch.nonzero(lengths < 0)[0])
         raise _fail("cache_seqlens", "lengths >= 0", f"cache_seqlens[{b}] = {int(lengths[b])}")

@@ -13,6 +13,7 @@ import torch
 from mlakit.attention.checks import (
     check_decode_inputs,
     check_extend_inputs,
+    check_metadata_arguments,
     check_output,
     check_prefill_inputs,
     checked_softmax_scale,
@@ -104,6 +105,7 @@ def mla_decode_metadata(
     >>> md.backend, md.kv_cache_dtype, md.data is None
     ('reference', 'bf16', True)
     """
+    check_metadata_arguments(cache_seqlens, heads, "q_len", q_len)
     _check_storage_name(kv_cache_dtype)
     builder = get_backend(backend).decode_metadata
     hint = _hint_arguments(kv_tokens_hint, page_size)
@@ -134,6 +136,7 @@ def mla_extend_metadata(
     >>> md.backend, md.max_q_len, md.data is None
     ('reference', 2, True)
     """
+    check_metadata_arguments(cache_seqlens, heads, "max_q_len", max_q_len, cu_seqlens_q)
     _check_storage_name(kv_cache_dtype)
     builder = get_backend(backend).extend_metadata
     hint = _hint_arguments(kv_tokens_hint, page_size)
