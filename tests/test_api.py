@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import mlakit
-from mlakit import ConfigError
+from mlakit import ConfigError, MLAInputError
 from mlakit.attention.functional import mla_extend_metadata
 from paged_inputs import assert_lse_close, make_paged_batch, naive_decode, relative_error
 
@@ -201,3 +201,13 @@ def test_decode_page_size_hint_names_the_page_size_where_the_persistent_kernel_r
                                                                                                hint):
     dtype = torch.bfloat16 if scale is None else torch.float8_e4m3fn
     assert mlakit.decode_page_size_hint(torch.zeros(pages, dtype=dtype), scale, rank) == hint
+
+
+@pytest.mark.parametrize("arguments, pattern", [
+    (("pages", None, 512), r"kv_cache: expected a torch.Tensor, got str"),
+    ((torch.zeros(3, 64, 576, dtype=torch.bfloat16), None, None), r"kv_lora_rank: expected an integer >= 1 .*got None"),
+    ((torch.zeros(3, 64, 576, dtype=torch.bfloat16), None, 0), r"kv_lora_rank: expected an integer >= 1 .*got 0"),
+])
+def test_decode_page_size_hint_names_a_bad_argument(arguments, pattern):
+    with pytest.raises(MLAInputError, match=pattern):
+        mlakit.decode_page_size_hint(*arguments)

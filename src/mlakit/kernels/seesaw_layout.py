@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from mlakit.cache.kv_quant import FP8_DTYPE, SCALE_PER_TENSOR, scale_mode
+from mlakit.errors import MLAInputError, is_int
 from mlakit.reference import pages_view
 
 # Tokens a KV tile of the Hopper kernels (`hopper_common.BLOCK_N`).
@@ -72,6 +73,10 @@ def decode_page_size_hint(kv_cache: torch.Tensor, kv_scale: torch.Tensor | None,
     >>> decode_page_size_hint(pages, torch.ones(1), 512), decode_page_size_hint(pages, torch.ones(2, 64, 5), 512)
     (64, None)
     """
+    if not isinstance(kv_cache, torch.Tensor):
+        raise MLAInputError(f"kv_cache: expected a torch.Tensor, got {type(kv_cache).__name__}")
+    if not is_int(kv_lora_rank) or kv_lora_rank < 1:
+        raise MLAInputError(f"kv_lora_rank: expected an integer >= 1 (the latent's width), got {kv_lora_rank!r}")
     pages = pages_view(kv_cache)
     if pages.dim() != 3:
         return None
