@@ -5,6 +5,7 @@ NaN in every unused slot, garbage page indices past each sequence's pages)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from unittest import mock
 
 import pytest
@@ -199,6 +200,17 @@ def test_bad_calls_raise_naming_the_argument(call, message):
     batch = make_paged_batch([9, 4], heads=2, kv_lora_rank=512, rope_dim=64)
     with pytest.raises(MLAInputError, match=message):
         call(batch)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape, axis", [((2, 0, 4, 576), "s_q"), ((2, 2, 0, 576), "h_q"), ((0, 1, 4, 576), "batch")])
+def test_an_empty_query_axis_raises_naming_the_shape_q_came_in(shape, axis, causal):
+    """q's own shape, not the one mlakit's kernel would get (s_q folded into the heads)."""
+    batch = make_paged_batch([9, 4], heads=4, kv_lora_rank=512, rope_dim=64)
+    message = re.escape(f"q: expected [batch, s_q, h_q, d] with {axis} >= 1, got shape {shape}")
+    with pytest.raises(MLAInputError, match=f"^{message}$"):
+        flash_mla_with_kvcache(torch.zeros(shape, dtype=torch.bfloat16), batch.kv_cache.unsqueeze(2), batch.block_table,
+                               batch.cache_seqlens, 512, *get_mla_metadata(), causal=causal)
 
 
 def torch_metadata(batch: PagedBatch) -> tuple[torch.Tensor, torch.Tensor]:

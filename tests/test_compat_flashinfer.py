@@ -196,6 +196,53 @@ def test_cuda_graph_mode_limits():
         planned(make_step([30, 4], [1, 1], heads=4, page_size=16), wrapper=small)
 
 
+@pytest.mark.parametrize(("refused_by", "kv_lens", "q_lens", "heads"), [
+    ("qo_indptr", [5, 12], [2, 1], 4),
+    ("max_pages_per_request", [40, 9], [1, 1], 4),
+    ("kv_len_arr", [7, 30, 9], [1, 1, 1], 4),
+    (r"plan\(\)", [7, 30], [1, 1], 8),
+])
+def test_cuda_graph_mode_refused_plans_leave_the_buffers_and_the_step_as_they_were(refused_by, kv_lens, q_lens, heads):
+    """Each refused re-plan has other lengths and pages than the accepted plan, so that a write would show."""
+    wrapper, buffers = graph_wrapper(2, capacity=8, max_pages_per_request=2)
+    step = make_step([20, 3], [1, 1], heads=4, page_size=16, seed=10)
+    planned(step, wrapper=wrapper)
+    before = {name: buffer.clone() for name, buffer in buffers.items()}
+    out, lse = wrapper.run(query=step.q, kv_cache=step.cache, return_lse=True)
+    with pytest.raises(MLAInputError, match=f"^{refused_by}:"):
+        planned(make_step(kv_lens, q_lens, heads=heads, page_size=16, seed=11), wrapper=wrapper)
+    for name, buffer in buffers.items():
+        assert torch.equal(buffer, before[name]), name
+    again, again_lse = wrapper.run(query=step.q, kv_cache=step.cache, return_lse=True)
+    assert torch.equal(again, out) and torch.equal(again_lse, lse)
+
+
+@dataclasses.dataclass(frozen=True)
+class _SplitPlan:
+    """A backend's per-step metadata as the triton backend's: a device tensor, then a host value."""
+
+    num_splits: torch.Tensor
+    kv_tokens: int
+
+
+def test_cuda_graph_mode_checks_the_whole_split_plan_before_refilling_it(monkeypatch):
+    """A re-plan that changes a host value of the split plan is refused before any of its tensors is refilled."""
+    from mlakit.compat import flashinfer
+
+    original = flashinfer.mla_decode_metadata
+    monkeypatch.setattr(flashinfer, "mla_decode_metadata", lambda lengths, **kwargs: dataclasses.replace(
+        original(lengths, **kwargs), data=_SplitPlan(lengths.clone(), kwargs["kv_tokens_hint"])))
+    wrapper, buffers = graph_wrapper(2, capacity=8)
+    step = make_step([20, 3], [1, 1], heads=4, page_size=16, seed=10)
+    planned(step, wrapper=wrapper)
+    before = {name: buffer.clone() for name, buffer in buffers.items()}
+    with pytest.raises(MLAInputError, match=r"^plan\(\): the re-plan changed the captured split plan's kv_tokens"):
+        planned(make_step([5, 12], [1, 1], heads=4, page_size=16, seed=11), wrapper=wrapper)
+    assert torch.equal(wrapper._step.metadata.data.num_splits, step.kv_len_arr)
+    assert torch.equal(wrapper._step.cache_seqlens, step.kv_len_arr)
+    assert all(torch.equal(buffer, before[name]) for name, buffer in buffers.items())
+
+
 def test_cuda_graph_mode_keeps_the_first_plans_kv_scale_layout():
     wrapper, _ = graph_wrapper(2, capacity=64)
     step = make_step([30, 4], [1, 1], heads=4, page_size=64)

@@ -255,6 +255,9 @@ def _check_call(
     """The verdict of every check of q, k_cache and the scalars (MLAInputError naming the first that fails)."""
     if not isinstance(q, torch.Tensor) or q.dim() != 4:
         raise MLAInputError(f"q: expected a tensor [batch, s_q, h_q, d], got {describe(q)}")
+    for axis, size in zip(("batch", "s_q", "h_q"), q.shape[:3]):
+        if size < 1:  # checked before folding: mla_decode would name the folded shape
+            raise MLAInputError(f"q: expected [batch, s_q, h_q, d] with {axis} >= 1, got shape {tuple(q.shape)}")
     if not is_positive_int(head_dim_v):
         raise MLAInputError(f"head_dim_v: expected an integer >= 1 (the latent width, 512 for DeepSeek), got {head_dim_v!r}")
     kv_cache_dtype = _cache_dtype(k_cache, q, is_fp8_kvcache, kv_scale)

@@ -34,6 +34,7 @@ import dataclasses
 import functools
 import math
 import numbers
+from collections.abc import Iterator
 from typing import Literal, NamedTuple
 
 import torch
@@ -182,11 +183,12 @@ class BatchMLAPagedAttentionWrapper:
 
     `float_workspace_buffer` names the device (mlakit's kernels size their own scratch).
     `use_cuda_graph=True` needs the four int32 buffers `qo_indptr [batch + 1]`, `kv_indptr
-    [batch + 1]`, `kv_indices [capacity]` and `kv_len_arr [batch]` on that device: every plan
-    writes its metadata into them and into mlakit's own fixed buffers (page table `[rows,
+    [batch + 1]`, `kv_indices [capacity]` and `kv_len_arr [batch]` on that device: every accepted
+    plan writes its metadata into them and into mlakit's own fixed buffers (page table `[rows,
     max_pages_per_request]`, lengths, split plan), so a captured `run()` replays with the newest
     plan's lengths and pages. Re-plans must keep the first plan's configuration and query offsets
-    (FlashInfer's plan() documents fixed query offsets for graph plans too).
+    (FlashInfer's plan() documents fixed query offsets for graph plans too); a refused plan leaves the
+    buffers and the planned step as they were.
     `max_pages_per_request` (mlakit's extension, graph mode only) bounds the page table's width;
     it defaults to the `kv_indices` capacity. Without `use_cuda_graph` the buffers are ignored,
     as FlashInfer does.
@@ -613,7 +615,7 @@ class StepRequests:
 @dataclasses.dataclass
 class _GraphBuffers:
     """The fixed tensors a captured `run()` reads: FlashInfer's four CSR buffers (given at
-    construction, rewritten by every plan with the pages each request reads) and mlakit's step
+    construction, rewritten by every accepted plan with the pages each request reads) and mlakit's step
     (allocated by the first plan, refilled in place by later ones, which must keep the first
     plan's configuration and query offsets)."""
 
@@ -653,21 +655,13 @@ class _GraphBuffers:
         return cls(qo_indptr, kv_indptr, kv_indices, kv_len_arr, width)
 
     def hold(self, step: PlannedStep, requests: StepRequests, config: PlanConfig) -> PlannedStep:
-        """Writes the plan into the fixed buffers; returns the step whose tensors are the fixed ones."""
+        """Writes the plan into the fixed buffers once `_check` accepts it (a refused plan writes
+        nothing); returns the step whose tensors are the fixed ones."""
+        self._check(step, requests, config)
         self._write_csr(requests)
         if self.step is None:
             self.config, self.step = config, _widened(step, self.max_pages_per_request)
             return self.step
-        if config != self.config:
-            raise MLAInputError(
-                f"plan(): a CUDA-graph wrapper keeps its first plan's {self.config} (captured launches use them), "
-                f"got {config}; use another wrapper for another configuration"
-            )
-        if step.query_offsets != self.step.query_offsets:
-            raise MLAInputError(
-                f"qo_indptr: a CUDA-graph wrapper keeps the query offsets of its first plan "
-                f"{list(self.step.query_offsets)}, got {list(step.query_offsets)}; use another wrapper for another shape"
-            )
         held = self.step
         columns = min(held.block_table.shape[1], step.block_table.shape[1])
         held.block_table.zero_()
@@ -677,7 +671,10 @@ class _GraphBuffers:
             _copy_tensors_into(held.metadata.data, step.metadata.data)
         return dataclasses.replace(held, largest_page=step.largest_page)
 
-    def _write_csr(self, requests: StepRequests) -> None:
+    def _check(self, step: PlannedStep, requests: StepRequests, config: PlanConfig) -> None:
+        """Raises MLAInputError where the plan does not fit the fixed buffers or, after the first
+        plan, changes what captured launches hold: the configuration, the query offsets, the split
+        plan's host values and tensor shapes."""
         batch, pages_needed = len(requests.kv_lens), requests.pages_needed
         if batch != self.kv_len_arr.shape[0]:
             raise MLAInputError(f"kv_len_arr: the CUDA-graph buffers hold {self.kv_len_arr.shape[0]} requests, got {batch}")
@@ -688,9 +685,26 @@ class _GraphBuffers:
             )
         if sum(pages_needed) > self.kv_indices.shape[0]:
             raise MLAInputError(f"kv_indices: the fixed buffer holds {self.kv_indices.shape[0]} pages, the plan reads {sum(pages_needed)}")
+        if self.step is None:
+            return
+        if config != self.config:
+            raise MLAInputError(
+                f"plan(): a CUDA-graph wrapper keeps its first plan's {self.config} (captured launches use them), "
+                f"got {config}; use another wrapper for another configuration"
+            )
+        if step.query_offsets != self.step.query_offsets:
+            raise MLAInputError(
+                f"qo_indptr: a CUDA-graph wrapper keeps the query offsets of its first plan "
+                f"{list(self.step.query_offsets)}, got {list(step.query_offsets)}; use another wrapper for another shape"
+            )
+        if self.step.metadata is not None and step.metadata is not None:
+            _check_refillable(self.step.metadata.data, step.metadata.data)
+
+    def _write_csr(self, requests: StepRequests) -> None:
+        """FlashInfer's four buffers for the plan's requests (already checked to fit)."""
         pages = requests.block_table[_used_pages(requests)]
         page_offsets = [0]
-        for count in pages_needed:
+        for count in requests.pages_needed:
             page_offsets.append(page_offsets[-1] + count)
         self.qo_indptr.copy_(torch.tensor(requests.query_offsets, dtype=torch.int32))
         self.kv_indptr.copy_(torch.tensor(page_offsets, dtype=torch.int32))
@@ -845,18 +859,34 @@ def _widened(step: PlannedStep, width: int) -> PlannedStep:
     return dataclasses.replace(step, block_table=table)
 
 
-def _copy_tensors_into(target: object, source: object) -> None:
-    """Refills a backend's per-step metadata in place (captured launches hold its tensors' addresses)."""
+def _plan_values(target: object, source: object) -> Iterator[tuple[str, object, object]]:
+    """(name, held value, new value) for each plan value of a backend's per-step metadata (not its
+    caches of prepared launches)."""
+    for field in dataclasses.fields(target):
+        if field.compare:
+            yield field.name, getattr(target, field.name), getattr(source, field.name)
+
+
+def _check_refillable(target: object, source: object) -> None:
+    """Raises MLAInputError where `source`'s per-step metadata cannot be copied into `target`'s in
+    place (a host value or a tensor's shape differs)."""
     if target is None:
         return
-    for field in dataclasses.fields(target):
-        if not field.compare:  # caches of the plan's own (prepared launches), not plan values
-            continue
-        held, new = getattr(target, field.name), getattr(source, field.name)
+    for name, held, new in _plan_values(target, source):
+        if isinstance(held, torch.Tensor):
+            held, new = tuple(held.shape), tuple(new.shape)
+        if held != new:
+            raise MLAInputError(f"plan(): the re-plan changed the captured split plan's {name} ({held} -> {new})")
+
+
+def _copy_tensors_into(target: object, source: object) -> None:
+    """Refills a backend's per-step metadata in place (captured launches hold its tensors' addresses);
+    `_check_refillable` has accepted the pair."""
+    if target is None:
+        return
+    for _, held, new in _plan_values(target, source):
         if isinstance(held, torch.Tensor):
             held.copy_(new)
-        elif held != new:
-            raise MLAInputError(f"plan(): the re-plan changed the captured split plan's {field.name} ({held} -> {new})")
 
 
 def _pair(
