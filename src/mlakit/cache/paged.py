@@ -127,9 +127,9 @@ class LatentStore:
     for the whole tensor (`scale_layout="tensor"`) or one per token and 128-channel group
     (`scale_layout="group"`, computed on write). The per-tensor scale is `fp8_scale`: a float
     (e.g. a checkpoint's kv scale; 1.0 when unset), or "auto": the first write that holds real
-    rows (slot >= 0) sets it to `amax * AUTO_SCALE_HEADROOM / 448` of those rows on the device,
-    and it stays fixed after (1.0 if they hold no finite non-zero value); a write of padding rows
-    only leaves it unset. `calibrate_fp8_scale` sets it from sample rows instead.
+    rows (slots in the cache) sets it to `amax * AUTO_SCALE_HEADROOM / 448` of those rows on the
+    device, and it stays fixed after (1.0 if they hold no finite non-zero value); a write of
+    padding rows only leaves it unset. `calibrate_fp8_scale` sets it from sample rows instead.
 
     fp8 writes count, in the int64 device tensor `fp8_counts` (saturated, non-finite), the
     values that saturated at +-448 and the non-finite inputs (stored as NaN); counting adds no
@@ -185,6 +185,11 @@ class LatentStore:
         return self.data.dtype == FP8_DTYPE
 
     @property
+    def num_slots(self) -> int:
+        """Flat slots the store holds: num_pages * page_size."""
+        return self.data.shape[0] * self.data.shape[1]
+
+    @property
     def awaiting_auto_scale(self) -> bool:
         """True while an "auto" store's scale is not set (no write with real rows and no
         calibration yet). Reads a device flag: on CUDA a host sync."""
@@ -192,12 +197,19 @@ class LatentStore:
             self._auto_undecided = self._auto_undecided_host = None
         return self._auto_undecided is not None
 
-    def write_slots(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
-        """Stores rows `[n, dim]` at flat slots (page * page_size + offset; -1 = padding, skipped),
-        quantizing and counting for fp8. On a GPU this is one fused Triton launch (graph-safe, no
-        host sync), after the auto scale's few device ops on the writes of an "auto" store until
-        one with real rows has set it."""
+    def write_slots(self, slots: torch.Tensor, rows: torch.Tensor, *, check_values: bool = True) -> None:
+        """Stores rows `[n, dim]` at flat slots `[n]` (page * page_size + offset; -1 = padding, skipped),
+        quantizing and counting for fp8.
+
+        `check_values` reads the slots first (on a GPU, one host sync, so not while a CUDA graph is
+        captured) and raises MLAInputError, with nothing written or counted, unless every slot is -1
+        or in [0, num_slots). Per-step writes of slots from `PagedLatentCache.reserve` pass False:
+        slots outside the cache are then skipped (never written). On a GPU the write is one fused
+        Triton launch, after the auto scale's few device ops on the writes of an "auto" store until
+        one with real rows has set it; with `check_values=False` it is graph-safe, with no host sync."""
         self._check_write(slots, rows)
+        if check_values:
+            self._check_slot_values(slots)
         if self._auto_undecided is not None and rows.shape[0] > 0:
             self._set_auto_scale(slots, rows)
         if self.data.is_cuda:
@@ -205,7 +217,7 @@ class LatentStore:
 
             write_rows(self.data, self.scale, slots, rows, self.fp8_counts)
             return
-        keep = slots >= 0
+        keep = (slots >= 0) & (slots < self.num_slots)
         slots, rows = slots[keep], rows[keep]
         flat = self.data.view(-1, self.data.shape[-1])
         if not self.is_fp8:
@@ -231,6 +243,22 @@ class LatentStore:
             if tensor.device != device:
                 raise MLAInputError(f"{name}: expected a tensor on {device} (the store's device), got {tensor.device}")
 
+    def _check_slot_values(self, slots: torch.Tensor) -> None:
+        """MLAInputError naming the first slot that is neither -1 (padding) nor in [0, num_slots). Reads the
+        slots: on a GPU one host sync, refused (by name) while a CUDA graph is being captured."""
+        if self.data.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise MLAInputError(
+                "check_values: expected False while a CUDA graph is being captured (checking reads the slots on the "
+                "host), got True; pass check_values=False for slots from reserve() (slots outside the cache are "
+                "then skipped)"
+            )
+        bad = torch.nonzero((slots < -1) | (slots >= self.num_slots))
+        if bad.numel():
+            i = int(bad[0, 0])
+            raise MLAInputError(
+                f"slots: expected -1 (padding) or a flat slot in [0, {self.num_slots}), got slots[{i}] = {int(slots[i])}"
+            )
+
     def _set_auto_scale(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
         """The "auto" scale from a write's real (non-padding) rows, on the device, if it is still
         undecided: a write of padding rows only leaves it undecided, a write whose real rows hold
@@ -246,7 +274,7 @@ class LatentStore:
                 "(the graph would repeat the scale's update on every replay); write real rows (padding rows do not "
                 "count) and synchronize, or call calibrate_fp8_scale first"
             )
-        real = slots >= 0
+        real = (slots >= 0) & (slots < self.num_slots)
         scale = fp8_scale_from_rows(torch.where(real[:, None], rows, 0))
         decides = self._auto_undecided & real.any()
         self.scale.copy_(torch.where(decides & (scale > 0), scale, self.scale))
@@ -392,9 +420,9 @@ class PagedLatentCache:
         """The rows of layer `index`."""
         return self.stores[index]
 
-    def write_slots(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
+    def write_slots(self, slots: torch.Tensor, rows: torch.Tensor, *, check_values: bool = True) -> None:
         """Layer 0's `LatentStore.write_slots`."""
-        self.stores[0].write_slots(slots, rows)
+        self.stores[0].write_slots(slots, rows, check_values=check_values)
 
     def dequantized(self) -> torch.Tensor:
         """Layer 0's rows as float32 values."""
@@ -427,7 +455,7 @@ class PagedLatentCache:
             if tensor.device != self.device:
                 raise MLAInputError(f"{name}: expected a tensor on {self.device} (the cache's device), got {tensor.device}")
         slots = self.reserve(seq_id, n)
-        self.write_slots(slots, torch.cat([c_kv, k_pe], dim=1))
+        self.write_slots(slots, torch.cat([c_kv, k_pe], dim=1), check_values=False)
         return slots
 
     def reserve(self, seq_id: int, n: int) -> torch.Tensor:

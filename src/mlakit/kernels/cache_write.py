@@ -1,7 +1,8 @@
 """Fused cache write: new tokens' `[c_kv ; k_pe]` rows into their page slots, quantized for fp8.
 
 One program per row; a slot of -1 marks padding (CUDA-graph batches padded to a bucket)
-and is skipped. fp8 stores `value / scale` saturated at the fp8 range: with one scale for
+and is skipped, as is any slot outside the cache (the slot count is an argument), so no slot
+writes out of bounds. fp8 stores `value / scale` saturated at the fp8 range: with one scale for
 the tensor, or with per-token, per-128-channel-group scales computed here from each group's
 largest finite magnitude (the same rule as `mlakit.cache.kv_quant.quantize_rows_per_group`).
 Non-finite inputs are stored as NaN, and each fp8 row atomically adds its saturated and
@@ -54,15 +55,15 @@ def _saturating_fp8(scaled, finite, COUNTS, FP8_TYPE: tl.constexpr, FP8_LIMIT: t
     return tl.where(finite, clamped.to(FP8_TYPE), nan)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_slots"])
 def _write_rows_kernel(
-    ROWS, SLOTS, DATA, SCALE, COUNTS, stride_row, stride_col,
+    ROWS, SLOTS, DATA, SCALE, COUNTS, num_slots, stride_row, stride_col,
     DIM: tl.constexpr, GROUPS: tl.constexpr, GROUP: tl.constexpr, GROUPS_PAD: tl.constexpr,
     SCALE_MODE: tl.constexpr, FP8_LIMIT: tl.constexpr, SATURATION: tl.constexpr, FINITE_MAX: tl.constexpr,
 ):
     row = tl.program_id(0)
     slot = tl.load(SLOTS + row).to(tl.int64)
-    if slot < 0:
+    if (slot < 0) | (slot >= num_slots):
         return
     cols = tl.arange(0, GROUPS_PAD * GROUP)
     in_row = cols < DIM
@@ -87,8 +88,10 @@ def write_rows(
     data: torch.Tensor, scale: torch.Tensor | None, slots: torch.Tensor, rows: torch.Tensor, counts: torch.Tensor | None = None
 ) -> None:
     """Writes `rows [n, dim]` (any strides) into contiguous `data [num_pages, page_size, dim]` at flat
-    `slots [n]` (page * page_size + offset, -1 = skip; shapes checked by `LatentStore.write_slots`), updating per-group fp8 `scale` in place and adding
-    the saturated and non-finite value counts to `counts` (int64 `[2]`, required for fp8 data).
+    `slots [n]` (page * page_size + offset; shapes checked by `LatentStore.write_slots`), updating per-group fp8
+    `scale` in place and adding the saturated and non-finite value counts to `counts` (int64 `[2]`, required for
+    fp8 data). A slot outside [0, num_pages * page_size), such as the -1 of padding, is skipped: nothing of its row
+    is written or counted.
 
     Used as `write_rows(store.data, store.scale, slots, torch.cat([c_kv, k_pe], dim=1), store.fp8_counts)`
     (`LatentStore.write_slots` does so on CUDA).
@@ -104,8 +107,11 @@ def write_rows(
     scale_arg = scale if scale is not None else data
     counts_arg = counts if counts is not None else data
     tensors = (rows, slots, data, scale_arg, counts_arg)
-    key = (tuple([(t.dtype, t.data_ptr() % 16) for t in tensors]), rows.stride(0), rows.stride(1), dim, mode)
-    _WRITE_ROWS(key, (rows.shape[0], 1, 1), (*tensors, rows.stride(0), rows.stride(1)), _constants(dim, mode))
+    num_slots = data.numel() // dim
+    # Triton types an unspecialized int argument i32 or i64 by its value.
+    key = (tuple([(t.dtype, t.data_ptr() % 16) for t in tensors]), num_slots < 2**31, rows.stride(0), rows.stride(1),
+           dim, mode)
+    _WRITE_ROWS(key, (rows.shape[0], 1, 1), (*tensors, num_slots, rows.stride(0), rows.stride(1)), _constants(dim, mode))
 
 
 @functools.lru_cache(maxsize=32)

@@ -139,12 +139,13 @@ class MLAAttention(nn.Module):
         """Attention output `[T, hidden]` for the step's packed new tokens `x [T, hidden]`.
 
         Writes the new tokens' latent rows into `cache` at `step.slots` (-1: another DCP rank's
-        token), then attends over each sequence's cached tokens (causal among the new ones),
-        each part of the step on its kernel (`mlakit.serving.forward.mla_forward`), or every token in
-        the latent form over the DCP group's shards (`dcp_mla_forward`).
+        token; unchecked, as slots from the cache's `reserve`: any outside it are skipped), then
+        attends over each sequence's cached tokens (causal among the new ones), each part of the
+        step on its kernel (`mlakit.serving.forward.mla_forward`), or every token in the latent
+        form over the DCP group's shards (`dcp_mla_forward`).
         """
         q_nope, q_pe = self.project_query(x, positions)
-        cache.write_slots(step.slots, self.project_latent(x, positions))
+        cache.write_slots(step.slots, self.project_latent(x, positions), check_values=False)
         scale = self.config.shape.softmax_scale
         if isinstance(step, DCPStep):
             if self.parallel is None:

@@ -111,7 +111,7 @@ class _DummyWorld:
 
     def write(self) -> None:
         slots = torch.arange(self.store.data.shape[0] * self.store.data.shape[1], device=self.device)
-        self.store.write_slots(slots, torch.randn(slots.shape[0], self.dim, device=self.device))
+        self.store.write_slots(slots, torch.randn(slots.shape[0], self.dim, device=self.device), check_values=False)
 
     def decode(self, batch: int, q_len: int, kv_tokens_hint: int | None = None) -> None:
         """A decode of `batch` sequences, through step metadata built with `kv_tokens_hint` where one is given."""
