@@ -18,6 +18,7 @@ from mlakit import ServingConfig
 from mlakit.bench import graphs as graphs_bench
 from mlakit.bench.ceilings import Ceilings
 from mlakit.bench.cli import bench
+from mlakit.cli import main
 from mlakit.bench.graphs import GraphBatchResult, GraphBenchSettings, StepTime, block_table, format_table, results_json, summary_line
 from mlakit.distributed import ParallelGroups, TokenSharding, join_ranks
 from mlakit.errors import ConfigError
@@ -127,11 +128,10 @@ def test_json_shape():
 
 @cpu_machine_only
 def test_cli_graphs_needs_cuda():
-    result = CliRunner().invoke(bench, ["decode", "--graphs"])
-    assert result.exit_code != 0
-    assert "mlakit bench decode needs a CUDA device" in result.output
-    result = CliRunner().invoke(bench, ["decode", "--graphs", "--graph-heads", "16", "--graph-q-len", "2", "--json", "x.json"])
-    assert result.exit_code != 0 and "mlakit bench decode needs a CUDA device" in result.output
+    refusal = "error: mlakit bench decode: expected a CUDA device (it times GPU kernels), got none"
+    for arguments in (["--graphs"], ["--graphs", "--graph-heads", "16", "--graph-q-len", "2", "--json", "x.json"]):
+        result = CliRunner().invoke(main, ["bench", "decode", *arguments])
+        assert result.exit_code == 2 and refusal in result.output, result.output
 
 
 def test_cli_graphs_passes_the_settings_and_defaults_its_own_json_file(monkeypatch):
@@ -332,9 +332,9 @@ def _refusal(monkeypatch, args: list[str]) -> str:
     """The CLI's one-line error for `args` with a CUDA device pretended; nothing is benchmarked."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(graphs_bench, "run_and_report", lambda *a: pytest.fail("refused before running"))
-    result = CliRunner().invoke(bench, ["decode", "--graphs", *args])
-    assert result.exit_code == 1, result.output
-    assert result.output.startswith("Error: ") and result.output.count("\n") == 1, result.output
+    result = CliRunner().invoke(main, ["bench", "decode", "--graphs", *args])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error: ") and result.output.count("\n") == 1, result.output
     return result.output
 
 

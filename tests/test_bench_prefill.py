@@ -7,6 +7,7 @@ import torch
 from click.testing import CliRunner
 
 from mlakit.bench.cli import bench
+from mlakit.cli import main
 from mlakit.bench.prefill import CHUNKED_TARGET, TARGET, Footprint, PrefillCase, PrefillResult, default_cases, full_plans, summary
 
 cpu_machine_only = pytest.mark.skipif(torch.cuda.is_available(), reason="describes a CPU-only machine")
@@ -70,9 +71,9 @@ def test_summary_reports_the_chunked_ratio():
 
 @cpu_machine_only
 def test_cli_needs_cuda():
-    result = CliRunner().invoke(bench, ["prefill", "--quick"])
-    assert result.exit_code != 0
-    assert "mlakit bench prefill needs a CUDA device" in result.output
+    result = CliRunner().invoke(main, ["bench", "prefill", "--quick"])
+    assert result.exit_code == 2
+    assert "error: mlakit bench prefill: expected a CUDA device (it times GPU kernels), got none" in result.output
 
 
 @pytest.mark.parametrize("flag, timing", [([], "flushed"), (["--sustained"], "sustained"), (["--sustained", "--fp8"], "sustained")])

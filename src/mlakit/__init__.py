@@ -5,7 +5,8 @@
 'reference'
 """
 
-from mlakit.attention.functional import DecodeMetadata, mla_decode, mla_decode_metadata, mla_extend, mla_prefill
+from mlakit.attention.functional import (DecodeMetadata, mla_decode, mla_decode_metadata, mla_extend,
+                                        mla_extend_metadata, mla_prefill)
 from mlakit.cache import PageAllocator, PagedLatentCache
 from mlakit.config import ServingConfig
 from mlakit.device import DeviceInfo
@@ -42,6 +43,7 @@ __all__ = [
     "mla_decode",
     "mla_decode_metadata",
     "mla_extend",
+    "mla_extend_metadata",
     "mla_prefill",
     "plan_prefill",
     "reference_decode",

@@ -1,5 +1,8 @@
-"""`python -m mlakit.bench decode ...`."""
+"""`python -m mlakit.bench decode ...`: `mlakit bench ...`, its refusals one line on stderr and exit 2 as every
+command's."""
 
-from mlakit.bench.cli import bench
+import sys
 
-bench()
+from mlakit.cli import main
+
+main(["bench", *sys.argv[1:]], prog_name="mlakit")

@@ -41,6 +41,12 @@ def bench() -> None:
     """Benchmarks on the local CUDA device."""
 
 
+def _require_cuda(command: str) -> None:
+    """ConfigError (the command line's one-line refusal, exit 2) unless a CUDA device is there to time."""
+    if not torch.cuda.is_available():
+        raise ConfigError(f"mlakit bench {command}: expected a CUDA device (it times GPU kernels), got none")
+
+
 def _tuned_kernel(spec: str | None) -> KernelFactory:
     """Our Triton kernel with its split plan built per batch, outside the timed call
     (`spec` "block_m,block_n,warps,stages[,programs_per_sm[,fixed_splits]][,tier]"; None: default tuning)."""
@@ -162,8 +168,7 @@ def decode(
         parsed = [DecodeCase.parse(s) for s in case_specs]
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--case") from exc
-    if not torch.cuda.is_available():
-        raise click.ClickException("mlakit bench decode needs a CUDA device")
+    _require_cuda("decode")
     if settings is not None:
         if ctx.get_parameter_source("json_path") == ParameterSource.DEFAULT:
             json_path = GRAPHS_JSON
@@ -218,8 +223,7 @@ def overhead(case_specs: tuple[str, ...], calls: int, profile: str | None, json_
         cases = [overhead_bench.OverheadCase.parse(spec) for spec in case_specs] or overhead_bench.default_cases()
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--case") from exc
-    if not torch.cuda.is_available():
-        raise click.ClickException("mlakit bench overhead needs a CUDA device")
+    _require_cuda("overhead")
     device = torch.device("cuda")
     ceilings = measure_ceilings(device)
     rows = overhead_bench.run_cases(cases, device, click.echo, calls, profile)
@@ -264,7 +268,6 @@ def _decode_graphs(settings: GraphBenchSettings, json_path: Path) -> None:
 
     from mlakit.bench import graphs as graphs_bench
     from mlakit.distributed import join_ranks
-    from mlakit.errors import MLAKitError
 
     # Refusals: no torchrun or the wrong world size, a backend that cannot run, be captured or merge
     # the ranks' results, caches beyond the memory budget.
@@ -275,8 +278,6 @@ def _decode_graphs(settings: GraphBenchSettings, json_path: Path) -> None:
         if parallel is not None:
             torch.cuda.set_device(device)
         results = graphs_bench.run_and_report(settings, device, json_path, click.echo, parallel)
-    except MLAKitError as exc:
-        raise click.ClickException(str(exc)) from exc
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -302,8 +303,7 @@ def _decode_graphs(settings: GraphBenchSettings, json_path: Path) -> None:
 def prefill(quick: bool, case_specs: tuple[str, ...], tunings: tuple[str, ...], json_path: Path, plot_path: Path,
             sustained: bool, fp8: bool) -> None:
     """Times the MHA-form prefill: the Triton attention kernel vs SDPA (and FlashAttention), and mla_prefill end to end."""
-    if not torch.cuda.is_available():
-        raise click.ClickException("mlakit bench prefill needs a CUDA device")
+    _require_cuda("prefill")
     try:
         cases = [prefill_bench.PrefillCase.parse(s) for s in case_specs] or prefill_bench.default_cases(quick)
         variants = dict(prefill_bench.parse_tuning(s) for s in tunings)
@@ -336,8 +336,7 @@ def generation(layers: int, heads: int, new_tokens: int, model_dtype: str, backe
 
     from mlakit.bench.generation import run_generation_check
 
-    if not torch.cuda.is_available():
-        raise click.ClickException("mlakit bench generation needs a CUDA device")
+    _require_cuda("generation")
     dtype = torch.bfloat16 if model_dtype == "bf16" else torch.float32
     result = run_generation_check(layers, heads, new_tokens, [7, 33, 120, 500], dtype, backend, click.echo)
     json_path.write_text(json.dumps(result, indent=1))
