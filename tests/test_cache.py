@@ -35,6 +35,17 @@ def test_allocator_hands_out_and_takes_back_pages():
     with pytest.raises(CacheFullError, match="need 3, 2 of 5 free"):
         alloc.allocate(3)
     assert alloc.num_free == 2
+    for count in (-1, 1.5):
+        with pytest.raises(MLAInputError, match=r"count: expected a page count \(an integer >= 0\)"):
+            alloc.allocate(count)
+    assert alloc.num_free == 2
+
+
+@pytest.mark.parametrize("index", [2, -1, "0"])
+def test_a_layer_outside_the_cache_is_named(index):
+    cache = PagedLatentCache(4, 4, 32, 8, num_layers=2)
+    with pytest.raises(MLAInputError, match=r"index: expected a layer in \[0, 2\)"):
+        cache.layer(index)
 
 
 def test_append_writes_rows_at_their_slots_across_pages():

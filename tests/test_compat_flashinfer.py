@@ -425,6 +425,7 @@ def _plan_with(**overrides):
         ("kv_indices", dict(kv_len_arr=torch.tensor([30, 40], dtype=torch.int32))),
         ("kv_len_arr", dict(kv_len_arr=torch.tensor([30, -1], dtype=torch.int32))),
         ("metadata", dict(metadata=MLAPlanMetadata.csr(*STEP.csr()))),
+        ("metadata", dict(qo_indptr=None, kv_indptr=None, kv_indices=None, kv_len_arr=None, metadata="x")),
         ("cum_seq_lens_q", dict(cum_seq_lens_q=STEP.qo_indptr)),
         ("qo_indptr", dict(qo_indptr=None, kv_indptr=None, kv_indices=None, kv_len_arr=None)),
         ("block_tables", dict(qo_indptr=None, kv_indptr=None, kv_indices=None, kv_len_arr=None, cum_seq_lens_q=STEP.qo_indptr,

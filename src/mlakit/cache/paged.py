@@ -95,6 +95,8 @@ class PageAllocator:
 
     def allocate(self, count: int) -> list[int]:
         """`count` free pages, or CacheFullError with nothing taken."""
+        if not is_int(count) or count < 0:
+            raise MLAInputError(f"count: expected a page count (an integer >= 0), got {count!r}")
         if count > len(self._free):
             raise CacheFullError(f"out of KV pages: need {count}, {len(self._free)} of {self.num_pages} free")
         pages = [self._free.pop() for _ in range(count)]
@@ -418,6 +420,8 @@ class PagedLatentCache:
 
     def layer(self, index: int) -> LatentStore:
         """The rows of layer `index`."""
+        if not is_int(index) or not 0 <= index < len(self.stores):
+            raise MLAInputError(f"index: expected a layer in [0, {len(self.stores)}), got {index!r}")
         return self.stores[index]
 
     def write_slots(self, slots: torch.Tensor, rows: torch.Tensor, *, check_values: bool = True) -> None:

@@ -732,6 +732,11 @@ def _requests_from(
     csr = [getattr(source, name, None) for name in ("qo_indptr", "kv_indptr", "kv_indices", "kv_len_arr")]
     if metadata is None and any(t is not None for t in dense) and any(t is not None for t in csr):
         raise MLAInputError("cum_seq_lens_q: the flat CSR (qo_indptr, ...) and dense (cum_seq_lens_q, ...) forms cannot be mixed")
+    if metadata is not None and all(t is None for t in dense + csr):
+        raise MLAInputError(
+            "metadata: expected MLAPlanMetadata.csr(...) / .dense(...) or FlashInfer's metadata object (its CSR or "
+            f"dense fields), got {type(metadata).__name__} without them"
+        )
     if any(t is not None for t in dense):
         return _dense_requests(*dense, getattr(source, "max_q_len", None), page_size, device)
     if any(t is not None for t in csr):
