@@ -7,6 +7,7 @@ from mlakit.cache import LatentStore, PagedLatentCache
 from mlakit.kernels.cache_write import write_rows
 from mlakit.cache.kv_quant import dequantize
 from mlakit.errors import MLAInputError
+from host_sync import forbidding_host_syncs
 
 
 @pytest.mark.parametrize("dtype, layout, dim", [("bf16", "tensor", 576), ("fp16", "tensor", 80), ("fp32", "tensor", 288),
@@ -193,12 +194,8 @@ def test_cuda_checked_write_is_refused_under_capture_and_the_unchecked_one_does_
         with torch.cuda.graph(graph):
             store.write_slots(slots, rows)
     before = _state(store)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with forbidding_host_syncs():
         store.write_slots(slots, rows, check_values=False)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
     reference = LatentStore(2, 16, 80, dtype="fp8_e4m3", scale_layout="group", device="cuda")
     reference.write_slots(torch.tensor([3], device="cuda"), rows[:1])
     assert _same_state(_state(store), _state(reference)) and not _same_state(_state(store), before)

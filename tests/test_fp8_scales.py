@@ -17,6 +17,7 @@ from mlakit.serving.graphs import capture_graph
 from mlakit.kernels.cache_write import write_rows
 from mlakit.model.deepseek import DeepseekConfig, DeepseekForCausalLM
 from mlakit.model.runner import Request, Runner
+from host_sync import forbidding_host_syncs
 
 DIM = 288  # two full 128-channel groups and a short one
 
@@ -288,12 +289,8 @@ def test_cuda_auto_scale_write_does_not_sync_and_refuses_capture_before_it_is_se
             store.write_slots(torch.arange(4, device="cuda"), rows, check_values=False)
     store = LatentStore(8, 16, 576, dtype="fp8_e4m3", fp8_scale="auto", device="cuda")
     slots = torch.tensor([0, -1, 2, 3], device="cuda")
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with forbidding_host_syncs():
         store.write_slots(slots, rows, check_values=False)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
     amax = rows[[0, 2, 3]].abs().amax()
     assert torch.equal(store.scale, (amax * AUTO_SCALE_HEADROOM / FP8_MAX).reshape(1))
 
