@@ -11,6 +11,12 @@ VENV="${VENV:-.venv}"
 # The packages pinned in requirements/base.txt (each imports under its own name).
 REQUIRED_MODULES=$(sed -n 's/^\([A-Za-z0-9_.-]*\)==.*/\1/p' requirements/base.txt)
 
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+    echo "bootstrap: $PYTHON is Python $("$PYTHON" -c 'import platform; print(platform.python_version())'); mlakit's" \
+        "pinned requirements need Python >= 3.11 (set PYTHON=python3.11 or newer)" >&2
+    exit 1
+fi
+
 pip_install() {
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$@"
 }
