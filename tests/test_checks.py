@@ -268,3 +268,31 @@ def test_extend_metadata_arguments_are_named(arguments, pattern):
     with pytest.raises(MLAInputError, match=pattern):
         mla_extend_metadata(torch.tensor([20, 3], dtype=torch.int32), call.pop("cu_seqlens_q"), heads=4,
                             backend="reference", **call)
+
+
+def _prefill_operands(kv_dtype: torch.dtype = torch.bfloat16):
+    generator = torch.Generator().manual_seed(11)
+    cache = torch.randn(4, 16, 576, generator=generator).to(kv_dtype)
+    meta = mlakit.plan_prefill([5], [20], torch.tensor([[3, 1]], dtype=torch.int32), page_size=16)
+    weight = torch.randn(2 * 256, 512, generator=generator).bfloat16()
+    q = torch.randn(5, 2, 192, generator=generator).bfloat16()
+    return q, cache, weight, meta
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_prefill_refuses_a_strided_query_checks_on_or_off(backend):
+    """The layout checks run whatever `check_inputs` says: the prepared fast path reads q's memory directly."""
+    q, cache, weight, meta = _prefill_operands()
+    strided = torch.randn(5, 2, 384, dtype=torch.bfloat16)[..., ::2]
+    for check_inputs in (True, False):
+        with pytest.raises(MLAInputError, match=r"q: expected a contiguous last dim .*got strides \(768, 384, 2\)"):
+            mlakit.mla_prefill(strided, cache, weight, meta, softmax_scale=0.1, backend=backend,
+                               check_inputs=check_inputs)
+
+
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), 0.0, -1.0])
+def test_prefill_fp8_tensor_scale_must_be_finite_and_positive(scale):
+    q, cache, weight, meta = _prefill_operands(torch.float8_e4m3fn)
+    mlakit.mla_prefill(q, cache, weight, meta, softmax_scale=0.1, kv_scale=torch.ones(1))
+    with pytest.raises(MLAInputError, match=r"kv_scale: expected a finite scale > 0 .*got"):
+        mlakit.mla_prefill(q, cache, weight, meta, softmax_scale=0.1, kv_scale=torch.full((1,), scale))

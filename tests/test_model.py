@@ -113,6 +113,24 @@ def test_request_larger_than_the_cache_is_refused(v3_checkpoint):
         _runner(directory, num_pages=2).generate([Request(PROMPTS[1], NEW_TOKENS)])
 
 
+def test_reused_or_repeated_requests_are_refused_before_any_step(v3_checkpoint):
+    """A Request carries its output: generating it again, or twice in one call, would extend the old tokens (the
+    length limit met at once) or interleave two runs' tokens."""
+    directory, _ = v3_checkpoint
+    runner = _runner(directory)
+    done = Request(PROMPTS[0], 2)
+    runner.generate([done])
+    shared = Request(PROMPTS[1], 2)
+    for requests, pattern in [([done], r"requests\[0\]: expected a fresh Request .*2 output ids, finished=True"),
+                              ([Request(PROMPTS[0], 2, output_ids=[5])], r"requests\[0\]: expected a fresh Request"),
+                              ([shared, shared], r"requests\[1\]: expected a Request of its own, got the object of "
+                                                 r"requests\[0\]"),
+                              (Request(PROMPTS[0], 2), r"requests: expected a list of Request, got Request")]:
+        with pytest.raises(ConfigError, match=pattern):
+            runner.generate(requests)
+    assert runner.cache.allocator.num_free == runner.cache.allocator.num_pages, "no page was taken"
+
+
 def _corrupt_copy(source, target, edit):
     target.mkdir()
     config = json.loads((source / "config.json").read_text())

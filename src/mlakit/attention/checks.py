@@ -288,22 +288,32 @@ def _check_kv_scale(kv_scale: torch.Tensor | None, pages: torch.Tensor, device: 
         raise _fail("kv_scale", f"one element or shape {list(per_group)}", f"shape {tuple(kv_scale.shape)}")
 
 
+def _scale_problems(kv_scale: torch.Tensor | None) -> list[torch.Tensor]:
+    """For a per-tensor fp8 scale, [whether it is not a finite number > 0] as a device bool, to read with the other
+    value checks in one host sync; [] otherwise (per-group scales of unwritten slots may hold anything)."""
+    if kv_scale is None or kv_scale.numel() != 1:
+        return []
+    return [~(torch.isfinite(kv_scale) & (kv_scale > 0)).all()]
+
+
+def _scale_failure(kv_scale: torch.Tensor) -> MLAInputError:
+    return _fail("kv_scale", "a finite scale > 0 (the fp8 cache's values times it are the latent)",
+                 float(kv_scale.reshape(())))
+
+
 def _check_lengths_and_pages(block_table: torch.Tensor, cache_seqlens: torch.Tensor, page_size: int, num_pages: int,
                              kv_scale: torch.Tensor | None = None) -> None:
     """The values `_check_paged_operands` reads, in one host sync: lengths, the page indices they use and a
-    per-tensor fp8 scale (per-group scales of unwritten slots may hold anything, so those are not read)."""
+    per-tensor fp8 scale (`_scale_problems`)."""
     max_pages = block_table.shape[1]
     lengths = cache_seqlens.long()
     pages_needed = (lengths + page_size - 1) // page_size
     page_used = torch.arange(max_pages, device=block_table.device)[None, :] < pages_needed[:, None]
     bad_page = page_used & ((block_table < 0) | (block_table >= num_pages))
     problems = [(lengths < 0).any(), (lengths > max_pages * page_size).any(), bad_page.any()]
-    if kv_scale is not None and kv_scale.numel() == 1:
-        problems.append(~(torch.isfinite(kv_scale) & (kv_scale > 0)).all())
-    negative, too_long, out_of_range, *scale_unusable = torch.stack(problems).tolist()
+    negative, too_long, out_of_range, *scale_unusable = torch.stack(problems + _scale_problems(kv_scale)).tolist()
     if any(scale_unusable):
-        raise _fail("kv_scale", "a finite scale > 0 (the fp8 cache's values times it are the latent)",
-                    float(kv_scale.reshape(())))
+        raise _scale_failure(kv_scale)
     if negative:
         b = int(torch.nonzero(lengths < 0)[0])
         raise _fail("cache_seqlens", "lengths >= 0", f"cache_seqlens[{b}] = {int(lengths[b])}")
@@ -359,8 +369,10 @@ def check_prefill_inputs(
         raise _fail("q", "[tokens, heads, d_nope + d_rope] with heads >= 1", f"shape {tuple(q.shape)}")
     if kv_cache.dim() == 4 and kv_cache.shape[2] != 1:
         raise _fail("kv_cache", "[num_pages, page_size, dim] or [num_pages, page_size, 1, dim]", f"shape {tuple(kv_cache.shape)}")
+    _check_contiguous_last_dim("q", q, "a token's query values for a head")
     pages = _check_tensor("kv_cache", pages_view(kv_cache), 3, (*CACHE_DTYPES, torch.float32), q.device)
     num_pages, page_size, cache_dim = pages.shape
+    _check_contiguous_last_dim("kv_cache", pages, "a token's latent and rope values")
     if page_size != meta.page_size:
         raise _fail("kv_cache", f"pages of {meta.page_size} tokens (the page size the metadata was planned for)", f"shape {tuple(kv_cache.shape)}")
     _check_tensor("kv_b_weight", kv_b_weight, 2, (torch.bfloat16, torch.float16, torch.float32), q.device)
@@ -383,7 +395,11 @@ def check_prefill_inputs(
         raise _fail("meta", f"prefill metadata planned on {q.device} (the device of q)", meta.queries.cu_seqlens.device)
     if check_values:
         slots = torch.cat([keys.slots for keys, _ in meta.passes])
-        if slots.numel() and not bool(((slots >= 0) & (slots < num_pages * page_size)).all()):
+        out_of_range = ((slots < 0) | (slots >= num_pages * page_size)).any()
+        slots_bad, *scale_unusable = torch.stack([out_of_range.to(q.device), *_scale_problems(kv_scale)]).tolist()
+        if any(scale_unusable):
+            raise _scale_failure(kv_scale)
+        if slots_bad:
             raise _fail(
                 "block_table",
                 f"page indices in [0, {num_pages}) for every page the prefill reads (as planned by plan_prefill)",

@@ -158,11 +158,21 @@ class Runner:
         capacity = self.cache.allocator.num_free * self.cache.page_size
         parallel = self.model.parallel
         vocab = self.model.config.vocab_size
+        if isinstance(requests, (Request, str, bytes)) or not isinstance(requests, Sequence):
+            raise ConfigError(f"requests: expected a list of Request, got {type(requests).__name__}")
+        seen: dict[int, int] = {}
         for index, request in enumerate(requests):
             name = f"requests[{index}]"
             if not isinstance(request, Request):
                 raise ConfigError(f"{name}: expected a Request, got {type(request).__name__}")
             request.check(name)
+            if id(request) in seen:
+                raise ConfigError(f"{name}: expected a Request of its own, got the object of requests[{seen[id(request)]}] "
+                                  "(generation writes its output_ids and finished)")
+            seen[id(request)] = index
+            if request.output_ids or request.finished:
+                raise ConfigError(f"{name}: expected a fresh Request (no output_ids, not finished), got one with "
+                                  f"{len(request.output_ids)} output ids, finished={request.finished}; make a new one")
             if max(request.prompt_ids) >= vocab:
                 raise ConfigError(f"{name}.prompt_ids: expected token ids < the vocabulary size {vocab}, got {max(request.prompt_ids)}")
             needed = len(request.prompt_ids) + request.max_new_tokens
