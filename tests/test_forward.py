@@ -236,3 +236,20 @@ def test_step_parts_hold_every_token_once_in_packed_order(counts, decode_q_len, 
         seen_rows += rows
     assert sorted(seen_sequences) == [b for b, n in enumerate(new_tokens) if n]
     assert sorted(seen_rows) == list(range(step.num_tokens))
+
+
+@pytest.mark.parametrize("table, cache_shape, with_scale, pattern", [
+    ([[0, 1], [-1, 3], [2, 3]], (4, 8, 48), False, r"block_table: expected page indices in \[0, 4\) .*got block_table\[1, 0\] = -1"),
+    ([[0, 9], [1, 3], [2, 3]], (4, 8, 48), False, r"block_table: .*got block_table\[0, 1\] = 9"),
+    ([[0, 1], [2, 3], [3, 2]], (4, 8, 48), True, r"kv_scale: expected None for a float32 cache"),
+    ([[0, 1], [2, 3], [3, 2]], (8, 4, 48), False, r"kv_cache: expected \[num_pages, 8 \(the step's page size\), dim\]"),
+])
+def test_the_exact_float32_path_checks_the_cache_as_the_kernels_paths_do(table, cache_shape, with_scale, pattern):
+    """A float32 cache runs on the torch oracles, which would wrap a negative page index to the last page: the step's
+    pages, the cache's page size and the scale are checked as the bf16 path's calls check them."""
+    generator = torch.Generator().manual_seed(3)
+    step = AttentionStep((1, 3, 2), (9, 3, 12), torch.tensor(table, dtype=torch.int32), torch.arange(6), page_size=8)
+    q_nope, q_pe = torch.randn(6, 2, 16, generator=generator), torch.randn(6, 2, 16, generator=generator)
+    with pytest.raises(MLAInputError, match=pattern):
+        mla_forward(q_nope, q_pe, torch.randn(cache_shape, generator=generator), torch.ones(1) if with_scale else None,
+                    torch.randn(2 * 24, 32, generator=generator), step, softmax_scale=0.1)

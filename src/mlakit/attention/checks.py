@@ -268,7 +268,7 @@ def _check_paged_operands(
 
     _check_kv_scale(kv_scale, pages, device)
     if check_values:
-        _check_lengths_and_pages(block_table, cache_seqlens, page_size, num_pages, kv_scale)
+        check_lengths_and_pages(block_table, cache_seqlens, page_size, num_pages, kv_scale)
 
 
 def _check_kv_scale(kv_scale: torch.Tensor | None, pages: torch.Tensor, device: torch.device) -> None:
@@ -301,7 +301,7 @@ def _scale_failure(kv_scale: torch.Tensor) -> MLAInputError:
                  float(kv_scale.reshape(())))
 
 
-def _check_lengths_and_pages(block_table: torch.Tensor, cache_seqlens: torch.Tensor, page_size: int, num_pages: int,
+def check_lengths_and_pages(block_table: torch.Tensor, cache_seqlens: torch.Tensor, page_size: int, num_pages: int,
                              kv_scale: torch.Tensor | None = None) -> None:
     """The values `_check_paged_operands` reads, in one host sync: lengths, the page indices they use and a
     per-tensor fp8 scale (`_scale_problems`)."""

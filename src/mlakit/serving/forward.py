@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import torch
 
-from mlakit.attention.checks import checked_softmax_scale
+from mlakit.attention.checks import check_lengths_and_pages, checked_softmax_scale
 from mlakit.attention.functional import mla_decode, mla_extend, mla_prefill
 from mlakit.config import AUTO
 from mlakit.errors import MLAInputError
 from mlakit.cache.kv_quant import storage_name
 from mlakit.kernels.seesaw_layout import decode_page_size_hint
 from mlakit.prefill.mha import reference_attention_pass, run_mha_prefill
-from mlakit.reference import reference_extend
+from mlakit.reference import pages_view, reference_extend
 from mlakit.registry.catalog import get_backend
 from mlakit.serving.step import AttentionStep, StepPart
 
@@ -56,6 +56,8 @@ def mla_forward(
     w_uk, w_uv = absorbed_weights(kv_b_weight, q_nope)
     out = torch.empty(q_nope.shape[0], q_nope.shape[1], w_uv.shape[1], dtype=torch.float32, device=q_nope.device)
     exact = kv_cache.dtype == torch.float32
+    if exact:
+        _check_exact_cache(kv_cache, kv_scale, step, check_inputs)
     query_dtype = query_dtype_for(kv_cache)
     for part in step.parts:
         rows = part.token_rows
@@ -155,6 +157,22 @@ def _check_forward_inputs(
             f"step: decode backend {decode_backend!r} has no latent-form extend kernel for its short extends; build the "
             "AttentionStep with max_latent_extend_tokens=0 so they run in MHA form"
         )
+
+
+def _check_exact_cache(kv_cache: torch.Tensor, kv_scale: torch.Tensor | None, step: AttentionStep,
+                       check_inputs: bool) -> None:
+    """For a float32 cache, whose parts run on the torch oracles rather than through the checked calls: the cache's
+    pages of the step's page size, no fp8 scale, and with `check_inputs` (one host sync) every page the step's
+    sequences use within the cache (torch indexing would wrap a negative one)."""
+    pages = pages_view(kv_cache)
+    if pages.dim() != 3 or pages.shape[1] != step.page_size:
+        raise MLAInputError(f"kv_cache: expected [num_pages, {step.page_size} (the step's page size), dim], "
+                            f"got shape {tuple(kv_cache.shape)}")
+    if kv_scale is not None:
+        raise MLAInputError("kv_scale: expected None for a float32 cache (scales apply to fp8 caches only), got a tensor")
+    if check_inputs:
+        lengths = torch.tensor(step.cache_lens, dtype=torch.int32, device=step.block_table.device)
+        check_lengths_and_pages(step.block_table, lengths, step.page_size, pages.shape[0])
 
 
 def _latent_part(
