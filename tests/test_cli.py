@@ -319,7 +319,9 @@ def test_check_model_and_config_together():
          "decode_backend 'flashmla' cannot serve this configuration on sm90: "
          "speculative_uneven_drafts needs a latent-form extend kernel, which it lacks; "
          "backends that fit this decode configuration: triton, reference"),
-        (["--device-arch", "sm9"], "device arch 'sm9' is not one of cpu, xpu, sm80"),
+        (["--device-arch", "sm9"], "device arch 'sm9' is not one of cpu, xpu, sm70, sm72, sm75, sm80"),
+        (["--device-arch", "sm900"], "device arch 'sm900' is not one of cpu, xpu, sm70"),
+        (["--device-arch", "sm60"], "device arch 'sm60' is not one of cpu, xpu, sm70"),
         (["--config", "/nonexistent/mlakit/config.json"], "does not exist; pass a config.json or its directory"),
     ],
 )

@@ -32,6 +32,9 @@ def sm_count(device: torch.device, off_gpu: int | None = None) -> int:
 # SM counts assumed for a hypothetical device (used by workspace formulas).
 _TYPICAL_SMS = {8: 108, 9: 132, 10: 148, 12: 84}
 _ARCH_PATTERN = re.compile(r"^sm_?(\d+)(\d)a?$")
+# The CUDA compute capabilities a hypothetical device may name (Volta on): a typo such as sm900 is refused, not planned.
+KNOWN_CUDA_ARCHS = ("sm70", "sm72", "sm75", "sm80", "sm86", "sm87", "sm89", "sm90", "sm100", "sm101", "sm103", "sm110",
+                    "sm120", "sm121")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,8 +74,8 @@ class DeviceInfo:
         if key in ("cpu", "xpu"):
             return cls(kind=key, arch=key, name=key)
         match = _ARCH_PATTERN.match(key)
-        if not match:
-            raise ConfigError(f"device arch {arch!r} is not one of cpu, xpu, sm80, sm86, sm89, sm90, sm100, sm120")
+        if not match or f"sm{match.group(1)}{match.group(2)}" not in KNOWN_CUDA_ARCHS:
+            raise ConfigError(f"device arch {arch!r} is not one of cpu, xpu, {', '.join(KNOWN_CUDA_ARCHS)}")
         major, minor = int(match.group(1)), int(match.group(2))
         return cls(
             kind="cuda",
