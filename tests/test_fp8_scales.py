@@ -344,3 +344,12 @@ def test_error_bounds_on_deepseek_like_latents_hold_as_the_readme_states(magnitu
             assert s["frobenius"] < 0.03 and s["saturated_pct"] == 0
     static = stats[("tensor, static 1.0", "row")]
     assert (static["saturated_pct"] > 0.1 and static["frobenius"] > 0.3) if magnitude == 8 else static["frobenius"] < 0.03
+
+
+def test_auto_and_calibrated_scales_stay_finite_where_amax_times_headroom_overflows():
+    """Rows near float32's largest value: `amax * headroom` overflows, and an infinite scale would dequantize every
+    row of the cache to NaN; the scale stops at float32's largest value instead."""
+    cache = PagedLatentCache(4, 4, 8, 4, dtype="fp8_e4m3", fp8_scale="auto")
+    cache.append(0, torch.full((2, 8), 3e38), torch.randn(2, 4, generator=torch.Generator().manual_seed(8)))
+    assert bool(torch.isfinite(cache.scale).all()) and bool(torch.isfinite(cache.dequantized()[0, :2, :8]).all())
+    assert math.isfinite(PagedLatentCache(4, 4, 8, 4, dtype="fp8_e4m3").calibrate_fp8_scale([torch.full((2, 12), 3e38)])[0])

@@ -112,16 +112,19 @@ def quantize_rows_per_group(rows: torch.Tensor, counts: torch.Tensor | None = No
 
 def fp8_scale_from_rows(rows: torch.Tensor, headroom: float = AUTO_SCALE_HEADROOM) -> torch.Tensor:
     """A one-element float32 per-tensor scale `amax * headroom / 448`, amax being the largest
-    finite magnitude in `rows`, or 0 when `rows` hold no finite non-zero value. Device ops
-    only (no host sync), so a cache write can call it.
+    finite magnitude in `rows`, or 0 when `rows` hold no finite non-zero value; at most float32's
+    largest value, where `amax * headroom` would overflow. Device ops only (no host sync), so a
+    cache write can call it.
 
     >>> fp8_scale_from_rows(torch.tensor([[1.0, -224.0, float("inf")]])).tolist()
     [1.0]
+    >>> bool(torch.isfinite(fp8_scale_from_rows(torch.full((1, 2), 3e38))))
+    True
     """
     rows = rows.float()
     amax = torch.where(torch.isfinite(rows), rows.abs(), 0).amax().reshape(1)
-    tiny = torch.finfo(torch.float32).tiny
-    return torch.where(amax > 0, (amax * headroom / FP8_MAX).clamp_min(tiny), 0)
+    limits = torch.finfo(torch.float32)
+    return torch.where(amax > 0, (amax * headroom / FP8_MAX).clamp(limits.tiny, limits.max), 0)
 
 
 def dequantize(values: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
