@@ -131,6 +131,28 @@ def test_reused_or_repeated_requests_are_refused_before_any_step(v3_checkpoint):
     assert runner.cache.allocator.num_free == runner.cache.allocator.num_pages, "no page was taken"
 
 
+def test_a_step_that_raises_leaves_no_page_held(v3_checkpoint, monkeypatch):
+    """A failing step (here the second decode step) frees what the call's requests took, so the same requests run
+    afterwards as on a fresh cache."""
+    directory, _ = v3_checkpoint
+    runner = _runner(directory)
+    real_step, calls = runner._run_step, []
+
+    def failing_step(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("a backend failed")
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "_run_step", failing_step)
+    with pytest.raises(RuntimeError, match="a backend failed"):
+        runner.generate([Request(PROMPTS[0], NEW_TOKENS), Request(PROMPTS[1], NEW_TOKENS)])
+    assert runner.cache.allocator.num_free == runner.cache.allocator.num_pages
+    monkeypatch.undo()
+    again = runner.generate([Request(PROMPTS[0], NEW_TOKENS), Request(PROMPTS[1], NEW_TOKENS)])
+    assert again == _runner(directory).generate([Request(PROMPTS[0], NEW_TOKENS), Request(PROMPTS[1], NEW_TOKENS)])
+
+
 def _corrupt_copy(source, target, edit):
     target.mkdir()
     config = json.loads((source / "config.json").read_text())

@@ -127,9 +127,20 @@ class Runner:
         A request joins at the first step >= its `arrival_step` when pages and batch room allow.
         Every request is checked first (its fields, its token ids against the vocabulary, its
         prompt plus `max_new_tokens` against the free pages): one that could never run fails the
-        whole call with a ConfigError naming it, before any step runs or any page is taken.
+        whole call with a ConfigError naming it, before any step runs or any page is taken. A step
+        that raises (e.g. a backend that cannot run here) frees every page the call's requests hold
+        before the error propagates, so the cache is as it was.
         """
         self._check_requests(requests)
+        try:
+            return self._run(requests, on_token)
+        except BaseException:
+            for index in range(len(requests)):  # sequence ids are request indices (`_check_requests`)
+                self.cache.free(index, missing_ok=True)
+            raise
+
+    def _run(self, requests: Sequence[Request], on_token: Callable[[], None] | None) -> list[list[int]]:
+        """`generate`'s steps over checked requests."""
         waiting = list(range(len(requests)))
         running: list[int] = []
         step_index = 0
