@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from click.testing import CliRunner
 
 from mlakit import ConfigError, DeviceInfo, MLAInputError, MLAShape, ServingConfig, resolve
 from mlakit.cli import main
-from mlakit.distributed import TokenSharding, dcp_group_ranks, dcp_step, init_parallel
+from mlakit.distributed import TokenSharding, dcp_decode_step, dcp_group_ranks, dcp_step, init_parallel
 
 SHARDINGS = [TokenSharding(d, i) for d, i in itertools.product((1, 2, 3, 4, 8), (1, 2, 3, 4, 16))]
 
@@ -84,6 +85,86 @@ def test_dcp_step_checks_shapes() -> None:
         dcp_step(TokenSharding(2), 0, table.long(), lens, torch.arange(3, dtype=torch.int32), num_tokens=2, page_size=4)
     with pytest.raises(MLAInputError, match="page_size: expected an integer >= 1, got 0"):
         dcp_step(TokenSharding(2), 0, table, lens, torch.arange(3, dtype=torch.int32), num_tokens=2, page_size=0)
+
+
+def _model_slots(sharding: TokenSharding, rank: int, table: torch.Tensor, lengths: list[int], new: list[int],
+                 page_size: int) -> list[int]:
+    """Each new token's slot on `rank`, walking positions one by one: -1 where another rank owns it."""
+    slots = []
+    for b, (length, n) in enumerate(zip(lengths, new)):
+        mine = [p for p in range(length) if sharding.owner(p)[0] == rank]
+        for p in range(length - n, length):
+            local = mine.index(p) if p in mine else None
+            slots.append(-1 if local is None else int(table[b, local // page_size]) * page_size + local % page_size)
+    return slots
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_dcp_step_slots_of_full_tables_match_a_model(seed: int) -> None:
+    """Random page tables (pages in random order) filled up to the last slot on this rank, and lengths whose
+    last tokens belong to another rank past this rank's pages (their slot is -1): slots as the model's."""
+    gen = torch.Generator().manual_seed(seed)
+    dcp_size, interleave = int(torch.randint(1, 4, (), generator=gen)), int(torch.randint(1, 4, (), generator=gen))
+    sharding, rank, page_size = TokenSharding(dcp_size, interleave), seed % dcp_size, 4
+    batch, max_pages = 4, int(torch.randint(1, 4, (), generator=gen))
+    table = torch.randperm(batch * max_pages * 2, generator=gen)[: batch * max_pages].view(batch, max_pages).int()
+    capacity = max_pages * page_size
+    fitting = [length for length in range(200) if sharding.local_length(length, rank) <= capacity]
+    lengths = [fitting[-1], *(fitting[int(torch.randint(len(fitting), (), generator=gen))] for _ in range(batch - 1))]
+    new = [min(length, int(torch.randint(1, 4, (), generator=gen))) for length in lengths]
+    cu = torch.tensor([0, *itertools.accumulate(new)], dtype=torch.int32)
+    step = dcp_step(sharding, rank, table, torch.tensor(lengths, dtype=torch.int32), cu, num_tokens=sum(new),
+                    page_size=page_size)
+    assert step.slots.tolist() == _model_slots(sharding, rank, table, lengths, new, page_size)
+    q_len = int(torch.randint(1, 4, (), generator=gen))  # may exceed a length: those queries see no key
+    step = dcp_decode_step(sharding, rank, table, torch.tensor(lengths, dtype=torch.int32), q_len=q_len, page_size=page_size)
+    assert step.slots.tolist() == _model_slots(sharding, rank, table, lengths, [q_len] * batch, page_size)
+
+
+def test_dcp_step_keeps_the_clamp_for_other_ranks_tokens_past_its_pages() -> None:
+    # rank 1 of 2 holds local positions 0..3 of 9 tokens in its one page; position 8 is rank 0's local 4
+    step = dcp_decode_step(TokenSharding(2), 1, torch.tensor([[5]], dtype=torch.int32), torch.tensor([9], dtype=torch.int32),
+                           q_len=2, page_size=4)
+    assert step.slots.tolist() == [23, -1]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_dcp_step_refuses_lengths_past_the_ranks_pages(seed: int) -> None:
+    """A length whose tokens on this rank need one more page than the table row holds would give a new token
+    an existing token's slot: refused, naming cache_seqlens, before any slot is made."""
+    gen = torch.Generator().manual_seed(100 + seed)
+    dcp_size, interleave = int(torch.randint(1, 4, (), generator=gen)), int(torch.randint(1, 4, (), generator=gen))
+    sharding, rank, page_size = TokenSharding(dcp_size, interleave), seed % dcp_size, 4
+    batch, max_pages = 3, int(torch.randint(1, 4, (), generator=gen))
+    table = torch.randperm(batch * max_pages, generator=gen).view(batch, max_pages).int()
+    capacity = max_pages * page_size
+    too_long = next(length for length in range(500) if sharding.local_length(length, rank) > capacity)
+    bad = int(torch.randint(batch, (), generator=gen))
+    lengths = [too_long if b == bad else 1 for b in range(batch)]
+    message = (rf"cache_seqlens: expected .* at most max_pages \* page_size = {max_pages} \* {page_size} = {capacity} "
+               rf"tokens on this rank .*got cache_seqlens\[{bad}\] = {too_long} \({capacity + 1} tokens on rank {rank}\)")
+    with pytest.raises(MLAInputError, match=message):
+        dcp_decode_step(sharding, rank, table, torch.tensor(lengths, dtype=torch.int32), q_len=1, page_size=page_size)
+    cu = torch.arange(batch + 1, dtype=torch.int32)
+    with pytest.raises(MLAInputError, match=message):
+        dcp_step(sharding, rank, table, torch.tensor(lengths, dtype=torch.int32), cu, num_tokens=batch, page_size=page_size)
+
+
+@pytest.mark.parametrize(("table", "length", "q_len", "got"), [([[0]], 6, 1, 6), ([[2, 3]], 11, 2, 11), ([[3, 1]], 9, 1, 9)])
+def test_dcp_decode_step_refuses_the_audits_cases(table: list, length: int, q_len: int, got: int) -> None:
+    with pytest.raises(MLAInputError, match=rf"cache_seqlens: expected .*got cache_seqlens\[0\] = {got}"):
+        dcp_decode_step(TokenSharding(1), 0, torch.tensor(table, dtype=torch.int32),
+                        torch.tensor([length], dtype=torch.int32), q_len=q_len, page_size=4)
+
+
+@pytest.mark.parametrize(("cu", "num_tokens"), [([0, 2], 3), ([0, 2], 1), ([0, 2, 1], 1), ([1, 2, 3], 3), ([0, 3, 2], 2)])
+def test_dcp_step_refuses_offsets_that_disagree_with_num_tokens(cu: list, num_tokens: int) -> None:
+    batch = len(cu) - 1
+    table = torch.randperm(batch * 2, generator=torch.Generator().manual_seed(1)).view(batch, 2).int()
+    with pytest.raises(MLAInputError, match=rf"cu_seqlens_q: expected non-decreasing offsets from 0 to num_tokens = "
+                                            rf"{num_tokens}, got {re.escape(str(cu))}"):
+        dcp_step(TokenSharding(1), 0, table, torch.full((batch,), 4, dtype=torch.int32),
+                 torch.tensor(cu, dtype=torch.int32), num_tokens=num_tokens, page_size=4)
 
 
 def test_dcp_group_layout_is_consecutive_tp_ranks() -> None:
@@ -170,3 +251,14 @@ def test_the_helpers_are_reachable_from_the_package() -> None:
     import mlakit
 
     assert mlakit.distributed.merge_across_ranks is not None and mlakit.distributed.TokenSharding is TokenSharding
+
+
+def test_unchecked_device_steps_never_give_a_new_token_an_existing_slot(monkeypatch):
+    """On a GPU the step builders read no values (no sync), so a length past the rank's table is not refused there;
+    its new tokens get slot -1 (never written) instead of the last page's slots, which hold existing tokens."""
+    from mlakit.distributed import step as step_module
+
+    monkeypatch.setattr(step_module, "_check_step_values", lambda *args: None)  # as for device tensors
+    table = torch.tensor([[2, 3]], dtype=torch.int32)
+    step = dcp_decode_step(TokenSharding(1), 0, table, torch.tensor([11], dtype=torch.int32), q_len=4, page_size=4)
+    assert step.slots.tolist() == [3 * 4 + 3, -1, -1, -1]  # token 7 is page 3's last row; tokens 8-10 lie past it

@@ -77,6 +77,8 @@ def dcp_step(
     ([4, 5, 6], [2, 3, 3], [-1, 10, -1], [3])
     """
     _check_step_inputs(block_table, cache_seqlens, cu_seqlens_q, num_tokens, page_size)
+    if block_table.device.type == "cpu":  # host values: checking them costs no sync (on a GPU it would)
+        _check_step_values(sharding, rank, block_table, cache_seqlens, cu_seqlens_q, num_tokens, page_size)
     device = block_table.device
     starts = cu_seqlens_q.long()
     new_counts = starts[1:] - starts[:-1]
@@ -87,7 +89,11 @@ def dcp_step(
     in_cache = positions >= 0
     owner, local = sharding.owner(positions.clamp(min=0))
     table = block_table[token_seq]
-    page = (local // page_size).clamp(max=block_table.shape[1] - 1)  # another rank's token may lie past this rank's pages
+    # The clamp keeps the gather in range: another rank's token may lie past this rank's pages (its slot is -1
+    # anyway), and so may this rank's own where a length outran the table, which only host tensors are checked for
+    # (above): its slot is -1 too, never another token's, and the decode's length check refuses the step.
+    page = (local // page_size).clamp(max=block_table.shape[1] - 1)
+    in_table = local // page_size < block_table.shape[1]
     slots = table.gather(1, page[:, None])[:, 0].long() * page_size + local % page_size
     return DCPStep(
         sharding=sharding,
@@ -96,7 +102,7 @@ def dcp_step(
         positions=positions,
         block_table=table,
         visible=sharding.local_length((positions + 1).clamp(min=0), rank).int(),
-        slots=torch.where((owner == rank) & in_cache, slots, -1),
+        slots=torch.where((owner == rank) & in_cache & in_table, slots, -1),
         cu_seqlens_q=cu_seqlens_q,
     )
 
@@ -133,3 +139,28 @@ def _check_step_inputs(
     for name, value, minimum in (("num_tokens", num_tokens, 0), ("page_size", page_size, 1)):
         if not is_int(value) or value < minimum:
             raise MLAInputError(f"{name}: expected an integer >= {minimum}, got {value!r}")
+
+
+def _check_step_values(
+    sharding: TokenSharding, rank: int, block_table: torch.Tensor, cache_seqlens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor, num_tokens: int, page_size: int,
+) -> None:
+    """The values of host (CPU) inputs, which cost no sync to read: offsets that agree with `num_tokens`, and
+    lengths whose tokens on this rank fit its table row (otherwise a new token's slot would be an existing
+    token's, and the write would overwrite it)."""
+    offsets = cu_seqlens_q.tolist()
+    if offsets[0] != 0 or offsets[-1] != num_tokens or any(b < a for a, b in zip(offsets, offsets[1:])):
+        raise MLAInputError(
+            f"cu_seqlens_q: expected non-decreasing offsets from 0 to num_tokens = {num_tokens}, got {offsets}"
+        )
+    capacity = block_table.shape[1] * page_size
+    local = sharding.local_length(cache_seqlens.long(), rank)
+    bad = torch.nonzero((cache_seqlens < 0) | (local > capacity))
+    if bad.numel():
+        i = int(bad[0, 0])
+        raise MLAInputError(
+            f"cache_seqlens: expected global lengths >= 0 with at most max_pages * page_size = "
+            f"{block_table.shape[1]} * {page_size} = {capacity} tokens on this rank (rank {rank} of "
+            f"{sharding.dcp_size}); reserve pages for the new tokens first, got cache_seqlens[{i}] = "
+            f"{int(cache_seqlens[i])} ({int(local[i])} tokens on rank {rank})"
+        )
