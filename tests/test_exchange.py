@@ -266,3 +266,22 @@ def test_exchange_buffers_ignore_the_default_device_and_dtype(world_of_one):
     assert torch.equal(parts[0], out) and torch.equal(part_lse[0], lse)
     assert merged.dtype == torch.bfloat16 and merged_lse.dtype == torch.float32
     assert torch.equal(merged, out) and torch.equal(merged_lse, lse)
+
+
+@pytest.mark.parametrize("shapes, pattern", [
+    (dict(kv_b_weight=(2 * 24 + 1, 32)), r"kv_b_weight: expected \[2 heads x \(d_nope 16 \+ d_v\), kv_lora_rank 32\]"),
+    (dict(q_pe=(1, 3, 16)), r"q_pe: expected \[1 tokens \(the step's new tokens\), heads, dim\]"),
+    (dict(q_nope=(2, 16)), r"q_nope: expected \[1 tokens"),
+])
+def test_dcp_mla_forward_names_an_operand_that_does_not_fit(world_of_one, shapes, pattern):
+    from mlakit.distributed import TokenSharding, dcp_decode_step
+    from mlakit.distributed.attention import dcp_mla_forward
+
+    step = dcp_decode_step(TokenSharding(1), 0, torch.tensor([[0]], dtype=torch.int32),
+                           torch.tensor([5], dtype=torch.int32), q_len=1, page_size=8)
+    generator = torch.Generator().manual_seed(4)
+    sizes = dict(q_nope=(1, 2, 16), q_pe=(1, 2, 16), kv_b_weight=(2 * 24, 32)) | shapes
+    operands = {name: torch.randn(size, generator=generator) for name, size in sizes.items()}
+    with pytest.raises(MLAInputError, match=pattern):
+        dcp_mla_forward(operands["q_nope"], operands["q_pe"], torch.randn(1, 8, 48, generator=generator), None,
+                        operands["kv_b_weight"], step, world_of_one, softmax_scale=0.2)

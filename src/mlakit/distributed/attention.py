@@ -20,7 +20,8 @@ from mlakit.config import AUTO
 from mlakit.distributed.collectives import gather_heads, merge_across_ranks
 from mlakit.distributed.step import DCPStep
 from mlakit.errors import MLAInputError
-from mlakit.serving.forward import absorb_query, absorbed_weights, expand_output, query_dtype_for
+from mlakit.serving.forward import (absorb_query, absorbed_weights, check_absorbed_operands, expand_output,
+                                    query_dtype_for)
 from mlakit.reference import attend_tokens, pages_view
 
 
@@ -116,6 +117,9 @@ def dcp_mla_forward(
     torch.Size([1, 2, 8])
     >>> dist.destroy_process_group()
     """
+    if not isinstance(kv_cache, torch.Tensor):
+        raise MLAInputError(f"kv_cache: expected a torch.Tensor, got {type(kv_cache).__name__}")
+    check_absorbed_operands(q_nope, q_pe, kv_cache, kv_b_weight, step.positions.shape[0])
     w_uk, w_uv = absorbed_weights(kv_b_weight, q_nope)
     q_latent = absorb_query(q_nope, q_pe, w_uk).to(query_dtype_for(kv_cache))
     out_latent, _ = dcp_attention(q_latent, kv_cache, step, group, kv_lora_rank=kv_b_weight.shape[1],

@@ -124,6 +124,29 @@ def query_dtype_for(kv_cache: torch.Tensor) -> torch.dtype:
     return torch.bfloat16
 
 
+def check_absorbed_operands(q_nope: object, q_pe: object, kv_cache: torch.Tensor, kv_b_weight: object,
+                            num_tokens: int) -> None:
+    """MLAInputError naming the first of `q_nope [T, H, d_nope]`, `q_pe [T, H, d_rope]` (T = `num_tokens`, the
+    step's query tokens) and `kv_b_weight [H * (d_nope + d_v), kv_lora_rank]` that does not fit the others and the
+    cache's row width `kv_lora_rank + d_rope` (shapes only)."""
+    for name, q in (("q_nope", q_nope), ("q_pe", q_pe), ("kv_b_weight", kv_b_weight)):
+        if not isinstance(q, torch.Tensor) or not q.is_floating_point():
+            got = q.dtype if isinstance(q, torch.Tensor) else type(q).__name__
+            raise MLAInputError(f"{name}: expected a floating-point tensor, got {got}")
+    for name, q in (("q_nope", q_nope), ("q_pe", q_pe)):
+        if q.dim() != 3 or q.shape[0] != num_tokens or q.shape[1] != q_nope.shape[1]:
+            raise MLAInputError(
+                f"{name}: expected [{num_tokens} tokens (the step's new tokens), heads, dim] with q_nope's heads, "
+                f"got shape {tuple(q.shape)}"
+            )
+    heads, nope_dim, rank = q_nope.shape[1], q_nope.shape[2], kv_cache.shape[-1] - q_pe.shape[2]
+    if kv_b_weight.dim() != 2 or kv_b_weight.shape[1] != rank or kv_b_weight.shape[0] % heads or kv_b_weight.shape[0] // heads <= nope_dim:
+        raise MLAInputError(
+            f"kv_b_weight: expected [{heads} heads x (d_nope {nope_dim} + d_v), kv_lora_rank {rank}] (kv_b_proj.weight), "
+            f"got shape {tuple(kv_b_weight.shape)}"
+        )
+
+
 def _check_forward_inputs(
     q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, kv_b_weight: torch.Tensor, step: AttentionStep,
     decode_backend: str, prefill_backend: str,
@@ -135,22 +158,7 @@ def _check_forward_inputs(
             raise MLAInputError(f"{name}: expected a registered backend name or {AUTO!r}, got {backend!r}")
         if backend != AUTO:
             get_backend(backend)  # raises ConfigError listing the registered names
-    for name, q in (("q_nope", q_nope), ("q_pe", q_pe), ("kv_b_weight", kv_b_weight)):
-        if not isinstance(q, torch.Tensor) or not q.is_floating_point():
-            got = q.dtype if isinstance(q, torch.Tensor) else type(q).__name__
-            raise MLAInputError(f"{name}: expected a floating-point tensor, got {got}")
-    for name, q in (("q_nope", q_nope), ("q_pe", q_pe)):
-        if q.dim() != 3 or q.shape[0] != step.num_tokens or q.shape[1] != q_nope.shape[1]:
-            raise MLAInputError(
-                f"{name}: expected [{step.num_tokens} tokens (the step's new tokens), heads, dim] with q_nope's heads, "
-                f"got shape {tuple(q.shape)}"
-            )
-    heads, nope_dim, rank = q_nope.shape[1], q_nope.shape[2], kv_cache.shape[-1] - q_pe.shape[2]
-    if kv_b_weight.dim() != 2 or kv_b_weight.shape[1] != rank or kv_b_weight.shape[0] % heads or kv_b_weight.shape[0] // heads <= nope_dim:
-        raise MLAInputError(
-            f"kv_b_weight: expected [{heads} heads x (d_nope {nope_dim} + d_v), kv_lora_rank {rank}] (kv_b_proj.weight), "
-            f"got shape {tuple(kv_b_weight.shape)}"
-        )
+    check_absorbed_operands(q_nope, q_pe, kv_cache, kv_b_weight, step.num_tokens)
     has_extend_part = any(part.kind == "latent_extend" for part in step.parts)
     if has_extend_part and decode_backend != AUTO and get_backend(decode_backend).extend is None:
         raise MLAInputError(
