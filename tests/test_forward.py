@@ -253,3 +253,10 @@ def test_the_exact_float32_path_checks_the_cache_as_the_kernels_paths_do(table, 
     with pytest.raises(MLAInputError, match=pattern):
         mla_forward(q_nope, q_pe, torch.randn(cache_shape, generator=generator), torch.ones(1) if with_scale else None,
                     torch.randn(2 * 24, 32, generator=generator), step, softmax_scale=0.1)
+
+
+@pytest.mark.parametrize("num_steps", [0, 1.5, None])
+def test_draft_decode_steps_names_a_bad_step_count(num_steps):
+    table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    with pytest.raises(MLAInputError, match=r"num_steps: expected an integer >= 1, got"):
+        draft_decode_steps((3, 4), table, page_size=4, num_steps=num_steps)

@@ -1056,3 +1056,13 @@ def test_decode_q_len_is_draft_tokens_plus_one():
 def test_serving_config_rejects_a_non_bool_cuda_graphs():
     with pytest.raises(ConfigError, match="cuda_graphs"):
         ServingConfig(cuda_graphs="no")
+
+
+@pytest.mark.parametrize("arguments, pattern", [
+    ((ServingConfig(), "deepseek-v3"), r"shape: expected a MLAShape, got str"),
+    ((None, MLAShape.preset("deepseek-v3")), r"config: expected a ServingConfig, got NoneType"),
+    ((ServingConfig(), MLAShape.preset("deepseek-v3"), "cpu"), r"device: expected a DeviceInfo .*got str"),
+])
+def test_resolve_names_an_argument_of_the_wrong_type(arguments, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        resolve(*arguments)

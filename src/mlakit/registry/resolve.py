@@ -42,6 +42,12 @@ def resolve(config: ServingConfig, shape: MLAShape, device: DeviceInfo | None = 
     >>> plan.decode_backend, plan.page_size, plan.kv_cache_dtype
     ('reference', 64, 'bf16')
     """
+    for name, value, kind in (("config", config, ServingConfig), ("shape", shape, MLAShape)):
+        if not isinstance(value, kind):
+            raise ConfigError(f"{name}: expected a {kind.__name__}, got {type(value).__name__}")
+    if device is not None and not isinstance(device, DeviceInfo):
+        raise ConfigError(f"device: expected a DeviceInfo (e.g. DeviceInfo.from_arch('sm90')) or None, "
+                          f"got {type(device).__name__}")
     device = device or DeviceInfo.detect(config.device)
     rank_shape = shape.for_tp(config.tp_size)
     if config.cuda_graphs and device.kind != "cuda":

@@ -238,8 +238,8 @@ def draft_decode_steps(
     >>> [s.cache_lens for s in steps], steps[1].slots.tolist()
     ([(4, 5), (5, 6)], [0, 13])
     """
-    if num_steps < 1:
-        raise MLAInputError(f"num_steps: expected >= 1, got {num_steps}")
+    if not is_int(num_steps) or num_steps < 1:
+        raise MLAInputError(f"num_steps: expected an integer >= 1, got {num_steps!r}")
     active = [1 if n > 0 else 0 for n in cache_lens]
     check_step_counts(active, [n + num_steps * a for n, a in zip(cache_lens, active)], block_table, page_size)
     live = [b for b, a in enumerate(active) if a]
