@@ -264,3 +264,19 @@ def test_generate_cli_decodes_text_with_the_directorys_tokenizer(v3_checkpoint, 
     assert result.exit_code == 0, result.output
     expected = " ".join(f"w{t}" for t in _transformers_greedy(hf, PROMPTS[0]))
     assert repr(expected) in result.output.replace("\n", "")
+
+
+@pytest.mark.parametrize("change, pattern", [
+    (dict(model=None), r"model: expected a DeepseekForCausalLM .*got NoneType"),
+    (dict(cache=None), r"cache: expected a PagedLatentCache, got NoneType"),
+    (dict(kv_lora_rank=32), r"cache: expected rows of the model's kv_lora_rank 64 \+ qk_rope_head_dim 16, got "
+                            r"kv_lora_rank 32 \+ rope_dim 16"),
+    (dict(mixed_steps="no"), r"mixed_steps: expected True or False, got 'no'"),
+])
+def test_runner_names_a_model_cache_or_setting_that_does_not_fit(v3_checkpoint, change, pattern):
+    directory, _ = v3_checkpoint
+    model = load_model(directory)
+    cache = PagedLatentCache(8, 4, change.pop("kv_lora_rank", 64), 16, dtype="fp32", num_layers=model.config.num_layers)
+    arguments = dict(model=model, cache=cache, mixed_steps=False) | change
+    with pytest.raises(ConfigError, match=pattern):
+        Runner(arguments["model"], arguments["cache"], decode_backend="reference", mixed_steps=arguments["mixed_steps"])

@@ -100,8 +100,21 @@ class Runner:
         max_batch_size: int = 64,
         mixed_steps: bool = False,
     ) -> None:
+        if not isinstance(model, DeepseekForCausalLM):
+            raise ConfigError(f"model: expected a DeepseekForCausalLM (mlakit.model.loader.load_model), "
+                              f"got {type(model).__name__}")
+        if not isinstance(cache, PagedLatentCache):
+            raise ConfigError(f"cache: expected a PagedLatentCache, got {type(cache).__name__}")
         if len(cache.stores) != model.config.num_layers:
             raise ConfigError(f"cache has {len(cache.stores)} layers, the model {model.config.num_layers}")
+        shape = model.config.attention.shape
+        if (cache.kv_lora_rank, cache.rope_dim) != (shape.kv_lora_rank, shape.qk_rope_head_dim):
+            raise ConfigError(
+                f"cache: expected rows of the model's kv_lora_rank {shape.kv_lora_rank} + qk_rope_head_dim "
+                f"{shape.qk_rope_head_dim}, got kv_lora_rank {cache.kv_lora_rank} + rope_dim {cache.rope_dim}"
+            )
+        if not isinstance(mixed_steps, bool):
+            raise ConfigError(f"mixed_steps: expected True or False, got {mixed_steps!r}")
         if not is_int(max_batch_size) or max_batch_size < 1:
             raise ConfigError(f"max_batch_size: expected an integer >= 1, got {max_batch_size!r}")
         for name, backend in (("decode_backend", decode_backend), ("prefill_backend", prefill_backend)):
