@@ -309,3 +309,13 @@ def test_dequantize_computes_in_the_requested_dtype_for_both_layouts(dtype):
         assert per_tensor.dtype == dtype and per_group.dtype == dtype
         assert torch.equal(per_tensor, values.to(dtype) * scale.to(dtype)), scale
         assert torch.equal(per_group, per_tensor), scale
+
+
+@pytest.mark.parametrize("keyword, value, pattern", [
+    ("device", "gpu", r"device: expected a torch device such as 'cpu' or 'cuda:0', got 'gpu'"),
+    ("dtype", ["bf16"], r"dtype must be one of \['bf16', 'fp16', 'fp8_e4m3', 'fp32'\], got \['bf16'\]"),
+    ("scale_layout", ["tensor"], r"scale_layout must be one of \('tensor', 'group'\), got \['tensor'\]"),
+])
+def test_the_cache_names_a_bad_device_dtype_or_scale_layout(keyword, value, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        PagedLatentCache(2, 4, 8, 4, **{keyword: value})

@@ -154,10 +154,14 @@ class LatentStore:
         scale_layout: str = "tensor",
         fp8_scale: FP8Scale = None,
     ) -> None:
-        if dtype not in STORAGE_DTYPES:
+        if not isinstance(dtype, str) or dtype not in STORAGE_DTYPES:
             raise ConfigError(f"dtype must be one of {list(STORAGE_DTYPES)}, got {dtype!r}")
-        if scale_layout not in SCALE_LAYOUTS:
+        if not isinstance(scale_layout, str) or scale_layout not in SCALE_LAYOUTS:
             raise ConfigError(f"scale_layout must be one of {SCALE_LAYOUTS}, got {scale_layout!r}")
+        try:
+            device = torch.device(device)
+        except (RuntimeError, TypeError) as exc:
+            raise ConfigError(f"device: expected a torch device such as 'cpu' or 'cuda:0', got {device!r}") from exc
         _check_fp8_scale(fp8_scale, dtype, scale_layout)
         self.dtype = dtype
         self.scale_layout = scale_layout
