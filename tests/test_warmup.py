@@ -5,7 +5,7 @@ from unittest import mock
 import pytest
 import torch
 
-from mlakit import DeviceInfo, MLAShape, ServingConfig, resolve
+from mlakit import ConfigError, DeviceInfo, MLAShape, ServingConfig, resolve
 from mlakit.attention.functional import mla_decode_metadata
 from mlakit.serving.forward import mla_forward
 from mlakit.kernels import cache_write, decode_split_plan, hopper_decode, hopper_narrow_decode, triton_decode, triton_prefill
@@ -105,3 +105,25 @@ def test_after_warm_up_no_step_compiles_a_kernel(kv_dtype, draft_tokens):
                     softmax_scale=shape.softmax_scale, decode_backend="triton", prefill_backend="triton", check_inputs=False)
     torch.cuda.synchronize()
     assert compiled_variants() == before, "a serving step compiled a kernel variant the warm-up missed"
+
+
+@pytest.mark.parametrize("call, pattern", [
+    (lambda: warm_up(None), r"plan: expected a Plan \(mlakit.resolve\(...\)\), got NoneType"),
+    (lambda: warm_up(_cpu_plan(), max_latent_extend_tokens=-1), r"max_latent_extend_tokens: expected an integer >= 0"),
+    (lambda: warm_up(_cpu_plan(), max_latent_extend_tokens=2.5), r"max_latent_extend_tokens: expected an integer >= 0"),
+])
+def test_warm_up_names_a_bad_argument(call, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        call()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without a CUDA device")
+def test_warm_up_refuses_a_plan_for_a_device_this_machine_lacks():
+    plan = resolve(ServingConfig(max_batch_size=4), MLAShape.preset("deepseek-v2-lite"), DeviceInfo.from_arch("sm90"))
+    with pytest.raises(ConfigError, match=r"plan: expected one for a device this machine has, got one for "
+                                          r"hypothetical sm90 \(no cuda device here\)"):
+        warm_up(plan)
+
+
+def _cpu_plan():
+    return resolve(ServingConfig(max_batch_size=4), MLAShape.preset("deepseek-v2-lite"), DeviceInfo.from_arch("cpu"))
