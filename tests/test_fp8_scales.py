@@ -353,3 +353,9 @@ def test_auto_and_calibrated_scales_stay_finite_where_amax_times_headroom_overfl
     cache.append(0, torch.full((2, 8), 3e38), torch.randn(2, 4, generator=torch.Generator().manual_seed(8)))
     assert bool(torch.isfinite(cache.scale).all()) and bool(torch.isfinite(cache.dequantized()[0, :2, :8]).all())
     assert math.isfinite(PagedLatentCache(4, 4, 8, 4, dtype="fp8_e4m3").calibrate_fp8_scale([torch.full((2, 12), 3e38)])[0])
+
+
+def test_calibration_names_samples_given_as_one_tensor():
+    cache = PagedLatentCache(2, 16, 8, 8, dtype="fp8_e4m3", num_layers=2)
+    with pytest.raises(MLAInputError, match=r"samples: expected a list of one tensor per layer \(2\), got Tensor"):
+        cache.calibrate_fp8_scale(torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(9)))

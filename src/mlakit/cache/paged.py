@@ -418,6 +418,9 @@ class PagedLatentCache:
         >>> cache.calibrate_fp8_scale([torch.full((4, 16), 224.0), torch.full((4, 16), -2.0)], headroom=1.0)
         [0.5, 0.004464285913854837]
         """
+        if isinstance(samples, torch.Tensor) or not isinstance(samples, Sequence):
+            raise MLAInputError(f"samples: expected a list of one tensor per layer ({len(self.stores)}), "
+                                f"got {type(samples).__name__}")
         if len(samples) != len(self.stores):
             raise MLAInputError(f"samples: expected one tensor per layer ({len(self.stores)}), got {len(samples)}")
         return [store.calibrate_fp8_scale(rows, headroom) for store, rows in zip(self.stores, samples)]
