@@ -90,12 +90,7 @@ class DeviceInfo:
         """The local device: "auto" picks CUDA, then XPU, then CPU."""
         requested = str(device)
         if requested == "auto":
-            if torch.cuda.is_available():
-                requested = "cuda"
-            elif hasattr(torch, "xpu") and torch.xpu.is_available():
-                requested = "xpu"
-            else:
-                requested = "cpu"
+            requested = next(kind for kind in ("cuda", "xpu", "cpu") if kind_available(kind))
         try:
             dev = torch.device(requested)
         except RuntimeError as exc:
@@ -103,7 +98,7 @@ class DeviceInfo:
         if dev.type == "cpu":
             return cls(kind="cpu", arch="cpu", name="cpu", local=True)
         if dev.type == "cuda":
-            if not torch.cuda.is_available():
+            if not kind_available("cuda"):
                 raise ConfigError(f"device {requested!r} asked for, but torch sees no CUDA device here")
             index = dev.index if dev.index is not None else torch.cuda.current_device()
             if index >= torch.cuda.device_count():
@@ -119,8 +114,21 @@ class DeviceInfo:
                 index=index,
             )
         if dev.type == "xpu":
-            if not (hasattr(torch, "xpu") and torch.xpu.is_available()):
+            if not kind_available("xpu"):
                 raise ConfigError(f"device {requested!r} asked for, but torch sees no XPU device here")
             index = dev.index or 0
             return cls(kind="xpu", arch="xpu", name=torch.xpu.get_device_name(index), local=True, index=index)
         raise ConfigError(f"device {requested!r} is not supported; use 'auto', 'cpu', 'cuda[:N]' or 'xpu[:N]'")
+
+
+def kind_available(kind: str) -> bool:
+    """Whether torch sees a device of `kind` ("cpu", "cuda" or "xpu") on this machine.
+
+    >>> kind_available("cpu")
+    True
+    """
+    if kind == "cuda":
+        return torch.cuda.is_available()
+    if kind == "xpu":
+        return hasattr(torch, "xpu") and torch.xpu.is_available()
+    return kind == "cpu"

@@ -223,7 +223,7 @@ class LatentStore:
 
             write_rows(self.data, self.scale, slots, rows, self.fp8_counts)
             return
-        keep = (slots >= 0) & (slots < self.num_slots)
+        keep = self._in_cache(slots)
         slots, rows = slots[keep], rows[keep]
         flat = self.data.view(-1, self.data.shape[-1])
         if not self.is_fp8:
@@ -248,6 +248,10 @@ class LatentStore:
         for name, tensor in (("rows", rows), ("slots", slots)):
             if tensor.device != device:
                 raise MLAInputError(f"{name}: expected a tensor on {device} (the store's device), got {tensor.device}")
+
+    def _in_cache(self, slots: torch.Tensor) -> torch.Tensor:
+        """Which slots name a row of the store (not -1 padding, nor outside it): the rows an unchecked write keeps."""
+        return (slots >= 0) & (slots < self.num_slots)
 
     def _check_slot_values(self, slots: torch.Tensor) -> None:
         """MLAInputError naming the first slot that is neither -1 (padding) nor in [0, num_slots). Reads the
@@ -280,7 +284,7 @@ class LatentStore:
                 "(the graph would repeat the scale's update on every replay); write real rows (padding rows do not "
                 "count) and synchronize, or call calibrate_fp8_scale first"
             )
-        real = (slots >= 0) & (slots < self.num_slots)
+        real = self._in_cache(slots)
         scale = fp8_scale_from_rows(torch.where(real[:, None], rows, 0))
         decides = self._auto_undecided & real.any()
         self.scale.copy_(torch.where(decides & (scale > 0), scale, self.scale))

@@ -21,6 +21,7 @@ import torch
 
 from mlakit.attention.functional import mla_decode, mla_decode_metadata, mla_extend, mla_prefill
 from mlakit.cache import LatentStore
+from mlakit.device import kind_available
 from mlakit.errors import ConfigError, is_int
 from mlakit.kernels.seesaw_layout import decode_page_size_hint
 from mlakit.plan import Plan, WarmupReport
@@ -48,7 +49,7 @@ def warm_up(
     """
     if not isinstance(plan, Plan):
         raise ConfigError(f"plan: expected a Plan (mlakit.resolve(...)), got {type(plan).__name__}")
-    if not _available(plan.device.kind):
+    if not kind_available(plan.device.kind):
         raise ConfigError(f"plan: expected one for a device this machine has, got one for {plan.device.name} "
                           f"(no {plan.device.kind} device here); resolve it on the machine that serves")
     if not is_int(max_latent_extend_tokens) or max_latent_extend_tokens < 0:
@@ -95,15 +96,6 @@ def _powers_of_two_up_to(limit: int) -> list[int]:
     """
     counts = [2 ** k for k in range(1, max(1, limit).bit_length()) if 2 ** k < limit]
     return counts + [limit] if limit >= 2 else counts
-
-
-def _available(kind: str) -> bool:
-    """Whether this machine has a device of `kind` ("cpu", "cuda" or "xpu") to run a warm-up on."""
-    if kind == "cuda":
-        return torch.cuda.is_available()
-    if kind == "xpu":
-        return hasattr(torch, "xpu") and torch.xpu.is_available()
-    return True
 
 
 class _DummyWorld:
