@@ -17,7 +17,7 @@ from mlakit.bench import graphs as graphs_bench
 from mlakit.bench.ceilings import Ceilings
 from mlakit.bench.graphs import GraphBenchSettings, StepTime
 from mlakit.distributed import init_parallel
-from mlakit.serving.graphs import DecodeBuffers
+from mlakit.serving.graphs import DecodeBuffers, check_step_values
 
 RANK_SETTINGS = GraphBenchSettings(layers=2, heads=4, batches=(1, 3), context=37, q_len=2, backend="reference",
                                    page_size=8, warmup=0, steps=3, tp_size=2, dcp_size=2, dcp_interleave=4)
@@ -34,13 +34,15 @@ class Replay:
 
 
 class EagerGraphs:
-    """DecodeGraphs' interface without CUDA: `capture` runs each bucket once, `run` fills the real
-    buffers and "replays" (reruns the step, output masked as the real graphs do)."""
+    """DecodeGraphs' interface without CUDA: `capture` runs each bucket once, `run` checks the values
+    as asked, fills the real buffers and "replays" (reruns the step, output masked as the real graphs do)."""
 
     made: list[EagerGraphs] = []
 
-    def __init__(self, step, *, backend, max_batch, q_len, heads, dim, max_pages, dtype, device, buckets):
+    def __init__(self, step, *, backend, max_batch, q_len, heads, dim, max_pages, page_size, num_pages, dtype, device,
+                 buckets):
         self.step, self.backend, self.heads = step, backend, heads
+        self.page_size, self.num_pages = page_size, num_pages
         self.buckets = tuple(sorted({b for b in buckets if b <= max_batch} | {max_batch}))
         self.buffers = DecodeBuffers.allocate(max_batch, q_len, heads, dim, max_pages, dtype, device)
         self._graphs: dict[int, tuple[Replay, torch.Tensor]] = {}
@@ -62,7 +64,9 @@ class EagerGraphs:
             out = masked()
             self._graphs[bucket] = (Replay(masked, out), out)
 
-    def run(self, q, block_table, cache_seqlens):
+    def run(self, q, block_table, cache_seqlens, *, check_values=True):
+        if check_values:
+            check_step_values(block_table, cache_seqlens, None, page_size=self.page_size, num_pages=self.num_pages)
         bucket = self.bucket_for(q.shape[0])
         self.buffers.fill(q, block_table, cache_seqlens, None, bucket)
         return self.replay(q.shape[0])[: q.shape[0]]

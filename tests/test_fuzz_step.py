@@ -113,7 +113,8 @@ def test_fuzz_attention_step_and_mla_forward(mutation, kwargs, data):
 
 # "cuda" is a device DecodeGraphs refuses only where there is none.
 NOT_CUDA_DEVICES = ["cpu", torch.device("cpu"), "nope", None] + ([] if torch.cuda.is_available() else ["cuda"])
-GRAPH_ARGS = dict(backend="reference", max_batch=4, q_len=1, heads=2, dim=24, max_pages=2, dtype=torch.bfloat16, device=torch.device("cpu"))
+GRAPH_ARGS = dict(backend="reference", max_batch=4, q_len=1, heads=2, dim=24, max_pages=2, dtype=torch.bfloat16,
+                  device=torch.device("cpu"), page_size=16, num_pages=8)
 
 
 @settings(FUZZ, max_examples=20)

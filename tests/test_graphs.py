@@ -1,6 +1,9 @@
 """CUDA graphs of decode steps: buckets, replays with changing lengths / tables / slots, padded rows,
-target verify with k draft tokens, no host sync in capture or replay, and the capture guard; and
-`capture_graph`, the warm-up-then-capture sequence they and the GPU tests share."""
+target verify with k draft tokens, no host sync in capture or unchecked replay, the value checks of
+`run`, and the capture guard; and `capture_graph`, the warm-up-then-capture sequence they and the GPU
+tests share."""
+
+import contextlib
 
 import pytest
 import torch
@@ -10,6 +13,7 @@ from mlakit.errors import ConfigError, MLAInputError
 from mlakit.serving.graphs import DEFAULT_BATCH_BUCKETS, DecodeBuffers, DecodeGraphs, capture_graph
 from mlakit.kernels.cache_write import write_rows
 from mlakit.reference import reference_decode
+from host_sync import forbidding_host_syncs
 from paged_inputs import relative_error
 
 RANK, ROPE, PAGE = 512, 64, 64
@@ -19,7 +23,7 @@ DIM = RANK + ROPE
 def test_backends_that_cannot_be_captured_are_refused_naming_the_alternatives():
     with pytest.raises(ConfigError, match=r"backend 'intel_xpu' cannot be captured in a CUDA graph .* pick a backend that can: .*triton"):
         DecodeGraphs(lambda b: b.q, backend="intel_xpu", max_batch=4, q_len=1, heads=2, dim=DIM, max_pages=2,
-                     dtype=torch.bfloat16, device=torch.device("cpu"))
+                     page_size=PAGE, num_pages=8, dtype=torch.bfloat16, device=torch.device("cpu"))
 
 
 def test_fill_pads_rows_so_kernels_read_nothing_and_writes_skip_them():
@@ -158,7 +162,8 @@ def test_decode_graphs_replay_changing_steps_like_eager_runs_and_the_reference(b
     max_pages, scale = 6, 192**-0.5
     world = PagedWorld(max_batch, max_pages, heads, q_len, seed=heads + q_len)
     graphs = DecodeGraphs(_attention_step(world, scale, backend), backend=backend, max_batch=max_batch, q_len=q_len,
-                          heads=heads, dim=DIM, max_pages=max_pages, dtype=torch.bfloat16, device=torch.device("cuda"))
+                          heads=heads, dim=DIM, max_pages=max_pages, page_size=PAGE, num_pages=world.cache.shape[0],
+                          dtype=torch.bfloat16, device=torch.device("cuda"))
     assert graphs.buckets == tuple(b for b in DEFAULT_BATCH_BUCKETS if b <= max_batch)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
@@ -170,12 +175,9 @@ def test_decode_graphs_replay_changing_steps_like_eager_runs_and_the_reference(b
     for step, batch in enumerate(min(b, max_batch) for b in batches):
         q, table, lengths, slots = world.step_inputs(batch, step)
         saved = world.cache.clone()
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            got = graphs.run(q, table, lengths, slots).clone()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
+        checked = step // 2 % 2 == 0  # with both table widths: the value check syncs once, an unchecked run never
+        with contextlib.nullcontext() if checked else forbidding_host_syncs():
+            got = graphs.run(q, table, lengths, slots, check_values=checked).clone()
         after_graph = world.cache.clone()
         world.cache.copy_(saved)
         eager, ref = _eager(world, q, table, lengths, slots, scale, backend)
@@ -193,7 +195,8 @@ def test_decode_graphs_replay_changing_steps_like_eager_runs_and_the_reference(b
 def test_run_refuses_a_batch_beyond_the_largest_bucket_and_a_wider_table():
     world = PagedWorld(8, 2, 4, 1, seed=1)
     graphs = DecodeGraphs(_attention_step(world, 0.1), backend="triton", max_batch=8, q_len=1, heads=4, dim=DIM,
-                          max_pages=2, dtype=torch.bfloat16, device=torch.device("cuda"), buckets=(2, 8))
+                          max_pages=2, page_size=PAGE, num_pages=world.cache.shape[0], dtype=torch.bfloat16,
+                          device=torch.device("cuda"), buckets=(2, 8))
     assert graphs.buckets == (2, 8)
     graphs.capture()
     q, table, lengths, slots = world.step_inputs(8, 0)
@@ -207,3 +210,38 @@ def test_run_refuses_a_batch_beyond_the_largest_bucket_and_a_wider_table():
         graphs.run(q.float(), table, lengths)
     with pytest.raises(MLAInputError, match="slots: expected torch.int64 of shape \\[8\\]"):
         graphs.run(q, table, lengths, slots[:3])
+
+
+@pytest.mark.gpu
+def test_run_refuses_values_the_kernels_would_misread_and_skips_the_check_without_a_sync_when_told():
+    world = PagedWorld(4, 2, 4, 1, seed=2)
+    num_pages, num_slots = world.cache.shape[0], world.cache.shape[0] * PAGE
+    graphs = DecodeGraphs(_attention_step(world, 0.1), backend="triton", max_batch=4, q_len=1, heads=4, dim=DIM,
+                          max_pages=2, page_size=PAGE, num_pages=num_pages, dtype=torch.bfloat16,
+                          device=torch.device("cuda"), buckets=(4,))
+    graphs.capture()
+    q, table, lengths, slots = world.step_inputs(4, 0)
+    lengths = lengths.clamp(max=PAGE)
+    lengths[1] = PAGE + 1  # the one row that uses column 1
+    bad_page, negative, bad_slots = table.clone(), lengths.clone(), slots.clone()
+    bad_page[1, 1] = num_pages
+    negative[3] = -1
+    bad_slots[2] = num_slots
+    before = world.cache.clone(), graphs.buffers.block_table.clone()
+    refusals = [
+        ((q, bad_page, lengths, slots), rf"^block_table: .*\[0, {num_pages}\).*block_table\[1, 1\] = {num_pages}$"),
+        # fill would pad the missing column 1 with page 0, which the kernel would read
+        ((q, table[:, :1], lengths, slots), rf"^cache_seqlens: .* = 1 \* {PAGE} .*cache_seqlens\[1\] = {PAGE + 1}$"),
+        ((q, table, negative, slots), r"^cache_seqlens: expected lengths >= 0, got cache_seqlens\[3\] = -1$"),
+        ((q, table, lengths, bad_slots), rf"^slots: expected -1 \(padding\) or a flat slot in \[0, {num_slots}\)"
+                                         rf".*slots\[2\] = {num_slots}$"),
+    ]
+    for arguments, message in refusals:
+        with pytest.raises(MLAInputError, match=message):
+            graphs.run(*arguments)
+    assert torch.equal(world.cache, before[0]) and torch.equal(graphs.buffers.block_table, before[1])  # nothing ran
+    checked = graphs.run(q, table, lengths, slots).clone()
+    world.cache.copy_(before[0])
+    with forbidding_host_syncs():
+        unchecked = graphs.run(q, table, lengths, slots, check_values=False)
+    assert torch.equal(unchecked, checked)

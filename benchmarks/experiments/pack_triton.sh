@@ -13,7 +13,7 @@ pip download "triton==$version" --python-version 3.12 --only-binary=:all: --no-d
   --platform manylinux_2_28_x86_64 -d "$work/wheel" -q
 (cd "$work" && unzip -q wheel/*.whl 'triton/*')
 t=$work/triton
-rm -rf "$t"/backends/nvidia/bin/{ptxas,ptxas-blackwell,cuobjdump,nvdisasm} "$t"/backends/nvidia/lib/cupti \
+rm -rf "$t"/backends/nvidia/bin/{ptxas,ptxas-blackwell,cuobjdump,nvdisasm} "$t"/backends/nvidia/lib/cupti* \
   "$t"/plugins "$t"/instrumentation "$t"/FileCheck "$t"/_C/libproton.so
 mv "$t"/_C/libtriton.so "$work/libtriton.so"
 strip --strip-all "$work/libtriton.so"

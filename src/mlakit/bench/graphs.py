@@ -15,7 +15,8 @@ the 50 MB L2 of an H100, so nothing useful stays cached from one step to the nex
 
 - eager: the step's decode metadata, then the `layers` `mla_decode(..., check_inputs=False,
   metadata=...)` calls, the Python an engine runs per step;
-- graph: `DecodeGraphs.run` (fill the persistent buffers + replay the bucket's graph);
+- graph: `DecodeGraphs.run(..., check_values=False)` (fill the persistent buffers + replay the
+  bucket's graph; no value check, whose host sync would stall every step);
 - replay: `graph.replay()` alone, the GPU time of the captured step.
 
 eager - replay is the host overhead (Python, launches) the graph removes; graph - replay is what
@@ -551,7 +552,8 @@ def capture_stack(step: StackStep, settings: GraphBenchSettings, device: torch.d
     graphs = DecodeGraphs(
         lambda b: step(b.q, b.block_table, b.cache_seqlens), backend=settings.backend, max_batch=settings.max_batch,
         q_len=settings.q_len, heads=settings.heads_per_rank, dim=settings.dim, max_pages=settings.max_pages(),
-        dtype=torch.bfloat16, device=device, buckets=settings.batches,
+        page_size=settings.page_size, num_pages=settings.pages_per_layer(), dtype=torch.bfloat16, device=device,
+        buckets=settings.batches,
     )
     graphs.capture(warm_inputs=(inputs.q, inputs.block_table, inputs.cache_seqlens))
     return graphs
@@ -602,10 +604,12 @@ def run_graph_bench(settings: GraphBenchSettings, device: torch.device, log: Log
 
 def _time_batch(settings: GraphBenchSettings, inputs: StackInputs, step: StackStep, graphs: DecodeGraphs,
                 exchange: DecodeGraphs | None, batch: int, parallel: ParallelGroups | None) -> GraphBatchResult:
-    """The first replay against the eager step (worst over the ranks), then the timing loops of one batch."""
+    """The first replay against the eager step (worst over the ranks), then the timing loops of one batch.
+    The graph runs skip the value checks (their host sync would be timed; under DCP the lengths are global,
+    the table a rank's): the eager call with checks in `run_graph_bench` has read the same rows."""
     q, table, lengths = inputs.rows(batch)
     eager_step = functools.partial(step, q, table, lengths)
-    graph_step = functools.partial(graphs.run, q, table, lengths)
+    graph_step = functools.partial(graphs.run, q, table, lengths, check_values=False)
     eager_out = eager_step().clone()
     graph_out = graph_step().clone()
     error = worst_over_ranks(relative_error(graph_out, eager_out), parallel, q.device)
@@ -616,7 +620,7 @@ def _time_batch(settings: GraphBenchSettings, inputs: StackInputs, step: StackSt
     replay = time_step(_replay_of(graphs, batch), settings.warmup, settings.steps)
     comm = None
     if exchange is not None:
-        exchange.run(q, table, lengths)
+        exchange.run(q, table, lengths, check_values=False)
         comm = time_step(_replay_of(exchange, batch), settings.warmup, settings.steps)
     dcp_rank = parallel.dcp_rank if parallel is not None else 0
     local_tokens = sum(settings.local_lengths(dcp_rank)[:batch])

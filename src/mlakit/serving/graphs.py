@@ -7,7 +7,8 @@ reaches the buffers, for the capture and for every replay alike. Padded rows get
 (the kernels give them zeros and lse = -inf without reading a page), block-table entries
 of page 0 (a valid index, never read), slot -1 (the cache write skips it) and zero
 queries; their outputs are zeroed in the graph as well, so they are defined whatever a
-backend does with an empty sequence.
+backend does with an empty sequence. The captured kernels check nothing, so `DecodeGraphs.run`
+checks a step's values first (`check_step_values`, one host sync) unless told not to.
 
 Whatever the step computes from the buffers (one layer, a whole attention stack, the
 split plan included) is captured; nothing in it may sync with the host or grow a
@@ -27,6 +28,7 @@ from typing import TypeVar
 
 import torch
 
+from mlakit.attention.checks import check_lengths_and_pages
 from mlakit.errors import ConfigError, MLAInputError, is_int
 from mlakit.registry.catalog import all_records, get_backend
 
@@ -147,6 +149,44 @@ class DecodeBuffers:
 DecodeStep = Callable[[DecodeBuffers], torch.Tensor]
 
 
+def check_step_values(
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    slots: torch.Tensor | None,
+    *,
+    page_size: int,
+    num_pages: int,
+) -> None:
+    """Raises MLAInputError naming the first bad value of a decode step over a cache of `num_pages`
+    pages of `page_size` tokens: a length < 0 or beyond the table's pages (`block_table.shape[1] *
+    page_size`), a page index outside [0, num_pages) in a column the length uses
+    (`check_lengths_and_pages`), a slot neither -1 (padding) nor in [0, num_pages * page_size).
+    Reads the values in one host sync; shapes, dtypes and one device for all three are the
+    caller's to check (`DecodeGraphs.run` does).
+
+    >>> table = torch.tensor([[2, 0], [1, -1]], dtype=torch.int32)  # -1: a column length 9 does not use
+    >>> lengths = torch.tensor([20, 9], dtype=torch.int32)
+    >>> check_step_values(table, lengths, torch.tensor([3, 24]), page_size=16, num_pages=4)
+    >>> check_step_values(table, lengths, torch.tensor([3, 64]), page_size=16, num_pages=4)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    mlakit.errors.MLAInputError: slots: expected -1 (padding) or a flat slot in [0, 64) (...), got slots[1] = 64
+    """
+    num_slots = num_pages * page_size
+    slot_bad = None
+    if slots is not None and slots.numel():
+        outside = (slots < -1) | (slots >= num_slots)
+        # Copied without waiting: check_lengths_and_pages' read syncs the same stream, after which it has landed.
+        slot_bad = outside.any().to("cpu", non_blocking=True)
+    check_lengths_and_pages(block_table, cache_seqlens, page_size, num_pages)
+    if slot_bad is not None and bool(slot_bad):
+        i = int(torch.nonzero(outside)[0, 0])
+        raise MLAInputError(
+            f"slots: expected -1 (padding) or a flat slot in [0, {num_slots}) (num_pages * page_size = "
+            f"{num_pages} * {page_size}), got slots[{i}] = {int(slots[i])}"
+        )
+
+
 def require_capturable(backend: str) -> None:
     """Raises ConfigError, listing the backends that can, when `backend`'s record says no CUDA graphs.
 
@@ -166,8 +206,10 @@ class DecodeGraphs:
     `step(buffers)` returns a tensor whose first dim is the bucket's rows (e.g. the attention
     output `[rows, q_len, heads, kv_lora_rank]`, or a stack of layers' outputs with the rows
     first). `backend` is the decode backend the step runs on: one whose record says it cannot
-    be captured is refused here. `capture()` runs each bucket once eagerly (compiling every
-    kernel variant it launches) and then captures it, largest first, in one memory pool.
+    be captured is refused here. `page_size` and `num_pages` describe the cache the step reads
+    (what `run` checks page indices, lengths and slots against). `capture()` runs each bucket
+    once eagerly (compiling every kernel variant it launches) and then captures it, largest
+    first, in one memory pool.
 
     A CUDA device is needed; the README's "CUDA graphs" section has a complete example, and
     tests/test_graphs.py captures and replays real steps.
@@ -183,11 +225,18 @@ class DecodeGraphs:
         heads: int,
         dim: int,
         max_pages: int,
+        page_size: int,
+        num_pages: int,
         dtype: torch.dtype,
         device: torch.device | str,
         buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
     ) -> None:
         require_capturable(backend)
+        if not (is_int(page_size) and is_int(num_pages) and page_size >= 1 and num_pages >= 1):
+            raise ConfigError(
+                "page_size and num_pages: expected ints >= 1 (the cache the step reads: num_pages pages of page_size "
+                f"tokens), got {page_size!r} and {num_pages!r}"
+            )
         if not isinstance(device, torch.device):
             try:
                 device = torch.device(device)
@@ -197,6 +246,7 @@ class DecodeGraphs:
             raise ConfigError(f"device: CUDA graphs need a CUDA device, got {device}{'' if device.type != 'cuda' else ' (torch sees none)'}")
         if not all(is_int(v) for v in (max_batch, q_len, *buckets)) or max_batch < 1 or q_len < 1 or min(buckets, default=1) < 1:
             raise ConfigError(f"max_batch, q_len and buckets: expected >= 1, got {max_batch}, {q_len} and {tuple(buckets)}")
+        self.page_size, self.num_pages = page_size, num_pages
         chosen = sorted({b for b in buckets if b <= max_batch} | {max_batch})
         self.buckets = tuple(chosen)
         self.step = step
@@ -225,13 +275,29 @@ class DecodeGraphs:
             self._graphs[bucket] = capture_graph(step, warmup=1, pool=pool, stream=stream)
 
     def run(
-        self, q: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor, slots: torch.Tensor | None = None
+        self,
+        q: torch.Tensor,
+        block_table: torch.Tensor,
+        cache_seqlens: torch.Tensor,
+        slots: torch.Tensor | None = None,
+        *,
+        check_values: bool = True,
     ) -> torch.Tensor:
         """Fills the buffers with this step's rows and replays the bucket's graph; returns the real
-        rows of its output (a view into graph memory, valid until the next replay)."""
+        rows of its output (a view into graph memory, valid until the next replay).
+
+        Shapes, dtypes and devices are always checked. `check_values=True` also checks the values
+        (`check_step_values`: page indices, lengths against `block_table`'s columns, slots), at one
+        host sync per step; the captured kernels would read a wrong page or write outside the cache
+        instead. `check_values=False` skips that (no sync) for a scheduler that guarantees its tables,
+        and for steps whose lengths are not the table's, such as a DCP step's global lengths over a
+        rank's local table.
+        """
         batch = q.shape[0]
         bucket = self.bucket_for(batch)
         self._check_step(q, block_table, cache_seqlens, slots)
+        if check_values:
+            check_step_values(block_table, cache_seqlens, slots, page_size=self.page_size, num_pages=self.num_pages)
         self.buffers.fill(q, block_table, cache_seqlens, slots, bucket)
         return self.replay(batch)[:batch]
 
