@@ -11,7 +11,9 @@ half of an e4m3 KV tile and the other CTA needs that half too, so the probe asks
 
 Needs Triton 3.7 or later (cluster barriers, `multicast=`). Under 3.7.1: multicast compiles (a
 `cp.async.bulk.tensor...multicast::cluster`); convert fails in the LLVM lowering ('nvvm.mapa' given a shared-memory
-pointer where it takes a generic or cluster one); store is not lowered at all (`ttg.local_store` illegal).
+pointer where it takes a generic or cluster one); store is not lowered at all (`ttg.local_store` illegal). Under
+3.8.0: all three compile, convert as a local store, a cluster barrier and `ld.shared::cluster` of the peer's half;
+store without any remote store. Under 3.9.0 multicast fails (its TMA API moved), the others as under 3.8.0.
 """
 import contextlib
 import os
