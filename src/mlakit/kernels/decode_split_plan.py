@@ -76,8 +76,8 @@ EQUAL_SHARES = True
 RAGGED_EQUAL_SHARES = True
 RAGGED_SHARE_ROWS = 2
 # The Triton versions whose build of the plan kernel was checked on a GPU to lay equal shares out right (3.6.0, 3.7.1
-# and 3.8.0; their other patch releases are taken as the same). Under 3.7.1 it once counted a share plan's items short and
-# left rows uncleared: ptxas had predicated the warp reductions of an if-converted branch on the wrong register
+# and 3.8.0; their other patch releases are taken as the same). Under 3.7.1 it once counted a share plan's items short
+# and left rows uncleared: ptxas had predicated the warp reductions of an if-converted branch on the wrong register
 # (NOTES.md, "The plan kernel under Triton 3.7"); the kernel now keeps its reductions out of small runtime `if`s, and
 # `make test` compiles it to check that none is predicated. A plan kernel compiled by any other version takes no
 # equal shares: the split counts run, slower where shares win.
