@@ -167,7 +167,7 @@ def test_every_gluon_kernel_family_compiles_for_sm90_with_the_installed_triton(s
     """tests/gluon_compile_worker.py in a process of its own (no CPU interpreter in it, a Triton cache of its own):
     the decode seesaw (bf16; fp8 with fp16 and with e4m3 scores), the narrow fp8 kernel, both split kernels and both
     prefill kernels compile, e.g. no Gluon builtin the installed Triton lacks (3.7 renamed `thread_barrier` to
-    `barrier`); so does the split-plan kernel (the script's PLANS), and no kernel holds a warp reduction or shuffle
+    `barrier`, 3.9 removed the TMA and cp.async copies' old names and `_reinterpret`: `kernels/gluon_compat`); so does the split-plan kernel (the script's PLANS), and no kernel holds a warp reduction or shuffle
     that ptxas if-converted (for 3.7 it predicated the plan kernel's on the wrong register:
     `predicated_warp_collectives`)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

@@ -27,12 +27,11 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
 
-from mlakit.kernels.gluon_compat import thread_barrier
+from mlakit.kernels.gluon_compat import thread_barrier, tma_load
 from mlakit.kernels.hopper_common import (
     BLOCK_N,
     E4M3_QUERY_EXPONENT,
@@ -251,10 +250,10 @@ def _load_tile(latent_desc, rope_desc, BLOCK_TABLE, bt_row, tok0, end, ready, k_
         tok = gl.minimum(tok0 + box * box_rows, end - 1)
         row = gl.load(BLOCK_TABLE + bt_row + tok // PAGE_SIZE, mask=pred, other=0) * PAGE_SIZE + tok % PAGE_SIZE
         for c in gl.static_range(k_lat.shape[1] // width):
-            tma.async_copy_global_to_shared(latent_desc, [row, c * width], ready,
+            tma_load(latent_desc, [row, c * width], ready,
                                             k_lat.slice(box * box_rows, box_rows, dim=0).slice(c * width, width, dim=1),
                                             pred=pred)
-        tma.async_copy_global_to_shared(rope_desc, [row, k_lat.shape[1]], ready,
+        tma_load(rope_desc, [row, k_lat.shape[1]], ready,
                                         k_rope.slice(box * box_rows, box_rows, dim=0), pred=pred)
 
 

@@ -45,11 +45,11 @@ from types import MappingProxyType
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                              warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from mlakit.kernels.gluon_compat import thread_barrier
+from mlakit.kernels.gluon_compat import thread_barrier, tma_load
 from mlakit.kernels.hopper_common import (GLUON_DTYPES, Matrix, capability, finish_rows, matrix_descriptor, no_keys_yet,
                                           hand_over, named_barrier_at, online_softmax, row_piece_layout,
                                           staged_in_row_pieces,
@@ -142,9 +142,9 @@ def _load_q(q_nope_smem, q_pe_smem, q_ready, Q_DESC, QPE_DESC, q_row, q_col, buf
         row = q_row + half * WARPGROUP_ROWS
         q_nope = q_nope_smem.index(buffer * 2 + half)
         for c in gl.static_range(NOPE_DIM // nope_chunk):
-            tma.async_copy_global_to_shared(Q_DESC, [row, q_col + c * nope_chunk], q_ready,
+            tma_load(Q_DESC, [row, q_col + c * nope_chunk], q_ready,
                                             q_nope.slice(c * nope_chunk, nope_chunk, dim=1))
-        tma.async_copy_global_to_shared(QPE_DESC, [row, q_col + NOPE_DIM], q_ready, q_pe_smem.index(buffer * 2 + half))
+        tma_load(QPE_DESC, [row, q_col + NOPE_DIM], q_ready, q_pe_smem.index(buffer * 2 + half))
 
 
 @gluon.constexpr_function
@@ -287,9 +287,9 @@ def _load_keys(kn_smem, kpe_smem, k_ready, KN_DESC, KPE_DESC, row, kn_col, count
     bar = k_ready.index(stage)
     mbarrier.expect(bar, k_bytes)
     for c in gl.static_range(NOPE_DIM // nope_chunk):
-        tma.async_copy_global_to_shared(KN_DESC, [row, kn_col + c * nope_chunk], bar,
+        tma_load(KN_DESC, [row, kn_col + c * nope_chunk], bar,
                                         kn_smem.index(stage).slice(c * nope_chunk, nope_chunk, dim=1))
-    tma.async_copy_global_to_shared(KPE_DESC, [row, 0], bar, kpe_smem.index(stage))
+    tma_load(KPE_DESC, [row, 0], bar, kpe_smem.index(stage))
 
 
 @gluon.jit
@@ -302,12 +302,12 @@ def _load_values(v_smem, v_ready, V_DESC, row, v_col, count, V_DIM: gl.constexpr
     bar = v_ready.index(stage)
     if _is_fp8(V_DESC.block_type.element_ty):
         mbarrier.expect(bar, V_DESC.block_type.nbytes)
-        tma.async_copy_global_to_shared(V_DESC, [v_col, row], bar, v_smem.index(stage))
+        tma_load(V_DESC, [v_col, row], bar, v_smem.index(stage))
     else:
         v_chunk: gl.constexpr = V_DESC.block_type.shape[1]
         mbarrier.expect(bar, (V_DIM // v_chunk) * V_DESC.block_type.nbytes)
         for c in gl.static_range(V_DIM // v_chunk):
-            tma.async_copy_global_to_shared(V_DESC, [row, v_col + c * v_chunk], bar,
+            tma_load(V_DESC, [row, v_col + c * v_chunk], bar,
                                             v_smem.index(stage).slice(c * v_chunk, v_chunk, dim=1))
 
 

@@ -9,7 +9,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from mlakit.kernels.gluon_compat import thread_barrier
+from mlakit.kernels.gluon_compat import reinterpret, thread_barrier
 from mlakit.kernels.hopper_common import (BLOCK_N, finish_rows, grid_work, no_keys_yet, online_softmax, split_range,
                                           store_lse)
 from mlakit.kernels.hopper_decode.constants import BLOCK_M, STAGES, WARPGROUP_ROWS, _half_output_layout, _score_layout
@@ -63,7 +63,7 @@ def _as_pairs(dst):
     """A swizzled 16-bit `[rows, n]` buffer as int32 `[rows, n / 2]`: one word per pair of values."""
     pair_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=dst.layout.swizzle_byte_width,
                                                      element_bitwidth=32, rank=2)
-    return dst._reinterpret(gl.int32, [dst.shape[0], dst.shape[1] // 2], pair_layout)
+    return reinterpret(dst, gl.int32, [dst.shape[0], dst.shape[1] // 2], pair_layout)
 
 
 @gluon.jit

@@ -6,7 +6,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared
 
-from mlakit.kernels.gluon_compat import thread_barrier
+from mlakit.kernels.gluon_compat import reinterpret, thread_barrier
 from mlakit.kernels.hopper_common import BLOCK_N, E4M3_QUERY_EXPONENT, FP16_QUERY_EXPONENT, query_row_factor
 from mlakit.kernels.hopper_decode.constants import BLOCK_M, FP8_BOX_WORDS, QUERY_BLOCK, TMA_CHUNK
 from mlakit.kernels.hopper_decode.e4m3_words import _store_words_converted
@@ -56,7 +56,7 @@ def _store_block_converted(buffer, block: gl.constexpr, words):
     """fp8 words of block `block` converted into that block's 16-bit values."""
     blocks: gl.constexpr = buffer.shape[1] // TMA_CHUNK
     pairs_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
-    pairs = buffer._reinterpret(gl.int32, [blocks * BLOCK_N, TMA_CHUNK // 2], pairs_layout)
+    pairs = reinterpret(buffer, gl.int32, [blocks * BLOCK_N, TMA_CHUNK // 2], pairs_layout)
     _store_words_converted(words, pairs.slice(block * BLOCK_N, BLOCK_N, dim=0), buffer.dtype)
 
 

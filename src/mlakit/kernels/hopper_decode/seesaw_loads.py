@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
-from mlakit.kernels.gluon_compat import thread_barrier
+from mlakit.kernels.gluon_compat import reinterpret, thread_barrier, tma_load
 from mlakit.kernels.hopper_common import BLOCK_N, zero_rows_from
 from mlakit.kernels.hopper_decode.constants import TMA_CHUNK, WARPGROUP_ROWS
 
@@ -23,7 +23,7 @@ def _rope_view(slot, ROPE_DIM: gl.constexpr):
     """A stage's `[BLOCK_N, BLOCK_N]` slot seen as K's rope columns `[BLOCK_N, ROPE_DIM]` (what TMA fills
     and S reads; the slot holds P once S is done with them)."""
     layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, ROPE_DIM], slot.dtype)
-    return slot._reinterpret(slot.dtype, [BLOCK_N, ROPE_DIM], layout)
+    return reinterpret(slot, slot.dtype, [BLOCK_N, ROPE_DIM], layout)
 
 
 @gluon.jit
@@ -67,7 +67,7 @@ def _load_chunks(chunk_desc, rope_desc, row, chunk_ready, stage: gl.constexpr, k
     box: gl.constexpr = chunk_desc.block_type
     per_copy: gl.constexpr = box.shape[0]
     gl.static_assert(FIRST % per_copy == 0 and COUNT % per_copy == 0, "half-tile copies load whole halves")
-    blocks = k_lat._reinterpret(box.element_ty, [k_lat.shape[1] // TMA_CHUNK] + box.shape[1:], chunk_desc.layout)
+    blocks = reinterpret(k_lat, box.element_ty, [k_lat.shape[1] // TMA_CHUNK] + box.shape[1:], chunk_desc.layout)
     for h in gl.static_range(FIRST // per_copy, (FIRST + COUNT) // per_copy):
         bar = _chunk_barrier(chunk_ready, k_lat, stage, h * per_copy)
         mbarrier.expect(bar, box.nbytes, pred=pred)
@@ -75,7 +75,7 @@ def _load_chunks(chunk_desc, rope_desc, row, chunk_ready, stage: gl.constexpr, k
             coordinates = [h * per_copy, 0, row, 0]
         else:
             coordinates = [h * per_copy, row, 0]
-        tma.async_copy_global_to_shared(chunk_desc, coordinates, bar, blocks.slice(h * per_copy, per_copy, dim=0),
+        tma_load(chunk_desc, coordinates, bar, blocks.slice(h * per_copy, per_copy, dim=0),
                                         pred=pred)
     if WITH_ROPE:
         bar = _chunk_barrier(chunk_ready, k_lat, stage, k_lat.shape[1] // TMA_CHUNK)
@@ -84,7 +84,7 @@ def _load_chunks(chunk_desc, rope_desc, row, chunk_ready, stage: gl.constexpr, k
             rope_dst = _fp8_block(slot, 0, rope_desc.block_type.element_ty)
         else:
             rope_dst = _rope_view(slot, rope_desc.block_type.shape[1])
-        tma.async_copy_global_to_shared(rope_desc, [row, k_lat.shape[1]], bar, rope_dst, pred=pred)
+        tma_load(rope_desc, [row, k_lat.shape[1]], bar, rope_dst, pred=pred)
 
 
 @gluon.jit
@@ -104,7 +104,7 @@ def _fp8_block(buffer, block: gl.constexpr, element_ty: gl.constexpr):
     per_row: gl.constexpr = TMA_CHUNK * 8 // element_ty.primitive_bitwidth
     layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=element_ty.primitive_bitwidth,
                                                 rank=2)
-    boxes = buffer._reinterpret(element_ty, [2 * blocks * BLOCK_N, per_row], layout)
+    boxes = reinterpret(buffer, element_ty, [2 * blocks * BLOCK_N, per_row], layout)
     return boxes.slice(2 * block * BLOCK_N, BLOCK_N, dim=0)
 
 
@@ -129,4 +129,4 @@ def _zero_tail(k_lat, chunk_ready, stage: gl.constexpr, phase, first_bad):
 @gluon.jit
 def _as_dtype(buffer, dtype: gl.constexpr):
     """A 16-bit swizzled buffer seen as `dtype` (16-bit too)."""
-    return buffer._reinterpret(dtype, buffer.shape, gl.NVMMASharedLayout.get_default_for(buffer.shape, dtype))
+    return reinterpret(buffer, dtype, buffer.shape, gl.NVMMASharedLayout.get_default_for(buffer.shape, dtype))

@@ -7,7 +7,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
-from mlakit.kernels.gluon_compat import thread_barrier
+from mlakit.kernels.gluon_compat import cp_async_load, thread_barrier
 from mlakit.kernels.hopper_common import BLOCK_N, finish_rows, grid_work, online_softmax, split_range, store_lse
 from mlakit.kernels.hopper_decode.constants import BLOCK_M, NUM_WARPS, STAGES
 from mlakit.kernels.hopper_decode.tile_helpers import (_allocate_tiles, _load_query, _masked_scores, _row_vector,
@@ -24,7 +24,7 @@ def _gather_rows(smem, KV, BLOCK_TABLE, bt_row, tok0, end, KV_STRIDES,
     page = gl.load(BLOCK_TABLE + bt_row + toks // PAGE_SIZE, mask=tok_ok, other=0).to(gl.int64)
     row_base = page * KV_STRIDES[0] + (toks % PAGE_SIZE) * KV_STRIDES[1] + COL_OFFSET
     cols = gl.arange(0, WIDTH, layout=gl.SliceLayout(0, LAYOUT))
-    async_copy.async_copy_global_to_shared(smem, KV + row_base[:, None] + cols[None, :], mask=tok_ok[:, None])
+    cp_async_load(smem, KV + row_base[:, None] + cols[None, :], mask=tok_ok[:, None])
 
 
 @gluon.jit(do_not_specialize=["stride_bt_b"])

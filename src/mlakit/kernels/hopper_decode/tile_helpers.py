@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
 
+from mlakit.kernels.gluon_compat import cp_async_load
 from mlakit.kernels.hopper_common import BLOCK_N, store_output
 from mlakit.kernels.hopper_decode.constants import BLOCK_M, STAGES
 
@@ -22,8 +22,8 @@ def _load_query(q_lat_smem, q_rope_smem, Q, tile, first_token, q_len, Q_STRIDES,
     q_base = (first_token + q_rows // HEADS).to(gl.int64) * stride_q_tok + (q_rows % HEADS) * stride_q_head
     lat_cols = gl.arange(0, rank, layout=gl.SliceLayout(0, LAYOUT))
     rope_cols = gl.arange(0, q_rope_smem.shape[1], layout=gl.SliceLayout(0, LAYOUT))
-    async_copy.async_copy_global_to_shared(q_lat_smem, Q + q_base[:, None] + lat_cols[None, :], mask=q_row_ok[:, None])
-    async_copy.async_copy_global_to_shared(q_rope_smem, Q + q_base[:, None] + rank + rope_cols[None, :], mask=q_row_ok[:, None])
+    cp_async_load(q_lat_smem, Q + q_base[:, None] + lat_cols[None, :], mask=q_row_ok[:, None])
+    cp_async_load(q_rope_smem, Q + q_base[:, None] + rank + rope_cols[None, :], mask=q_row_ok[:, None])
 
 
 @gluon.jit
