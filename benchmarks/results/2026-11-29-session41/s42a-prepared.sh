@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prepared in the forty-first session, not run (no device time left). The kernels under Triton 3.9.0 on a GPU for the
-# first time (packed: `benchmarks/experiments/pack_triton.sh 3.9.0 build/triton39`, carry ["build/triton39"]; the
+# first time (packed: `benchmarks/experiments/pack_triton.sh 3.9.0 build/triton39`, 37.8 MiB, with the tree 63 MiB of
+# the 64 the carry allows; carry ["build/triton39"]; the
 # Gluon builds compile there since 2237244's gluon_compat): the decode GPU tests s41b ran under 3.8 (share / equal /
 # ragged / kv-range; with 3.9 outside SHARE_PLAN_TRITONS the share-plan decode tests skip and the plan kernel's layout
 # tests xfail or XPASS), the prefill and narrow-kernel GPU files, every kernel compiled scanned for predicated warp
