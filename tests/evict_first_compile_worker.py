@@ -13,8 +13,9 @@ from pathlib import Path
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
+from mlakit.kernels.gluon_compat import tma_load
 from mlakit.kernels.hopper_common import matrix_descriptor
 from mlakit.kernels.l2_evict_first import evict_first_tma_loads, mark_evict_first
 from mlakit.kernels.launch import ptx_rewritten
@@ -32,7 +33,7 @@ def tile_copy(DESC, OUT, MARKED: gl.constexpr, PRINTS: gl.constexpr):
     ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(ready, count=1)
     mbarrier.expect(ready, DESC.block_type.nbytes)
-    tma.async_copy_global_to_shared(DESC, [0, 0], ready, tile)
+    tma_load(DESC, [0, 0], ready, tile)
     mbarrier.wait(ready, 0)
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     rows = gl.arange(0, DESC.block_type.shape[0], layout=gl.SliceLayout(1, layout))

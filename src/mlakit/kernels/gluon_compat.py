@@ -6,7 +6,7 @@ The kernels call these names, never the versioned ones:
     thread_barrier()                                   # gl.thread_barrier (3.6) / gl.barrier (3.7 on)
     tma_load(desc, [row, col], bar, smem, pred=pred)   # tma.async_copy_global_to_shared / tma.async_load (3.8 on)
     cp_async_load(smem, pointers, mask=mask)           # async_copy.async_copy_global_to_shared / .async_load (3.8 on)
-    reinterpret(smem, gl.int32, [rows, cols], layout)  # smem._reinterpret / smem.reinterpret (3.9)
+    reinterpret(smem, gl.int32, [rows, cols], layout)  # smem._reinterpret / smem.reinterpret (3.9 on)
 """
 from __future__ import annotations
 
@@ -29,6 +29,6 @@ cp_async_load = async_copy.async_load if hasattr(async_copy, "async_load") else 
 def reinterpret(buffer, dtype, shape, layout, _semantic=None):
     """The shared buffer `buffer` seen as `dtype` values of `shape` in `layout` (the same bytes): the method is
     `_reinterpret` up to Triton 3.8, `reinterpret` from 3.9. A builtin rather than a jit function, so that `shape`
-    reaches the method as the list it is (3.6 and 3.7 do not pass a list through a jit call as a constant)."""
+    reaches the method unchanged (3.6 and 3.7 do not pass a shape list through a jit call as a constant)."""
     method = getattr(buffer, "reinterpret", None) or buffer._reinterpret
     return method(dtype, shape, layout, _semantic=_semantic)

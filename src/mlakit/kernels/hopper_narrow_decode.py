@@ -251,10 +251,10 @@ def _load_tile(latent_desc, rope_desc, BLOCK_TABLE, bt_row, tok0, end, ready, k_
         row = gl.load(BLOCK_TABLE + bt_row + tok // PAGE_SIZE, mask=pred, other=0) * PAGE_SIZE + tok % PAGE_SIZE
         for c in gl.static_range(k_lat.shape[1] // width):
             tma_load(latent_desc, [row, c * width], ready,
-                                            k_lat.slice(box * box_rows, box_rows, dim=0).slice(c * width, width, dim=1),
-                                            pred=pred)
+                     k_lat.slice(box * box_rows, box_rows, dim=0).slice(c * width, width, dim=1),
+                     pred=pred)
         tma_load(rope_desc, [row, k_lat.shape[1]], ready,
-                                        k_rope.slice(box * box_rows, box_rows, dim=0), pred=pred)
+                 k_rope.slice(box * box_rows, box_rows, dim=0), pred=pred)
 
 
 @gluon.jit

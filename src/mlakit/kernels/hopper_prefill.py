@@ -143,7 +143,7 @@ def _load_q(q_nope_smem, q_pe_smem, q_ready, Q_DESC, QPE_DESC, q_row, q_col, buf
         q_nope = q_nope_smem.index(buffer * 2 + half)
         for c in gl.static_range(NOPE_DIM // nope_chunk):
             tma_load(Q_DESC, [row, q_col + c * nope_chunk], q_ready,
-                                            q_nope.slice(c * nope_chunk, nope_chunk, dim=1))
+                     q_nope.slice(c * nope_chunk, nope_chunk, dim=1))
         tma_load(QPE_DESC, [row, q_col + NOPE_DIM], q_ready, q_pe_smem.index(buffer * 2 + half))
 
 
@@ -288,7 +288,7 @@ def _load_keys(kn_smem, kpe_smem, k_ready, KN_DESC, KPE_DESC, row, kn_col, count
     mbarrier.expect(bar, k_bytes)
     for c in gl.static_range(NOPE_DIM // nope_chunk):
         tma_load(KN_DESC, [row, kn_col + c * nope_chunk], bar,
-                                        kn_smem.index(stage).slice(c * nope_chunk, nope_chunk, dim=1))
+                 kn_smem.index(stage).slice(c * nope_chunk, nope_chunk, dim=1))
     tma_load(KPE_DESC, [row, 0], bar, kpe_smem.index(stage))
 
 
@@ -308,7 +308,7 @@ def _load_values(v_smem, v_ready, V_DESC, row, v_col, count, V_DIM: gl.constexpr
         mbarrier.expect(bar, (V_DIM // v_chunk) * V_DESC.block_type.nbytes)
         for c in gl.static_range(V_DIM // v_chunk):
             tma_load(V_DESC, [row, v_col + c * v_chunk], bar,
-                                            v_smem.index(stage).slice(c * v_chunk, v_chunk, dim=1))
+                     v_smem.index(stage).slice(c * v_chunk, v_chunk, dim=1))
 
 
 @gluon.jit

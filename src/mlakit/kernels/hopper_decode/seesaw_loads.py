@@ -76,7 +76,7 @@ def _load_chunks(chunk_desc, rope_desc, row, chunk_ready, stage: gl.constexpr, k
         else:
             coordinates = [h * per_copy, row, 0]
         tma_load(chunk_desc, coordinates, bar, blocks.slice(h * per_copy, per_copy, dim=0),
-                                        pred=pred)
+                 pred=pred)
     if WITH_ROPE:
         bar = _chunk_barrier(chunk_ready, k_lat, stage, k_lat.shape[1] // TMA_CHUNK)
         mbarrier.expect(bar, rope_desc.block_type.nbytes, pred=pred)
