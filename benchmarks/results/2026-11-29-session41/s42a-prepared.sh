@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Prepared in the forty-first session, not run (no device time left). The kernels under Triton 3.9.0 on a GPU for the
 # first time (packed: `benchmarks/experiments/pack_triton.sh 3.9.0 build/triton39`, 37.8 MiB, with the tree 63 MiB of
-# the 64 the carry allows; carry ["build/triton39"]; the
-# Gluon builds compile there since 2237244's gluon_compat): the decode GPU tests s41b ran under 3.8 (share / equal /
-# ragged / kv-range; with 3.9 outside SHARE_PLAN_TRITONS the share-plan decode tests skip and the plan kernel's layout
-# tests xfail or XPASS), the prefill and narrow-kernel GPU files, every kernel compiled scanned for predicated warp
-# collectives; then our decode under 3.6 and 3.9.0 in alternating processes, two rounds, clean L2. If the layout tests
-# XPASS, add "3.9." to SHARE_PLAN_TRITONS and run the share tests again (as s41c did for 3.8).
+# the 64 the carry allows; carry ["build/triton39"]; the Gluon builds compile there since 2237244's gluon_compat): the
+# decode GPU tests s41b ran under 3.8 (share / equal / ragged / kv-range; with 3.9 outside SHARE_PLAN_TRITONS the
+# share-plan decode tests skip and the plan kernel's layout tests xfail or XPASS), the prefill GPU
+# files, every kernel compiled scanned for predicated warp collectives; then our decode under 3.6 and 3.9.0 in
+# alternating processes, two rounds, clean L2. If the layout tests XPASS, add "3.9." to SHARE_PLAN_TRITONS and run the
+# share tests again (as s41c did for 3.8).
 set -uo pipefail
 R=$OUT/s42a
 mkdir -p $R /tmp/cache39
