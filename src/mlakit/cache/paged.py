@@ -51,6 +51,28 @@ def _check_fp8_scale(fp8_scale: FP8Scale, dtype: str, scale_layout: str) -> None
         )
 
 
+def slots_outside(slots: torch.Tensor, num_slots: int) -> torch.Tensor:
+    """Which of the flat `slots` are neither -1 (padding) nor a row of a cache of `num_slots` slots (device op).
+
+    >>> slots_outside(torch.tensor([3, -1, 32, -2]), 32).tolist()
+    [False, False, True, True]
+    """
+    return (slots < -1) | (slots >= num_slots)
+
+
+def slot_failure(slots: torch.Tensor, outside: torch.Tensor, num_slots: int, detail: str = "") -> MLAInputError:
+    """The MLAInputError naming the first slot `outside` (`slots_outside`) marks; `detail` follows the range.
+
+    >>> slots = torch.tensor([3, 40])
+    >>> str(slot_failure(slots, slots_outside(slots, 32), 32))
+    'slots: expected -1 (padding) or a flat slot in [0, 32), got slots[1] = 40'
+    """
+    i = int(torch.nonzero(outside)[0, 0])
+    return MLAInputError(
+        f"slots: expected -1 (padding) or a flat slot in [0, {num_slots}){detail}, got slots[{i}] = {int(slots[i])}"
+    )
+
+
 def num_pages_for_budget(budget_bytes: int, page_size: int, dim: int, num_layers: int, dtype: str) -> int:
     """How many pages of `num_layers` x `page_size` x `dim` values fit in `budget_bytes`.
 
@@ -262,12 +284,9 @@ class LatentStore:
                 "host), got True; pass check_values=False for slots from reserve() (slots outside the cache are "
                 "then skipped)"
             )
-        bad = torch.nonzero((slots < -1) | (slots >= self.num_slots))
-        if bad.numel():
-            i = int(bad[0, 0])
-            raise MLAInputError(
-                f"slots: expected -1 (padding) or a flat slot in [0, {self.num_slots}), got slots[{i}] = {int(slots[i])}"
-            )
+        outside = slots_outside(slots, self.num_slots)
+        if bool(outside.any()):
+            raise slot_failure(slots, outside, self.num_slots)
 
     def _set_auto_scale(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
         """The "auto" scale from a write's real (non-padding) rows, on the device, if it is still

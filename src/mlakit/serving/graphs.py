@@ -29,6 +29,7 @@ from typing import TypeVar
 import torch
 
 from mlakit.attention.checks import check_lengths_and_pages
+from mlakit.cache.paged import slot_failure, slots_outside
 from mlakit.errors import ConfigError, MLAInputError, is_int
 from mlakit.registry.catalog import all_records, get_backend
 
@@ -175,16 +176,12 @@ def check_step_values(
     num_slots = num_pages * page_size
     slot_bad = None
     if slots is not None and slots.numel():
-        outside = (slots < -1) | (slots >= num_slots)
+        outside = slots_outside(slots, num_slots)
         # Copied without waiting: check_lengths_and_pages' read syncs the same stream, after which it has landed.
         slot_bad = outside.any().to("cpu", non_blocking=True)
     check_lengths_and_pages(block_table, cache_seqlens, page_size, num_pages)
     if slot_bad is not None and bool(slot_bad):
-        i = int(torch.nonzero(outside)[0, 0])
-        raise MLAInputError(
-            f"slots: expected -1 (padding) or a flat slot in [0, {num_slots}) (num_pages * page_size = "
-            f"{num_pages} * {page_size}), got slots[{i}] = {int(slots[i])}"
-        )
+        raise slot_failure(slots, outside, num_slots, f" (num_pages * page_size = {num_pages} * {page_size})")
 
 
 def require_capturable(backend: str) -> None:
