@@ -50,6 +50,7 @@ from mlakit.kernels import decode_split_plan, triton_decode
 from mlakit.kernels.decode_split_plan import WORK_FIELDS
 from mlakit.kernels.hopper_common import matrix_descriptor, row_descriptors
 from mlakit.kernels.l2_evict_first import streams_evict_first
+from mlakit.kernels.launch import COMPILE_OPTIONS
 
 SM90 = GPUTarget("cuda", 90, 32)
 
@@ -59,6 +60,7 @@ def compile_like_launch(fn: object, args: list[object], constants: dict[str, obj
     H100: Triton's own binder (for the sm_90 backend) specializes the arguments."""
     backend = make_backend(SM90)
     binder = create_function_from_signature(fn.signature, fn.params, backend)
+    constants = {**COMPILE_OPTIONS, **constants}
     bound, specialization, options = binder(*args, **constants)
     options, signature, constexprs, attrs = fn._pack_args(backend, constants, bound, specialization, options)
     source = GluonASTSource if isinstance(fn, GluonJITFunction) else ASTSource

@@ -59,3 +59,21 @@ def test_an_uneven_batch_draws_seeded_lengths_within_a_fifth_of_its_seqlen_and_i
     assert DecodeCase.parse("16,80,~16384,2").lengths()[:3] == [17585, 19168, 16595]
     assert max(lengths) <= 1.25 * sum(lengths) / len(lengths), "not ragged for the split plan"
     assert case.label == "h128 40x~8192 q2 bf16 p64" and DecodeCase.parse("128,40,8192,2").lengths() == [8192] * 40
+
+
+def test_a_run_where_no_kernel_ran_a_case_fails_naming_that(monkeypatch, tmp_path):
+    """Every case failed (e.g. a Triton that cannot find its ptxas): exit 1 with the reason, no empty JSON or plot."""
+    import mlakit.bench.cli as bench_cli
+    from mlakit.bench.ceilings import Ceilings
+    from mlakit.device import DeviceInfo
+
+    monkeypatch.setattr(bench_cli, "_require_cuda", lambda command: None)
+    monkeypatch.setattr(DeviceInfo, "detect", classmethod(lambda cls, device="auto": DeviceInfo.from_arch("sm90")))
+    monkeypatch.setattr(bench_cli, "measure_ceilings", lambda device, sustained: Ceilings(3000.0, 700.0))
+    monkeypatch.setattr(bench_cli, "run_cases", lambda *args: [])
+    json_path = tmp_path / "decode.json"
+    result = CliRunner().invoke(bench, ["decode", "--case", "16,2,256,1", "--backends", "triton", "--no-baseline",
+                                        "--json", str(json_path), "--plot", str(tmp_path / "decode.png")])
+    assert result.exit_code == 1, result.output
+    assert "no kernel ran a case" in result.output
+    assert not json_path.exists()

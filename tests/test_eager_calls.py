@@ -239,6 +239,22 @@ def test_a_kept_raw_launch_passes_the_arguments_as_given(monkeypatch):
     assert calls == [(3, 1, 1, "stream", "fn", False, False, None, None, "meta", None, None, None, "x", 7, 64)]
 
 
+@pytest.mark.parametrize("interpreted", [True, False])
+def test_every_launch_asks_for_fused_multiply_adds(monkeypatch, interpreted):
+    """Fp fusion is named at each compile, not left to Triton's default (3.10 turns it off); a launch site's own
+    constants are passed alongside."""
+    from mlakit.kernels import launch
+
+    seen = []
+    kernel = type("Kernel", (), {"fn": _add_one.fn, "__getitem__": lambda self, grid: lambda *a, **kw: seen.append(kw)})()
+    monkeypatch.setattr(launch, "INTERPRET", interpreted)
+    monkeypatch.setattr(launch, "_raw_launch", lambda compiled: None)
+    active = types.SimpleNamespace(get_current_device=lambda: 0, get_current_stream=lambda device: "stream")
+    monkeypatch.setattr(launch, "driver", types.SimpleNamespace(active=active))
+    launch.CachedLaunch(kernel)("key", (1, 1, 1), ("x", 7), {"BLOCK": 64})
+    assert seen == [{"enable_fp_fusion": True, "BLOCK": 64}]
+
+
 @triton.jit
 def _add_one(X, n, BLOCK: tl.constexpr):
     offsets = tl.arange(0, BLOCK)

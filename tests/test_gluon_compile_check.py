@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from mlakit.kernels import decode_split_plan, hopper_decode, hopper_narrow_decode, hopper_prefill, triton_decode
+from mlakit.kernels.launch import COMPILE_OPTIONS
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "gluon_compile_check.py"
@@ -87,7 +88,9 @@ def test_plan_arguments_fill_every_parameter_and_take_shares_when_asked(script):
     for shares in (True, False):
         arguments, constants = script.plan_arguments([16384] * 24, 128, 1, shares)
         names = kernel.arg_names  # an interpreted function here (TRITON_INTERPRET)
-        assert len(arguments) == len([name for name in names if name not in constants]) and set(constants) <= set(names)
+        assert len(arguments) == len([name for name in names if name not in constants])
+        assert set(constants) - set(COMPILE_OPTIONS) <= set(names)
+        assert constants["enable_fp_fusion"] is True, "the plan kernel's launch names fp fusion as every launch does"
         assert constants["SHARES"] is shares and constants["BLOCK_B"] == 32 and arguments[0].tolist() == [16384] * 24
     assert all(getattr(module, name) is value for (module, name), value in zip(patched, before))
 

@@ -1,13 +1,28 @@
-# Device helper, sourced: unpacks a Triton packed by pack_triton.sh (its folder, carried) into /tmp once and exports
-# PACKED_TRITON (the folder to put first on PYTHONPATH), TRITON_BACKENDS_IN_TREE and TRITON_PTXAS_PATH (the image's
-# Triton's ptxas).
+# Device helper, sourced: unpacks a Triton packed by pack_triton.sh (its folder or its two folders, carried) into /tmp
+# once and exports PACKED_TRITON (the folder to put first on PYTHONPATH), TRITON_BACKENDS_IN_TREE and the ptxas paths:
+# the image's Triton's ptxas, and its ptxas-blackwell unless the package brought its own (then the image's nvdisasm
+# is linked beside that one, where the SASS scans look for it).
 #   source benchmarks/experiments/with_packed_triton.sh build/triton37
+#   source benchmarks/experiments/with_packed_triton.sh build/t39a build/t39b
 PACKED_TRITON=/tmp/packed-triton
 if [ ! -f $PACKED_TRITON/triton/_C/libtriton.so ]; then
   mkdir -p $PACKED_TRITON
   tar -xJf "$1/package.tar.xz" -C $PACKED_TRITON
-  xz -dc "$1/libtriton.so.xz" > $PACKED_TRITON/triton/_C/libtriton.so
+  cat $(for d in "$@"; do ls "$d"/libtriton.so.xz* 2>/dev/null; done) | xz -dc > $PACKED_TRITON/triton/_C/libtriton.so
+  for d in "$@"; do
+    if [ -f "$d/ptxas-blackwell.xz" ]; then
+      xz -dc "$d/ptxas-blackwell.xz" > $PACKED_TRITON/triton/backends/nvidia/bin/ptxas-blackwell
+      chmod +x $PACKED_TRITON/triton/backends/nvidia/bin/ptxas-blackwell
+      ln -sf "$(python -c "import triton, os; print(os.path.dirname(triton.__file__))")"/backends/nvidia/bin/nvdisasm \
+        $PACKED_TRITON/triton/backends/nvidia/bin/nvdisasm
+    fi
+  done
 fi
 export PACKED_TRITON TRITON_BACKENDS_IN_TREE=1
-TRITON_PTXAS_PATH=$(python -c "import triton, os; print(os.path.dirname(triton.__file__))")/backends/nvidia/bin/ptxas
-export TRITON_PTXAS_PATH
+image_bin=$(python -c "import triton, os; print(os.path.dirname(triton.__file__))")/backends/nvidia/bin
+export TRITON_PTXAS_PATH=$image_bin/ptxas
+if [ -x $PACKED_TRITON/triton/backends/nvidia/bin/ptxas-blackwell ]; then
+  export TRITON_PTXAS_BLACKWELL_PATH=$PACKED_TRITON/triton/backends/nvidia/bin/ptxas-blackwell
+else
+  export TRITON_PTXAS_BLACKWELL_PATH=$image_bin/ptxas-blackwell
+fi

@@ -201,6 +201,8 @@ def decode(
     click.echo(f"ceilings: copy {ceilings.copy_gb_per_s:.0f} GB/s, bf16 matmul {ceilings.matmul_tflop_per_s:.0f} TFLOP/s"
                f" ({timing} timing)")
     rows = run_cases(cases, kernels, device, ceilings, click.echo, timing)
+    if not rows:
+        raise click.ClickException("no kernel ran a case: each failed or was skipped (the lines above say why)")
     write_results(json_path, {**environment(device, ceilings), "timing": timing}, rows)
     plot_results(plot_path, rows)
     click.echo(f"wrote {json_path} and {plot_path}")

@@ -16,6 +16,7 @@ import triton.language as tl
 
 from mlakit.kernels.decode_share_plan import share_bound, share_layout
 from mlakit.kernels.interpreter import INTERPRET
+from mlakit.kernels.launch import COMPILE_OPTIONS
 
 OVERSUBSCRIPTION = 3
 MAX_SPLITS = 512
@@ -81,7 +82,7 @@ RAGGED_SHARE_ROWS = 2
 # (NOTES.md, "The plan kernel under Triton 3.7"); the kernel now keeps its reductions out of small runtime `if`s, and
 # `make test` compiles it to check that none is predicated. A plan kernel compiled by any other version takes no
 # equal shares: the split counts run, slower where shares win.
-SHARE_PLAN_TRITONS = ("3.6.", "3.7.", "3.8.")
+SHARE_PLAN_TRITONS = ("3.6.", "3.7.", "3.8.", "3.9.")
 # The split kernels' grid holds one row per row of the plan (sequences x split ceiling, or RAGGED_SHARE_ROWS times
 # that).
 MAX_WORK_ROWS = 65535
@@ -438,6 +439,6 @@ def decode_split_counts(
         forced_splits,
         HEADS=heads, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_B=block_b,
         BLOCK_S=max(1, WORK_STORE_TILE // block_b), BLOCK_TAIL=256, FIT_ONE_WAVE=FIT_SPLITS_TO_ONE_WAVE,
-        SHARES=shares, RAGGED_SHARES=ragged_shares,
+        SHARES=shares, RAGGED_SHARES=ragged_shares, **COMPILE_OPTIONS,
     )
     return SequenceSplits(num_splits, work, work_state)

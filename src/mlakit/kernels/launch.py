@@ -26,6 +26,7 @@ import hashlib
 import inspect
 import os
 import threading
+import types
 from collections.abc import Callable, Hashable, Iterator, Mapping
 
 import triton
@@ -36,6 +37,10 @@ from mlakit.kernels.interpreter import INTERPRET
 
 # Direct launches kept per kernel before the oldest half is dropped (each entry is a few small objects).
 MAX_KEYS = 512
+
+# Compile options every launch names rather than leaves to Triton's defaults: the kernels are checked and timed with
+# fused multiply-adds, the default that Triton 3.9 warns about when unset and that 3.10 turns off.
+COMPILE_OPTIONS: Mapping[str, object] = types.MappingProxyType({"enable_fp_fusion": True})
 
 
 # Whether direct launches are checked against Triton's own choice (read once, at import).
@@ -170,15 +175,16 @@ class CachedLaunch:
         self._compiled: dict[Hashable, tuple[object, tuple, _RawLaunch | None]] = {}
 
     def __call__(self, key: Hashable, grid: tuple[int, int, int], args: tuple, constants: Mapping[str, object]) -> None:
+        options = {**COMPILE_OPTIONS, **constants}
         if INTERPRET or _hook_set(knobs.runtime.launch_enter_hook) or _hook_set(knobs.runtime.launch_exit_hook):
             with self.compiling():
-                self.kernel[grid](*args, **constants)
+                self.kernel[grid](*args, **options)
             return
         device = driver.active.get_current_device()
         entry = self._compiled.get((device, key))
         if entry is None:
             with self.compiling():
-                compiled = self.kernel[grid](*args, **constants)
+                compiled = self.kernel[grid](*args, **options)
             if len(self._compiled) >= MAX_KEYS:
                 for old in list(self._compiled)[: MAX_KEYS // 2]:
                     del self._compiled[old]
@@ -190,7 +196,7 @@ class CachedLaunch:
         compiled, trailing, raw = entry
         if VERIFY:
             with self.compiling():
-                expected = self.kernel.warmup(*args, grid=grid, **constants)
+                expected = self.kernel.warmup(*args, grid=grid, **options)
             if expected is not compiled:
                 raise StaleLaunchError(f"{self.kernel.__name__}: launch key {key!r} names a kernel compiled for other "
                                        f"arguments than this call's")
