@@ -238,7 +238,8 @@ def test_cli_grid_heads_keeps_only_those_head_counts(monkeypatch, tmp_path):
     monkeypatch.setattr(DeviceInfo, "detect", classmethod(lambda cls, device="auto": DeviceInfo.from_arch("sm90")))
     monkeypatch.setattr(bench_cli, "measure_ceilings", lambda device, sustained: Ceilings(100.0, 10.0))
     monkeypatch.setattr(bench_cli, "run_cases",
-                        lambda cases, kernels, device, ceilings, log, timing: timed.extend(cases) or [])
+                        lambda cases, kernels, device, ceilings, log, timing: timed.extend(cases) or [{"case": "timed"}])
+    monkeypatch.setattr(bench_cli, "_echo_targets", lambda rows: None)
     monkeypatch.setattr(bench_cli, "write_results", lambda path, env, rows: None)
     monkeypatch.setattr(bench_cli, "plot_results", lambda path, rows: None)
     monkeypatch.setattr(bench_cli, "environment", lambda device, ceilings: {})
@@ -261,7 +262,8 @@ def test_cli_times_the_replays_flushed_sustained_or_with_a_clean_l2(monkeypatch,
     monkeypatch.setattr(bench_cli, "measure_ceilings",
                         lambda device, sustained: seen.update(ceilings=sustained) or Ceilings(100.0, 10.0))
     monkeypatch.setattr(bench_cli, "run_cases",
-                        lambda cases, kernels, device, ceilings, log, timing: seen.update(timing=timing) or [])
+                        lambda cases, kernels, device, ceilings, log, timing: seen.update(timing=timing) or [{"case": "timed"}])
+    monkeypatch.setattr(bench_cli, "_echo_targets", lambda rows: None)
     monkeypatch.setattr(bench_cli, "write_results", lambda path, env, rows: seen.update(env=env))
     monkeypatch.setattr(bench_cli, "plot_results", lambda path, rows: None)
     monkeypatch.setattr(bench_cli, "environment", lambda device, ceilings: {})

@@ -175,16 +175,15 @@ class CachedLaunch:
         self._compiled: dict[Hashable, tuple[object, tuple, _RawLaunch | None]] = {}
 
     def __call__(self, key: Hashable, grid: tuple[int, int, int], args: tuple, constants: Mapping[str, object]) -> None:
-        options = {**COMPILE_OPTIONS, **constants}
         if INTERPRET or _hook_set(knobs.runtime.launch_enter_hook) or _hook_set(knobs.runtime.launch_exit_hook):
             with self.compiling():
-                self.kernel[grid](*args, **options)
+                self.kernel[grid](*args, **COMPILE_OPTIONS, **constants)
             return
         device = driver.active.get_current_device()
         entry = self._compiled.get((device, key))
         if entry is None:
             with self.compiling():
-                compiled = self.kernel[grid](*args, **options)
+                compiled = self.kernel[grid](*args, **COMPILE_OPTIONS, **constants)
             if len(self._compiled) >= MAX_KEYS:
                 for old in list(self._compiled)[: MAX_KEYS // 2]:
                     del self._compiled[old]
@@ -196,7 +195,7 @@ class CachedLaunch:
         compiled, trailing, raw = entry
         if VERIFY:
             with self.compiling():
-                expected = self.kernel.warmup(*args, grid=grid, **options)
+                expected = self.kernel.warmup(*args, grid=grid, **COMPILE_OPTIONS, **constants)
             if expected is not compiled:
                 raise StaleLaunchError(f"{self.kernel.__name__}: launch key {key!r} names a kernel compiled for other "
                                        f"arguments than this call's")

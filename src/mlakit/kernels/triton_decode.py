@@ -233,10 +233,12 @@ def _mla_decode_combine_kernel(
         acc *= rescale[:, None]
         for step in tl.static_range(BLOCK_SPLITS):
             split = first + step
-            lse = tl.load(lse_rows + split * stride_pl_s, mask=row_ok & (split < num_splits), other=float("-inf"))
+            # `!= 0`: Triton 3.9's interpreter types `mask & scalar condition` int32, which its loads refuse as a mask.
+            split_ok = split < num_splits
+            lse = tl.load(lse_rows + split * stride_pl_s, mask=(row_ok & split_ok) != 0, other=float("-inf"))
             weight = tl.exp(lse - m_safe)
             total += weight
-            acc += tl.load(part_rows + split * stride_po_s, mask=part_ok & (split < num_splits), other=0.0) * weight[:, None]
+            acc += tl.load(part_rows + split * stride_po_s, mask=(part_ok & split_ok) != 0, other=0.0) * weight[:, None]
         m = m_new
     safe_total = tl.where(total > 0, total, 1.0)
     if SCALED_PARTS:
