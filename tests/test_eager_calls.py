@@ -241,18 +241,33 @@ def test_a_kept_raw_launch_passes_the_arguments_as_given(monkeypatch):
 
 @pytest.mark.parametrize("interpreted", [True, False])
 def test_every_launch_asks_for_fused_multiply_adds(monkeypatch, interpreted):
-    """Fp fusion is named at each compile, not left to Triton's default (3.10 turns it off); a launch site's own
-    constants are passed alongside."""
+    """Fp fusion is named at each compile, not left to Triton's default (3.10 turns it off): the interpreted call, the
+    first compile and the check of a kept launch against Triton's choice; a launch site's constants go alongside."""
     from mlakit.kernels import launch
 
     seen = []
-    kernel = type("Kernel", (), {"fn": _add_one.fn, "__getitem__": lambda self, grid: lambda *a, **kw: seen.append(kw)})()
+    compiled = types.SimpleNamespace(function="fn", packed_metadata="meta", run=lambda *args: seen.append("run"))
+
+    class Kernel:
+        fn = _add_one.fn
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: seen.append(kwargs) or compiled
+
+        def warmup(self, *args, grid, **kwargs):
+            seen.append(kwargs)
+            return compiled
+
     monkeypatch.setattr(launch, "INTERPRET", interpreted)
+    monkeypatch.setattr(launch, "VERIFY", True)
     monkeypatch.setattr(launch, "_raw_launch", lambda compiled: None)
     active = types.SimpleNamespace(get_current_device=lambda: 0, get_current_stream=lambda device: "stream")
     monkeypatch.setattr(launch, "driver", types.SimpleNamespace(active=active))
-    launch.CachedLaunch(kernel)("key", (1, 1, 1), ("x", 7), {"BLOCK": 64})
-    assert seen == [{"enable_fp_fusion": True, "BLOCK": 64}]
+    cached = launch.CachedLaunch(Kernel())
+    for _ in range(2):
+        cached("key", (1, 1, 1), ("x", 7), {"BLOCK": 64})
+    named = {"enable_fp_fusion": True, "BLOCK": 64}
+    assert seen == ([named, named] if interpreted else [named, named, "run"])
 
 
 @triton.jit

@@ -21,13 +21,14 @@ pip download "triton==$version" --python-version 3.12 --only-binary=:all: --no-d
 (cd "$work" && unzip -q wheel/*.whl 'triton/*')
 t=$work/triton
 bin=$t/backends/nvidia/bin
-if grep -q "if arch < 90:" "$t"/backends/nvidia/compiler.py; then
+if grep -q "if arch < 90:" "$t"/backends/nvidia/compiler.py; then  # 3.9's get_ptxas: ptxas below sm_90 only
   xz -T0 -9e -c "$bin/ptxas-blackwell" > "$work/ptxas-blackwell.xz"
 fi
 rm -rf "$bin"/{ptxas,ptxas-blackwell,cuobjdump,nvdisasm} "$t"/backends/nvidia/lib/cupti* \
   "$t"/backends/amd/lib/libtriton_amd_codegen.so "$t"/plugins "$t"/instrumentation "$t"/FileCheck "$t"/_C/libproton.so
 mv "$t"/_C/libtriton.so "$work/libtriton.so"
 strip --strip-all "$work/libtriton.so"
+rm -rf "$out" ${second:+"$second"}
 mkdir -p "$out"
 tar -C "$work" -cf - triton | xz -T0 -9 > "$out/package.tar.xz"
 xz -T0 -9e -c "$work/libtriton.so" > "$work/libtriton.so.xz"

@@ -76,12 +76,12 @@ EQUAL_SHARES = True
 # sequences runs them in rounds of their own).
 RAGGED_EQUAL_SHARES = True
 RAGGED_SHARE_ROWS = 2
-# The Triton versions whose build of the plan kernel was checked on a GPU to lay equal shares out right (3.6.0, 3.7.1
-# and 3.8.0; their other patch releases are taken as the same). Under 3.7.1 it once counted a share plan's items short
-# and left rows uncleared: ptxas had predicated the warp reductions of an if-converted branch on the wrong register
-# (NOTES.md, "The plan kernel under Triton 3.7"); the kernel now keeps its reductions out of small runtime `if`s, and
-# `make test` compiles it to check that none is predicated. A plan kernel compiled by any other version takes no
-# equal shares: the split counts run, slower where shares win.
+# The Triton versions whose build of the plan kernel was checked on a GPU to lay equal shares out right (3.6.0, 3.7.1,
+# 3.8.0 and 3.9.0; their other patch releases are taken as the same). Under 3.7.1 it once counted a share plan's items
+# short and left rows uncleared: ptxas had predicated the warp reductions of an if-converted branch on the wrong
+# register (NOTES.md, "The plan kernel under Triton 3.7"); the kernel now keeps its reductions out of small runtime
+# `if`s, and `make test` compiles it to check that none is predicated. A plan kernel compiled by any other version
+# takes no equal shares: the split counts run, slower where shares win.
 SHARE_PLAN_TRITONS = ("3.6.", "3.7.", "3.8.", "3.9.")
 # The split kernels' grid holds one row per row of the plan (sequences x split ceiling, or RAGGED_SHARE_ROWS times
 # that).
@@ -355,7 +355,7 @@ def share_plans_laid_out_right(version: str | None = None) -> bool:
     """Whether this process's plan kernel lays equal shares out right: under the CPU interpreter, or built by a Triton
     `version` (the installed one by default) of SHARE_PLAN_TRITONS.
 
-    >>> share_plans_laid_out_right("3.8.0"), share_plans_laid_out_right("3.9.0") == bool(INTERPRET)
+    >>> share_plans_laid_out_right("3.9.0"), share_plans_laid_out_right("3.10.0") == bool(INTERPRET)
     (True, True)
     """
     return bool(INTERPRET) or (version or triton.__version__).startswith(SHARE_PLAN_TRITONS)
