@@ -288,6 +288,7 @@ def seesaw_arguments(heads: int, q_len: int, kv_dtype: torch.dtype, merge: bool,
                      SHARES_TO_COMBINE=merge and hd.dispatch.SHARE_MERGES_BY_COMBINE,
                      EVICT_FIRST=streams_evict_first(row_tiles), E4M3_SCORES=e4m3_scores,
                      PREFETCH_PAIRS=hd.dispatch.prefetch_pairs(kv_dtype == hd.FP8_DTYPE),
+                     LEFT_SCORES_AHEAD=hd.dispatch.left_scores_ahead(row_tiles, fp8),
                      num_warps=4)
     return arguments, constants
 

@@ -70,8 +70,8 @@ EDITS = {
          "PART_STRIDES,\n    last, prefetch, TL, slot, HEADS: gl.constexpr,"),
         ("    fence_async_shared()\n    thread_barrier()\n\n    m_even, scale_even",
          "    fence_async_shared()\n    thread_barrier()\n    _stamp(TL, slot, 1)\n\n    m_even, scale_even"),
-        ("            PART_STRIDES, last, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3)),",
-         "            PART_STRIDES, last, TL, slot, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3)),"),
+        ("            PART_STRIDES, last, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3, LEFT_SCORES_AHEAD)),",
+         "            PART_STRIDES, last, TL, slot, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3, LEFT_SCORES_AHEAD)),"),
         ("            num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES, prefetch[0],\n            HEADS, PAGE_SIZE, "
          "KV_LORA_RANK, E4M3, PREFETCH_PAIRS)),",
          "            num_splits, scale_log2, OUT, PART_OUT, OUT_STRIDES, PART_STRIDES, prefetch[0],\n            TL, slot, HEADS, "

@@ -49,6 +49,11 @@ SHARE_MERGES_BY_COMBINE = True
 # batches' share plans (H200, fortieth session): fp8 3-7% faster with it, 16-bit pages level (0.2-0.8% slower).
 L2_PREFETCH_PAIRS_FP8 = 1
 L2_PREFETCH_PAIRS_16BIT = 0
+# On 16-bit pages the seesaw's warpgroup 0 issues each next tile pair's S over the left half of the latent columns
+# behind its last P . V when a sequence has at least this many row tiles (query tokens x heads / 64). H200, 128 heads:
+# 4096-8192-token batches at q_len 2 and 4 1.6-2.1% faster, the ragged one at q_len 2 1-5%, but 64 x 1024 at q_len 2
+# 3.2% slower (at q_len 1, 2 row tiles, 8%, so it stays off there); fp8 pages level to 2% slower (NOTES.md v103).
+LEFT_SCORES_AHEAD_MIN_ROW_TILES = 4
 # Whether the seesaw writes a split's partial in the output's 16-bit dtype (`partial_dtype` says where), staged in the
 # query buffer and stored in 16-byte row pieces as a finished output is, instead of float32 straight from the
 # accumulator: half the bytes to store, to merge in the kernel and to combine (NOTES.md v95; v32 had tried 16-bit
@@ -105,13 +110,14 @@ def prepare(key: Hashable, grid: tuple[int, int], q: torch.Tensor, pages: torch.
         evict_first = streams_evict_first(row_tiles)
         e4m3 = fp8 and e4m3_scores
         prefetch = prefetch_pairs(fp8)
+        ahead = left_scores_ahead(row_tiles, fp8)
         constants.update(MERGE=merge, SHARES_TO_COMBINE=shares_to_combine, EVICT_FIRST=evict_first, E4M3_SCORES=e4m3,
-                         PREFETCH_PAIRS=prefetch, num_warps=4)
+                         PREFETCH_PAIRS=prefetch, LEFT_SCORES_AHEAD=ahead, num_warps=4)
         plan_args = (work_state, work_rows, row_tiles, merge_state)
 
         # They follow from the plan, the call and module settings; named in the key, a kernel compiled under another
         # setting (an experiment's) is never launched in its place.
-        seesaw_key = HintedKey((key, merge, shares_to_combine, e4m3, prefetch), evict_first)
+        seesaw_key = HintedKey((key, merge, shares_to_combine, e4m3, prefetch, ahead), evict_first)
 
         def seesaw(q, pages, kv_scale, shared_args) -> None:
             # 16-bit pages never read KV_SCALE: any tensor fills it.
@@ -155,6 +161,16 @@ def prefetch_pairs(fp8: bool) -> int:
     0
     """
     return L2_PREFETCH_PAIRS_FP8 if fp8 else L2_PREFETCH_PAIRS_16BIT
+
+
+def left_scores_ahead(row_tiles: int, fp8: bool) -> bool:
+    """Whether the seesaw issues each next tile pair's left half of S behind the pair before's last P . V, for a plan
+    of `row_tiles` row tiles a sequence over fp8 or 16-bit pages (`LEFT_SCORES_AHEAD_MIN_ROW_TILES`).
+
+    >>> left_scores_ahead(2, False), left_scores_ahead(4, False), left_scores_ahead(4, True)
+    (False, True, False)
+    """
+    return not fp8 and row_tiles >= LEFT_SCORES_AHEAD_MIN_ROW_TILES
 
 
 def rows_are_contiguous(pages: torch.Tensor) -> bool:

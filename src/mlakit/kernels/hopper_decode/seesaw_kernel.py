@@ -32,6 +32,7 @@ def mla_decode_hopper_seesaw_kernel(
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr,
     KV_LORA_RANK: gl.constexpr, ROPE_DIM: gl.constexpr, MERGE: gl.constexpr, SHARES_TO_COMBINE: gl.constexpr,
     EVICT_FIRST: gl.constexpr, E4M3_SCORES: gl.constexpr, PREFETCH_PAIRS: gl.constexpr,
+    LEFT_SCORES_AHEAD: gl.constexpr,
 ):
     """Two warpgroups taking turns over tile pairs ("seesaw"), for 16-bit pages that hold whole tiles:
     even tiles in stage 0 (warpgroup 0's S and softmax), odd tiles in stage 1 (warpgroup 1's), each
@@ -54,7 +55,9 @@ def mla_decode_hopper_seesaw_kernel(
     E4M3_SCORES (fp8 pages) the query rows are rounded to e4m3 and S runs on 8-bit tensor cores over the boxes as
     TMA put them; only the values P multiplies are converted, after their S. With PREFETCH_PAIRS > 0, in a
     non-ragged plan, warpgroup 1 asks L2 for the next unit's query rows and first two KV tiles (rows of the cache `KV`,
-    `kv_row_stride` elements apart) that many tile pairs before this unit's end (`next_unit_prefetch`).
+    `kv_row_stride` elements apart) that many tile pairs before this unit's end (`next_unit_prefetch`). With
+    LEFT_SCORES_AHEAD (16-bit pages) warpgroup 0 issues each next tile pair's left half of S behind its last P . V
+    (`seesaw_partitions`).
     Arguments as `mla_decode_hopper_split_kernel`'s, with the cache's chunk TMA descriptors and, for fp8 pages
     (each chunk loaded into the first half of its 16-bit place and converted there by the warpgroup whose
     S reads it first, NOTES.md v43; with E4M3_SCORES by the warpgroup whose P . V reads it, after S), the one-element
@@ -116,7 +119,7 @@ def mla_decode_hopper_seesaw_kernel(
                 Q, CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, seqlen, WORK, unit // row_tiles, b, split, num_splits,
                 first_token, q_len, tile, OUT, LSE, PART_OUT, PART_LSE, scale_log2, kv_scale, Q_STRIDES, stride_bt_b,
                 OUT_STRIDES, LSE_STRIDES, PART_STRIDES, last, prefetch, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3_SCORES,
-                PREFETCH_PAIRS)
+                PREFETCH_PAIRS, LEFT_SCORES_AHEAD)
             if MERGE and num_splits > 1:
                 if merges_here:
                     _merge_if_last(WORK, unit, row_tiles, MERGE_STATE, OUT, LSE, PART_OUT, PART_LSE,
@@ -226,7 +229,7 @@ def _seesaw_unit(
     Q, CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, seqlen, WORK, item, b, split, num_splits, first_token, q_len, tile,
     OUT, LSE, PART_OUT, PART_LSE, scale_log2, kv_scale, Q_STRIDES, stride_bt_b, OUT_STRIDES, LSE_STRIDES, PART_STRIDES,
     last, prefetch, HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr, E4M3: gl.constexpr,
-    PREFETCH_PAIRS: gl.constexpr,
+    PREFETCH_PAIRS: gl.constexpr, LEFT_SCORES_AHEAD: gl.constexpr,
 ):
     """One unit of the seesaw kernel (a row tile of the plan's work item `item`), on chunk barriers initialized
     for it and invalidated after it: Q and the first two tiles loaded, then (PREFETCH_PAIRS > 0) the next unit's
@@ -265,7 +268,7 @@ def _seesaw_unit(
             CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, b, split,
             num_splits, scale_log2, kv_scale, OUT, LSE, PART_OUT, PART_LSE,
             OUT_STRIDES, LSE_STRIDES,
-            PART_STRIDES, last, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3)),
+            PART_STRIDES, last, HEADS, PAGE_SIZE, KV_LORA_RANK, E4M3, LEFT_SCORES_AHEAD)),
         (_seesaw_odd_partition, (
             q_lat_all, q_rope_smem, k_lat_smem, slots, chunk_ready,
             m_even, scale_even, m_odd, scale_odd, sum_odd, final_rows, query_unscale,

@@ -59,11 +59,22 @@ def _chunked_scores(q_lat_smem, q_rope_smem, k_lat, slot, chunk_ready, stage: gl
     3% faster than chunk by chunk, NOTES.md v43), rows from valid_rows on zeroed. E4M3 (fp8 pages, Q rounded to
     e4m3 in its blocks' first halves): the MMAs read the e4m3 boxes as they landed, on 8-bit tensor cores, and
     nothing is converted here (rows past the split's end hold anything: the caller masks their scores)."""
+    first: gl.constexpr = k_lat.shape[1] // TMA_CHUNK // 2 if RIGHT_HALF_FIRST else 0
+    s = _half_scores(q_lat_smem, k_lat, chunk_ready, stage, phase, s_zero, valid_rows, first, False,
+                     FP8 and not E4M3, E4M3)
+    return _scores_after_first_half(q_lat_smem, q_rope_smem, k_lat, slot, chunk_ready, stage, phase, s, valid_rows,
+                                    RIGHT_HALF_FIRST, FP8, E4M3)
+
+
+@gluon.jit
+def _scores_after_first_half(q_lat_smem, q_rope_smem, k_lat, slot, chunk_ready, stage: gl.constexpr, phase, s,
+                             valid_rows, RIGHT_HALF_FIRST: gl.constexpr, FP8: gl.constexpr, E4M3: gl.constexpr):
+    """`_chunked_scores` from the first half's scores `s` on (issued, or done): the other half's and the rope's MMAs,
+    then the wait for all of them."""
     lat_chunks: gl.constexpr = k_lat.shape[1] // TMA_CHUNK
     half: gl.constexpr = lat_chunks // 2
     first: gl.constexpr = half if RIGHT_HALF_FIRST else 0
     convert: gl.constexpr = FP8 and not E4M3
-    s = _half_scores(q_lat_smem, k_lat, chunk_ready, stage, phase, s_zero, valid_rows, first, False, convert, E4M3)
     s = _half_scores(q_lat_smem, k_lat, chunk_ready, stage, phase, s, valid_rows, half - first, True, convert, E4M3)
     mbarrier.wait(_chunk_barrier(chunk_ready, k_lat, stage, lat_chunks), phase)
     if convert:
@@ -116,6 +127,7 @@ def _seesaw_even_partition(
     CHUNK_DESC, ROPE_DESC, BLOCK_TABLE, bt_row, start, end, num_tiles, seqlen, q_len, tile, first_token, b, split,
     num_splits, scale_log2, kv_scale, OUT, LSE, PART_OUT, PART_LSE, OUT_STRIDES, LSE_STRIDES, PART_STRIDES, last,
     HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr, KV_LORA_RANK: gl.constexpr, E4M3: gl.constexpr,
+    LEFT_SCORES_AHEAD: gl.constexpr,
 ):
     """Warpgroup 0: S and the softmax of the even tiles (stage 0), output columns of the left half.
     Per pair of tiles: P0 against the running max updated with the even tile; O_L = O_L x scale0 +
@@ -123,7 +135,10 @@ def _seesaw_even_partition(
     O_L = O_L x scale1 + P1 . V1_L. Each stage's chunks are reloaded as soon as their last reader is done.
     For fp8 pages the scores are multiplied by the query rows' unscale factors (`_scale_query`; the
     cache's scale is in scale_log2) and the output by the cache's scale, here. E4M3: S reads the e4m3 boxes, and
-    each warpgroup converts the values it multiplies (its half of the columns of both tiles) once their S is done."""
+    each warpgroup converts the values it multiplies (its half of the columns of both tiles) once their S is done.
+    With LEFT_SCORES_AHEAD (16-bit pages) the next pair's S over the left half of the latent columns is issued behind
+    P1 . V1_L (its chunks were reloaded after P0 . V0_L), P1 . V1_L retired with it in flight and the odd stage's left
+    half reloaded before it is waited for; the pair then starts at the right half (NOTES.md v103)."""
     half: gl.constexpr = KV_LORA_RANK // 2
     lat_chunks: gl.constexpr = KV_LORA_RANK // TMA_CHUNK
     FP8: gl.constexpr = CHUNK_DESC.block_type.element_ty.is_fp8()
@@ -135,8 +150,15 @@ def _seesaw_even_partition(
     m_i, l_i = no_keys_yet(BLOCK_M, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([BLOCK_M, half], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    convert: gl.constexpr = FP8 and not E4M3
     if FP8:
         row_unscale = query_unscale.load(gl.SliceLayout(1, s_layout))
+    s = s_zero
+    if LEFT_SCORES_AHEAD:
+        if num_tiles > 0:  # the first pair's left half of S; later pairs' are issued behind the pair before's P1 . V1_L
+            k0, _, q_lat_smem = _pair_views(0, k_lat_smem, q_lat_all)
+            s = _half_scores(q_lat_smem, k0, chunk_ready, 0, 0, s_zero, end - start, 0, False, convert, E4M3)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=[s])
     for pair in range(gl.cdiv(num_tiles, 2)):
         k0, k1, q_lat_smem = _pair_views(pair, k_lat_smem, q_lat_all)
         phase = pair & 1
@@ -145,10 +167,12 @@ def _seesaw_even_partition(
         has_odd = t0 + 1 < num_tiles
         next_even = _cache_row(BLOCK_TABLE, bt_row, start + gl.minimum(t0 + 2, num_tiles - 1) * BLOCK_N, PAGE_SIZE)
         next_odd = _cache_row(BLOCK_TABLE, bt_row, start + gl.minimum(t0 + 3, num_tiles - 1) * BLOCK_N, PAGE_SIZE)
-        if not FP8 and tok0 + BLOCK_N > end:
+        if not FP8 and tok0 + BLOCK_N > end:  # (a left half's S issued ahead read them as they came: masked)
             _zero_tail(k0, chunk_ready, 0, phase, end - tok0)
-        s = _chunked_scores(q_lat_smem, q_rope_smem, k0, slots.index(0), chunk_ready, 0, phase, s_zero, end - tok0,
-                            False, FP8, E4M3)
+        if not LEFT_SCORES_AHEAD:
+            s = _half_scores(q_lat_smem, k0, chunk_ready, 0, phase, s_zero, end - tok0, 0, False, convert, E4M3)
+        s = _scores_after_first_half(q_lat_smem, q_rope_smem, k0, slots.index(0), chunk_ready, 0, phase, s,
+                                     end - tok0, False, FP8, E4M3)
         if FP8:
             s = s * row_unscale[:, None]
         p0, scale0, m_i = online_softmax(_masked_near_end(s, tok0, end, visible, unmasked_end), m_i, 1, scale_log2)
@@ -184,11 +208,21 @@ def _seesaw_even_partition(
             if E4M3:  # warpgroup 1's S of the odd tile is done: it handed over its max
                 _convert_four_blocks_in_place(k1, 0, end - tok0 - BLOCK_N)
             acc = acc * _row_vector(scale1, o_layout)[:, None]
-            acc = warpgroup_mma(slots.index(1), k1.slice(0, half, dim=1), acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-            thread_barrier()
-            _load_chunks(CHUNK_DESC, ROPE_DESC, next_odd, chunk_ready, 1, k1, slots.index(1), 0, lat_chunks // 2, True,
-                         t0 + 3 < num_tiles)
+            pending = warpgroup_mma(slots.index(1), k1.slice(0, half, dim=1), acc, is_async=True)
+            left_ahead = t0 + 2 < num_tiles if LEFT_SCORES_AHEAD else False
+            if left_ahead:  # both branches reload: Gluon lets no MMA in flight out of a runtime `if`
+                s = _half_scores(q_lat_smem, k0, chunk_ready, 0, phase ^ 1, s_zero, end - tok0 - 2 * BLOCK_N, 0,
+                                 False, convert, E4M3)
+                acc = warpgroup_mma_wait(num_outstanding=lat_chunks // 2, deps=[pending])  # S's MMAs still run
+                thread_barrier()
+                _load_chunks(CHUNK_DESC, ROPE_DESC, next_odd, chunk_ready, 1, k1, slots.index(1), 0, lat_chunks // 2,
+                             True, t0 + 3 < num_tiles)
+                s = warpgroup_mma_wait(num_outstanding=0, deps=[s])
+            else:
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=[pending])
+                thread_barrier()
+                _load_chunks(CHUNK_DESC, ROPE_DESC, next_odd, chunk_ready, 1, k1, slots.index(1), 0, lat_chunks // 2,
+                             True, t0 + 3 < num_tiles)
 
     if last:
         launch_dependents()
