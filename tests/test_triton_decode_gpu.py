@@ -553,28 +553,36 @@ def test_next_unit_prefetch_changes_no_value(monkeypatch, fixed_splits):
 @pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
 @pytest.mark.parametrize("heads, q_len, kv_dtype", [(128, 2, "bf16"), (33, 3, "bf16"), (5, 8, "fp16"), (1, 1, "bf16"),
                                                     (64, 4, "fp16")])
-@pytest.mark.parametrize("num_sms", [None, 1024])
+@pytest.mark.parametrize("num_sms", [None, 8, 1024])
 def test_left_scores_ahead_changes_no_value(monkeypatch, heads, q_len, kv_dtype, num_sms):
     """16-bit pages: the seesaw's warpgroup 0 issuing each next tile pair's left half of S behind its last P . V
     (`LEFT_SCORES_AHEAD`, here at any row-tile count) or at the pair's start gives the same bits, and the reference's
-    attention: ragged lengths with an empty sequence, ends inside a tile (rows past them zeroed after the left half's
-    S read them), pages in random order with garbage in the table's unused entries, and with num_sms 1024 splits of
-    one to a few tiles."""
+    attention: ragged lengths with an empty sequence, ends inside a tile (rows past them zeroed after a left half's S
+    read them), pages in random order with garbage in the table's unused entries; plans for 8 SMs give units of 11 to
+    47 tiles (many pairs, both stages reloaded while an S is in flight), for 1024 SMs splits of one or two tiles."""
     from mlakit.kernels.hopper_decode import dispatch
     from mlakit.kernels.triton_decode import plan_decode
 
+    launched = []
+    seesaw = dispatch.SEESAW
+
+    def recording_seesaw(key, grid, args, constants):
+        launched.append(constants["LEFT_SCORES_AHEAD"])
+        seesaw(key, grid, args, constants)
+
+    monkeypatch.setattr(dispatch, "SEESAW", recording_seesaw)
     q_dtype = torch.float16 if kv_dtype == "fp16" else torch.bfloat16
     batch = make_paged_batch([3000, 0, 1, 63, 700, 130], heads=heads, q_len=q_len, page_size=64, kv_lora_rank=512,
                              rope_dim=64, kv_dtype=kv_dtype, q_dtype=q_dtype, device="cuda", seed=heads * q_len)
-    outputs, ahead = [], []
-    for min_row_tiles in (1, 1 << 20):
+    outputs = []
+    for min_row_tiles, ahead in ((1, True), (1 << 20, False)):
         monkeypatch.setattr(dispatch, "LEFT_SCORES_AHEAD_MIN_ROW_TILES", min_row_tiles)
         plan = plan_decode(batch.cache_seqlens, q_len=q_len, heads=heads, kv_dtype=batch.kv_cache.dtype,
                            num_sms=num_sms)
         assert _split_kernel(batch, plan) == "hopper"
-        ahead.append(dispatch.left_scores_ahead(plan.geometry.row_tiles, False))
+        launched.clear()
         outputs.append(_check(batch, plan=plan))
-    assert ahead == [True, False]
+        assert launched and set(launched) == {ahead}
     assert torch.equal(outputs[0][0], outputs[1][0]) and torch.equal(outputs[0][1], outputs[1][1])
 
 

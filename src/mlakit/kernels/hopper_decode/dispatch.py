@@ -51,7 +51,7 @@ L2_PREFETCH_PAIRS_FP8 = 1
 L2_PREFETCH_PAIRS_16BIT = 0
 # On 16-bit pages the seesaw's warpgroup 0 issues each next tile pair's S over the left half of the latent columns
 # behind its last P . V when a sequence has at least this many row tiles (query tokens x heads / 64). H200, 128 heads:
-# 4096-8192-token batches at q_len 2 and 4 1.6-2.1% faster, the ragged one at q_len 2 1-5%, but 64 x 1024 at q_len 2
+# 4096-8192-token batches at q_len 2 and 4 1.6-2.3% faster, the ragged one at q_len 2 1.6-3%, but 64 x 1024 at q_len 2
 # 3.2% slower (at q_len 1, 2 row tiles, 8%, so it stays off there); fp8 pages level to 2% slower (NOTES.md v103).
 LEFT_SCORES_AHEAD_MIN_ROW_TILES = 4
 # Whether the seesaw writes a split's partial in the output's 16-bit dtype (`partial_dtype` says where), staged in the

@@ -105,6 +105,13 @@ def _half_scores(q_lat_smem, k_lat, chunk_ready, stage: gl.constexpr, phase, s, 
 
 
 @gluon.jit
+def _even_left_scores(q_lat_smem, k0, chunk_ready, phase, s_zero, valid_rows, CONVERT: gl.constexpr,
+                      E4M3: gl.constexpr):
+    """S = Q . K^T of the even stage's tile over the left half of the latent chunks, issued (`_half_scores`)."""
+    return _half_scores(q_lat_smem, k0, chunk_ready, 0, phase, s_zero, valid_rows, 0, False, CONVERT, E4M3)
+
+
+@gluon.jit
 def _score_chunk(q_lat_smem, k_lat, chunk_ready, stage: gl.constexpr, phase, s, c: gl.constexpr,
                  use_acc: gl.constexpr, E4M3: gl.constexpr):
     """S += Q . K^T over latent chunk c, issued once the chunk has landed (E4M3: over the chunk's and Q's e4m3 boxes;
@@ -138,7 +145,7 @@ def _seesaw_even_partition(
     each warpgroup converts the values it multiplies (its half of the columns of both tiles) once their S is done.
     With LEFT_SCORES_AHEAD (16-bit pages) the next pair's S over the left half of the latent columns is issued behind
     P1 . V1_L (its chunks were reloaded after P0 . V0_L), P1 . V1_L retired with it in flight and the odd stage's left
-    half reloaded before it is waited for; the pair then starts at the right half (NOTES.md v103)."""
+    half and rope reloaded before it is waited for; the pair then starts at the right half (NOTES.md v103)."""
     half: gl.constexpr = KV_LORA_RANK // 2
     lat_chunks: gl.constexpr = KV_LORA_RANK // TMA_CHUNK
     FP8: gl.constexpr = CHUNK_DESC.block_type.element_ty.is_fp8()
@@ -151,13 +158,14 @@ def _seesaw_even_partition(
     acc = gl.zeros([BLOCK_M, half], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
     convert: gl.constexpr = FP8 and not E4M3
+    gl.static_assert(not (LEFT_SCORES_AHEAD and FP8), "the left half of S goes ahead on 16-bit pages only")
     if FP8:
         row_unscale = query_unscale.load(gl.SliceLayout(1, s_layout))
     s = s_zero
     if LEFT_SCORES_AHEAD:
         if num_tiles > 0:  # the first pair's left half of S; later pairs' are issued behind the pair before's P1 . V1_L
             k0, _, q_lat_smem = _pair_views(0, k_lat_smem, q_lat_all)
-            s = _half_scores(q_lat_smem, k0, chunk_ready, 0, 0, s_zero, end - start, 0, False, convert, E4M3)
+            s = _even_left_scores(q_lat_smem, k0, chunk_ready, 0, s_zero, end - start, convert, E4M3)
             s = warpgroup_mma_wait(num_outstanding=0, deps=[s])
     for pair in range(gl.cdiv(num_tiles, 2)):
         k0, k1, q_lat_smem = _pair_views(pair, k_lat_smem, q_lat_all)
@@ -170,7 +178,7 @@ def _seesaw_even_partition(
         if not FP8 and tok0 + BLOCK_N > end:  # (a left half's S issued ahead read them as they came: masked)
             _zero_tail(k0, chunk_ready, 0, phase, end - tok0)
         if not LEFT_SCORES_AHEAD:
-            s = _half_scores(q_lat_smem, k0, chunk_ready, 0, phase, s_zero, end - tok0, 0, False, convert, E4M3)
+            s = _even_left_scores(q_lat_smem, k0, chunk_ready, phase, s_zero, end - tok0, convert, E4M3)
         s = _scores_after_first_half(q_lat_smem, q_rope_smem, k0, slots.index(0), chunk_ready, 0, phase, s,
                                      end - tok0, False, FP8, E4M3)
         if FP8:
@@ -211,8 +219,8 @@ def _seesaw_even_partition(
             pending = warpgroup_mma(slots.index(1), k1.slice(0, half, dim=1), acc, is_async=True)
             left_ahead = t0 + 2 < num_tiles if LEFT_SCORES_AHEAD else False
             if left_ahead:  # both branches reload: Gluon lets no MMA in flight out of a runtime `if`
-                s = _half_scores(q_lat_smem, k0, chunk_ready, 0, phase ^ 1, s_zero, end - tok0 - 2 * BLOCK_N, 0,
-                                 False, convert, E4M3)
+                s = _even_left_scores(q_lat_smem, k0, chunk_ready, phase ^ 1, s_zero, end - tok0 - 2 * BLOCK_N,
+                                      convert, E4M3)
                 acc = warpgroup_mma_wait(num_outstanding=lat_chunks // 2, deps=[pending])  # S's MMAs still run
                 thread_barrier()
                 _load_chunks(CHUNK_DESC, ROPE_DESC, next_odd, chunk_ready, 1, k1, slots.index(1), 0, lat_chunks // 2,
