@@ -14,7 +14,7 @@ benchmarks/experiments/gpu_test_shard.sh $R ahead 200 tests/test_triton_decode_g
 tail -n 2 $R/tests-ahead.txt; grep "FAILED" $R/tests-ahead.txt | head; echo "test $(( $(date +%s) - t0 )) s"
 PYTHONPATH=src:benchmarks/experiments:tests timeout 220 python benchmarks/experiments/setting_ab.py \
   hopper_decode.dispatch.LEFT_SCORES_AHEAD_MIN_ROW_TILES from1=1 from4=4 never=1000000 -- \
-  128,64,1024,2 128,128,1024,2 128,64,2048,2 128,64,4096,2 128,64,ragged,2 128,64,1024,1 > $R/setting-ab.txt 2>&1
+  128,64,1024,2 128,64,2048,2 128,64,4096,2 128,64,ragged,2 128,64,1024,1 > $R/setting-ab.txt 2>&1
 echo "rc $?" >> $R/setting-ab.txt; grep -v "Warn" $R/setting-ab.txt | tail -n 40
 echo "setting ab $(( $(date +%s) - t0 )) s"
 python benchmarks/experiments/seesaw_timeline.py stamp .device/tl_on > /dev/null
