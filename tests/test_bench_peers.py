@@ -44,3 +44,25 @@ def test_cases_a_backend_refuses_are_named(backend, case, refused):
 def test_triton_runs_every_grid_case():
     for case in (DecodeCase(128, 4, 1024, 4, "fp8_e4m3", 1), DecodeCase(5, 1, None, 8, "fp16", 16)):
         assert case_problems("triton", case, SM90) == []
+
+
+def test_our_backends_metadata_is_told_the_cases_cached_tokens_and_page_size(monkeypatch):
+    """As a serving step builds it: `mla_decode_metadata` gets the batch's cached tokens (the sum of its lengths,
+    known on the host) and the page size; the call then matches the reference's attention."""
+    import torch
+
+    from mlakit.bench import peers
+    from mlakit.bench.decode import make_inputs
+    from mlakit.reference import reference_decode
+
+    seen = []
+    original = peers.mla_decode_metadata
+    monkeypatch.setattr(peers, "mla_decode_metadata", lambda *args, **kwargs: seen.append(kwargs) or original(
+        *args, **kwargs))
+    case = DecodeCase(4, 3, 100, 2, page_size=16)
+    inputs = make_inputs(case, torch.device("cpu"))
+    out = peers._registry_call("reference")(inputs)()[0]
+    assert [(kwargs["kv_tokens_hint"], kwargs["page_size"]) for kwargs in seen] == [(3 * 100, 16)]
+    expected, _ = reference_decode(inputs.q, inputs.kv_cache, inputs.block_table, inputs.cache_seqlens,
+                                   kv_lora_rank=512, softmax_scale=inputs.softmax_scale, kv_scale=inputs.kv_scale)
+    torch.testing.assert_close(out.float(), expected.float(), atol=2e-2, rtol=2e-2)

@@ -231,7 +231,7 @@ def test_cuda_graph_mode_checks_the_whole_split_plan_before_refilling_it(monkeyp
 
     original = flashinfer.mla_decode_metadata
     monkeypatch.setattr(flashinfer, "mla_decode_metadata", lambda lengths, **kwargs: dataclasses.replace(
-        original(lengths, **kwargs), data=_SplitPlan(lengths.clone(), kwargs["kv_tokens_hint"])))
+        original(lengths, **kwargs), data=_SplitPlan(lengths.clone(), int(lengths.sum()))))
     wrapper, buffers = graph_wrapper(2, capacity=8)
     step = make_step([20, 3], [1, 1], heads=4, page_size=16, seed=10)
     planned(step, wrapper=wrapper)
@@ -241,6 +241,19 @@ def test_cuda_graph_mode_checks_the_whole_split_plan_before_refilling_it(monkeyp
     assert torch.equal(wrapper._step.metadata.data.num_splits, step.kv_len_arr)
     assert torch.equal(wrapper._step.cache_seqlens, step.kv_len_arr)
     assert all(torch.equal(buffer, before[name]) for name, buffer in buffers.items())
+
+
+def test_cuda_graph_mode_refills_a_split_plan_told_other_cached_tokens():
+    """The triton backend's split plans of two steps whose cached tokens differ: their `unit_tiles_hint` (a speed hint
+    the plan derives from `kv_tokens_hint`) differs, and the re-plan is refilled, not refused; the captured graph keeps
+    the kernels the first plan chose."""
+    from mlakit.compat import flashinfer
+    from mlakit.kernels.triton_decode import plan_decode
+
+    lengths = torch.tensor([20, 3], dtype=torch.int32)
+    first, second = (plan_decode(lengths, q_len=1, heads=4, kv_tokens_hint=hint) for hint in (23, 1 << 20))
+    assert first.unit_tiles_hint != second.unit_tiles_hint
+    flashinfer._check_refillable(first, second)
 
 
 def test_cuda_graph_mode_keeps_the_first_plans_kv_scale_layout():
@@ -456,6 +469,17 @@ def test_plan_hints_the_steps_cached_tokens_from_its_host_lengths(monkeypatch, q
     out, lse = run_legacy(planned(step, causal=causal), step, return_lse=True)
     assert hints == [(tokens, 64)]
     assert_matches(out, lse, reference(step, causal=causal))
+
+
+def test_cuda_graph_mode_hints_no_cached_tokens(monkeypatch):
+    """A CUDA-graph wrapper's metadata is told no `kv_tokens_hint` (its captured kernels replay later plans' lengths,
+    so they must not follow the first plan's tokens); the page size still, and the results stay the reference's."""
+    hints = _metadata_hints(monkeypatch)
+    wrapper, _ = graph_wrapper(3, capacity=8)
+    step = make_step([30, 0, 18], [1, 1, 1], heads=4, page_size=64, seed=5)
+    out, lse = run_legacy(planned(step, wrapper=wrapper), step, return_lse=True)
+    assert hints == [(None, 64)]
+    assert_matches(out, lse, reference(step))
 
 
 @pytest.mark.parametrize(("kv_data_type", "page_size", "kv_scale_layout", "hint"), [

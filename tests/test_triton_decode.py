@@ -13,6 +13,7 @@ from mlakit.cache.kv_quant import scale_mode
 from mlakit.errors import MLAInputError
 from mlakit.kernels import decode_split_plan, hopper_narrow_decode, triton_decode
 from mlakit.kernels.decode_split_plan import SplitGeometry, decode_split_counts, split_geometry
+from mlakit.kernels.hopper_decode import dispatch
 from mlakit.kernels.triton_decode import (
     CombineTiling,
     DecodeTuning,
@@ -443,7 +444,8 @@ def test_a_pass_merging_all_but_shares_gets_a_share_only_combine(order, merged, 
     plan = dataclasses.replace(plan, may_share=True)
     plan.work_state[2] = getattr(decode_split_plan, f"ORDER_{order}").value
 
-    def prepare(key, grid, q, pages, kv_lora_rank, work_state, merge_state, max_splits, e4m3_scores, may_share):
+    def prepare(key, grid, q, pages, kv_lora_rank, work_state, merge_state, max_splits, e4m3_scores, may_share,
+                unit_tiles_hint):
         assert may_share, "the plan's may_share reaches the pass"
         split = triton_decode._portable_split(key, grid, q, pages, kv_lora_rank, plan.tuning, scale_mode(pages, None),
                                               (0, 0))
@@ -474,7 +476,7 @@ def test_the_seesaw_pass_gets_the_partials_and_key_partial_dtype_gives(sixteen_b
     batch = make_paged_batch([300, 0, 57], heads=4, page_size=64, kv_lora_rank=512, rope_dim=64, seed=5)
     recorded = {}
 
-    def prepare(key, *args):
+    def prepare(key, *args, **keywords):
         recorded["key"] = key
         return ((lambda q, pages, kv_scale, shared_args: recorded.update(parts=shared_args[5].dtype)),
                 triton_decode.hopper_decode.Merges.ALL)
@@ -617,6 +619,36 @@ def test_only_plans_for_the_seesaw_pages_may_take_equal_shares(hopper_tier_plan)
     for kwargs in ({"page_size": 16}, {"page_size": 32}, {}, {"page_size": 64, "tuning": plan(page_size=64).tuning}):
         kept = plan(**kwargs)
         assert not kept.may_share and int(kept.work_state[2]) != decode_split_plan.ORDER_SHARES, kwargs
+
+
+@pytest.mark.parametrize("batch, length, q_len, ahead", [
+    (64, 1024, 2, False), (40, 2048, 2, False), (32, 3072, 2, True), (64, 4096, 2, True), (40, 8192, 2, True),
+    (32, 1024, 4, False)])
+def test_a_hinted_plans_unit_estimate_puts_the_seesaws_choice_on_its_units_side(monkeypatch, batch, length, q_len,
+                                                                                 ahead):
+    """Uniform 128-head batches planned (Hopper tier forced on the CPU, 132 SMs) with their cached tokens as the hint:
+    the seesaw's left half of S goes ahead where the plan's work units, read back from its work items, hold 40 KV
+    tiles or more, and not where they hold 28 or fewer (40 x 2048 x 2: a plan of three waves, units of 13 tiles);
+    planned without the hint, it goes ahead."""
+    monkeypatch.setattr(triton_decode, "INTERPRET", False)
+    monkeypatch.setattr(triton_decode.hopper_common, "serves", lambda device, kv_dtype: True)
+    lengths = torch.full((batch,), length, dtype=torch.int32)
+    plan = plan_decode(lengths, q_len=q_len, heads=128, num_sms=132, page_size=64, kv_tokens_hint=batch * length)
+    items = plan.work.view(-1, decode_split_plan.WORK_FIELDS.value)[: int(plan.work_state[0])].tolist()
+    ends = [length if end >= decode_split_plan.OPEN_KV_END.value else end for *_, end in items]
+    unit_tiles = sum(-(-(end - item[5]) // 64) for item, end in zip(items, ends)) / len(items)
+    assert (unit_tiles >= 40) if ahead else (unit_tiles <= 28), unit_tiles
+    hint = plan.unit_tiles_hint
+    assert dispatch.left_scores_ahead(plan.geometry.row_tiles, False, hint) == ahead, hint
+    unhinted = plan_decode(lengths, q_len=q_len, heads=128, num_sms=132, page_size=64)
+    assert unhinted.unit_tiles_hint is None
+    assert dispatch.left_scores_ahead(unhinted.geometry.row_tiles, False, unhinted.unit_tiles_hint)
+
+
+def test_the_unit_estimate_of_empty_and_of_split_batches():
+    assert decode_split_plan.unit_tiles_hint(8 * 131072, batch=8, row_tiles=4, block_n=64, programs=132) == 497
+    assert decode_split_plan.unit_tiles_hint(0, batch=0, row_tiles=1, block_n=64, programs=132) == 0
+    assert decode_split_plan.unit_tiles_hint(1, batch=1, row_tiles=1, block_n=64, programs=0) == 1
 
 
 def test_no_equal_shares_from_a_plan_kernel_built_by_an_unchecked_triton(hopper_tier_plan, monkeypatch):

@@ -550,18 +550,10 @@ def test_next_unit_prefetch_changes_no_value(monkeypatch, fixed_splits):
         assert torch.equal(out, outputs[0][0]) and torch.equal(lse, outputs[0][1])
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
-@pytest.mark.parametrize("heads, q_len, kv_dtype", [(128, 2, "bf16"), (33, 3, "bf16"), (5, 8, "fp16"), (1, 1, "bf16"),
-                                                    (64, 4, "fp16")])
-@pytest.mark.parametrize("num_sms", [None, 8, 1024])
-def test_left_scores_ahead_changes_no_value(monkeypatch, heads, q_len, kv_dtype, num_sms):
-    """16-bit pages: the seesaw's warpgroup 0 issuing each next tile pair's left half of S behind its last P . V
-    (`LEFT_SCORES_AHEAD`, here at any row-tile count) or at the pair's start gives the same bits, and the reference's
-    attention: ragged lengths with an empty sequence, ends inside a tile (rows past them zeroed after a left half's S
-    read them), pages in random order with garbage in the table's unused entries; plans for 8 SMs give units of 11 to
-    47 tiles (many pairs, both stages reloaded while an S is in flight), for 1024 SMs splits of one or two tiles."""
+@pytest.fixture
+def seesaw_ahead_flags(monkeypatch) -> list[bool]:
+    """The `LEFT_SCORES_AHEAD` flag of each seesaw launch from now on, in order."""
     from mlakit.kernels.hopper_decode import dispatch
-    from mlakit.kernels.triton_decode import plan_decode
 
     launched = []
     seesaw = dispatch.SEESAW
@@ -571,6 +563,22 @@ def test_left_scores_ahead_changes_no_value(monkeypatch, heads, q_len, kv_dtype,
         seesaw(key, grid, args, constants)
 
     monkeypatch.setattr(dispatch, "SEESAW", recording_seesaw)
+    return launched
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
+@pytest.mark.parametrize("heads, q_len, kv_dtype", [(128, 2, "bf16"), (33, 3, "bf16"), (5, 8, "fp16"), (1, 1, "bf16"),
+                                                    (64, 4, "fp16")])
+@pytest.mark.parametrize("num_sms", [None, 8, 1024])
+def test_left_scores_ahead_changes_no_value(monkeypatch, seesaw_ahead_flags, heads, q_len, kv_dtype, num_sms):
+    """16-bit pages: the seesaw's warpgroup 0 issuing each next tile pair's left half of S behind its last P . V
+    (`LEFT_SCORES_AHEAD`, here at any row-tile count) or at the pair's start gives the same bits, and the reference's
+    attention: ragged lengths with an empty sequence, ends inside a tile (rows past them zeroed after a left half's S
+    read them), pages in random order with garbage in the table's unused entries; plans for 8 SMs give units of 11 to
+    47 tiles (many pairs, both stages reloaded while an S is in flight), for 1024 SMs splits of one or two tiles."""
+    from mlakit.kernels.hopper_decode import dispatch
+    from mlakit.kernels.triton_decode import plan_decode
+
     q_dtype = torch.float16 if kv_dtype == "fp16" else torch.bfloat16
     batch = make_paged_batch([3000, 0, 1, 63, 700, 130], heads=heads, q_len=q_len, page_size=64, kv_lora_rank=512,
                              rope_dim=64, kv_dtype=kv_dtype, q_dtype=q_dtype, device="cuda", seed=heads * q_len)
@@ -580,10 +588,27 @@ def test_left_scores_ahead_changes_no_value(monkeypatch, heads, q_len, kv_dtype,
         plan = plan_decode(batch.cache_seqlens, q_len=q_len, heads=heads, kv_dtype=batch.kv_cache.dtype,
                            num_sms=num_sms)
         assert _split_kernel(batch, plan) == "hopper"
-        launched.clear()
+        seesaw_ahead_flags.clear()
         outputs.append(_check(batch, plan=plan))
-        assert launched and set(launched) == {ahead}
+        assert seesaw_ahead_flags and set(seesaw_ahead_flags) == {ahead}
     assert torch.equal(outputs[0][0], outputs[1][0]) and torch.equal(outputs[0][1], outputs[1][1])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")
+@pytest.mark.parametrize("kv_tokens_hint, ahead", [(None, True), ("exact", False), (1 << 30, True)])
+def test_the_plans_token_hint_turns_left_scores_ahead_off_for_short_units(seesaw_ahead_flags, kv_tokens_hint, ahead):
+    """128 heads x 2 tokens over bf16 pages (4 row tiles): the seesaw issues the left half of S ahead unless the plan
+    was told a batch of short units (this one's true token count: units of a few tiles); the reference's attention
+    either way (ragged lengths with an empty sequence, pages in random order, garbage in unused table entries)."""
+    from mlakit.kernels.triton_decode import plan_decode
+
+    batch = make_paged_batch([3000, 0, 1, 63, 700, 130], heads=128, q_len=2, page_size=64, kv_lora_rank=512,
+                             rope_dim=64, kv_dtype="bf16", device="cuda", seed=7)
+    hint = int(batch.cache_seqlens.sum()) if kv_tokens_hint == "exact" else kv_tokens_hint
+    plan = plan_decode(batch.cache_seqlens, q_len=2, heads=128, kv_dtype=batch.kv_cache.dtype, kv_tokens_hint=hint)
+    assert _split_kernel(batch, plan) == "hopper"
+    _check(batch, plan=plan)
+    assert seesaw_ahead_flags and set(seesaw_ahead_flags) == {ahead}
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not _on_hopper(), reason="the Hopper kernel needs an SM90 GPU")

@@ -50,8 +50,10 @@ EDITS = {
          "@gluon.jit\ndef _even_right_values("),
     ),
     "hopper_decode/seesaw_kernel.py": (
-        ("@gluon.jit(do_not_specialize=[\"stride_bt_b\", \"work_rows\"])\ndef mla_decode_hopper_seesaw_kernel(",
-         STAMPS + "@gluon.jit(do_not_specialize=[\"stride_bt_b\", \"work_rows\"])\ndef mla_decode_hopper_seesaw_kernel("),
+        ("@gluon.jit(do_not_specialize=[\"stride_bt_b\", \"work_rows\"], "
+         "do_not_specialize_on_alignment=[\"row_tiles\"])\ndef mla_decode_hopper_seesaw_kernel(",
+         STAMPS + "@gluon.jit(do_not_specialize=[\"stride_bt_b\", \"work_rows\"], "
+         "do_not_specialize_on_alignment=[\"row_tiles\"])\ndef mla_decode_hopper_seesaw_kernel("),
         ("    while unit < units:\n", "    stamp_tiles = 0\n    while unit < units:\n"),
         ("        if _runs((b, split, num_splits, first_token, q_len, seqlen), tile, HEADS):\n",
          "        slot = gl.program_id(0) * 2 + gl.minimum(units_done - 1, 1)\n"

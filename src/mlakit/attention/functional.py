@@ -93,7 +93,9 @@ def mla_decode_metadata(
     the work: a call whose lengths have changed since (a sequence grew) still reads every token.
     `kv_tokens_hint`: the sum of `cache_seqlens` where the caller knows it on the host (an engine's running total,
     e.g. SGLang's `seq_lens_sum`); it lets a backend pick tiles that pay only on large batches (the triton_fp8
-    backend's 32-row tile for 17-32 query rows a sequence); without it the choice stays the safe one. `page_size`:
+    backend's 32-row tile for 17-32 query rows a sequence) and kernel variants that pay only on long sequences (the
+    triton backend's Hopper kernel at 256 query rows a sequence or more turns one off for short ones); without it the
+    choice stays the safe one, or the one for long sequences. `page_size`:
     the cache's tokens per page, where the caller knows it when it plans; it lets a backend choose plans that suit
     only some caches' kernels (the triton backend's equal shares, which its persistent Hopper kernel runs well and
     the others slowly): pass `mlakit.decode_page_size_hint(kv_cache, kv_scale, kv_lora_rank)`, which leaves it out

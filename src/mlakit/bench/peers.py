@@ -64,12 +64,14 @@ def _case_of(inputs: DecodeInputs) -> DecodeCase:
 
 
 def _registry_call(backend: str) -> KernelFactory:
-    """`mla_decode` on `backend` with the step's metadata, as an engine's serving step calls it."""
+    """`mla_decode` on `backend` with the step's metadata, as an engine's serving step calls it (told the batch's
+    cached tokens, as an engine knows them on the host: `AttentionStep`'s `kv_tokens`, SGLang's `seq_lens_sum`)."""
 
     def prepare(inputs: DecodeInputs):
         _, q_len, heads, _ = inputs.q.shape
         metadata = mla_decode_metadata(inputs.cache_seqlens, q_len=q_len, heads=heads, backend=backend,
-                                       kv_cache_dtype=_case_of(inputs).kv_dtype, page_size=inputs.kv_cache.shape[1])
+                                       kv_cache_dtype=_case_of(inputs).kv_dtype, page_size=inputs.kv_cache.shape[1],
+                                       kv_tokens_hint=int(inputs.cache_seqlens.sum()))
         return lambda: mla_decode(
             inputs.q, inputs.kv_cache, inputs.block_table, inputs.cache_seqlens, softmax_scale=inputs.softmax_scale,
             backend=backend, kv_scale=inputs.kv_scale, kv_lora_rank=KV_LORA_RANK, check_inputs=False, metadata=metadata,

@@ -317,7 +317,8 @@ class BatchMLAPagedAttentionWrapper:
             config.page_size,
             self.device,
         )
-        step = _plan_step(requests, config, self._backend, _page_size_hint(config))
+        step = _plan_step(requests, config, self._backend, _page_size_hint(config),
+                          hint_tokens=self._graph_buffers is None)
         if self._graph_buffers is not None:
             step = self._graph_buffers.hold(step, requests, config)
         if self._step is None or (config, step.total_q, step.q_len) != (self._config, self._step.total_q, self._step.q_len):
@@ -825,11 +826,14 @@ def _page_size_hint(config: PlanConfig) -> int | None:
                                  config.kv_data_type == FP8_DTYPE, kv_scale_mode)
 
 
-def _plan_step(requests: StepRequests, config: PlanConfig, backend: str, page_size_hint: int | None) -> PlannedStep:
+def _plan_step(requests: StepRequests, config: PlanConfig, backend: str, page_size_hint: int | None,
+               hint_tokens: bool = True) -> PlannedStep:
     """The rows mlakit's kernels run: one per request, as a decode when every request has the same
     number of query tokens and as an extend when they differ; with `causal=False` and several
     query tokens, one single-token row per query token (each sees its request's whole cache).
-    `page_size_hint`: the metadata's `page_size`."""
+    `page_size_hint`: the metadata's `page_size`; `hint_tokens`: the metadata is told the rows' cached tokens
+    (`kv_tokens_hint`), which a CUDA-graph wrapper's is not: its captured kernels replay whatever lengths later plans
+    bring, so they must not follow the tokens of the plan they were captured with."""
     offsets = requests.query_offsets
     q_lens = [b - a for a, b in zip(offsets, offsets[1:])]
     if offsets[-1] == 0:
@@ -844,14 +848,15 @@ def _plan_step(requests: StepRequests, config: PlanConfig, backend: str, page_si
         table = table.repeat_interleave(per_token, dim=0, output_size=offsets[-1])
         lengths = lengths.repeat_interleave(per_token, output_size=offsets[-1])
         q_lens = [1] * offsets[-1]
+    kv_tokens_hint = kv_tokens if hint_tokens else None
     if len(set(q_lens)) == 1:
         metadata = mla_decode_metadata(lengths, q_len=q_lens[0], heads=config.num_heads, backend=backend,
                                        kv_cache_dtype=storage_name(config.kv_data_type),
-                                       kv_tokens_hint=kv_tokens, page_size=page_size_hint)
+                                       kv_tokens_hint=kv_tokens_hint, page_size=page_size_hint)
         return PlannedStep(offsets, table, lengths, q_lens[0], None, metadata, requests.largest_page)
     cu_seqlens_q = torch.tensor(offsets, dtype=torch.int32, device=device)
     metadata = mla_extend_metadata(lengths, cu_seqlens_q, max_q_len=max(q_lens), heads=config.num_heads, backend=backend,
-                                   kv_cache_dtype=storage_name(config.kv_data_type), kv_tokens_hint=kv_tokens,
+                                   kv_cache_dtype=storage_name(config.kv_data_type), kv_tokens_hint=kv_tokens_hint,
                                    page_size=page_size_hint)
     return PlannedStep(offsets, table, lengths, 0, cu_seqlens_q, metadata, requests.largest_page)
 

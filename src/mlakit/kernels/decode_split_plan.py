@@ -351,6 +351,29 @@ def may_share(persistent: bool, unit_cost_tiles: int) -> bool:
     return persistent and EQUAL_SHARES and unit_cost_tiles > 0 and share_plans_laid_out_right()
 
 
+def unit_tiles_hint(kv_tokens_hint: int | None, batch: int, row_tiles: int, block_n: int, programs: int) -> int | None:
+    """About how many KV tiles of `block_n` tokens a work unit (one row tile of one split of a sequence) holds in a
+    batch of `batch` sequences holding `kv_tokens_hint` cached tokens in all (None where the caller gave no hint),
+    rounded up: a sequence's mean, or less where the plan splits sequences, taken as filling whole waves of the
+    `programs` (the batch's `row_tiles` x tiles over programs x the waves its unsplit units need). The host's
+    estimate, for kernel variants that pay only on long units: a uniform batch's plan runs units of this size or,
+    where it chooses more waves for a shorter makespan (`decode_split_counts`), about half.
+
+    >>> unit_tiles_hint(64 * 1024, batch=64, row_tiles=4, block_n=64, programs=132)  # 64 x 1024 tokens
+    16
+    >>> unit_tiles_hint(8 * 16384, batch=8, row_tiles=4, block_n=64, programs=132)  # split 4 ways or more
+    63
+    >>> unit_tiles_hint(None, batch=4, row_tiles=4, block_n=64, programs=132) is None
+    True
+    """
+    if kv_tokens_hint is None:
+        return None
+    tiles = -(-kv_tokens_hint // block_n)
+    programs = max(1, programs)
+    waves = max(1, -(-batch * row_tiles // programs))
+    return min(-(-tiles // max(1, batch)), -(-tiles * row_tiles // (programs * waves)))
+
+
 def share_plans_laid_out_right(version: str | None = None) -> bool:
     """Whether this process's plan kernel lays equal shares out right: under the CPU interpreter, or built by a Triton
     `version` (the installed one by default) of SHARE_PLAN_TRITONS.

@@ -402,7 +402,11 @@ class DecodePlan:
     takes fp8 pages at DeepSeek's widths (the seesaw or the narrow one), it rounds the query rows to e4m3 and computes
     S on 8-bit tensor cores (`hopper_decode.prepare`, `hopper_narrow_decode.prepare`). `may_share`: whether the plan
     kernel could take equal shares (planned for the seesaw's pages: `decode_split_plan.may_share`); only then does the
-    seesaw launch a combine behind it for a share plan's merges."""
+    seesaw launch a combine behind it for a share plan's merges. `unit_tiles_hint`: about how many KV tiles a work unit
+    holds, where the plan was told the batch's cached tokens (`decode_split_plan.unit_tiles_hint`; None where not), for
+    the seesaw's variants that pay only on long units (`hopper_decode.left_scores_ahead`); a speed hint, left out of
+    comparisons: a plan refilled in place by a re-plan (the FlashInfer drop-in's CUDA-graph mode) keeps the kernels
+    its first plan chose."""
 
     tuning: DecodeTuning
     geometry: SplitGeometry
@@ -415,6 +419,7 @@ class DecodePlan:
     hopper_default: bool = False
     e4m3_scores: bool = False
     may_share: bool = False
+    unit_tiles_hint: int | None = dataclasses.field(default=None, compare=False)
     launches: dict[tuple, Callable[..., None]] = dataclasses.field(default_factory=dict, init=False, compare=False,
                                                                    repr=False)
 
@@ -438,9 +443,10 @@ def plan_decode(
     force many splits on small inputs); `tuning` overrides the launch shape; `e4m3_scores` (`DecodePlan`)
     lets the Hopper kernel round queries to e4m3 over fp8 pages. `kv_tokens_hint`: the batch's cached tokens in all
     (the sum of `cache_seqlens`) as the caller knows it on the host, for tiles that pay only on large batches
-    (`wide_narrow_tile`); `page_size`: the cache's tokens per page, where the caller knows it, for plans that suit
-    only the persistent seesaw kernel (which serves pages of whole 64-token tiles; `split_kernel_for`): equal shares,
-    of uniform and of ragged batches (`decode_split_plan.may_share`). A wrong hint costs speed, never correctness.
+    (`wide_narrow_tile`) and kernel variants that pay only on long work units (`DecodePlan.unit_tiles_hint`);
+    `page_size`: the cache's tokens per page, where the caller knows it, for plans that suit only the persistent seesaw
+    kernel (which serves pages of whole 64-token tiles; `split_kernel_for`): equal shares, of uniform and of ragged
+    batches (`decode_split_plan.may_share`). A wrong hint costs speed, never correctness.
     """
     batch = cache_seqlens.shape[0]
     cu_seqlens_q = torch.arange(0, (batch + 1) * q_len, q_len, dtype=torch.int32, device=cache_seqlens.device)
@@ -508,8 +514,10 @@ def _plan(
         unit_cost_tiles=unit_cost_tiles, piece_cost_tiles=decode_split_plan.HOPPER_SHARE_PIECE_COST_TILES,
         forced_splits=tuning.fixed_splits or 0, persistent=persistent,
     )
+    unit_tiles = decode_split_plan.unit_tiles_hint(kv_tokens_hint, batch, geometry.row_tiles, tuning.block_n,
+                                                   tuning.programs_per_sm * sms)
     return DecodePlan(tuning, geometry, cu_seqlens_q, num_splits, work, work_state, merge_state, max_q_len,
-                      hopper_default, e4m3_scores, decode_split_plan.may_share(persistent, unit_cost_tiles))
+                      hopper_default, e4m3_scores, decode_split_plan.may_share(persistent, unit_cost_tiles), unit_tiles)
 
 
 def wide_narrow_tile(tuning: DecodeTuning, rows: int, kv_tokens_hint: int | None, num_sms: int,
@@ -786,7 +794,8 @@ def _prepare_launch(
         split = hopper_narrow_decode.prepare(key, grid, q, pages, kv_lora_rank, plan.e4m3_scores, tuning.block_m)
     elif kernel == "hopper":
         split, merges = hopper_decode.prepare(key, grid, q, pages, kv_lora_rank, plan.work_state, plan.merge_state,
-                                              geometry.max_splits, plan.e4m3_scores, plan.may_share)
+                                              geometry.max_splits, plan.e4m3_scores, plan.may_share,
+                                              unit_tiles_hint=plan.unit_tiles_hint)
     else:
         split = _portable_split(key, grid, q, pages, kv_lora_rank, tuning, scale_mode, scale_strides)
     only_shares = merges == hopper_decode.Merges.ALL_BUT_SHARES

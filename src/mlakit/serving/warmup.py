@@ -7,9 +7,9 @@ The calls go through the same public entry points a serving step uses (`mla_deco
 dtype, heads per rank and latent widths, so they compile exactly the variants those steps
 will ask for: decode at the plan's query length and at 1 (draft steps), with and without
 the split combine, for every batch-size class of the split plan up to the plan's max
-batch and the max batch itself; each latent-extend tile shape, and the longest extend at power-of-two sequence counts
-up to the max batch (the combine's other tiling); the causal, chunk and merge passes of the
-MHA prefill.
+batch and the max batch itself (and again through step metadata hinting a large and a small batch, whose plans may
+pick other tiles and kernel variants); each latent-extend length, alone and at power-of-two sequence counts up to the
+max batch (other split ceilings, merges and combine tilings); the causal, chunk and merge passes of the MHA prefill.
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ from mlakit.registry.catalog import get_backend
 from mlakit.serving.step import DEFAULT_MAX_LATENT_EXTEND_TOKENS
 
 LONG_SEQUENCE = 2048
-# The hint of the warm-up's hinted decodes: past any tile choice's threshold.
+# The hints of the warm-up's hinted decodes: past any kernel choice's threshold, above and below.
 LARGE_BATCH_HINT = 1 << 40
+SMALL_BATCH_HINT = 0
 SPLIT_PLAN_BATCH_CLASSES = (16, 32, 64, 128, 256, 512, 1024)
 
 
@@ -67,19 +68,21 @@ def warm_up(
             world.decode(batch, q_len)
             calls.append(f"decode q_len {q_len}, batch {batch}")
             if get_backend(plan.decode_backend).decode_metadata is not None:
-                # A step's metadata carries its cached tokens (`StepPart.kv_tokens`): large ones may pick other tiles.
-                world.decode(batch, q_len, kv_tokens_hint=LARGE_BATCH_HINT)
-                calls.append(f"decode q_len {q_len}, batch {batch}, metadata hinted a large batch")
+                # A step's metadata carries its cached tokens (`StepPart.kv_tokens`): large ones may pick other tiles,
+                # small ones other kernel variants.
+                for size, hint in (("large", LARGE_BATCH_HINT), ("small", SMALL_BATCH_HINT)):
+                    world.decode(batch, q_len, kv_tokens_hint=hint)
+                    calls.append(f"decode q_len {q_len}, batch {batch}, metadata hinted a {size} batch")
     if get_backend(plan.decode_backend).extend is not None:  # else short extends run in MHA form
+        # An extend's row tiles follow its longest segment, its split ceiling its sequences (hence whether the Hopper
+        # kernel merges its own partials, and the combine's tiling): each length alone and at every power-of-two
+        # sequence count up to the max batch.
         for new_tokens in range(2, max_latent_extend_tokens + 1):
             world.extend(new_tokens)
             calls.append(f"latent extend of {new_tokens} tokens")
-        # Steps with more extend rows get fewer splits per sequence, hence the combine's other tiling:
-        # the longest extend at every power-of-two sequence count up to the max batch meets each.
-        if max_latent_extend_tokens >= 2:
             for sequences in _powers_of_two_up_to(plan.max_batch_size):
-                world.extend(max_latent_extend_tokens, sequences=sequences)
-                calls.append(f"latent extend of {max_latent_extend_tokens} tokens x {sequences} sequences")
+                world.extend(new_tokens, sequences=sequences)
+                calls.append(f"latent extend of {new_tokens} tokens x {sequences} sequences")
     for chunk in (None, 512):
         world.prefill(chunk)
         calls.append("MHA prefill, one pass" if chunk is None else "MHA prefill, chunked prefix with merges")

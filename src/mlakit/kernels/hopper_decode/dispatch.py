@@ -50,10 +50,16 @@ SHARE_MERGES_BY_COMBINE = True
 L2_PREFETCH_PAIRS_FP8 = 1
 L2_PREFETCH_PAIRS_16BIT = 0
 # On 16-bit pages the seesaw's warpgroup 0 issues each next tile pair's S over the left half of the latent columns
-# behind its last P . V when a sequence has at least this many row tiles (query tokens x heads / 64). H200, 128 heads:
-# 4096-8192-token batches at q_len 2 and 4 1.6-2.3% faster, the ragged one at q_len 2 1.6-3%, but 64 x 1024 at q_len 2
-# 3.2% slower (at q_len 1, 2 row tiles, 8%, so it stays off there); fp8 pages level to 2% slower (NOTES.md v103).
+# behind its last P . V when a sequence has at least LEFT_SCORES_AHEAD_MIN_ROW_TILES row tiles (query tokens x heads /
+# 64) and, where the plan was told the batch's cached tokens, its work units hold about LEFT_SCORES_AHEAD_MIN_UNIT_TILES
+# KV tiles or more (`DecodePlan.unit_tiles_hint`). H200, 128 heads, against it off: units of 48-64 tiles and the ragged
+# batch 1.3-2.8% faster at q_len 2, of 32 level (q_len 2) to 0.6% faster (q_len 4), of 24 0.9% slower and of 16 1.1%
+# (q_len 4) to 3.2% (q_len 2) slower: a unit pays about 1.5 us more and gains about 0.1 us a tile pair. Over 495
+# uniform 128-head plans at q_len 2-8 (the CPU interpreter's plan kernel, 132 SMs), 38 turns it on for 3 whose units
+# run 28 tiles or fewer (plans that chose more waves) and off for 3 of 40-48. At q_len 1 (2 row tiles) 64 x 1024 was 8%
+# slower; fp8 pages level to 2% slower (NOTES.md v103, v104).
 LEFT_SCORES_AHEAD_MIN_ROW_TILES = 4
+LEFT_SCORES_AHEAD_MIN_UNIT_TILES = 38
 # Whether the seesaw writes a split's partial in the output's 16-bit dtype (`partial_dtype` says where), staged in the
 # query buffer and stored in 16-byte row pieces as a finished output is, instead of float32 straight from the
 # accumulator: half the bytes to store, to merge in the kernel and to combine (NOTES.md v95; v32 had tried 16-bit
@@ -80,7 +86,8 @@ def supports(q_dtype: torch.dtype, pages: torch.Tensor, scale_mode: int, kv_lora
 
 def prepare(key: Hashable, grid: tuple[int, int], q: torch.Tensor, pages: torch.Tensor, kv_lora_rank: int,
             work_state: torch.Tensor, merge_state: torch.Tensor, max_splits: int,
-            e4m3_scores: bool = False, may_share: bool = False) -> tuple[SplitPass, Merges]:
+            e4m3_scores: bool = False, may_share: bool = False,
+            unit_tiles_hint: int | None = None) -> tuple[SplitPass, Merges]:
     """The split pass of one input layout (a call `supports` accepts) over `grid` = (row tiles, rows of the
     plan's work items): the persistent seesaw kernel for pages holding whole tiles (TMA loads) and latent
     widths of at least 128, 16-bit or, at DeepSeek's 512 + 64 widths, fp8 with the one-element
@@ -94,7 +101,8 @@ def prepare(key: Hashable, grid: tuple[int, int], q: torch.Tensor, pages: torch.
     counting splits in the plan's `merge_state`; with SHARE_MERGES_BY_COMBINE all but an equal-share plan's, where the
     plan `may_share`, `decode_split_plan.may_share`).
     `e4m3_scores`: fp8 pages on the seesaw compute S on 8-bit tensor cores, the query rows rounded to e4m3
-    (`E4M3_SCORES`); other kernels ignore it."""
+    (`E4M3_SCORES`); other kernels ignore it. `unit_tiles_hint`: the plan's estimate of a work unit's KV tiles, None
+    where it has none (`left_scores_ahead`)."""
     rope_dim = q.shape[-1] - kv_lora_rank
     constants = dict(HEADS=q.shape[1], PAGE_SIZE=pages.shape[1], KV_LORA_RANK=kv_lora_rank, ROPE_DIM=rope_dim)
     fp8 = pages.dtype == FP8_DTYPE
@@ -110,7 +118,7 @@ def prepare(key: Hashable, grid: tuple[int, int], q: torch.Tensor, pages: torch.
         evict_first = streams_evict_first(row_tiles)
         e4m3 = fp8 and e4m3_scores
         prefetch = prefetch_pairs(fp8)
-        ahead = left_scores_ahead(row_tiles, fp8)
+        ahead = left_scores_ahead(row_tiles, fp8, unit_tiles_hint)
         constants.update(MERGE=merge, SHARES_TO_COMBINE=shares_to_combine, EVICT_FIRST=evict_first, E4M3_SCORES=e4m3,
                          PREFETCH_PAIRS=prefetch, LEFT_SCORES_AHEAD=ahead, num_warps=4)
         plan_args = (work_state, work_rows, row_tiles, merge_state)
@@ -163,14 +171,18 @@ def prefetch_pairs(fp8: bool) -> int:
     return L2_PREFETCH_PAIRS_FP8 if fp8 else L2_PREFETCH_PAIRS_16BIT
 
 
-def left_scores_ahead(row_tiles: int, fp8: bool) -> bool:
+def left_scores_ahead(row_tiles: int, fp8: bool, unit_tiles_hint: int | None = None) -> bool:
     """Whether the seesaw issues each next tile pair's left half of S behind the pair before's last P . V, for a plan
-    of `row_tiles` row tiles a sequence over fp8 or 16-bit pages (`LEFT_SCORES_AHEAD_MIN_ROW_TILES`).
+    of `row_tiles` row tiles a sequence over fp8 or 16-bit pages whose work units hold about `unit_tiles_hint` KV
+    tiles (None: unknown, taken as long; `LEFT_SCORES_AHEAD_MIN_ROW_TILES`, `LEFT_SCORES_AHEAD_MIN_UNIT_TILES`).
 
     >>> left_scores_ahead(2, False), left_scores_ahead(4, False), left_scores_ahead(4, True)
     (False, True, False)
+    >>> left_scores_ahead(4, False, unit_tiles_hint=16), left_scores_ahead(4, False, unit_tiles_hint=64)
+    (False, True)
     """
-    return not fp8 and row_tiles >= LEFT_SCORES_AHEAD_MIN_ROW_TILES
+    long_units = unit_tiles_hint is None or unit_tiles_hint >= LEFT_SCORES_AHEAD_MIN_UNIT_TILES
+    return not fp8 and row_tiles >= LEFT_SCORES_AHEAD_MIN_ROW_TILES and long_units
 
 
 def rows_are_contiguous(pages: torch.Tensor) -> bool:

@@ -22,7 +22,9 @@ from mlakit.kernels.hopper_decode.tile_helpers import _load_query
 from mlakit.kernels.l2_evict_first import mark_evict_first
 
 
-@gluon.jit(do_not_specialize=["stride_bt_b", "work_rows"])
+# row_tiles is not specialized on being a multiple of 16: an extend's row tiles follow its longest segment, and a
+# serving step's extend must find the kernel the warm-up's extends compiled (its value 1 stays specialized).
+@gluon.jit(do_not_specialize=["stride_bt_b", "work_rows"], do_not_specialize_on_alignment=["row_tiles"])
 def mla_decode_hopper_seesaw_kernel(
     Q, CHUNK_DESC, ROPE_DESC, KV_SCALE, BLOCK_TABLE, SEQLENS, WORK,
     OUT, LSE, PART_OUT, PART_LSE,
