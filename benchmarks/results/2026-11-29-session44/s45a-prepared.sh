@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepared for the forty-fifth session (not run): v105, benchmarks/experiments/patches/v105-next-pairs-whole-s-behind-
-# p1v1.diff, applied to the working tree first (`git apply`), with HEAD's src as build/dev/base/src
-# (`rm -rf build/dev/base/src && git archive HEAD src | tar -x -C build/dev/base`; carry ["build/dev"]); image's
+# p1v1.diff, applied to the working tree first (`git apply`), with HEAD's src as build/dev/base/src (refreshed at the
+# end of the forty-fourth session; else `rm -rf build/dev/base/src && git archive HEAD src | tar -x -C build/dev/base`;
+# `diff -r build/dev/base/src src` before applying the patch shows only mlakit.egg-info; carry ["build/dev"]); image's
 # Triton 3.6. v105: the next pair's whole S (its right half and rope too, behind the odd stage's reload) issued in the
 # pair before, the first pair's whole S before the loop: no pair starts with S to finish (v103 waited for the first
 # pair's left half before the loop, then issued its right half: 0.3-0.6 us later first S a unit, s44a's timeline).
@@ -14,7 +15,7 @@ set -uo pipefail
 R=$OUT/s45a
 mkdir -p $R
 t0=$(date +%s)
-benchmarks/experiments/gpu_test_shard.sh $R ahead 170 tests/test_triton_decode_gpu.py -v -k "left_scores_ahead or token_hint"
+benchmarks/experiments/gpu_test_shard.sh $R ahead 200 tests/test_triton_decode_gpu.py -v -k "left_scores_ahead or token_hint"
 tail -n 2 $R/tests-ahead.txt; grep "FAILED\|^E " $R/tests-ahead.txt | head; echo "tests $(( $(date +%s) - t0 )) s"
 PYTHONPATH=src:benchmarks/experiments:tests timeout 150 python benchmarks/experiments/setting_ab.py \
   hopper_decode.dispatch.LEFT_SCORES_AHEAD_MIN_ROW_TILES from4=4 never=1000000 -- \
