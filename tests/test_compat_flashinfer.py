@@ -471,12 +471,14 @@ def test_plan_hints_the_steps_cached_tokens_from_its_host_lengths(monkeypatch, q
     assert_matches(out, lse, reference(step, causal=causal))
 
 
-def test_cuda_graph_mode_hints_no_cached_tokens(monkeypatch):
-    """A CUDA-graph wrapper's metadata is told no `kv_tokens_hint` (its captured kernels replay later plans' lengths,
-    so they must not follow the first plan's tokens); the page size still, and the results stay the reference's."""
+@pytest.mark.parametrize("q_lens", [[1, 1, 1], [2, 1, 3]])
+def test_cuda_graph_mode_hints_no_cached_tokens(monkeypatch, q_lens):
+    """A CUDA-graph wrapper's decode and extend metadata is told no `kv_tokens_hint` (its captured kernels replay later
+    plans' lengths, so they must not follow the first plan's tokens); the page size still, and the results stay the
+    reference's."""
     hints = _metadata_hints(monkeypatch)
     wrapper, _ = graph_wrapper(3, capacity=8)
-    step = make_step([30, 0, 18], [1, 1, 1], heads=4, page_size=64, seed=5)
+    step = make_step([30, 0, 18], q_lens, heads=4, page_size=64, seed=5)
     out, lse = run_legacy(planned(step, wrapper=wrapper), step, return_lse=True)
     assert hints == [(None, 64)]
     assert_matches(out, lse, reference(step))
