@@ -155,6 +155,28 @@ def test_decode_metadata_built_once_serves_every_layer_and_must_match_the_call(k
         mlakit.mla_decode_metadata(batch.cache_seqlens, q_len=2, heads=5, backend=backend, kv_cache_dtype="int8")
 
 
+def test_decode_backend_for_names_the_backend_whose_metadata_an_auto_call_takes(kernel_device):
+    """`decode_backend_for` gives "auto" calls the backend to build metadata for (the registry's pick: triton on CUDA,
+    the reference on the CPU), passes a named backend through, and names bad arguments."""
+    batch = make_paged_batch([300, 0, 41], heads=5, q_len=2, page_size=16, kv_lora_rank=512, rope_dim=64,
+                             device=kernel_device)
+    picked = mlakit.decode_backend_for(batch.q, batch.kv_cache)
+    assert picked == ("triton" if kernel_device == "cuda" else "reference")
+    assert mlakit.decode_backend_for(batch.q, batch.kv_cache, backend="reference") == "reference"
+    metadata = mlakit.mla_decode_metadata(batch.cache_seqlens, q_len=2, heads=5, backend=picked, kv_tokens_hint=341)
+    args = (batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens)
+    out, _ = mlakit.mla_decode(*args, softmax_scale=batch.softmax_scale, kv_lora_rank=512, metadata=metadata)
+    plain, _ = mlakit.mla_decode(*args, softmax_scale=batch.softmax_scale, kv_lora_rank=512)
+    assert torch.equal(out, plain)
+    with pytest.raises(MLAInputError, match=r"^q: expected a 4-dimensional tensor \[batch, q_len, heads, dim\]"):
+        mlakit.decode_backend_for(batch.q[0], batch.kv_cache)
+    with pytest.raises(MLAInputError, match=r"^kv_cache: expected a tensor \[num_pages, page_size, dim\] .*, got "
+                                            r"torch.Size\(\[5\]\)"):
+        mlakit.decode_backend_for(batch.q, torch.zeros(5))
+    with pytest.raises(MLAInputError, match=r"^kv_lora_rank: cannot infer it from q's last dim 100"):
+        mlakit.decode_backend_for(batch.q[..., :100], batch.kv_cache)
+
+
 @pytest.mark.parametrize("name, hint, expected", [
     *[("kv_tokens_hint", hint, "a non-negative int") for hint in (-1, 1.5, "4096", True)],
     *[("page_size", hint, "a positive int") for hint in (0, -64, 64.0, "64", False)],

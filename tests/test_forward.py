@@ -58,7 +58,8 @@ def test_mixed_step_equals_the_latent_oracle(kernel_device, kv_dtype, scale_layo
     q_nope = torch.randn(tokens, HEADS, NOPE, generator=gen).to(kernel_device)
     q_pe = torch.randn(tokens, HEADS, ROPE, generator=gen).to(kernel_device)
     kv_b_weight = (torch.randn(HEADS * (NOPE + V_DIM), RANK, generator=gen) / RANK**0.5).to(kernel_device, torch.bfloat16)
-    backend = "triton" if kernel_device == "cuda" else "reference"  # the registry offers triton on CUDA only
+    # The registry offers triton on CUDA only; seed 1 lets "auto" pick (the decode's metadata then is its pick's).
+    backend = "auto" if seed else "triton" if kernel_device == "cuda" else "reference"
     out = mla_forward(q_nope.bfloat16(), q_pe.bfloat16(), batch.kv_cache, batch.kv_scale, kv_b_weight, step,
                       softmax_scale=batch.softmax_scale, decode_backend=backend, prefill_backend=backend)
     expected = _latent_oracle(q_nope.bfloat16(), q_pe.bfloat16(), batch, step, kv_b_weight, batch.softmax_scale)
@@ -87,10 +88,14 @@ def test_speculative_verify_steps_go_to_decode_when_uniform_and_to_extend_when_u
 @pytest.mark.parametrize("kv_dtype, scale_layout, rank, rope, hint", [
     ("fp8_e4m3", "tensor", 512, 64, 64), ("fp8_e4m3", "group", 512, 64, None), ("bf16", "tensor", RANK, ROPE, None),
 ])
-def test_decode_metadata_takes_the_page_size_hint_of_the_layers_cache(kv_dtype, scale_layout, rank, rope, hint):
+@pytest.mark.parametrize("decode_backend", ["reference", "auto"])
+def test_decode_metadata_takes_the_page_size_hint_of_the_layers_cache(kv_dtype, scale_layout, rank, rope, hint,
+                                                                    decode_backend):
     """A forward plans its decode with `decode_page_size_hint` of the cache it is given (one rule with the drop-ins
     and warm-up), on pages of 64 here: the page size over DeepSeek-width fp8 with one scale; None over per-group
-    scales and over a latent narrower than the persistent kernel's two 64-column chunks."""
+    scales and over a latent narrower than the persistent kernel's two 64-column chunks. Under "auto" too: the
+    metadata is the backend's the registry picks (the reference here, on the CPU), with the step's cached tokens as
+    its `kv_tokens_hint`, built once for every layer."""
     batch, step = _mixed_step((1, 1), (9, 20), 64, "cpu", 0, kv_dtype, scale_layout, rank, rope)
     gen = torch.Generator().manual_seed(0)
     q_nope = torch.randn(2, HEADS, NOPE, generator=gen).bfloat16()
@@ -99,8 +104,10 @@ def test_decode_metadata_takes_the_page_size_hint_of_the_layers_cache(kv_dtype, 
     with mock.patch("mlakit.serving.step.mla_decode_metadata", wraps=mla_decode_metadata) as build:
         for _ in range(2):
             mla_forward(q_nope, q_pe, batch.kv_cache, batch.kv_scale, kv_b_weight, step,
-                        softmax_scale=batch.softmax_scale, decode_backend="reference", prefill_backend="reference")
+                        softmax_scale=batch.softmax_scale, decode_backend=decode_backend, prefill_backend="reference")
     assert [call.kwargs["page_size"] for call in build.call_args_list] == [hint]
+    assert build.call_args.kwargs["backend"] == "reference"
+    assert build.call_args.kwargs["kv_tokens_hint"] == 9 + 20
 
 
 def test_prefill_form_policy_and_bad_steps():

@@ -789,7 +789,7 @@ def test_share_plans_merge_in_the_combine_and_other_plans_in_the_seesaw(kv_dtype
 
     plan = new_plan()
     assert (int(plan.work_state[2]) == decode_split_plan.ORDER_SHARES) == shares and int(plan.num_splits.max()) > 1
-    assert _split_kernel(batch, plan) == "hopper" and 1 < plan.geometry.max_splits <= hopper_decode.MERGE_MAX_SPLITS
+    assert _split_kernel(batch, plan) == "hopper" and 1 < plan.geometry.max_splits <= hopper_decode.dispatch.MERGE_MAX_SPLITS
     combine = mock.Mock(wraps=triton_decode._COMBINE)
     gen = torch.Generator(device="cuda").manual_seed(32)
     with mock.patch.object(triton_decode, "_COMBINE", combine):
@@ -847,7 +847,7 @@ def _check_merged_in_kernel(batch, plan, launches):
     from mlakit.kernels import hopper_decode, triton_decode
 
     assert _split_kernel(batch, plan) == "hopper"
-    assert 1 < plan.geometry.max_splits <= hopper_decode.MERGE_MAX_SPLITS
+    assert 1 < plan.geometry.max_splits <= hopper_decode.dispatch.MERGE_MAX_SPLITS
     assert int(plan.work_state[0]) * plan.geometry.row_tiles > torch.cuda.get_device_properties(0).multi_processor_count
     gen = torch.Generator(device="cuda").manual_seed(batch.q.shape[2])
     no_combine = mock.Mock(side_effect=AssertionError("the seesaw merges its splits itself: no combine launch"))

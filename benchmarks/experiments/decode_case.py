@@ -14,9 +14,13 @@ from mlakit.kernels.triton_decode import DecodePlan, DecodeTuning, plan_decode, 
 
 def set_setting(setting: str, value: object) -> None:
     """Sets `mlakit.kernels.MODULE.NAME` (`setting` = "MODULE.NAME") to `value`; kernels read such settings when a
-    plan prepares its launches."""
+    plan prepares its launches. A name the module lacks is refused (an old script's setting, since renamed or
+    removed, would otherwise compare identical variants)."""
     module_name, name = setting.rsplit(".", 1)
-    setattr(importlib.import_module(f"mlakit.kernels.{module_name}"), name, value)
+    module = importlib.import_module(f"mlakit.kernels.{module_name}")
+    if not hasattr(module, name):
+        raise AttributeError(f"setting: mlakit.kernels.{module_name} has no {name!r} (renamed or removed?)")
+    setattr(module, name, value)
 
 
 def parse_assignment(spec: str) -> tuple[str, object]:

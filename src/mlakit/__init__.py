@@ -5,8 +5,8 @@
 'reference'
 """
 
-from mlakit.attention.functional import (DecodeMetadata, mla_decode, mla_decode_metadata, mla_extend,
-                                        mla_extend_metadata, mla_prefill)
+from mlakit.attention.functional import (DecodeMetadata, decode_backend_for, mla_decode, mla_decode_metadata,
+                                        mla_extend, mla_extend_metadata, mla_prefill)
 from mlakit.cache import PageAllocator, PagedLatentCache
 from mlakit.config import ServingConfig
 from mlakit.device import DeviceInfo
@@ -37,6 +37,7 @@ __all__ = [
     "WorkspaceError",
     "WorkspacePool",
     "WorkspaceRequest",
+    "decode_backend_for",
     "decode_page_size_hint",
     "distributed",
     "merge_attention_states",

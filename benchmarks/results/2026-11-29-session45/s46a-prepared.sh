@@ -9,10 +9,16 @@
 # "stall no instruction" a larger share with v103 on at 64 x 1024 q2 (by >= 2 points) and concentrated at the unit
 # change and the loop's head; if the shares match, the cost is elsewhere (the per-unit spills' local loads,
 # seesaw_kernel.py:153/205) and the next probe is the seesaw timeline with the spills taken out.
+# First, the GPU tests of the forty-fifth session's CPU-only change (a serving step's decode metadata under
+# decode_backend="auto", `mlakit.decode_backend_for`): the forward and API files and the warm-up no-compile tests.
 set -uo pipefail
 R=$OUT/s46a
 mkdir -p $R
 t0=$(date +%s)
+benchmarks/experiments/gpu_test_shard.sh $R forward 300 tests/test_forward.py tests/test_api.py &
+benchmarks/experiments/gpu_test_shard.sh $R warmup 300 tests/test_warmup.py &
+wait
+for f in $R/tests-*.txt; do echo "$(basename $f): $(tail -n 2 $f | head -n 1)"; grep "^FAILED" $f | head -5; done
 profile() {  # NAME FLAGS CASE
   PYTHONPATH=src:benchmarks/experiments timeout 150 ncu --kernel-name regex:seesaw --launch-skip 1 --launch-count 1 \
     --set full --clock-control none --import-source no -o /tmp/$1 python benchmarks/experiments/hopper_profile_case.py \

@@ -147,6 +147,25 @@ def mla_extend_metadata(
     return ExtendMetadata(backend, max_q_len, heads, kv_cache_dtype, cu_seqlens_q, cu_seqlens_q.clone(), data)
 
 
+def decode_backend_for(
+    q: torch.Tensor, kv_cache: torch.Tensor, *, backend: str = AUTO, kv_lora_rank: int | None = None,
+    return_lse: bool = False,
+) -> str:
+    """The backend `mla_decode` runs these arguments on: `backend` where it names one, else the registry's choice for
+    q's device, shape and the cache (the backend whose `mla_decode_metadata` a call with `backend="auto"` takes).
+
+    >>> q = torch.randn(2, 1, 4, 576, dtype=torch.bfloat16)
+    >>> decode_backend_for(q, torch.randn(8, 16, 576, dtype=torch.bfloat16))
+    'reference'
+    """
+    dim = _query_width(q, 4, "[batch, q_len, heads, dim]")
+    if not isinstance(kv_cache, torch.Tensor) or kv_cache.dim() not in (3, 4):
+        raise MLAInputError(f"kv_cache: expected a tensor [num_pages, page_size, dim] (or [num_pages, page_size, 1, "
+                            f"dim]), got {getattr(kv_cache, 'shape', type(kv_cache).__name__)}")
+    return _resolved_call("decode", backend, q, kv_cache, q.shape[1], _latent_rank(dim, kv_lora_rank),
+                          bool(return_lse)).backend
+
+
 def mla_decode(
     q: torch.Tensor,
     kv_cache: torch.Tensor,

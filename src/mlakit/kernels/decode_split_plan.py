@@ -32,14 +32,15 @@ WIDE_ROW_TILES = tl.constexpr(4)
 # Batches of at least this many sequences with work take splits of `batched_min_tokens_per_split` (NOTES.md v62).
 BATCHED_SEQUENCES = tl.constexpr(16)
 # Larger batches keep batch order: the in-program sort takes 8 bytes of shared memory per sequence
-# and its compile time grows fast (seconds at 4096); batches that large get one split per sequence (unless forced).
+# and its compile time grows fast (seconds at 4096); batches that large have a split ceiling of 1 or 2
+# (`split_geometry`), so their order matters little.
 MAX_SORTED_BATCH = tl.constexpr(1024)
 # The plan writes its work items in tiles of at most this many (sequence, split) pairs.
 WORK_STORE_TILE = 4096
 # Whether a batch that is not ragged takes longer splits where its split counts would ask for more programs than the
 # GPU runs at once (the last ones would run as a partial second wave: H100, 16 heads x 48 x 4096, 1.11-1.26x slower;
 # NOTES.md v84). Experiments set it False (benchmarks/experiments/setting_ab.py); that also turns off the choice of
-# several waves below, which starts from the one-wave counts.
+# several waves below, which starts from the one-wave counts, and equal shares (plain and ragged), planned there too.
 FIT_SPLITS_TO_ONE_WAVE = True
 # A unit's fixed cost (prologue, the wait to its first scores, its partial's stores and merge) in KV tiles, which the
 # plan is given for the Hopper kernels' 64-row tiles (first fitted at 13 on the bf16 seesaw kernel, H100: ~20 us

@@ -285,7 +285,7 @@ def combine_tiling(max_splits: int, kv_lora_rank: int) -> CombineTiling:
 
 def share_combine_tiling(kv_lora_rank: int) -> CombineTiling:
     """The tiling of a combine behind a seesaw that merges every plan but an equal-share one itself
-    (`hopper_decode.Merges.ALL_BUT_SHARES`, split ceilings of at most `hopper_decode.MERGE_MAX_SPLITS`):
+    (`hopper_decode.Merges.ALL_BUT_SHARES`, split ceilings of at most `hopper_decode.dispatch.MERGE_MAX_SPLITS`):
     SHARE_COMBINE_ROWS whole latent rows a program, one warp a row, so that where it finds nothing to merge it
     launches few programs.
 
@@ -309,7 +309,7 @@ PDL_MAX_ONE_ROW_COMBINE_ROWS = 64
 def combine_after_split(kernel: str, max_rows: int, max_splits: int) -> bool:
     """Whether the combine runs as a programmatic dependent launch of the split pass: behind the SM90 kernels
     ("hopper", "narrow") where its programs take whole rows (split ceilings of at most 2 x
-    COMBINE_SPLITS_PER_STEP: batches of 8 sequences or more at 128 heads, 16 at 16) or where a sequence has at
+    COMBINE_SPLITS_PER_STEP: on 132 SMs from 4-7 sequences at 128 heads, 13 at 16) or where a sequence has at
     most PDL_MAX_ONE_ROW_COMBINE_ROWS query rows (`max_rows`). The seesaw lets it launch once a program of a
     non-ragged plan is past its last unit's tile loop, if that unit's sequence has at most
     EARLY_TRIGGER_MAX_SPLITS splits; else as the programs exit. Measured on the H100 (NOTES.md v56b, v59, v60):
@@ -404,7 +404,7 @@ class DecodePlan:
     kernel could take equal shares (planned for the seesaw's pages: `decode_split_plan.may_share`); only then does the
     seesaw launch a combine behind it for a share plan's merges. `unit_tiles_hint`: about how many KV tiles a work unit
     holds, where the plan was told the batch's cached tokens (`decode_split_plan.unit_tiles_hint`; None where not), for
-    the seesaw's variants that pay only on long units (`hopper_decode.left_scores_ahead`); a speed hint, left out of
+    the seesaw's variants that pay only on long units (`hopper_decode.dispatch.left_scores_ahead`); a speed hint, left out of
     comparisons: a plan refilled in place by a re-plan (the FlashInfer drop-in's CUDA-graph mode) keeps the kernels
     its first plan chose."""
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from mlakit.attention.checks import check_lengths_and_pages, checked_softmax_scale
-from mlakit.attention.functional import mla_decode, mla_extend, mla_prefill
+from mlakit.attention.functional import decode_backend_for, mla_decode, mla_extend, mla_prefill
 from mlakit.config import AUTO
 from mlakit.errors import MLAInputError
 from mlakit.cache.kv_quant import storage_name
@@ -199,13 +199,12 @@ def _latent_part(
                                   kv_lora_rank=rank, softmax_scale=softmax_scale, kv_scale=kv_scale)
         return out
     if part.kind == "decode":
-        batch = len(part.sequences)
-        metadata = None
-        if backend != AUTO:
-            metadata = part.decode_metadata(backend, q_latent.shape[1], storage_name(kv_cache.dtype),
-                                            decode_page_size_hint(kv_cache, kv_scale, rank))
+        q = q_latent.view(len(part.sequences), part.q_len, *q_latent.shape[1:])
+        metadata = part.decode_metadata(decode_backend_for(q, kv_cache, backend=backend, kv_lora_rank=rank),
+                                        q.shape[2], storage_name(kv_cache.dtype),
+                                        decode_page_size_hint(kv_cache, kv_scale, rank))
         out, _ = mla_decode(
-            q_latent.view(batch, part.q_len, *q_latent.shape[1:]), kv_cache, part.block_table, part.cache_seqlens,
+            q, kv_cache, part.block_table, part.cache_seqlens,
             softmax_scale=softmax_scale, backend=backend, kv_scale=kv_scale, kv_lora_rank=rank, return_lse=False,
             check_inputs=check_inputs, metadata=metadata,
         )

@@ -49,8 +49,8 @@ defined: an experiment changes it there.
 from mlakit.cache.kv_quant import FP8_DTYPE
 from mlakit.kernels.hopper_decode.constants import BLOCK_M, NUM_WARPS
 from mlakit.kernels.hopper_decode.descriptors import chunk_descriptors
-from mlakit.kernels.hopper_decode.dispatch import (MERGE_MAX_SPLITS, SEESAW, Merges, SplitPass, partial_dtype,
-                                                   prepare, rows_are_contiguous, supports)
+from mlakit.kernels.hopper_decode.dispatch import (SEESAW, Merges, SplitPass, partial_dtype, prepare,
+                                                   rows_are_contiguous, supports)
 from mlakit.kernels.hopper_decode.fp8_split_kernel import mla_decode_hopper_fp8_kernel
 from mlakit.kernels.hopper_decode.seesaw_kernel import mla_decode_hopper_seesaw_kernel
 from mlakit.kernels.hopper_decode.split_kernel import mla_decode_hopper_split_kernel
@@ -58,7 +58,6 @@ from mlakit.kernels.hopper_decode.split_kernel import mla_decode_hopper_split_ke
 __all__ = [
     "BLOCK_M",
     "FP8_DTYPE",
-    "MERGE_MAX_SPLITS",
     "Merges",
     "NUM_WARPS",
     "SEESAW",

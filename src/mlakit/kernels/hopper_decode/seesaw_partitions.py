@@ -52,18 +52,17 @@ def _pair_views(pair, k_lat_smem, q_lat_all):
 
 @gluon.jit
 def _chunked_scores(q_lat_smem, q_rope_smem, k_lat, slot, chunk_ready, stage: gl.constexpr, phase, s_zero,
-                    valid_rows, RIGHT_HALF_FIRST: gl.constexpr, FP8: gl.constexpr, E4M3: gl.constexpr):
-    """S = Q . K^T of the stage's tile, each latent chunk's MMA issued as soon as the chunk has landed
-    (the right half's chunks first where RIGHT_HALF_FIRST: they are the ones reloaded first). FP8: each
+                    valid_rows, FP8: gl.constexpr, E4M3: gl.constexpr):
+    """S = Q . K^T of the stage's tile, each latent chunk's MMA issued as soon as the chunk has landed, the right
+    half's chunks first (the odd stage's: they are the ones reloaded first). FP8: each
     half's chunks are converted in place together once they have all landed (`_convert_four_blocks_in_place`:
     3% faster than chunk by chunk, NOTES.md v43), rows from valid_rows on zeroed. E4M3 (fp8 pages, Q rounded to
     e4m3 in its blocks' first halves): the MMAs read the e4m3 boxes as they landed, on 8-bit tensor cores, and
     nothing is converted here (rows past the split's end hold anything: the caller masks their scores)."""
-    first: gl.constexpr = k_lat.shape[1] // TMA_CHUNK // 2 if RIGHT_HALF_FIRST else 0
-    s = _half_scores(q_lat_smem, k_lat, chunk_ready, stage, phase, s_zero, valid_rows, first, False,
-                     FP8 and not E4M3, E4M3)
+    s = _half_scores(q_lat_smem, k_lat, chunk_ready, stage, phase, s_zero, valid_rows, k_lat.shape[1] // TMA_CHUNK // 2,
+                     False, FP8 and not E4M3, E4M3)
     return _scores_after_first_half(q_lat_smem, q_rope_smem, k_lat, slot, chunk_ready, stage, phase, s, valid_rows,
-                                    RIGHT_HALF_FIRST, FP8, E4M3)
+                                    True, FP8, E4M3)
 
 
 @gluon.jit
@@ -290,7 +289,7 @@ def _seesaw_odd_partition(
             if not FP8 and tok1 + BLOCK_N > end:
                 _zero_tail(k1, chunk_ready, 1, phase, end - tok1)
             s = _chunked_scores(q_lat_smem, q_rope_smem, k1, slots.index(1), chunk_ready, 1, phase, s_zero,
-                                end - tok1, True, FP8, E4M3)
+                                end - tok1, FP8, E4M3)
             if FP8:
                 s = s * row_unscale[:, None]
             s = _masked_near_end(s, tok1, end, visible, unmasked_end)
