@@ -155,26 +155,45 @@ def test_decode_metadata_built_once_serves_every_layer_and_must_match_the_call(k
         mlakit.mla_decode_metadata(batch.cache_seqlens, q_len=2, heads=5, backend=backend, kv_cache_dtype="int8")
 
 
-def test_decode_backend_for_names_the_backend_whose_metadata_an_auto_call_takes(kernel_device):
-    """`decode_backend_for` gives "auto" calls the backend to build metadata for (the registry's pick: triton on CUDA,
-    the reference on the CPU), passes a named backend through, and names bad arguments."""
+def test_backend_for_names_the_backend_whose_metadata_an_auto_call_takes(kernel_device):
+    """`backend_for` gives "auto" decode and extend calls the backend to build metadata for (the registry's pick:
+    triton on CUDA, the reference on the CPU), passes a named backend through, and names bad arguments."""
     batch = make_paged_batch([300, 0, 41], heads=5, q_len=2, page_size=16, kv_lora_rank=512, rope_dim=64,
                              device=kernel_device)
-    picked = mlakit.decode_backend_for(batch.q, batch.kv_cache)
+    picked = mlakit.backend_for("decode", batch.q, batch.kv_cache)
     assert picked == ("triton" if kernel_device == "cuda" else "reference")
-    assert mlakit.decode_backend_for(batch.q, batch.kv_cache, backend="reference") == "reference"
+    assert mlakit.backend_for("decode", batch.q, batch.kv_cache, backend="reference") == "reference"
     metadata = mlakit.mla_decode_metadata(batch.cache_seqlens, q_len=2, heads=5, backend=picked, kv_tokens_hint=341)
     args = (batch.q, batch.kv_cache, batch.block_table, batch.cache_seqlens)
     out, _ = mlakit.mla_decode(*args, softmax_scale=batch.softmax_scale, kv_lora_rank=512, metadata=metadata)
     plain, _ = mlakit.mla_decode(*args, softmax_scale=batch.softmax_scale, kv_lora_rank=512)
     assert torch.equal(out, plain)
+    packed = batch.q[[0, 2]].flatten(0, 1)  # the empty sequence takes no new tokens
+    cu_seqlens_q = torch.tensor([0, 2, 2, 4], dtype=torch.int32, device=kernel_device)
+    assert mlakit.backend_for("extend", packed, batch.kv_cache) == picked
+    extend_metadata = mla_extend_metadata(batch.cache_seqlens, cu_seqlens_q, max_q_len=2, heads=5, backend=picked)
+    extend_args = (packed, batch.kv_cache, batch.block_table, batch.cache_seqlens, cu_seqlens_q)
+    out, _ = mlakit.mla_extend(*extend_args, max_q_len=2, softmax_scale=batch.softmax_scale, kv_lora_rank=512,
+                               metadata=extend_metadata)
+    plain, _ = mlakit.mla_extend(*extend_args, max_q_len=2, softmax_scale=batch.softmax_scale, kv_lora_rank=512)
+    assert torch.equal(out, plain)
     with pytest.raises(MLAInputError, match=r"^q: expected a 4-dimensional tensor \[batch, q_len, heads, dim\]"):
-        mlakit.decode_backend_for(batch.q[0], batch.kv_cache)
-    with pytest.raises(MLAInputError, match=r"^kv_cache: expected a tensor \[num_pages, page_size, dim\] .*, got "
-                                            r"torch.Size\(\[5\]\)"):
-        mlakit.decode_backend_for(batch.q, torch.zeros(5))
+        mlakit.backend_for("decode", packed, batch.kv_cache)
+    with pytest.raises(MLAInputError, match=r"^q: expected a 3-dimensional tensor \[tokens, heads, dim\]"):
+        mlakit.backend_for("extend", batch.q, batch.kv_cache)
+    bad_caches = [(torch.zeros(5), r"3 dimensions, got shape \(5,\)"),
+                  (batch.kv_cache.to(torch.float64), r"dtype in \[.*\], got torch.float64"),
+                  (batch.kv_cache.unsqueeze(2).expand(-1, -1, 2, -1), r"\[num_pages, page_size, dim\] or .*, got shape"),
+                  (batch.kv_cache[..., :100], r"last dim 576 \(the last dim of q\)")]
+    for cache, expected in bad_caches:
+        with pytest.raises(MLAInputError, match=rf"^kv_cache: expected {expected}"):
+            mlakit.backend_for("decode", batch.q, cache)
     with pytest.raises(MLAInputError, match=r"^kv_lora_rank: cannot infer it from q's last dim 100"):
-        mlakit.decode_backend_for(batch.q[..., :100], batch.kv_cache)
+        mlakit.backend_for("decode", batch.q[..., :100], batch.kv_cache)
+    with pytest.raises(MLAInputError, match=r"^kv_lora_rank: expected an integer in 1..575 .*, got 600"):
+        mlakit.backend_for("extend", packed, batch.kv_cache, kv_lora_rank=600)
+    with pytest.raises(MLAInputError, match=r"^call: expected 'decode' or 'extend', got 'prefill'"):
+        mlakit.backend_for("prefill", packed, batch.kv_cache)
 
 
 @pytest.mark.parametrize("name, hint, expected", [

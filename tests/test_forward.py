@@ -10,7 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlakit.attention.functional import mla_decode_metadata
+from mlakit.attention.functional import (backend_for, mla_decode, mla_decode_metadata, mla_extend,
+                                        mla_extend_metadata)
 from mlakit.errors import MLAInputError
 from mlakit.serving.forward import mla_forward
 from mlakit.reference import reference_extend
@@ -89,25 +90,37 @@ def test_speculative_verify_steps_go_to_decode_when_uniform_and_to_extend_when_u
     ("fp8_e4m3", "tensor", 512, 64, 64), ("fp8_e4m3", "group", 512, 64, None), ("bf16", "tensor", RANK, ROPE, None),
 ])
 @pytest.mark.parametrize("decode_backend", ["reference", "auto"])
-def test_decode_metadata_takes_the_page_size_hint_of_the_layers_cache(kv_dtype, scale_layout, rank, rope, hint,
-                                                                    decode_backend):
-    """A forward plans its decode with `decode_page_size_hint` of the cache it is given (one rule with the drop-ins
-    and warm-up), on pages of 64 here: the page size over DeepSeek-width fp8 with one scale; None over per-group
-    scales and over a latent narrower than the persistent kernel's two 64-column chunks. Under "auto" too: the
-    metadata is the backend's the registry picks (the reference here, on the CPU), with the step's cached tokens as
-    its `kv_tokens_hint`, built once for every layer."""
-    batch, step = _mixed_step((1, 1), (9, 20), 64, "cpu", 0, kv_dtype, scale_layout, rank, rope)
+@pytest.mark.parametrize("kind, new_tokens", [("decode", (1, 1)), ("extend", (3, 2))])
+def test_step_metadata_takes_the_page_size_hint_of_the_layers_cache(kv_dtype, scale_layout, rank, rope, hint,
+                                                                  decode_backend, kind, new_tokens):
+    """A forward plans its decode and its latent extends with `decode_page_size_hint` of the cache it is given (one
+    rule with the drop-ins and warm-up), on pages of 64 here: the page size over DeepSeek-width fp8 with one scale;
+    None over per-group scales and over a latent narrower than the persistent kernel's two 64-column chunks. Under
+    "auto" too: the metadata is the backend's the registry picks (the reference here, on the CPU), built once for
+    every layer; a decode's is told the step's cached tokens (`kv_tokens_hint`), an extend's none (the variants
+    `warm_up` compiles for extends)."""
+    batch, step = _mixed_step(new_tokens, (9, 20), 64, "cpu", 0, kv_dtype, scale_layout, rank, rope)
+    assert [p.kind for p in step.parts] == ["decode" if kind == "decode" else "latent_extend"]
     gen = torch.Generator().manual_seed(0)
-    q_nope = torch.randn(2, HEADS, NOPE, generator=gen).bfloat16()
-    q_pe = torch.randn(2, HEADS, rope, generator=gen).bfloat16()
+    tokens = sum(new_tokens)
+    q_nope = torch.randn(tokens, HEADS, NOPE, generator=gen).bfloat16()
+    q_pe = torch.randn(tokens, HEADS, rope, generator=gen).bfloat16()
     kv_b_weight = torch.randn(HEADS * (NOPE + V_DIM), rank, generator=gen).bfloat16()
-    with mock.patch("mlakit.serving.step.mla_decode_metadata", wraps=mla_decode_metadata) as build:
-        for _ in range(2):
+    builder = mla_decode_metadata if kind == "decode" else mla_extend_metadata
+    attend = mla_decode if kind == "decode" else mla_extend
+    built = []
+    with (mock.patch(f"mlakit.serving.step.{builder.__name__}",
+                     side_effect=lambda *args, **kwargs: built.append(builder(*args, **kwargs)) or built[-1]) as build,
+          mock.patch(f"mlakit.serving.forward.{attend.__name__}", wraps=attend) as call,
+          mock.patch("mlakit.serving.forward.backend_for", wraps=backend_for) as resolve):
+        for _ in range(2):  # two layers
             mla_forward(q_nope, q_pe, batch.kv_cache, batch.kv_scale, kv_b_weight, step,
                         softmax_scale=batch.softmax_scale, decode_backend=decode_backend, prefill_backend="reference")
     assert [call.kwargs["page_size"] for call in build.call_args_list] == [hint]
     assert build.call_args.kwargs["backend"] == "reference"
-    assert build.call_args.kwargs["kv_tokens_hint"] == 9 + 20
+    assert build.call_args.kwargs.get("kv_tokens_hint") == (9 + 20 if kind == "decode" else None)
+    assert [c.kwargs["metadata"] for c in call.call_args_list] == built * 2, "each layer's call takes the one built"
+    assert resolve.call_count == 1, "the backend is resolved once a step for a cache layout"
 
 
 def test_prefill_form_policy_and_bad_steps():

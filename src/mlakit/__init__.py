@@ -5,7 +5,7 @@
 'reference'
 """
 
-from mlakit.attention.functional import (DecodeMetadata, decode_backend_for, mla_decode, mla_decode_metadata,
+from mlakit.attention.functional import (DecodeMetadata, backend_for, mla_decode, mla_decode_metadata,
                                         mla_extend, mla_extend_metadata, mla_prefill)
 from mlakit.cache import PageAllocator, PagedLatentCache
 from mlakit.config import ServingConfig
@@ -37,7 +37,7 @@ __all__ = [
     "WorkspaceError",
     "WorkspacePool",
     "WorkspaceRequest",
-    "decode_backend_for",
+    "backend_for",
     "decode_page_size_hint",
     "distributed",
     "merge_attention_states",

@@ -9,8 +9,9 @@
 # "stall no instruction" a larger share with v103 on at 64 x 1024 q2 (by >= 2 points) and concentrated at the unit
 # change and the loop's head; if the shares match, the cost is elsewhere (the per-unit spills' local loads,
 # seesaw_kernel.py:153/205) and the next probe is the seesaw timeline with the spills taken out.
-# First, the GPU tests of the forty-fifth session's CPU-only change (a serving step's decode metadata under
-# decode_backend="auto", `mlakit.decode_backend_for`): the forward and API files and the warm-up no-compile tests.
+# First, the GPU tests of the forty-fifth session's CPU-only change (a serving step's decode and extend metadata
+# built once a step, also under decode_backend="auto", `mlakit.backend_for`): the forward and API files and the
+# warm-up no-compile tests.
 set -uo pipefail
 R=$OUT/s46a
 mkdir -p $R

@@ -232,6 +232,28 @@ def check_extend_inputs(
             raise _fail("cache_seqlens", "each length >= its segment's new tokens (they are already in the cache)", cache_seqlens.tolist())
 
 
+def check_cache_operand(q: torch.Tensor, kv_cache: object, kv_lora_rank: object) -> torch.Tensor:
+    """Raises MLAInputError naming `kv_lora_rank` or `kv_cache` unless the cache suits the checked query `q` (a
+    tensor `[num_pages, page_size, dim]` or `[num_pages, page_size, 1, dim]` of a cache dtype on q's device, q's last
+    dim, at least one page of one token, each token's values contiguous) and the latent width leaves a rope part;
+    returns the cache's `[num_pages, page_size, dim]` view."""
+    dim = q.shape[-1]
+    if not is_int(kv_lora_rank) or not 0 < kv_lora_rank < dim:
+        raise _fail("kv_lora_rank", f"an integer in 1..{dim - 1} (q's last dim is {dim} = latent + rope)", repr(kv_lora_rank))
+    if not isinstance(kv_cache, torch.Tensor):
+        raise _fail("kv_cache", "a torch.Tensor", type(kv_cache).__name__)
+    if kv_cache.dim() == 4 and kv_cache.shape[2] != 1:
+        raise _fail("kv_cache", "[num_pages, page_size, dim] or [num_pages, page_size, 1, dim]", f"shape {tuple(kv_cache.shape)}")
+    pages = _check_tensor("kv_cache", pages_view(kv_cache), 3, CACHE_DTYPES, q.device)
+    num_pages, page_size, cache_dim = pages.shape
+    if cache_dim != dim:
+        raise _fail("kv_cache", f"last dim {dim} (the last dim of q)", f"shape {tuple(kv_cache.shape)}")
+    if num_pages == 0 or page_size == 0:
+        raise _fail("kv_cache", "at least one page of at least one token", f"shape {tuple(kv_cache.shape)}")
+    _check_contiguous_last_dim("kv_cache", pages, "a token's latent and rope values")
+    return pages
+
+
 def _check_paged_operands(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -242,21 +264,9 @@ def _check_paged_operands(
     batch: int,
     check_values: bool,
 ) -> None:
-    device, dim = q.device, q.shape[-1]
-    if not is_int(kv_lora_rank) or not 0 < kv_lora_rank < dim:
-        raise _fail("kv_lora_rank", f"an integer in 1..{dim - 1} (q's last dim is {dim} = latent + rope)", repr(kv_lora_rank))
-    if not isinstance(kv_cache, torch.Tensor):
-        raise _fail("kv_cache", "a torch.Tensor", type(kv_cache).__name__)
-    if kv_cache.dim() == 4 and kv_cache.shape[2] != 1:
-        raise _fail("kv_cache", "[num_pages, page_size, dim] or [num_pages, page_size, 1, dim]", f"shape {tuple(kv_cache.shape)}")
-    pages = _check_tensor("kv_cache", pages_view(kv_cache), 3, CACHE_DTYPES, device)
-    num_pages, page_size, cache_dim = pages.shape
-    if cache_dim != dim:
-        raise _fail("kv_cache", f"last dim {dim} (the last dim of q)", f"shape {tuple(kv_cache.shape)}")
-    if num_pages == 0 or page_size == 0:
-        raise _fail("kv_cache", "at least one page of at least one token", f"shape {tuple(kv_cache.shape)}")
-    _check_contiguous_last_dim("kv_cache", pages, "a token's latent and rope values")
-
+    device = q.device
+    pages = check_cache_operand(q, kv_cache, kv_lora_rank)
+    num_pages, page_size, _ = pages.shape
     _check_tensor("block_table", block_table, 2, (torch.int32,), device)
     if block_table.shape[0] != batch:
         raise _fail("block_table", f"shape [{batch}, max_pages] (batch of q)", f"shape {tuple(block_table.shape)}")

@@ -11,6 +11,7 @@ from typing import Literal
 import torch
 
 from mlakit.attention.checks import (
+    check_cache_operand,
     check_decode_inputs,
     check_extend_inputs,
     check_metadata_arguments,
@@ -147,23 +148,27 @@ def mla_extend_metadata(
     return ExtendMetadata(backend, max_q_len, heads, kv_cache_dtype, cu_seqlens_q, cu_seqlens_q.clone(), data)
 
 
-def decode_backend_for(
-    q: torch.Tensor, kv_cache: torch.Tensor, *, backend: str = AUTO, kv_lora_rank: int | None = None,
-    return_lse: bool = False,
+def backend_for(
+    call: Literal["decode", "extend"], q: torch.Tensor, kv_cache: torch.Tensor, *, backend: str = AUTO,
+    kv_lora_rank: int | None = None, return_lse: bool = False,
 ) -> str:
-    """The backend `mla_decode` runs these arguments on: `backend` where it names one, else the registry's choice for
-    q's device, shape and the cache (the backend whose `mla_decode_metadata` a call with `backend="auto"` takes).
+    """The backend `mla_decode` (`call` "decode", q `[batch, q_len, heads, dim]`) or `mla_extend` ("extend", q
+    `[tokens, heads, dim]`; it always returns lse) runs these arguments on: `backend` where it names one, else the
+    registry's choice for q's device, shape and the cache, i.e. the backend whose `mla_decode_metadata` /
+    `mla_extend_metadata` a call with `backend="auto"` takes.
 
     >>> q = torch.randn(2, 1, 4, 576, dtype=torch.bfloat16)
-    >>> decode_backend_for(q, torch.randn(8, 16, 576, dtype=torch.bfloat16))
+    >>> backend_for("decode", q, torch.randn(8, 16, 576, dtype=torch.bfloat16))
     'reference'
     """
-    dim = _query_width(q, 4, "[batch, q_len, heads, dim]")
-    if not isinstance(kv_cache, torch.Tensor) or kv_cache.dim() not in (3, 4):
-        raise MLAInputError(f"kv_cache: expected a tensor [num_pages, page_size, dim] (or [num_pages, page_size, 1, "
-                            f"dim]), got {getattr(kv_cache, 'shape', type(kv_cache).__name__)}")
-    return _resolved_call("decode", backend, q, kv_cache, q.shape[1], _latent_rank(dim, kv_lora_rank),
-                          bool(return_lse)).backend
+    if call not in ("decode", "extend"):
+        raise MLAInputError(f"call: expected 'decode' or 'extend', got {call!r}")
+    decode = call == "decode"
+    dim = _query_width(q, 4 if decode else 3, "[batch, q_len, heads, dim]" if decode else "[tokens, heads, dim]")
+    kv_lora_rank = _latent_rank(dim, kv_lora_rank)
+    check_cache_operand(q, kv_cache, kv_lora_rank)
+    return _resolved_call(call, backend, q, kv_cache, q.shape[1] if decode else 1, kv_lora_rank,
+                          bool(return_lse) or not decode).backend
 
 
 def mla_decode(

@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 
 from mlakit.attention.checks import check_lengths_and_pages, checked_softmax_scale
-from mlakit.attention.functional import decode_backend_for, mla_decode, mla_extend, mla_prefill
+from mlakit.attention.functional import (DecodeMetadata, ExtendMetadata, backend_for, mla_decode, mla_extend,
+                                        mla_prefill)
 from mlakit.config import AUTO
 from mlakit.errors import MLAInputError
 from mlakit.cache.kv_quant import storage_name
@@ -200,17 +201,34 @@ def _latent_part(
         return out
     if part.kind == "decode":
         q = q_latent.view(len(part.sequences), part.q_len, *q_latent.shape[1:])
-        metadata = part.decode_metadata(decode_backend_for(q, kv_cache, backend=backend, kv_lora_rank=rank),
-                                        q.shape[2], storage_name(kv_cache.dtype),
-                                        decode_page_size_hint(kv_cache, kv_scale, rank))
+        metadata = _part_metadata(part, q, kv_cache, kv_scale, rank, backend)
         out, _ = mla_decode(
             q, kv_cache, part.block_table, part.cache_seqlens,
             softmax_scale=softmax_scale, backend=backend, kv_scale=kv_scale, kv_lora_rank=rank, return_lse=False,
             check_inputs=check_inputs, metadata=metadata,
         )
         return out.flatten(0, 1)
+    metadata = _part_metadata(part, q_latent, kv_cache, kv_scale, rank, backend)
     out, _ = mla_extend(
         q_latent, kv_cache, part.block_table, part.cache_seqlens, part.cu_seqlens_q, max_q_len=part.max_q_len,
         softmax_scale=softmax_scale, backend=backend, kv_scale=kv_scale, kv_lora_rank=rank, check_inputs=check_inputs,
+        metadata=metadata,
     )
     return out
+
+
+def _part_metadata(part: StepPart, q: torch.Tensor, kv_cache: torch.Tensor, kv_scale: torch.Tensor | None, rank: int,
+                   backend: str) -> DecodeMetadata | ExtendMetadata:
+    """The decode or latent-extend part's metadata for one layer's call: that of the backend the call runs on
+    (`backend_for`, "auto" resolved), built once a step (`StepPart.decode_metadata` / `extend_metadata`); the backend
+    and the page-size hint are worked out once a cache layout too, not every layer."""
+    call = "decode" if part.kind == "decode" else "extend"
+    layout = (backend, q.device, q.dtype, tuple(q.shape[-2:]), kv_cache.dtype, tuple(kv_cache.shape[1:]),
+              None if kv_scale is None else tuple(kv_scale.shape), rank)
+
+    def build() -> DecodeMetadata | ExtendMetadata:
+        name = backend_for(call, q, kv_cache, backend=backend, kv_lora_rank=rank)
+        metadata = part.decode_metadata if call == "decode" else part.extend_metadata
+        return metadata(name, q.shape[-2], storage_name(kv_cache.dtype), decode_page_size_hint(kv_cache, kv_scale, rank))
+
+    return part.once(("layout", call, *layout), build)

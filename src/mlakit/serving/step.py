@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Literal
+from collections.abc import Callable
+from typing import Literal, TypeVar
 
 import torch
 
-from mlakit.attention.functional import DecodeMetadata, mla_decode_metadata
+from mlakit.attention.functional import DecodeMetadata, ExtendMetadata, mla_decode_metadata, mla_extend_metadata
 from mlakit.errors import MLAInputError, is_int
 from mlakit.prefill.metadata import (
     DEFAULT_PREFIX_CHUNK_TOKENS,
@@ -41,6 +42,7 @@ from mlakit.prefill.metadata import (
     upload_ints,
 )
 
+T = TypeVar("T")
 PartKind = Literal["decode", "latent_extend", "mha_prefill"]
 PrefillForm = Literal["auto", "latent", "mha"]
 SpecMode = Literal["none", "target_verify", "draft_decode", "draft_extend"]
@@ -68,9 +70,7 @@ class StepPart:
     q_len: int | None = None
     prefill: PrefillMetadata | None = None
     kv_tokens: int | None = None
-    _decode_metadata: dict[tuple[str, int, str, int | None], DecodeMetadata] = dataclasses.field(
-        default_factory=dict, repr=False, compare=False
-    )
+    _once: dict[tuple, object] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     @property
     def num_tokens(self) -> int:
@@ -80,13 +80,31 @@ class StepPart:
                         page_size_hint: int | None = None) -> DecodeMetadata:
         """The decode backend's per-step metadata for this part, built on first use and shared by every layer.
         `page_size_hint`: `mla_decode_metadata`'s `page_size` (`decode_page_size_hint` of the layers' cache)."""
-        key = (backend, heads, kv_cache_dtype, page_size_hint)
-        if key not in self._decode_metadata:
-            self._decode_metadata[key] = mla_decode_metadata(
-                self.cache_seqlens, q_len=self.q_len or 1, heads=heads, backend=backend, kv_cache_dtype=kv_cache_dtype,
-                kv_tokens_hint=self.kv_tokens, page_size=page_size_hint,
-            )
-        return self._decode_metadata[key]
+        return self.once(("decode", backend, heads, kv_cache_dtype, page_size_hint), lambda: mla_decode_metadata(
+            self.cache_seqlens, q_len=self.q_len or 1, heads=heads, backend=backend, kv_cache_dtype=kv_cache_dtype,
+            kv_tokens_hint=self.kv_tokens, page_size=page_size_hint,
+        ))
+
+    def extend_metadata(self, backend: str, heads: int, kv_cache_dtype: str,
+                        page_size_hint: int | None = None) -> ExtendMetadata:
+        """A latent extend's metadata for this part (over its `cu_seqlens_q`), built on first use and shared by every
+        layer, as `decode_metadata`; told no cached tokens, so that it plans what a call without metadata plans (the
+        variants `warm_up` compiles)."""
+        return self.once(("extend", backend, heads, kv_cache_dtype, page_size_hint), lambda: mla_extend_metadata(
+            self.cache_seqlens, self.cu_seqlens_q, max_q_len=self.max_q_len, heads=heads, backend=backend,
+            kv_cache_dtype=kv_cache_dtype, page_size=page_size_hint,
+        ))
+
+    def once(self, key: tuple, build: Callable[[], T]) -> T:
+        """`build()`, run on the first call with `key` and its result returned to every later one (a step's layers).
+
+        >>> part = StepPart("decode", (0,), (1,), None, torch.zeros(1, 1), torch.ones(1), torch.tensor([0, 1]), q_len=1)
+        >>> part.once(("x",), lambda: [1]) is part.once(("x",), lambda: [2])
+        True
+        """
+        if key not in self._once:
+            self._once[key] = build()
+        return self._once[key]
 
     @property
     def max_q_len(self) -> int:
