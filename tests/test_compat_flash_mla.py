@@ -194,12 +194,43 @@ def test_packed_fp8_layout_raises_naming_it():
          "kv_scale: expected a float32 tensor .*, got 0.5"),
         (lambda b: flash_mla_with_kvcache(b.q, b.kv_cache.unsqueeze(2), b.block_table, b.cache_seqlens, 512.0, *get_mla_metadata()),
          "head_dim_v: expected an integer"),
+        (lambda b: flash_mla_with_kvcache(b.q, b.kv_cache.unsqueeze(2), b.block_table, b.cache_seqlens, 576, *get_mla_metadata()),
+         r"^head_dim_v: expected an integer in 1..575 .*, got 576$"),
+        (lambda b: flash_mla_with_kvcache(b.q, b.kv_cache.unsqueeze(2).float(), b.block_table, b.cache_seqlens, 512,
+                                          *get_mla_metadata()), "^k_cache: expected dtype bfloat16, float16 or float8_e4m3fn"),
+        (lambda b: flash_mla_with_kvcache(b.q, b.kv_cache.unsqueeze(2)[..., :575], b.block_table, b.cache_seqlens, 512,
+                                          *get_mla_metadata()), r"^k_cache: expected last dim d = 576 \(q's\)"),
+        (lambda b: flash_mla_with_kvcache(b.q, b.kv_cache.unsqueeze(2), b.block_table, b.cache_seqlens, 512, *get_mla_metadata(),
+                                          causal="False"), "^causal: expected a bool, got 'False'$"),
+        (lambda b: flash_mla_with_kvcache(b.q, b.kv_cache.unsqueeze(2), b.block_table, b.cache_seqlens, 512, *get_mla_metadata(),
+                                          check_inputs="x"), "^check_inputs: expected None or a bool, got 'x'$"),
+        (lambda b: get_mla_metadata(b.cache_seqlens, 4.0, 1), "^num_q_tokens_per_head_k: expected an integer >= 1, got 4.0$"),
+        (lambda b: get_mla_metadata(b.cache_seqlens, num_heads_k=1, num_heads_per_head_k=0),
+         "^num_heads_per_head_k: expected an integer >= 1, got 0$"),
+        (lambda b: get_mla_metadata(b.cache_seqlens, 2, 1, is_fp8_kvcache="yes"),
+         "^is_fp8_kvcache: expected a bool, got 'yes'$"),
     ],
 )
 def test_bad_calls_raise_naming_the_argument(call, message):
     batch = make_paged_batch([9, 4], heads=2, kv_lora_rank=512, rope_dim=64)
     with pytest.raises(MLAInputError, match=message):
         call(batch)
+
+
+def test_a_refused_first_call_leaves_the_schedule_for_the_corrected_one():
+    """The first call fills the schedule; when mlakit refuses it (lengths for another batch here), the schedule stays
+    empty, so the corrected call plans from its own lengths instead of failing against the refused call's."""
+    batch = make_paged_batch([9, 4], heads=2, kv_lora_rank=512, rope_dim=64)
+    schedule, num_splits = get_mla_metadata()
+    cache = batch.kv_cache.unsqueeze(2)
+    with pytest.raises(MLAInputError, match=r"^cache_seqlens: expected shape \[1\] \(batch of q\), got shape \(2,\)"):
+        flash_mla_with_kvcache(batch.q[:1], cache, batch.block_table[:1], batch.cache_seqlens, 512, schedule, num_splits)
+    assert not schedule.have_initialized
+    out, _ = flash_mla_with_kvcache(batch.q[:1], cache, batch.block_table[:1], batch.cache_seqlens[:1], 512, schedule,
+                                    num_splits)
+    want, _ = flash_mla_with_kvcache(batch.q[:1], cache, batch.block_table[:1], batch.cache_seqlens[:1], 512,
+                                     *get_mla_metadata())
+    assert schedule.have_initialized and torch.equal(out, want)
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -274,11 +274,24 @@ def test_cuda_graph_mode_needs_every_buffer(missing):
         BatchMLAPagedAttentionWrapper(WORKSPACE, use_cuda_graph=True, **buffers)
 
 
+def test_cuda_graph_buffers_name_what_sizes_the_page_table():
+    """The fixed page table's width is `max_pages_per_request`, else `kv_indices`' capacity: a bad width names
+    whichever the caller gave."""
+    buffers = dict(qo_indptr=torch.zeros(3, dtype=torch.int32), kv_indptr=torch.zeros(3, dtype=torch.int32),
+                   kv_indices=torch.zeros(0, dtype=torch.int32), kv_len_arr=torch.zeros(2, dtype=torch.int32))
+    with pytest.raises(MLAInputError, match=r"^kv_indices: expected room for at least one page .*, got a torch.int32"):
+        BatchMLAPagedAttentionWrapper(WORKSPACE, use_cuda_graph=True, **buffers)
+    buffers["kv_indices"] = torch.zeros(8, dtype=torch.int32)
+    with pytest.raises(MLAInputError, match=r"^max_pages_per_request: expected an integer >= 1, got 0$"):
+        BatchMLAPagedAttentionWrapper(WORKSPACE, use_cuda_graph=True, max_pages_per_request=0, **buffers)
+
+
 def test_backend_names():
     assert BatchMLAPagedAttentionWrapper(WORKSPACE, backend="fa3").backend == "reference"
     assert BatchMLAPagedAttentionWrapper(WORKSPACE, backend="reference").backend == "reference"
-    with pytest.raises(MLAInputError, match="^backend: expected one of"):
-        BatchMLAPagedAttentionWrapper(WORKSPACE, backend="fa4")
+    for backend in ("fa4", ["fa3"]):
+        with pytest.raises(MLAInputError, match=r"^backend: expected one of .*, got "):
+            BatchMLAPagedAttentionWrapper(WORKSPACE, backend=backend)
 
 
 STEP = make_step([30, 4], [1, 1], heads=4, page_size=16)

@@ -227,6 +227,10 @@ def test_forward_names_bad_queries_and_a_decode_backend_without_latent_extend():
         mla_forward(torch.randn(2, 2, 16), torch.randn(2, 2, 16), *args, softmax_scale=0.2)
     with pytest.raises(MLAInputError, match="decode backend 'flashmla' has no latent-form extend kernel .* max_latent_extend_tokens=0"):
         mla_forward(torch.randn(3, 2, 16), torch.randn(3, 2, 16), *args, softmax_scale=0.2, decode_backend="flashmla")
+    cache, weight = torch.randn(2, 8, 48, dtype=torch.bfloat16), torch.randn(2 * (16 + 8), 32, dtype=torch.bfloat16)
+    with pytest.raises(MLAInputError, match=r"^kv_scale: expected None or a float32 tensor .*, got 1.0$"):
+        mla_forward(torch.randn(3, 2, 16).bfloat16(), torch.randn(3, 2, 16).bfloat16(), cache, 1.0, weight, step,
+                    softmax_scale=0.2)
 
 
 @settings(max_examples=80, deadline=None)
@@ -280,3 +284,10 @@ def test_draft_decode_steps_names_a_bad_step_count(num_steps):
     table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
     with pytest.raises(MLAInputError, match=r"num_steps: expected an integer >= 1, got"):
         draft_decode_steps((3, 4), table, page_size=4, num_steps=num_steps)
+
+
+@pytest.mark.parametrize("cache_lens", [None, "34", (3, 4.0), (3, -1), (3, True)])
+def test_draft_decode_steps_names_bad_lengths(cache_lens):
+    table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    with pytest.raises(MLAInputError, match=r"^cache_lens: expected a tuple of integers >= 0 \(host ints\), got"):
+        draft_decode_steps(cache_lens, table, page_size=4, num_steps=2)

@@ -210,6 +210,12 @@ def test_run_refuses_a_batch_beyond_the_largest_bucket_and_a_wider_table():
         graphs.run(q.float(), table, lengths)
     with pytest.raises(MLAInputError, match="slots: expected torch.int64 of shape \\[8\\]"):
         graphs.run(q, table, lengths, slots[:3])
+    with pytest.raises(MLAInputError, match="^q: expected a tensor, got list"):
+        graphs.run(q.tolist(), table, lengths)
+    with pytest.raises(MLAInputError, match="^slots: expected a tensor or None, got list"):
+        graphs.run(q, table, lengths, slots.tolist())
+    with pytest.raises(MLAInputError, match=r"^block_table: expected a tensor with a batch axis, got shape \(\)"):
+        graphs.run(q, table[0, 0], lengths)
 
 
 @pytest.mark.gpu

@@ -6,13 +6,16 @@ import json
 import pytest
 import torch
 from click.testing import CliRunner
+from rich.console import Console
 from safetensors.torch import load_file, save_file
 from transformers import DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM
 
-from mlakit import ConfigError, PagedLatentCache
+from mlakit import ConfigError, MLAInputError, PagedLatentCache
 from mlakit.cli import main
+from mlakit.model.generate import run_generate
 from mlakit.model.loader import load_model
 from mlakit.model.runner import Request, Runner
+from mlakit.serving.step import AttentionStep
 
 COMMON = dict(
     vocab_size=300, hidden_size=96, intermediate_size=128, moe_intermediate_size=48, num_hidden_layers=3,
@@ -151,6 +154,26 @@ def test_a_step_that_raises_leaves_no_page_held(v3_checkpoint, monkeypatch):
     monkeypatch.undo()
     again = runner.generate([Request(PROMPTS[0], NEW_TOKENS), Request(PROMPTS[1], NEW_TOKENS)])
     assert again == _runner(directory).generate([Request(PROMPTS[0], NEW_TOKENS), Request(PROMPTS[1], NEW_TOKENS)])
+
+
+def test_logits_of_a_step_with_an_idle_sequence_are_refused(v3_checkpoint):
+    """A step whose sequence adds no token has no last token to take logits of: refused (it used to return the row
+    before's), before any layer runs."""
+    directory, _ = v3_checkpoint
+    model = load_model(directory)
+    cache = PagedLatentCache(8, 4, 64, 16, dtype="fp32", num_layers=model.config.num_layers)
+    table = torch.arange(4, dtype=torch.int32).view(2, 2)
+    step = AttentionStep((2, 0), (2, 3), table, torch.tensor([0, 1]), page_size=4)
+    with pytest.raises(MLAInputError, match=r"^step: expected every sequence to add a token .*, got new_tokens \[2, 0\]"):
+        model(torch.tensor([1, 2]), torch.tensor([0, 1]), step, cache)
+
+
+def test_generate_names_a_bad_on_token_and_run_generate_no_prompts(v3_checkpoint):
+    directory, _ = v3_checkpoint
+    with pytest.raises(ConfigError, match=r"^on_token: expected None or a callable taking no arguments, got 3$"):
+        _runner(directory).generate([Request(PROMPTS[0], NEW_TOKENS)], on_token=3)
+    with pytest.raises(ConfigError, match=r"^prompts: expected at least one prompt, got none$"):
+        run_generate(directory, [], 4, "reference", 0.0, 1.0, 0, 1 << 20, "cpu", Console(quiet=True))
 
 
 def _corrupt_copy(source, target, edit):

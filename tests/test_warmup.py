@@ -34,9 +34,10 @@ def test_warm_up_reports_its_calls_in_the_plan_on_cpu():
                            DeviceInfo.from_arch("cpu")))
     assert plan.warmup is not None and plan.warmup.seconds > 0
     assert "decode q_len 3, batch 16" in plan.warmup.calls and "decode q_len 1, batch 16" in plan.warmup.calls
+    assert "decode q_len 3, batch 1" in plan.warmup.calls, "batch 1 has a split ceiling of its own"
     extends = [call for call in plan.warmup.calls if call.startswith("latent extend") and "sequences" in call]
     assert extends == [f"latent extend of {tokens} tokens x {n} sequences"
-                       for tokens in range(2, 17) for n in (2, 4, 8, 16)]
+                       for tokens in range(1, 17) for n in (2, 4, 8, 16)], "one-token prompts extend too"
 
 
 def test_warm_up_runs_each_decode_again_through_metadata_hinting_a_large_and_a_small_batch(kernel_device):

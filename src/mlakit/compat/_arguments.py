@@ -16,6 +16,16 @@ def is_positive_int(value: object) -> bool:
     return is_int(value) and value >= 1
 
 
+def is_flag(value: object) -> bool:
+    """Whether `value` can stand for a bool argument: a bool, a NumPy bool, or an integer 0 or 1 (strings and floats
+    cannot: "False" would be true).
+
+    >>> is_flag(True), is_flag(1), is_flag(2), is_flag("False"), is_flag(1.0)
+    (True, True, False, False, False)
+    """
+    return (isinstance(value, bool) or is_int(value) or type(value).__name__ == "bool_") and value in (0, 1)
+
+
 def describe(value: object) -> str:
     """What came, for an error message: a tensor's dtype, shape and device, else the value's repr.
 

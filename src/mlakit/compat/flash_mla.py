@@ -9,7 +9,7 @@ The work runs on mlakit's `triton` backend when q is on a CUDA device and on the
 backend elsewhere (so an engine's CPU tests can call them), never on FlashMLA itself.
 
 Beyond FlashMLA: any page size, any head count, latent widths other than 512 + 64 (pass
-`head_dim_v`), up to 8 and more query tokens, fp16 or bf16, and plain fp8-e4m3 caches of
+`head_dim_v`), any number of query tokens, fp16 or bf16, and plain fp8-e4m3 caches of
 `q.shape[-1]` columns with `is_fp8_kvcache=True` and the keyword `kv_scale=` (a per-tensor scale
 `[1]` or per-group scales, as `mlakit.mla_decode` takes them). Sparse attention (`indices`,
 `topk_length`, `topk`), `attn_sink`, extra caches and FlashMLA's packed 656-byte fp8 layout raise
@@ -25,7 +25,7 @@ import torch
 
 from mlakit.attention.functional import DecodeMetadata, mla_decode, mla_decode_metadata
 from mlakit.cache.kv_quant import FP8_DTYPE, storage_name
-from mlakit.compat._arguments import describe, is_positive_int
+from mlakit.compat._arguments import describe, is_flag, is_positive_int
 from mlakit.errors import MLAInputError
 from mlakit.kernels.seesaw_layout import decode_page_size_hint
 
@@ -122,6 +122,11 @@ def get_mla_metadata(
         )
     if num_heads_k != 1:
         raise MLAInputError(f"num_heads_k: expected 1 (an MLA cache holds one latent KV head), got {num_heads_k!r}")
+    if not is_positive_int(rows):
+        name = "num_q_tokens_per_head_k" if num_q_tokens_per_head_k is not None else "num_heads_per_head_k"
+        raise MLAInputError(f"{name}: expected an integer >= 1, got {rows!r}")
+    if not is_flag(is_fp8_kvcache):
+        raise MLAInputError(f"is_fp8_kvcache: expected a bool, got {is_fp8_kvcache!r}")
     return FlashMLASchedule(cache_seqlens, rows, num_heads_q, bool(is_fp8_kvcache)), None
 
 
@@ -181,13 +186,21 @@ def flash_mla_with_kvcache(
     if block_table is None or cache_seqlens is None:
         missing = "block_table" if block_table is None else "cache_seqlens"
         raise MLAInputError(f"{missing}: required for dense decode (None is only for FlashMLA's sparse attention, which mlakit does not support)")
+    if check_inputs is not None and not is_flag(check_inputs):
+        raise MLAInputError(f"check_inputs: expected None or a bool, got {check_inputs!r}")
     call = _checked_call(q, k_cache, head_dim_v, causal, is_fp8_kvcache, kv_scale)
-    metadata = _filled(schedule, call, cache_seqlens, q, is_fp8_kvcache)
-    out, lse = mla_decode(
-        q if call.folded_shape is None else q.reshape(call.folded_shape), k_cache, block_table, cache_seqlens,
-        softmax_scale=softmax_scale, backend=call.backend, kv_scale=kv_scale, kv_lora_rank=head_dim_v,
-        check_inputs=call.checks_values if check_inputs is None else check_inputs, metadata=metadata,
-    )
+    first = schedule.metadata is None
+    try:
+        metadata = _filled(schedule, call, cache_seqlens, q, is_fp8_kvcache)
+        out, lse = mla_decode(
+            q if call.folded_shape is None else q.reshape(call.folded_shape), k_cache, block_table, cache_seqlens,
+            softmax_scale=softmax_scale, backend=call.backend, kv_scale=kv_scale, kv_lora_rank=head_dim_v,
+            check_inputs=call.checks_values if check_inputs is None else bool(check_inputs), metadata=metadata,
+        )
+    except Exception:
+        if first:  # a refused first call leaves the schedule for the corrected one to fill
+            schedule.metadata = schedule.layout = None
+        raise
     assert lse is not None  # mla_decode returns lse unless asked not to
     if call.folded_shape is not None:
         layout = call.layout
@@ -258,8 +271,12 @@ def _check_call(
     for axis, size in zip(("batch", "s_q", "h_q"), q.shape[:3]):
         if size < 1:  # checked before folding: mla_decode would name the folded shape
             raise MLAInputError(f"q: expected [batch, s_q, h_q, d] with {axis} >= 1, got shape {tuple(q.shape)}")
-    if not is_positive_int(head_dim_v):
-        raise MLAInputError(f"head_dim_v: expected an integer >= 1 (the latent width, 512 for DeepSeek), got {head_dim_v!r}")
+    if not is_positive_int(head_dim_v) or head_dim_v >= q.shape[-1]:
+        raise MLAInputError(f"head_dim_v: expected an integer in 1..{q.shape[-1] - 1} (the latent width, 512 for "
+                            f"DeepSeek; q's last dim {q.shape[-1]} is latent + rope), got {head_dim_v!r}")
+    for name, flag in (("causal", causal), ("is_fp8_kvcache", is_fp8_kvcache)):
+        if not is_flag(flag):
+            raise MLAInputError(f"{name}: expected a bool, got {flag!r}")
     kv_cache_dtype = _cache_dtype(k_cache, q, is_fp8_kvcache, kv_scale)
     batch, s_q, h_q, dim = q.shape
     # Without a causal mask every query token sees the same keys: fold the tokens into the heads.
@@ -326,11 +343,15 @@ def _cache_dtype(k_cache: torch.Tensor, q: torch.Tensor, is_fp8_kvcache: bool, k
         raise MLAInputError(f"k_cache: expected a tensor [num_blocks, page_block_size, 1, d], got {describe(k_cache)}")
     if k_cache.dim() == 4 and k_cache.shape[2] != 1:
         raise MLAInputError(f"k_cache: expected one KV head ([num_blocks, page_block_size, 1, d]: MLA's shared latent), got shape {tuple(k_cache.shape)}")
+    if k_cache.dtype not in (torch.bfloat16, torch.float16, FP8_DTYPE):
+        raise MLAInputError(f"k_cache: expected dtype bfloat16, float16 or float8_e4m3fn, got {k_cache.dtype}")
     if is_fp8_kvcache and k_cache.shape[-1] * k_cache.element_size() == _PACKED_FP8_ROW_BYTES:
         raise _unsupported(
             "is_fp8_kvcache", f"FlashMLA's packed {_PACKED_FP8_ROW_BYTES}-byte fp8 layout; store a plain float8_e4m3fn cache of "
             f"{q.shape[-1]} columns and pass its scale as kv_scale="
         )
+    if k_cache.shape[-1] != q.shape[-1]:
+        raise MLAInputError(f"k_cache: expected last dim d = {q.shape[-1]} (q's), got shape {tuple(k_cache.shape)}")
     fp8 = k_cache.dtype == FP8_DTYPE
     if bool(is_fp8_kvcache) != fp8:
         fix = "pass is_fp8_kvcache=True with an fp8 cache" if fp8 else "is_fp8_kvcache=True needs a float8_e4m3fn cache"
@@ -341,10 +362,7 @@ def _cache_dtype(k_cache: torch.Tensor, q: torch.Tensor, is_fp8_kvcache: bool, k
         raise MLAInputError(
             f"kv_scale: expected a float32 tensor (a per-tensor scale [1] or per-group scales), got {describe(kv_scale)}"
         )
-    try:
-        return storage_name(k_cache.dtype)
-    except KeyError:
-        raise MLAInputError(f"k_cache: expected dtype bfloat16, float16 or float8_e4m3fn, got {k_cache.dtype}") from None
+    return storage_name(k_cache.dtype)
 
 
 def _checked_schedule(tile_scheduler_metadata: object, num_splits: object) -> FlashMLASchedule:

@@ -650,9 +650,15 @@ class _GraphBuffers:
         for name in ("qo_indptr", "kv_indptr"):
             if named[name].shape[0] != batch + 1:
                 raise MLAInputError(f"{name}: expected [batch + 1] = [{batch + 1}] (kv_len_arr holds {batch}), got {describe(named[name])}")
-        width = kv_indices.shape[0] if max_pages_per_request is None else max_pages_per_request
-        if not is_positive_int(width):
-            raise MLAInputError(f"max_pages_per_request: expected an integer >= 1, got {width!r}")
+        if max_pages_per_request is None:
+            if kv_indices.shape[0] < 1:
+                raise MLAInputError(f"kv_indices: expected room for at least one page (the page table's width without "
+                                    f"max_pages_per_request), got {describe(kv_indices)}")
+            width = kv_indices.shape[0]
+        elif not is_positive_int(max_pages_per_request):
+            raise MLAInputError(f"max_pages_per_request: expected an integer >= 1, got {max_pages_per_request!r}")
+        else:
+            width = max_pages_per_request
         return cls(qo_indptr, kv_indptr, kv_indices, kv_len_arr, width)
 
     def hold(self, step: PlannedStep, requests: StepRequests, config: PlanConfig) -> PlannedStep:
@@ -668,8 +674,7 @@ class _GraphBuffers:
         held.block_table.zero_()
         held.block_table[:, :columns].copy_(step.block_table[:, :columns])
         held.cache_seqlens.copy_(step.cache_seqlens)
-        if held.metadata is not None and step.metadata is not None:
-            _copy_tensors_into(held.metadata.data, step.metadata.data)
+        _copy_tensors_into(held.metadata.data, step.metadata.data)
         return dataclasses.replace(held, largest_page=step.largest_page)
 
     def _check(self, step: PlannedStep, requests: StepRequests, config: PlanConfig) -> None:
@@ -698,8 +703,7 @@ class _GraphBuffers:
                 f"qo_indptr: a CUDA-graph wrapper keeps the query offsets of its first plan "
                 f"{list(self.step.query_offsets)}, got {list(step.query_offsets)}; use another wrapper for another shape"
             )
-        if self.step.metadata is not None and step.metadata is not None:
-            _check_refillable(self.step.metadata.data, step.metadata.data)
+        _check_refillable(self.step.metadata.data, step.metadata.data)
 
     def _write_csr(self, requests: StepRequests) -> None:
         """FlashInfer's four buffers for the plan's requests (already checked to fit)."""
@@ -713,7 +717,9 @@ class _GraphBuffers:
         self.kv_len_arr.copy_(torch.tensor(requests.kv_lens, dtype=torch.int32))
 
 
-def _mlakit_backend(backend: str, device: torch.device) -> str:
+def _mlakit_backend(backend: object, device: torch.device) -> str:
+    if not isinstance(backend, str):
+        raise MLAInputError(f"backend: expected one of {sorted(FLASHINFER_BACKENDS | MLAKIT_BACKENDS)}, got {backend!r}")
     if backend in MLAKIT_BACKENDS:
         return backend
     if backend in FLASHINFER_BACKENDS:

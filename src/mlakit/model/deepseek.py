@@ -8,6 +8,7 @@ checkpoint's tensors load by name.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,9 +20,10 @@ from mlakit.distributed.groups import ParallelGroups
 from mlakit.distributed.step import DCPStep
 from mlakit.distributed.tensor_parallel import VocabParallelEmbedding, all_reduce, gather_last_axis, shard_size
 from mlakit.config.hf import HFConfig
-from mlakit.errors import ConfigError
+from mlakit.errors import ConfigError, MLAInputError
 from mlakit.model.mla_attention import MLAAttention, MLALayerConfig, RMSNorm
 from mlakit.model.moe import MLP, MoE, MoEConfig
+from mlakit.prefill.metadata import upload_ints
 from mlakit.serving.step import AttentionStep
 
 SUPPORTED_ARCHITECTURES = ("DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM")
@@ -144,8 +146,12 @@ class DeepseekForCausalLM(nn.Module):
 
         `input_ids` and `positions` are `[T]`, the step's new tokens packed in sequence
         order; layer i writes and reads `cache.layer(i)`. Under decode context parallelism the
-        step is this rank's `DCPStep` (`mlakit.model.steps.reserve_step` makes either).
+        step is this rank's `DCPStep` (`mlakit.model.steps.reserve_step` makes either). Every sequence of an
+        `AttentionStep` must add a token (an idle one has no last token to take logits of: MLAInputError).
         """
+        if isinstance(step, AttentionStep) and 0 in step.new_tokens:
+            raise MLAInputError(f"step: expected every sequence to add a token (logits are taken at each sequence's last "
+                                f"new token), got new_tokens {list(step.new_tokens)}")
         hidden = self.model.embed_tokens(input_ids)
         for index, layer in enumerate(self.model.layers):
             attn = layer.self_attn(
@@ -157,5 +163,5 @@ class DeepseekForCausalLM(nn.Module):
         if isinstance(step, DCPStep):
             last = step.cu_seqlens_q[1:].long() - 1
         else:
-            last = torch.tensor(step.new_tokens, device=hidden.device).cumsum(0) - 1
+            last = upload_ints(list(itertools.accumulate(step.new_tokens, initial=-1))[1:], hidden.device, torch.int64)
         return gather_last_axis(self.lm_head(self.model.norm(hidden[last])), self.parallel).float()

@@ -14,6 +14,7 @@ from mlakit.cache import PagedLatentCache, num_pages_for_budget
 from mlakit.config import AUTO, ServingConfig
 from mlakit.config.hf import HFConfig
 from mlakit.distributed.groups import ParallelGroups, join_ranks
+from mlakit.errors import ConfigError
 from mlakit.model.deepseek import DeepseekConfig
 from mlakit.model.loader import load_model
 from mlakit.model.runner import Request, Runner
@@ -85,6 +86,8 @@ def run_generate(
     """Generates for each prompt and prints the plan, the token ids (and text, if the directory
     has a tokenizer) and decode tokens/s. With `tp_size > 1` this process is one torchrun rank
     (`join_ranks`); every rank computes, rank 0 prints."""
+    if not prompts:
+        raise ConfigError("prompts: expected at least one prompt, got none")
     config = ServingConfig(decode_backend=backend, device=device, max_batch_size=len(prompts), tp_size=tp_size,
                            dcp_size=dcp_size, dcp_interleave=dcp_interleave)
     config, parallel = join_ranks(config)

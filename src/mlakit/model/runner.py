@@ -32,6 +32,7 @@ from mlakit.cache import FP8Counts, PagedLatentCache
 from mlakit.errors import ConfigError, is_int, FP8SaturationWarning
 from mlakit.model.deepseek import DeepseekForCausalLM
 from mlakit.model.steps import cached_tokens, reserve_step
+from mlakit.prefill.metadata import upload_ints
 from mlakit.registry.catalog import get_backend
 from mlakit.serving.step import DEFAULT_MAX_LATENT_EXTEND_TOKENS
 
@@ -145,6 +146,8 @@ class Runner:
         before the error propagates, so the cache is as it was.
         """
         self._check_requests(requests)
+        if on_token is not None and not callable(on_token):
+            raise ConfigError(f"on_token: expected None or a callable taking no arguments, got {on_token!r}")
         try:
             return self._run(requests, on_token)
         except BaseException:
@@ -251,7 +254,7 @@ class Runner:
         )
         began = time.perf_counter()
         logits = self.model(
-            torch.tensor(tokens, device=device), torch.tensor(positions, device=device), step, self.cache,
+            upload_ints(tokens, device, torch.int64), upload_ints(positions, device, torch.int64), step, self.cache,
             decode_backend=self.decode_backend, prefill_backend=self.prefill_backend,
         )
         sampled = [sample(logits[row], requests[index], len(requests[index].output_ids)) for row, index in enumerate(indices)]

@@ -52,7 +52,7 @@ def mla_forward(
     """
     if not isinstance(kv_cache, torch.Tensor):
         raise MLAInputError(f"kv_cache: expected a torch.Tensor, got {type(kv_cache).__name__}")
-    _check_forward_inputs(q_nope, q_pe, kv_cache, kv_b_weight, step, decode_backend, prefill_backend)
+    _check_forward_inputs(q_nope, q_pe, kv_cache, kv_scale, kv_b_weight, step, decode_backend, prefill_backend)
     softmax_scale = checked_softmax_scale(softmax_scale)
     w_uk, w_uv = absorbed_weights(kv_b_weight, q_nope)
     out = torch.empty(q_nope.shape[0], q_nope.shape[1], w_uv.shape[1], dtype=torch.float32, device=q_nope.device)
@@ -149,11 +149,13 @@ def check_absorbed_operands(q_nope: object, q_pe: object, kv_cache: torch.Tensor
 
 
 def _check_forward_inputs(
-    q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, kv_b_weight: torch.Tensor, step: AttentionStep,
-    decode_backend: str, prefill_backend: str,
+    q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, kv_scale: object, kv_b_weight: torch.Tensor,
+    step: AttentionStep, decode_backend: str, prefill_backend: str,
 ) -> None:
     if not isinstance(step, AttentionStep):
         raise MLAInputError(f"step: expected an AttentionStep, got {type(step).__name__}")
+    if kv_scale is not None and not isinstance(kv_scale, torch.Tensor):
+        raise MLAInputError(f"kv_scale: expected None or a float32 tensor (the fp8 cache's scale), got {kv_scale!r}")
     for name, backend in (("decode_backend", decode_backend), ("prefill_backend", prefill_backend)):
         if not isinstance(backend, str):
             raise MLAInputError(f"{name}: expected a registered backend name or {AUTO!r}, got {backend!r}")

@@ -290,6 +290,14 @@ class DecodeGraphs:
         and for steps whose lengths are not the table's, such as a DCP step's global lengths over a
         rank's local table.
         """
+        named = {"q": q, "block_table": block_table, "cache_seqlens": cache_seqlens, "slots": slots}
+        for name, value in named.items():
+            if not isinstance(value, torch.Tensor) and not (name == "slots" and value is None):
+                raise MLAInputError(f"{name}: expected a tensor{' or None' if name == 'slots' else ''}, "
+                                    f"got {type(value).__name__}")
+        if q.dim() < 1 or block_table.dim() < 1:
+            bad = "q" if q.dim() < 1 else "block_table"
+            raise MLAInputError(f"{bad}: expected a tensor with a batch axis, got shape {tuple(named[bad].shape)}")
         batch = q.shape[0]
         bucket = self.bucket_for(batch)
         self._check_step(q, block_table, cache_seqlens, slots)

@@ -258,6 +258,8 @@ def draft_decode_steps(
     """
     if not is_int(num_steps) or num_steps < 1:
         raise MLAInputError(f"num_steps: expected an integer >= 1, got {num_steps!r}")
+    if not isinstance(cache_lens, tuple | list) or not all(is_int(n) and n >= 0 for n in cache_lens):
+        raise MLAInputError(f"cache_lens: expected a tuple of integers >= 0 (host ints), got {cache_lens!r}")
     active = [1 if n > 0 else 0 for n in cache_lens]
     check_step_counts(active, [n + num_steps * a for n, a in zip(cache_lens, active)], block_table, page_size)
     live = [b for b, a in enumerate(active) if a]

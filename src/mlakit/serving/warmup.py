@@ -6,9 +6,9 @@ The calls go through the same public entry points a serving step uses (`mla_deco
 `mla_extend`, `mla_prefill`, the cache write), with the plan's backends, page size, KV
 dtype, heads per rank and latent widths, so they compile exactly the variants those steps
 will ask for: decode at the plan's query length and at 1 (draft steps), with and without
-the split combine, for every batch-size class of the split plan up to the plan's max
+the split combine, at batch 1 and every batch-size class of the split plan up to the plan's max
 batch and the max batch itself (and again through step metadata hinting a large and a small batch, whose plans may
-pick other tiles and kernel variants); each latent-extend length, alone and at power-of-two sequence counts up to the
+pick other tiles and kernel variants); each latent-extend length from 1, alone and at power-of-two sequence counts up to the
 max batch (other split ceilings, merges and combine tilings); the causal, chunk and merge passes of the MHA prefill.
 """
 
@@ -46,7 +46,7 @@ def warm_up(
     >>> from mlakit import DeviceInfo, MLAShape, ServingConfig, resolve
     >>> plan = warm_up(resolve(ServingConfig(max_batch_size=4), MLAShape.preset("deepseek-v2-lite"), DeviceInfo.from_arch("cpu")))
     >>> plan.warmup.calls[:2]
-    ('cache write', 'decode q_len 1, batch 2')
+    ('cache write', 'decode q_len 1, batch 1')
     """
     if not isinstance(plan, Plan):
         raise ConfigError(f"plan: expected a Plan (mlakit.resolve(...)), got {type(plan).__name__}")
@@ -63,7 +63,7 @@ def warm_up(
     for q_len in dict.fromkeys((plan.decode_q_len, 1)):
         # The max batch too: the smallest split ceiling (where the Hopper kernel merges its own partials, the
         # share-only combine behind it).
-        classes = (2, *(b for b in SPLIT_PLAN_BATCH_CLASSES if b <= plan.max_batch_size), plan.max_batch_size)
+        classes = (1, 2, *(b for b in SPLIT_PLAN_BATCH_CLASSES if b <= plan.max_batch_size), plan.max_batch_size)
         for batch in dict.fromkeys(classes):
             world.decode(batch, q_len)
             calls.append(f"decode q_len {q_len}, batch {batch}")
@@ -77,7 +77,7 @@ def warm_up(
         # An extend's row tiles follow its longest segment, its split ceiling its sequences (hence whether the Hopper
         # kernel merges its own partials, and the combine's tiling): each length alone and at every power-of-two
         # sequence count up to the max batch.
-        for new_tokens in range(2, max_latent_extend_tokens + 1):
+        for new_tokens in range(1, max_latent_extend_tokens + 1):  # 1: a one-token prompt
             world.extend(new_tokens)
             calls.append(f"latent extend of {new_tokens} tokens")
             for sequences in _powers_of_two_up_to(plan.max_batch_size):
