@@ -8,14 +8,16 @@ import torch
 from mlakit import ConfigError, DeviceInfo, MLAShape, ServingConfig, resolve
 from mlakit.attention.functional import mla_decode_metadata
 from mlakit.serving.forward import mla_forward
-from mlakit.kernels import cache_write, decode_split_plan, hopper_decode, hopper_narrow_decode, triton_decode, triton_prefill
+from mlakit.kernels import (cache_write, decode_split_plan, gather_decompress, hopper_decode, hopper_narrow_decode,
+                            triton_decode, triton_prefill)
 from mlakit.serving.step import AttentionStep
 from mlakit.serving.warmup import warm_up
 
 KERNELS = (triton_decode._mla_decode_split_kernel, triton_decode._mla_decode_combine_kernel,
            decode_split_plan._split_counts_kernel, triton_prefill._mha_prefill_kernel, cache_write._write_rows_kernel,
            hopper_decode.mla_decode_hopper_seesaw_kernel, hopper_decode.mla_decode_hopper_fp8_kernel,
-           hopper_decode.mla_decode_hopper_split_kernel, hopper_narrow_decode.mla_decode_hopper_narrow_fp8_kernel)
+           hopper_decode.mla_decode_hopper_split_kernel, hopper_narrow_decode.mla_decode_hopper_narrow_fp8_kernel,
+           gather_decompress._gather_decompress_kernel)
 
 
 def compiled_variants() -> dict[str, set[str]]:

@@ -17,7 +17,8 @@ R=$OUT/s46a
 mkdir -p $R
 t0=$(date +%s)
 benchmarks/experiments/gpu_test_shard.sh $R forward 300 tests/test_forward.py tests/test_api.py \
-  tests/test_compat_flash_mla_gpu.py tests/test_compat_flashinfer_gpu.py tests/test_gpu.py &
+  tests/test_compat_flash_mla_gpu.py tests/test_compat_flashinfer_gpu.py tests/test_gather_decompress_gpu.py \
+  tests/test_gpu.py &
 benchmarks/experiments/gpu_test_shard.sh $R warmup 300 tests/test_warmup.py &
 wait
 for f in $R/tests-*.txt; do echo "$(basename $f): $(tail -n 2 $f | head -n 1)"; grep "^FAILED" $f | head -5; done

@@ -52,6 +52,7 @@ from mlakit.cache.kv_quant import FP8_DTYPE, SCALE_PER_GROUP, SCALE_PER_TENSOR, 
 from mlakit.compat._arguments import describe, is_positive_int
 from mlakit.errors import MLAInputError
 from mlakit.kernels.seesaw_layout import layout_page_size_hint
+from mlakit.prefill.metadata import upload, upload_ints
 
 LOG2E = 1.4426950408889634
 FLASHINFER_BACKENDS = frozenset(
@@ -274,9 +275,10 @@ class BatchMLAPagedAttentionWrapper:
         kv_scale_layout: Literal["tensor", "group"] = "tensor",
     ) -> None:
         """Describes one step's requests (CSR, dense, or `metadata=`) and the attention every
-        `run()` until the next plan computes. Host-side: it reads the offsets and lengths once
-        (one sync), builds mlakit's page table and split plan on the device, and checks every
-        value so that `run()` never syncs. `query_layout`, `kv_cache_layout` and `lse_mode` only
+        `run()` until the next plan computes. Host-side: it reads the offsets and lengths (a wait
+        for the device only where they are device tensors), builds mlakit's page table and split plan on
+        the device from pinned, non-blocking uploads, reads back the largest page id read (one sync)
+        and checks every value so that `run()` never syncs. `query_layout`, `kv_cache_layout` and `lse_mode` only
         declare what `run()` will pass (both layouts are always accepted; `run()`'s
         `return_lse_base_on_e` picks the lse base); `enable_pdl` is a launch hint mlakit does
         not need. Refused (MLAInputError naming them): `use_profiler`, `skip_softmax`,
@@ -711,10 +713,10 @@ class _GraphBuffers:
         page_offsets = [0]
         for count in requests.pages_needed:
             page_offsets.append(page_offsets[-1] + count)
-        self.qo_indptr.copy_(torch.tensor(requests.query_offsets, dtype=torch.int32))
-        self.kv_indptr.copy_(torch.tensor(page_offsets, dtype=torch.int32))
+        self.qo_indptr.copy_(upload_ints(list(requests.query_offsets), self.qo_indptr.device, torch.int32))
+        self.kv_indptr.copy_(upload_ints(page_offsets, self.kv_indptr.device, torch.int32))
         self.kv_indices[: pages.shape[0]].copy_(pages)
-        self.kv_len_arr.copy_(torch.tensor(requests.kv_lens, dtype=torch.int32))
+        self.kv_len_arr.copy_(upload_ints(list(requests.kv_lens), self.kv_len_arr.device, torch.int32))
 
 
 def _mlakit_backend(backend: object, device: torch.device) -> str:
@@ -768,7 +770,7 @@ def _csr_requests(
     table = torch.zeros(len(kv_lens), max(1, int(counts.max()) if len(kv_lens) else 1), dtype=torch.int32, device=device)
     rows = torch.arange(len(kv_lens)).repeat_interleave(counts, output_size=total)
     columns = torch.arange(total) - torch.tensor(page_offsets[:-1], dtype=torch.long).repeat_interleave(counts, output_size=total)
-    table[rows.to(device), columns.to(device)] = indices[:total].to(device)
+    table[upload(rows, device), upload(columns, device)] = upload(indices[:total], device)
     return _checked_requests(query_offsets, kv_lens, page_size, table, counts.tolist(), "kv_indices", "kv_len_arr")
 
 
@@ -785,7 +787,7 @@ def _dense_requests(
     longest = max(b - a for a, b in zip(query_offsets, query_offsets[1:]))
     if max_q_len is not None and (not is_positive_int(max_q_len) or max_q_len < longest):
         raise MLAInputError(f"max_q_len: expected None or an integer >= the longest query segment ({longest}), got {max_q_len!r}")
-    table = table.to(device).contiguous()
+    table = upload(table, device).contiguous()
     return _checked_requests(query_offsets, kv_lens, page_size, table, [table.shape[1]] * len(kv_lens), "block_tables", "seq_lens")
 
 
@@ -821,7 +823,7 @@ def _checked_requests(
 def _used_pages(requests: StepRequests) -> torch.Tensor:
     """Bool `[batch, max_pages]`: the page-table entries each request reads."""
     table = requests.block_table
-    needed = torch.tensor(requests.pages_needed, dtype=torch.long, device=table.device)
+    needed = upload_ints(list(requests.pages_needed), table.device, torch.long)
     return torch.arange(table.shape[1], device=table.device)[None, :] < needed[:, None]
 
 
@@ -846,11 +848,11 @@ def _plan_step(requests: StepRequests, config: PlanConfig, backend: str, page_si
         raise MLAInputError(f"qo_indptr: expected at least one query token in the step, got offsets {list(offsets)}")
     device = requests.block_table.device
     table = requests.block_table
-    lengths = torch.tensor(requests.kv_lens, dtype=torch.int32, device=device)
+    lengths = upload_ints(list(requests.kv_lens), device, torch.int32)
     kv_tokens = sum(requests.kv_lens)
     if not config.causal and max(q_lens) > 1:
         kv_tokens = sum(n * q for n, q in zip(requests.kv_lens, q_lens))
-        per_token = torch.tensor(q_lens, dtype=torch.long, device=device)
+        per_token = upload_ints(q_lens, device, torch.long)
         table = table.repeat_interleave(per_token, dim=0, output_size=offsets[-1])
         lengths = lengths.repeat_interleave(per_token, output_size=offsets[-1])
         q_lens = [1] * offsets[-1]
@@ -860,7 +862,7 @@ def _plan_step(requests: StepRequests, config: PlanConfig, backend: str, page_si
                                        kv_cache_dtype=storage_name(config.kv_data_type),
                                        kv_tokens_hint=kv_tokens_hint, page_size=page_size_hint)
         return PlannedStep(offsets, table, lengths, q_lens[0], None, metadata, requests.largest_page)
-    cu_seqlens_q = torch.tensor(offsets, dtype=torch.int32, device=device)
+    cu_seqlens_q = upload_ints(list(offsets), device, torch.int32)
     metadata = mla_extend_metadata(lengths, cu_seqlens_q, max_q_len=max(q_lens), heads=config.num_heads, backend=backend,
                                    kv_cache_dtype=storage_name(config.kv_data_type), kv_tokens_hint=kv_tokens_hint,
                                    page_size=page_size_hint)

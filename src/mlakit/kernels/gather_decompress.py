@@ -63,7 +63,7 @@ def _accumulate(acc, row_ptrs, weight_ptrs, k, row_mask, weight_mask):
     return tl.dot(a, tl.trans(b), acc)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["m"])  # a prefill pass's row count: any value, one kernel (warm_up runs a few)
 def _gather_decompress_kernel(
     ROWS, SLOTS, WEIGHT, OUT, m, row_stride, weight_stride,
     RANK: tl.constexpr, ROPE: tl.constexpr, N: tl.constexpr, ROPE_AT: tl.constexpr, WIDTH: tl.constexpr,
@@ -176,7 +176,7 @@ def plan_gather(rows: torch.Tensor, slots: torch.Tensor, kv_b_weight: torch.Tens
     width = -(-(rope_at + rope) // align) * align
     strides = (rows.stride(0), kv_b_weight.stride(0))
     # The buffer is a fresh allocation: 16-byte aligned, like every torch.empty on a GPU.
-    key = (rows.dtype, slots.dtype, rank, rope, n, tuning, m == 1, m % 16 == 0,
+    key = (rows.dtype, slots.dtype, rank, rope, n, tuning,
            tuple((s == 1, s % 16 == 0) for s in strides),
            tuple(t.data_ptr() % 16 == 0 for t in (rows, slots, kv_b_weight)))
     grid = (triton.cdiv(m, tuning.block_m), triton.cdiv(n, tuning.block_n), 1)

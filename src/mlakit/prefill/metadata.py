@@ -261,7 +261,18 @@ def slots_at(block_table: torch.Tensor, sequences: torch.Tensor, positions: torc
 
 def upload_ints(values: list[int], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """A small host list of ints on `device`, copied without waiting for the device (pinned staging on CUDA)."""
-    host = torch.tensor(values, dtype=dtype)
-    if device.type == "cuda":
-        return host.pin_memory().to(device, non_blocking=True)
-    return host.to(device)
+    return upload(torch.tensor(values, dtype=dtype), device)
+
+
+def upload(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`tensor` on `device`: as it is where it is there already, else copied from the host without waiting for the
+    device (pinned staging on CUDA).
+
+    >>> upload(torch.arange(3), torch.device("cpu")).tolist()
+    [0, 1, 2]
+    """
+    if tensor.device == device:
+        return tensor
+    if device.type == "cuda" and tensor.device.type == "cpu":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
