@@ -1,47 +1,20 @@
 #!/usr/bin/env bash
-# Prepared in the forty-fifth session (not run: its device time was spent): why v103 costs a short unit ~1.5 us even
-# where its ahead path is not taken (v103b / v103c lost 5% at 64 x 1024 q2 with the code present, NOTES "v103"; v105
-# did not move it, "v105"). Hypothesis: instruction fetch. Both warpgroups' pair loops are ~1,500-1,600 SASS
-# instructions (~50 KB together, every SM sub-partition runs a warp of each), and v103 adds ~70 to warpgroup 0's loop
-# and 320 to the kernel. Test: ncu --set full of one 128h 64 x 1024 q2 call with v103 on (unhinted plan) and off
-# (hinted: v104 turns it off for 16-tile units), and 64 x 4096 q2 on, their warp-state stall shares (no instruction,
-# wait, long scoreboard, barrier) and the SASS source page (ncu_sass_stalls.py on the host). Prediction if it holds:
-# "stall no instruction" a larger share with v103 on at 64 x 1024 q2 (by >= 2 points) and concentrated at the unit
-# change and the loop's head; if the shares match, the cost is elsewhere (the per-unit spills' local loads,
-# seesaw_kernel.py:153/205) and the next probe is the seesaw timeline with the spills taken out.
-# First, the GPU tests of the forty-fifth session's CPU-only change (a serving step's decode and extend metadata
-# built once a step, also under decode_backend="auto", `mlakit.backend_for`): the forward and API files and the
-# warm-up no-compile tests.
+# Prepared in the forty-fifth session (not run: its device time was spent): the GPU checks of that session's CPU-only
+# changes (a serving step's decode and extend metadata built once a step, also under decode_backend="auto",
+# `mlakit.backend_for`; the drop-ins' and the model's bad-input fixes; the FlashInfer drop-in's non-blocking uploads;
+# the warm-up's batch 1 and one-token extends; the prefill gather kernel unspecialized on its row count, now in the
+# no-compile test's kernel list): the forward, API, drop-in, gather and GPU files and the warm-up no-compile tests in
+# two shards, and the GPU demo beside them (the model path: idle-sequence check, non-blocking index uploads).
 set -uo pipefail
 R=$OUT/s46a
 mkdir -p $R
 t0=$(date +%s)
-benchmarks/experiments/gpu_test_shard.sh $R forward 300 tests/test_forward.py tests/test_api.py \
+benchmarks/experiments/gpu_test_shard.sh $R forward 420 tests/test_forward.py tests/test_api.py \
   tests/test_compat_flash_mla_gpu.py tests/test_compat_flashinfer_gpu.py tests/test_gather_decompress_gpu.py \
-  tests/test_gpu.py &
-benchmarks/experiments/gpu_test_shard.sh $R warmup 300 tests/test_warmup.py &
+  tests/test_gpu.py tests/test_graphs.py &
+benchmarks/experiments/gpu_test_shard.sh $R warmup 420 tests/test_warmup.py &
+PYTHONPATH=src timeout 420 python -m mlakit.cli demo > $R/demo-gpu.txt 2>&1; echo "rc $?" >> $R/demo-gpu.txt
 wait
 for f in $R/tests-*.txt; do echo "$(basename $f): $(tail -n 2 $f | head -n 1)"; grep "^FAILED" $f | head -5; done
-profile() {  # NAME FLAGS CASE
-  PYTHONPATH=src:benchmarks/experiments timeout 150 ncu --kernel-name regex:seesaw --launch-skip 1 --launch-count 1 \
-    --set full --clock-control none --import-source no -o /tmp/$1 python benchmarks/experiments/hopper_profile_case.py \
-    $2 $3 > $R/ncu-run-$1.txt 2>&1
-  ncu --import /tmp/$1.ncu-rep --page details > $R/details-$1.txt 2>&1
-  ncu --import /tmp/$1.ncu-rep --page raw --csv 2>/dev/null | gzip > $R/raw-$1.csv.gz
-  ncu --import /tmp/$1.ncu-rep --page source --csv --print-source sass 2>/dev/null | gzip > $R/sass-$1.csv.gz
-  echo "$1: $(grep -E "^ *Duration" $R/details-$1.txt | head -1)"
-}
-profile short-on "" 128,64,1024,2
-profile short-off --hinted 128,64,1024,2
-profile long-on --hinted 128,64,4096,2
-for n in short-on short-off long-on; do
-  zcat $R/raw-$n.csv.gz | python -c "
-import csv, sys
-rows = list(csv.reader(sys.stdin)); head, values = rows[0], rows[-1]
-for name, value in zip(head, values):
-    if name.startswith('smsp__average_warp') and 'issue_stalled' in name and name.endswith('_per_issue_active.ratio'):
-        print('$n', name.split('issue_stalled_')[1].split('_per')[0], value)
-" | sort -k3 -g -r | head -8
-done
-tar -czf $OUT/s46a.tgz -C $OUT s46a && rm -rf $R  # one file back (a call returns a few files only)
+tail -n 3 $R/demo-gpu.txt
 echo "total $(( $(date +%s) - t0 )) s"
