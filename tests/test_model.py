@@ -12,6 +12,7 @@ from transformers import DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Conf
 
 from mlakit import ConfigError, MLAInputError, PagedLatentCache
 from mlakit.cli import main
+from mlakit.model import mla_attention
 from mlakit.model.generate import run_generate
 from mlakit.model.loader import load_model
 from mlakit.model.runner import Request, Runner
@@ -174,6 +175,24 @@ def test_generate_names_a_bad_on_token_and_run_generate_no_prompts(v3_checkpoint
         _runner(directory).generate([Request(PROMPTS[0], NEW_TOKENS)], on_token=3)
     with pytest.raises(ConfigError, match=r"^prompts: expected at least one prompt, got none$"):
         run_generate(directory, [], 4, "reference", 0.0, 1.0, 0, 1 << 20, "cpu", Console(quiet=True))
+
+
+def test_the_runner_skips_the_value_checks_of_steps_it_made(v3_checkpoint, monkeypatch):
+    """The runner's steps come from its own allocator: its layers run `mla_forward` with `check_inputs=False` (no host
+    sync a layer); a model called directly checks by default."""
+    directory, _ = v3_checkpoint
+    seen = []
+    real = mla_attention.mla_forward
+    monkeypatch.setattr(mla_attention, "mla_forward", lambda *args, **kwargs: seen.append(kwargs["check_inputs"])
+                        or real(*args, **kwargs))
+    _runner(directory).generate([Request(PROMPTS[0], 2)])
+    assert seen and not any(seen)
+    model = load_model(directory)
+    cache = PagedLatentCache(8, 4, 64, 16, dtype="fp32", num_layers=model.config.num_layers)
+    step = AttentionStep((2,), (2,), torch.arange(2, dtype=torch.int32).view(1, 2), torch.tensor([0, 1]), page_size=4)
+    seen.clear()
+    model(torch.tensor([1, 2]), torch.tensor([0, 1]), step, cache)
+    assert seen and all(seen)
 
 
 def _corrupt_copy(source, target, edit):

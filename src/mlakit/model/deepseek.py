@@ -141,6 +141,7 @@ class DeepseekForCausalLM(nn.Module):
         *,
         decode_backend: str = "auto",
         prefill_backend: str = "auto",
+        check_inputs: bool = True,
     ) -> torch.Tensor:
         """Logits `[batch, vocab]` (float32) of each sequence's last new token.
 
@@ -148,6 +149,7 @@ class DeepseekForCausalLM(nn.Module):
         order; layer i writes and reads `cache.layer(i)`. Under decode context parallelism the
         step is this rank's `DCPStep` (`mlakit.model.steps.reserve_step` makes either). Every sequence of an
         `AttentionStep` must add a token (an idle one has no last token to take logits of: MLAInputError).
+        `check_inputs`: each layer's (`MLAAttention.forward`).
         """
         if isinstance(step, AttentionStep) and 0 in step.new_tokens:
             raise MLAInputError(f"step: expected every sequence to add a token (logits are taken at each sequence's last "
@@ -156,7 +158,7 @@ class DeepseekForCausalLM(nn.Module):
         for index, layer in enumerate(self.model.layers):
             attn = layer.self_attn(
                 layer.input_layernorm(hidden), positions, step, cache.layer(index),
-                decode_backend=decode_backend, prefill_backend=prefill_backend,
+                decode_backend=decode_backend, prefill_backend=prefill_backend, check_inputs=check_inputs,
             )
             hidden = hidden + all_reduce(attn, self.parallel)
             hidden = hidden + all_reduce(layer.mlp(layer.post_attention_layernorm(hidden)), self.parallel)

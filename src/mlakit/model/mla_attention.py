@@ -135,14 +135,16 @@ class MLAAttention(nn.Module):
         *,
         decode_backend: str = AUTO,
         prefill_backend: str = AUTO,
+        check_inputs: bool = True,
     ) -> torch.Tensor:
         """Attention output `[T, hidden]` for the step's packed new tokens `x [T, hidden]`.
 
         Writes the new tokens' latent rows into `cache` at `step.slots` (-1: another DCP rank's
         token; unchecked, as slots from the cache's `reserve`: any outside it are skipped), then
         attends over each sequence's cached tokens (causal among the new ones), each part of the
-        step on its kernel (`mlakit.serving.forward.mla_forward`), or every token in the latent
-        form over the DCP group's shards (`dcp_mla_forward`).
+        step on its kernel (`mlakit.serving.forward.mla_forward`, with `check_inputs`: False skips its value
+        checks and their host sync, for steps whose tables and lengths the caller's own allocator made), or every
+        token in the latent form over the DCP group's shards (`dcp_mla_forward`).
         """
         q_nope, q_pe = self.project_query(x, positions)
         cache.write_slots(step.slots, self.project_latent(x, positions), check_values=False)
@@ -156,5 +158,6 @@ class MLAAttention(nn.Module):
             out = mla_forward(
                 q_nope, q_pe, cache.data, cache.scale, self.kv_b_proj.weight, step,
                 softmax_scale=scale, decode_backend=decode_backend, prefill_backend=prefill_backend,
+                check_inputs=check_inputs,
             )
         return self.o_proj(out.to(x.dtype).flatten(1))
