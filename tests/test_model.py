@@ -157,9 +157,9 @@ def test_a_step_that_raises_leaves_no_page_held(v3_checkpoint, monkeypatch):
     assert again == _runner(directory).generate([Request(PROMPTS[0], NEW_TOKENS), Request(PROMPTS[1], NEW_TOKENS)])
 
 
-def test_logits_of_a_step_with_an_idle_sequence_are_refused(v3_checkpoint):
+def test_logits_of_a_step_with_an_idle_sequence_or_bad_tokens_are_refused(v3_checkpoint):
     """A step whose sequence adds no token has no last token to take logits of: refused (it used to return the row
-    before's), before any layer runs."""
+    before's), before any layer runs; so are token ids and positions that are not one integer per new token."""
     directory, _ = v3_checkpoint
     model = load_model(directory)
     cache = PagedLatentCache(8, 4, 64, 16, dtype="fp32", num_layers=model.config.num_layers)
@@ -167,6 +167,11 @@ def test_logits_of_a_step_with_an_idle_sequence_are_refused(v3_checkpoint):
     step = AttentionStep((2, 0), (2, 3), table, torch.tensor([0, 1]), page_size=4)
     with pytest.raises(MLAInputError, match=r"^step: expected every sequence to add a token .*, got new_tokens \[2, 0\]"):
         model(torch.tensor([1, 2]), torch.tensor([0, 1]), step, cache)
+    step = AttentionStep((2, 1), (2, 3), table, torch.tensor([0, 1, 10]), page_size=4)
+    with pytest.raises(MLAInputError, match=r"^positions: expected an integer tensor \[3\] .*, got torch.int64 \[2\]"):
+        model(torch.tensor([1, 2, 3]), torch.tensor([0, 1]), step, cache)  # would broadcast
+    with pytest.raises(MLAInputError, match=r"^input_ids: expected an integer tensor \[3\] .*, got torch.float32 \[3\]"):
+        model(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([0, 1, 2]), step, cache)
 
 
 def test_generate_names_a_bad_on_token_and_run_generate_no_prompts(v3_checkpoint):

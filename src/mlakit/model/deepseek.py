@@ -154,6 +154,13 @@ class DeepseekForCausalLM(nn.Module):
         if isinstance(step, AttentionStep) and 0 in step.new_tokens:
             raise MLAInputError(f"step: expected every sequence to add a token (logits are taken at each sequence's last "
                                 f"new token), got new_tokens {list(step.new_tokens)}")
+        tokens = step.num_tokens
+        for name, tensor in (("input_ids", input_ids), ("positions", positions)):
+            if (not isinstance(tensor, torch.Tensor) or tensor.shape != (tokens,) or tensor.dtype.is_floating_point
+                    or tensor.dtype == torch.bool):
+                raise MLAInputError(f"{name}: expected an integer tensor [{tokens}] (the step's new tokens), got "
+                                    f"{getattr(tensor, 'dtype', type(tensor).__name__)} "
+                                    f"{list(getattr(tensor, 'shape', []))}")
         hidden = self.model.embed_tokens(input_ids)
         for index, layer in enumerate(self.model.layers):
             attn = layer.self_attn(
