@@ -713,18 +713,16 @@ class _GraphBuffers:
         page_offsets = [0]
         for count in requests.pages_needed:
             page_offsets.append(page_offsets[-1] + count)
-        self.qo_indptr.copy_(upload_ints(list(requests.query_offsets), self.qo_indptr.device, torch.int32))
+        self.qo_indptr.copy_(upload_ints(requests.query_offsets, self.qo_indptr.device, torch.int32))
         self.kv_indptr.copy_(upload_ints(page_offsets, self.kv_indptr.device, torch.int32))
         self.kv_indices[: pages.shape[0]].copy_(pages)
-        self.kv_len_arr.copy_(upload_ints(list(requests.kv_lens), self.kv_len_arr.device, torch.int32))
+        self.kv_len_arr.copy_(upload_ints(requests.kv_lens, self.kv_len_arr.device, torch.int32))
 
 
 def _mlakit_backend(backend: object, device: torch.device) -> str:
-    if not isinstance(backend, str):
-        raise MLAInputError(f"backend: expected one of {sorted(FLASHINFER_BACKENDS | MLAKIT_BACKENDS)}, got {backend!r}")
-    if backend in MLAKIT_BACKENDS:
+    if isinstance(backend, str) and backend in MLAKIT_BACKENDS:
         return backend
-    if backend in FLASHINFER_BACKENDS:
+    if isinstance(backend, str) and backend in FLASHINFER_BACKENDS:
         return "triton" if device.type == "cuda" else "reference"
     raise MLAInputError(f"backend: expected one of {sorted(FLASHINFER_BACKENDS | MLAKIT_BACKENDS)}, got {backend!r}")
 
@@ -823,7 +821,7 @@ def _checked_requests(
 def _used_pages(requests: StepRequests) -> torch.Tensor:
     """Bool `[batch, max_pages]`: the page-table entries each request reads."""
     table = requests.block_table
-    needed = upload_ints(list(requests.pages_needed), table.device, torch.long)
+    needed = upload_ints(requests.pages_needed, table.device, torch.long)
     return torch.arange(table.shape[1], device=table.device)[None, :] < needed[:, None]
 
 
@@ -848,7 +846,7 @@ def _plan_step(requests: StepRequests, config: PlanConfig, backend: str, page_si
         raise MLAInputError(f"qo_indptr: expected at least one query token in the step, got offsets {list(offsets)}")
     device = requests.block_table.device
     table = requests.block_table
-    lengths = upload_ints(list(requests.kv_lens), device, torch.int32)
+    lengths = upload_ints(requests.kv_lens, device, torch.int32)
     kv_tokens = sum(requests.kv_lens)
     if not config.causal and max(q_lens) > 1:
         kv_tokens = sum(n * q for n, q in zip(requests.kv_lens, q_lens))
@@ -862,7 +860,7 @@ def _plan_step(requests: StepRequests, config: PlanConfig, backend: str, page_si
                                        kv_cache_dtype=storage_name(config.kv_data_type),
                                        kv_tokens_hint=kv_tokens_hint, page_size=page_size_hint)
         return PlannedStep(offsets, table, lengths, q_lens[0], None, metadata, requests.largest_page)
-    cu_seqlens_q = upload_ints(list(offsets), device, torch.int32)
+    cu_seqlens_q = upload_ints(offsets, device, torch.int32)
     metadata = mla_extend_metadata(lengths, cu_seqlens_q, max_q_len=max(q_lens), heads=config.num_heads, backend=backend,
                                    kv_cache_dtype=storage_name(config.kv_data_type), kv_tokens_hint=kv_tokens_hint,
                                    page_size=page_size_hint)

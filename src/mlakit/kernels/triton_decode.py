@@ -404,9 +404,9 @@ class DecodePlan:
     kernel could take equal shares (planned for the seesaw's pages: `decode_split_plan.may_share`); only then does the
     seesaw launch a combine behind it for a share plan's merges. `unit_tiles_hint`: about how many KV tiles a work unit
     holds, where the plan was told the batch's cached tokens (`decode_split_plan.unit_tiles_hint`; None where not), for
-    the seesaw's variants that pay only on long units (`hopper_decode.dispatch.left_scores_ahead`); a speed hint, left out of
-    comparisons: a plan refilled in place by a re-plan (the FlashInfer drop-in's CUDA-graph mode) keeps the kernels
-    its first plan chose."""
+    the seesaw's variants that pay only on long units (`hopper_decode.dispatch.left_scores_ahead`); a speed hint, left
+    out of comparisons: a plan refilled in place by a re-plan (the FlashInfer drop-in's CUDA-graph mode) keeps the
+    kernels its first plan chose."""
 
     tuning: DecodeTuning
     geometry: SplitGeometry

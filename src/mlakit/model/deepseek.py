@@ -152,8 +152,8 @@ class DeepseekForCausalLM(nn.Module):
         `check_inputs`: each layer's (`MLAAttention.forward`).
         """
         if isinstance(step, AttentionStep) and 0 in step.new_tokens:
-            raise MLAInputError(f"step: expected every sequence to add a token (logits are taken at each sequence's last "
-                                f"new token), got new_tokens {list(step.new_tokens)}")
+            raise MLAInputError(f"step: expected every sequence to add a token (logits are taken at each sequence's "
+                                f"last new token), got new_tokens {list(step.new_tokens)}")
         tokens = step.num_tokens
         for name, tensor in (("input_ids", input_ids), ("positions", positions)):
             if (not isinstance(tensor, torch.Tensor) or tensor.shape != (tokens,) or tensor.dtype.is_floating_point

@@ -259,7 +259,7 @@ def slots_at(block_table: torch.Tensor, sequences: torch.Tensor, positions: torc
     return block_table[sequences, positions // page_size].long() * page_size + positions % page_size
 
 
-def upload_ints(values: list[int], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+def upload_ints(values: Sequence[int], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """A small host list of ints on `device`, copied without waiting for the device (pinned staging on CUDA)."""
     return upload(torch.tensor(values, dtype=dtype), device)
 

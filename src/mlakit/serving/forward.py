@@ -231,6 +231,7 @@ def _part_metadata(part: StepPart, q: torch.Tensor, kv_cache: torch.Tensor, kv_s
     def build() -> DecodeMetadata | ExtendMetadata:
         name = backend_for(call, q, kv_cache, backend=backend, kv_lora_rank=rank)
         metadata = part.decode_metadata if call == "decode" else part.extend_metadata
-        return metadata(name, q.shape[-2], storage_name(kv_cache.dtype), decode_page_size_hint(kv_cache, kv_scale, rank))
+        hint = decode_page_size_hint(kv_cache, kv_scale, rank)
+        return metadata(name, q.shape[-2], storage_name(kv_cache.dtype), hint)
 
     return part.once(("layout", call, *layout), build)

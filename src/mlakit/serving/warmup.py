@@ -8,8 +8,9 @@ dtype, heads per rank and latent widths, so they compile exactly the variants th
 will ask for: decode at the plan's query length and at 1 (draft steps), with and without
 the split combine, at batch 1 and every batch-size class of the split plan up to the plan's max
 batch and the max batch itself (and again through step metadata hinting a large and a small batch, whose plans may
-pick other tiles and kernel variants); each latent-extend length from 1, alone and at power-of-two sequence counts up to the
-max batch (other split ceilings, merges and combine tilings); the causal, chunk and merge passes of the MHA prefill.
+pick other tiles and kernel variants); each latent-extend length from 1, alone and at power-of-two sequence counts up
+to the max batch (other split ceilings, merges and combine tilings); the causal, chunk and merge passes of the MHA
+prefill.
 """
 
 from __future__ import annotations
